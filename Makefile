@@ -1,0 +1,22 @@
+# The two commands of README.md:
+#   make demo   the console and API with a seeded tenant and worker, on the embedded default
+#   make test   the whole test suite (PostgreSQL at 127.0.0.1:5432, Redis at 127.0.0.1:6379)
+
+DATABASE_URL_TEST ?= postgres://postgres@127.0.0.1:5432/fenceline
+REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
+PYTEST_WORKERS ?= 2
+
+.PHONY: demo test bench
+
+demo:
+	@.ci/bootstrap
+	.venv/bin/python manage.py demo
+
+test:
+	@.ci/bootstrap
+	DATABASE_URL=$(DATABASE_URL_TEST) FENCELINE_TEST_REDIS_URL=$(REDIS_URL_TEST) FENCELINE_FAIL_ON_SKIP=1 \
+		.venv/bin/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+bench:
+	@.ci/bootstrap
+	DATABASE_URL=$(DATABASE_URL_TEST) .venv/bin/python tests/bench/fenced_transitions.py $(BENCH_ARGS)

@@ -1,0 +1,212 @@
+"""Fenceline settings: one module, read from the environment.
+
+Every value can be set through an environment variable; a secret can instead be read
+from a file named by ``<NAME>_FILE``. A value that cannot be parsed stops start-up with
+an ImproperlyConfigured error that names the variable.
+
+Without any environment, Fenceline runs on its embedded default: SQLite (WAL journal,
+IMMEDIATE transactions) and Celery's filesystem broker, both under ``.fenceline/``.
+"""
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+STATE_DIR = Path(os.environ.get("FENCELINE_STATE_DIR", BASE_DIR / ".fenceline"))
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """A value from the environment, or from the file named by NAME_FILE."""
+    file_name = os.environ.get(f"{name}_FILE")
+    if file_name:
+        try:
+            return Path(file_name).read_text().strip()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}_FILE={file_name!r} cannot be read: {exc.strerror}") from None
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = env(name)
+    if raw is None or raw == "":
+        return default
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = env(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _local_secret_key() -> str:
+    """A per-checkout key kept under the state directory, for development and tests."""
+    path = STATE_DIR / "secret_key"
+    if not path.exists():
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = env("DJANGO_SECRET_KEY") or _local_secret_key()
+ALLOWED_HOSTS = [h.strip() for h in (env("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]") or "").split(",") if h.strip()]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "guardian",
+    "ninja",
+    "ledger",
+    "approvals",
+    "console",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+WSGI_APPLICATION = "console.wsgi.application"
+ASGI_APPLICATION = "console.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------------------
+
+_SQLITE_DEFAULT = f"sqlite:///{STATE_DIR / 'fenceline.sqlite3'}"
+try:
+    _db = dj_database_url.parse(env("DATABASE_URL") or _SQLITE_DEFAULT, conn_max_age=env_int("DB_CONN_MAX_AGE", 0))
+except ValueError as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL cannot be parsed: {exc}") from None
+
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    Path(_db["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    # IMMEDIATE transactions take SQLite's write lock at BEGIN, so a transaction that reads
+    # a lease and then writes cannot interleave with another writer: the row-lock
+    # semantics the services rely on hold on the embedded default too.
+    _db["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
+    }
+elif _db["ENGINE"] not in {"django.db.backends.postgresql"}:
+    raise ImproperlyConfigured(f"DATABASE_URL must point at PostgreSQL or SQLite, got engine {_db['ENGINE']}")
+
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- auth -----------------------------------------------------------------------------
+
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "guardian.backends.ObjectPermissionBackend",
+]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/admin/login/"
+
+# --- i18n / static ----------------------------------------------------------------------
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = STATE_DIR / "staticfiles"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+
+# --- Fenceline --------------------------------------------------------------------------
+
+FENCELINE = {
+    # Maximum number of rows the lease reaper claims in one transaction.
+    "REAPER_BATCH_SIZE": env_int("FENCELINE_REAPER_BATCH_SIZE", 500, minimum=1),
+    # How often Celery beat runs the lease reaper.
+    "REAPER_INTERVAL_S": env_int("FENCELINE_REAPER_INTERVAL_S", 5, minimum=1),
+}
+
+# --- Celery -----------------------------------------------------------------------------
+
+_BROKER_DIR = STATE_DIR / "broker"
+CELERY_BROKER_URL = env("CELERY_BROKER_URL") or "filesystem://"
+if CELERY_BROKER_URL == "filesystem://":
+    for _sub in ("queue", "processed"):
+        (_BROKER_DIR / _sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_BROKER_DIR / "queue"),
+        "data_folder_out": str(_BROKER_DIR / "queue"),
+        "processed_folder": str(_BROKER_DIR / "processed"),
+    }
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BEAT_SCHEDULE = {
+    "reap-leases": {
+        "task": "ledger.tasks.reap_leases_task",
+        "schedule": float(FENCELINE["REAPER_INTERVAL_S"]),
+    },
+}
+
+# --- logging ----------------------------------------------------------------------------
+# Request bodies and SQL parameters never reach a log line: django.db.backends is kept
+# at WARNING and django.request logs only the status line.
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("FENCELINE_LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING", "propagate": True},
+    },
+}

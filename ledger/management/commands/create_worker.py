@@ -1,0 +1,23 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from ledger.services.errors import InvalidInput
+from ledger.services.workers import tenant_ensure, worker_create
+
+
+class Command(BaseCommand):
+    help = "Create a worker (and its tenant when missing). Prints the bearer token alone on the last line."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--tenant", required=True, help="tenant slug; created when missing")
+        parser.add_argument("--name", required=True, help="worker name, unique in the tenant")
+
+    def handle(self, *args, tenant, name, **options):
+        try:
+            tenant_obj, created = tenant_ensure(slug=tenant)
+            worker, token = worker_create(tenant=tenant_obj, name=name)
+        except InvalidInput as exc:
+            raise CommandError(exc.detail) from None
+        if created:
+            self.stdout.write(f"created tenant {tenant_obj.slug}")
+        self.stdout.write(f"created worker {worker.name} in tenant {tenant_obj.slug}; its bearer token (shown once):")
+        self.stdout.write(token)

@@ -1,0 +1,187 @@
+"""Durable records of the ledger. Models hold data and constraints; every change of
+state is made by a function in ``ledger/services/``."""
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from ledger.chain import GENESIS_HASH
+from ledger.states import EffectClass, LeaseEnd, Phase, RunStatus, WorkerStatus
+from ledger.versioning import Versioned
+
+
+class Tenant(Versioned):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Worker(Versioned):
+    """An agent worker identity. Only the SHA-256 of its bearer token is stored."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="workers")
+    name = models.CharField(max_length=100)
+    token_hash = models.CharField(max_length=64, unique=True)
+    status = models.CharField(max_length=16, choices=WorkerStatus.choices, default=WorkerStatus.ACCEPTING)
+    status_changed_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="worker_unique_name_per_tenant"),
+            models.CheckConstraint(condition=Q(status__in=WorkerStatus.values), name="worker_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}/{self.name}"
+
+
+class Run(Versioned):
+    """One agent task, with the head of its evidence chain and its stale-write count."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="runs")
+    external_id = models.CharField(max_length=200, null=True, blank=True)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.ACTIVE)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_seq = models.BigIntegerField(default=0)
+    last_hash = models.CharField(max_length=71, default=GENESIS_HASH)
+    stale_rejections = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "external_id"],
+                condition=Q(external_id__isnull=False),
+                name="run_unique_external_id_per_tenant",
+            ),
+            models.CheckConstraint(condition=Q(last_seq__gte=0), name="run_last_seq_non_negative"),
+        ]
+        indexes = [models.Index(fields=["tenant", "-created_at"], name="run_tenant_recent")]
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+
+class RunLease(Versioned):
+    """The current ownership of a run. ``fencing_token`` only ever grows; the lease is
+    held when ``owner_id`` is set and ``expires_at`` is in the future."""
+
+    run = models.OneToOneField(Run, on_delete=models.PROTECT, primary_key=True, related_name="lease")
+    owner_id = models.CharField(max_length=200, null=True, blank=True)
+    worker = models.ForeignKey(Worker, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    fencing_token = models.BigIntegerField(default=0)
+    acquired_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_renewed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(fencing_token__gte=0), name="lease_token_non_negative"),
+            models.CheckConstraint(
+                condition=Q(owner_id__isnull=True) | Q(expires_at__isnull=False, fencing_token__gte=1),
+                name="lease_owned_has_expiry_and_token",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["expires_at"], condition=Q(owner_id__isnull=False), name="lease_held_expiry"),
+        ]
+
+
+class LeaseGrant(Versioned):
+    """History: one row per ownership change (each issued fencing token)."""
+
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="lease_grants")
+    fencing_token = models.BigIntegerField()
+    owner_id = models.CharField(max_length=200)
+    worker = models.ForeignKey(Worker, on_delete=models.PROTECT, related_name="+")
+    acquired_at = models.DateTimeField()
+    previous_owner_id = models.CharField(max_length=200, null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(max_length=16, choices=LeaseEnd.choices, null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "fencing_token"], name="grant_unique_token_per_run"),
+            models.CheckConstraint(condition=Q(fencing_token__gte=1), name="grant_token_positive"),
+        ]
+        ordering = ["run", "fencing_token"]
+
+
+class Operation(Versioned):
+    """One side effect. Holds a digest of its arguments, never the arguments."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="operations")
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="operations")
+    idempotency_key = models.CharField(max_length=200)
+    tool = models.CharField(max_length=100)
+    action = models.CharField(max_length=100)
+    resource = models.CharField(max_length=500)
+    effect_class = models.CharField(max_length=16, choices=EffectClass.choices)
+    args_digest = models.CharField(max_length=100, blank=True, default="")
+    provider = models.CharField(max_length=100, blank=True, default="")
+    estimated_cost_cents = models.BigIntegerField(null=True, blank=True)
+    phase = models.CharField(max_length=20, choices=Phase.choices, default=Phase.PLANNED)
+    attempt = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+    # Recorded at dispatch: who dispatched under which authority.
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    dispatch_token = models.BigIntegerField(null=True, blank=True)
+    dispatch_owner_id = models.CharField(max_length=200, null=True, blank=True)
+    policy_version_at_dispatch = models.PositiveIntegerField(null=True, blank=True)
+    credential_version_at_dispatch = models.PositiveIntegerField(null=True, blank=True)
+    # Recorded with the outcome.
+    provider_request_id = models.CharField(max_length=200, blank=True, default="")
+    actual_cost_cents = models.BigIntegerField(null=True, blank=True)
+    error_code = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "idempotency_key"], name="operation_unique_key_per_tenant"),
+            models.CheckConstraint(condition=Q(phase__in=Phase.values), name="operation_phase_valid"),
+            models.CheckConstraint(condition=Q(effect_class__in=EffectClass.values), name="operation_class_valid"),
+            models.CheckConstraint(
+                condition=Q(phase__in=[Phase.PLANNED, Phase.PENDING_APPROVAL, Phase.AUTHORIZED, Phase.DENIED])
+                | Q(dispatch_token__isnull=False, dispatched_at__isnull=False),
+                name="operation_dispatched_has_token",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["run", "phase"], name="operation_run_phase"),
+            models.Index(fields=["tenant", "phase"], name="operation_tenant_phase"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool}.{self.action} {self.resource} [{self.phase}]"
+
+
+class Event(Versioned):
+    """One entry of a run's hash chain. Appended, never updated or deleted."""
+
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="events")
+    seq = models.BigIntegerField()
+    event_id = models.UUIDField(unique=True, default=uuid.uuid4, editable=False)
+    type = models.CharField(max_length=64)
+    actor = models.CharField(max_length=300)
+    occurred_at = models.DateTimeField()
+    fields = models.JSONField(default=dict)
+    prev_hash = models.CharField(max_length=71)
+    hash = models.CharField(max_length=71)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="event_unique_seq_per_run"),
+            models.CheckConstraint(condition=Q(seq__gte=1), name="event_seq_positive"),
+        ]
+        ordering = ["run", "seq"]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.type}"

@@ -1,0 +1,1 @@
+"""Every state transition of the ledger is a function in this package."""

@@ -1,0 +1,119 @@
+"""Appending to a run's evidence chain.
+
+A caller that holds the row lock on the run (see ``ledger.services.locking``) collects the
+events of its transition in a :class:`ChainBatch` and writes them with ``commit()`` inside
+the same transaction: one INSERT for the events and one UPDATE per run head.
+"""
+
+import json
+import re
+import uuid
+from datetime import datetime
+
+from ledger.chain import canonical_bytes, format_time, hash_bytes
+from ledger.models import Event, Run
+from ledger.services.errors import InvalidInput
+from ledger.versioning import CURRENT_SCHEMA_VERSION
+
+SYSTEM_REAPER = "system:lease-reaper"
+
+
+def worker_actor(worker, owner_id: str) -> str:
+    return f"worker:{worker.name}/{owner_id}"
+
+
+def json_safe(fields: dict) -> dict:
+    """The fields exactly as they will read back from the database."""
+    return json.loads(json.dumps(fields, allow_nan=False, default=_encode))
+
+
+def _encode(value: object) -> str:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return format_time(value)
+    raise TypeError(f"event field of type {type(value).__name__} is not serializable")
+
+
+def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: datetime) -> Event:
+    """The next event of ``run``'s chain; advances the in-memory chain head."""
+    fields = json_safe(fields)
+    seq = run.last_seq + 1
+    event_id = uuid.uuid4()
+    digest = hash_bytes(
+        canonical_bytes(
+            run_id=str(run.pk),
+            seq=seq,
+            event_id=str(event_id),
+            type=type,
+            schema_version=CURRENT_SCHEMA_VERSION,
+            actor=actor,
+            occurred_at=format_time(occurred_at),
+            fields=fields,
+            prev_hash=run.last_hash,
+        )
+    )
+    event = Event(
+        run=run,
+        seq=seq,
+        event_id=event_id,
+        type=type,
+        actor=actor,
+        occurred_at=occurred_at,
+        fields=fields,
+        prev_hash=run.last_hash,
+        hash=digest,
+        schema_version=CURRENT_SCHEMA_VERSION,
+    )
+    run.last_seq = seq
+    run.last_hash = digest
+    return event
+
+
+class ChainBatch:
+    """Events of one transaction, possibly over several (locked) runs."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+        self.events: list[Event] = []
+        self._runs: dict[object, Run] = {}
+
+    def append(self, run: Run, type: str, *, actor: str, fields: dict) -> Event:
+        event = build_event(run, type=type, actor=actor, fields=fields, occurred_at=self.now)
+        self.events.append(event)
+        self._runs[run.pk] = run
+        return event
+
+    def commit(self) -> list[Event]:
+        if not self.events:
+            return []
+        Event.objects.bulk_create(self.events)
+        runs = list(self._runs.values())
+        if len(runs) == 1:
+            run = runs[0]
+            Run.objects.filter(pk=run.pk).update(last_seq=run.last_seq, last_hash=run.last_hash)
+        else:
+            Run.objects.bulk_update(runs, ["last_seq", "last_hash"])
+        return self.events
+
+
+# --- events appended by workers ---------------------------------------------------------
+WORKER_EVENT_TYPE = re.compile(r"^(NOTE|x\.[a-z0-9][a-z0-9_.\-]{0,62})$")
+MAX_WORKER_FIELDS_BYTES = 16 * 1024
+
+
+def validate_worker_event(type: str, fields: dict) -> dict:
+    """Worker events: type NOTE or ``x.<name>``; fields a JSON object of at most 16 KB."""
+    if not WORKER_EVENT_TYPE.match(type):
+        raise InvalidInput("type must be NOTE or start with 'x.' followed by lowercase letters, digits, _ . -")
+    if not isinstance(fields, dict):
+        raise InvalidInput("fields must be a JSON object")
+    try:
+        encoded = json.dumps(fields, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except ValueError:
+        raise InvalidInput("fields must not contain NaN or Infinity") from None
+    if "\\u0000" in encoded:
+        raise InvalidInput("fields must not contain NUL characters")
+    if len(encoded.encode()) > MAX_WORKER_FIELDS_BYTES:
+        raise InvalidInput(f"fields must be at most {MAX_WORKER_FIELDS_BYTES} bytes as JSON")
+    return json.loads(encoded)

@@ -1,0 +1,14 @@
+"""Events that workers append themselves (type NOTE or x.*), under the fence."""
+
+from ledger.models import Event, Worker
+from ledger.services.events import validate_worker_event
+from ledger.services.fencing import Fenced, fenced
+
+
+def event_append(*, worker: Worker, run_id: object, fencing_token: int, type: str, fields: dict) -> Event:
+    fields = validate_worker_event(type, fields)
+
+    def write(ctx: Fenced) -> Event:
+        return ctx.batch.append(ctx.run, type, actor=ctx.actor, fields=fields)
+
+    return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="event.append", write=write)

@@ -1,0 +1,44 @@
+"""Tenants and worker identities. A worker's bearer token is shown once, at creation;
+only its SHA-256 is stored."""
+
+import hashlib
+import secrets
+
+from django.db import transaction
+from django.utils.text import slugify
+
+from ledger.models import Tenant, Worker
+from ledger.services.errors import InvalidInput
+
+TOKEN_PREFIX = "flw_"
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def tenant_ensure(*, slug: str, name: str | None = None) -> tuple[Tenant, bool]:
+    clean = slugify(slug)
+    if not clean or clean != slug:
+        raise InvalidInput("tenant must be a slug: lowercase letters, digits and dashes")
+    return Tenant.objects.get_or_create(slug=clean, defaults={"name": name or clean})
+
+
+@transaction.atomic
+def worker_create(*, tenant: Tenant, name: str) -> tuple[Worker, str]:
+    """A new worker with a fresh token. Returns ``(worker, token)``; the token is not kept."""
+    if not name or len(name) > 100:
+        raise InvalidInput("worker name must be 1 to 100 characters")
+    if Worker.objects.filter(tenant=tenant, name=name).exists():
+        raise InvalidInput(f"worker {name!r} already exists in tenant {tenant.slug!r}")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    worker = Worker.objects.create(tenant=tenant, name=name, token_hash=token_digest(token))
+    return worker, token
+
+
+@transaction.atomic
+def worker_rotate_token(*, worker: Worker) -> str:
+    """Replace the worker's token; the old one stops working at once."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    Worker.objects.filter(pk=worker.pk).update(token_hash=token_digest(token))
+    return token

@@ -1,0 +1,43 @@
+"""Schema versions of durable records (invariant 9).
+
+Every durable row carries ``schema_version``. A reader that meets a version it does not
+know refuses the row with :class:`UnknownSchemaVersion` instead of guessing what it means.
+"""
+
+from django.db import models
+
+CURRENT_SCHEMA_VERSION = 1
+KNOWN_SCHEMA_VERSIONS = frozenset({1})
+
+
+class UnknownSchemaVersion(Exception):
+    """A record or request names a schema version this build cannot read."""
+
+    code = "UNKNOWN_SCHEMA_VERSION"
+
+    def __init__(self, version: object, what: str = "record") -> None:
+        known = ", ".join(str(v) for v in sorted(KNOWN_SCHEMA_VERSIONS))
+        self.detail = f"{what} has schema_version {version!r}; this build reads only {known}"
+        super().__init__(self.detail)
+
+
+def require_known(version: object, what: str = "record") -> int:
+    if type(version) is not int or version not in KNOWN_SCHEMA_VERSIONS:
+        raise UnknownSchemaVersion(version, what)
+    return version
+
+
+class Versioned(models.Model):
+    """Abstract base: a schema_version column checked whenever a row is loaded."""
+
+    schema_version = models.PositiveSmallIntegerField(default=CURRENT_SCHEMA_VERSION)
+
+    class Meta:
+        abstract = True
+
+    @classmethod
+    def from_db(cls, db, field_names, values, *args, **kwargs):
+        instance = super().from_db(db, field_names, values, *args, **kwargs)
+        if "schema_version" in field_names:
+            require_known(instance.schema_version, f"{cls._meta.label} row")
+        return instance

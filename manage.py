@@ -1,0 +1,18 @@
+#!/usr/bin/env python
+"""Django's command-line utility for Fenceline."""
+
+import os
+import sys
+
+
+def main() -> None:
+    if sys.version_info < (3, 12):
+        sys.exit(f"Fenceline needs Python 3.12 or newer (Django 6); this is {sys.version.split()[0]}.")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
+
+
+if __name__ == "__main__":
+    main()
