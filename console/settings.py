@@ -162,6 +162,8 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = STATE_DIR / "staticfiles"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+# Serve static files straight from the apps and static/ (no collectstatic step needed).
+WHITENOISE_USE_FINDERS = True
 
 # --- Fenceline --------------------------------------------------------------------------
 

@@ -80,6 +80,8 @@ class RunLease(Versioned):
     acquired_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     last_renewed_at = models.DateTimeField(null=True, blank=True)
+    # Why the last ownership ended, while nobody owns the lease.
+    end_reason = models.CharField(max_length=16, choices=LeaseEnd.choices, null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -15,15 +15,17 @@ class UnknownSchemaVersion(Exception):
 
     code = "UNKNOWN_SCHEMA_VERSION"
 
-    def __init__(self, version: object, what: str = "record") -> None:
+    def __init__(self, version: object, what: str = "record", *, stored: bool = False) -> None:
         known = ", ".join(str(v) for v in sorted(KNOWN_SCHEMA_VERSIONS))
         self.detail = f"{what} has schema_version {version!r}; this build reads only {known}"
+        # True when the version came from a stored row (written by a newer build), not a request.
+        self.stored = stored
         super().__init__(self.detail)
 
 
-def require_known(version: object, what: str = "record") -> int:
+def require_known(version: object, what: str = "record", *, stored: bool = False) -> int:
     if type(version) is not int or version not in KNOWN_SCHEMA_VERSIONS:
-        raise UnknownSchemaVersion(version, what)
+        raise UnknownSchemaVersion(version, what, stored=stored)
     return version
 
 
@@ -39,5 +41,5 @@ class Versioned(models.Model):
     def from_db(cls, db, field_names, values, *args, **kwargs):
         instance = super().from_db(db, field_names, values, *args, **kwargs)
         if "schema_version" in field_names:
-            require_known(instance.schema_version, f"{cls._meta.label} row")
+            require_known(instance.schema_version, f"{cls._meta.label} row", stored=True)
         return instance

@@ -47,7 +47,9 @@ def install(api: NinjaAPI) -> None:
 
     @api.exception_handler(domain.UnknownSchemaVersion)
     def on_unknown_version(request, exc: domain.UnknownSchemaVersion):
-        return refusal(api, request, 422, exc.code, exc.detail)
+        # A request naming an unknown version is the caller's error (422); a stored row
+        # written by a newer build is a conflict with the server's own state (409).
+        return refusal(api, request, 409 if exc.stored else 422, exc.code, exc.detail)
 
     @api.exception_handler(ValidationError)
     def on_validation_error(request, exc: ValidationError):

@@ -62,12 +62,12 @@ def lock_run(*, tenant: Tenant, run_id: object) -> Run:
 
 def fence_reason(lease: RunLease, token: int, now: datetime, *, owner_id: str | None = None) -> str | None:
     """Why ``token`` (and ``owner_id``, when given) may not write now; None when it may."""
+    if lease.owner_id is None and lease.fencing_token == token:
+        return (lease.end_reason or "not_held").lower()  # ended (or never held), nobody holds it now
     if owner_id is not None and lease.owner_id != owner_id:
         return "owner_changed"
     if lease.fencing_token != token:
         return "token_changed"
-    if lease.owner_id is None:
-        return "released"
     if lease.expires_at <= now:
         return "expired"
     return None

@@ -64,6 +64,7 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int) 
             acquired_at=now,
             expires_at=expires_at,
             last_renewed_at=now,
+            end_reason=None,
         )
         if won != 1:  # impossible while the row is locked
             raise LeaseHeld("the lease changed hands concurrently")
@@ -147,7 +148,7 @@ def leases_end(*, runs: list[Run], batch: ChainBatch, actor: str, end: LeaseEnd)
     clear the owners, close their history rows, move their DISPATCHED operations to
     UNKNOWN with a case each. Returns the number of operations moved."""
     run_ids = [run.pk for run in runs]
-    RunLease.objects.filter(run_id__in=run_ids).update(owner_id=None, worker=None, expires_at=batch.now)
+    RunLease.objects.filter(run_id__in=run_ids).update(owner_id=None, worker=None, expires_at=batch.now, end_reason=end)
     LeaseGrant.objects.filter(run_id__in=run_ids, ended_at__isnull=True).update(ended_at=batch.now, end_reason=end)
     event_type = "LEASE_EXPIRED" if end == LeaseEnd.EXPIRED else "LEASE_RELEASED"
     for run in runs:
@@ -157,7 +158,7 @@ def leases_end(*, runs: list[Run], batch: ChainBatch, actor: str, end: LeaseEnd)
             actor=actor,
             fields={"owner_id": run.lease.owner_id, "fencing_token": run.lease.fencing_token},
         )
-        run.lease.owner_id, run.lease.worker, run.lease.expires_at = None, None, batch.now
+        run.lease.owner_id, run.lease.worker, run.lease.expires_at, run.lease.end_reason = None, None, batch.now, end
     orphans = operations_orphaned(run_ids=run_ids)
     reason = CaseReason.LEASE_LOST if end == LeaseEnd.EXPIRED else CaseReason.LEASE_RELEASED
     operations_mark_unknown(

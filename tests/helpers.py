@@ -1,0 +1,31 @@
+"""Assertions shared by tests."""
+
+from ledger.chain import GENESIS_HASH, canonical_bytes, format_time, hash_bytes
+from ledger.models import Event, Run
+
+
+def assert_chain_intact(run_id) -> list[Event]:
+    """The run's events are seq 1..last_seq, linked by prev_hash, and each hash recomputes."""
+    run = Run.objects.get(pk=run_id)
+    events = list(Event.objects.filter(run_id=run_id).order_by("seq"))
+    assert [e.seq for e in events] == list(range(1, run.last_seq + 1))
+    previous = GENESIS_HASH
+    for event in events:
+        assert event.prev_hash == previous, f"seq {event.seq}: prev_hash does not link"
+        recomputed = hash_bytes(
+            canonical_bytes(
+                run_id=str(event.run_id),
+                seq=event.seq,
+                event_id=str(event.event_id),
+                type=event.type,
+                schema_version=event.schema_version,
+                actor=event.actor,
+                occurred_at=format_time(event.occurred_at),
+                fields=event.fields,
+                prev_hash=event.prev_hash,
+            )
+        )
+        assert event.hash == recomputed, f"seq {event.seq}: hash does not recompute"
+        previous = event.hash
+    assert run.last_hash == previous
+    return events

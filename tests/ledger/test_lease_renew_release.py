@@ -1,0 +1,66 @@
+import pytest
+
+from approvals.models import ReconciliationCase
+from ledger.models import Event, LeaseGrant, Operation, Run
+from ledger.services import leases
+from ledger.services.errors import InvalidInput, LeaseLost
+from tests.ledger.factories import dispatched_operation, expire, leased_run
+
+
+def test_renew_extends_the_lease_of_its_owner(acme):
+    run, token = leased_run(acme.worker, ttl_s=5)
+    before = Run.objects.select_related("lease").get(pk=run.pk).lease.expires_at
+    lease = leases.lease_renew(worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token, ttl_s=60)
+    assert lease.expires_at > before
+    assert Event.objects.filter(run=run, type="LEASE_RENEWED").count() == 1
+
+
+@pytest.mark.parametrize(
+    "owner, token_delta, expire_first, reason",
+    [
+        ("someone-else", 0, False, "owner_changed"),
+        ("owner-a", 1, False, "token_changed"),
+        ("owner-a", 0, True, "expired"),
+    ],
+)
+def test_renew_refusals_say_why_and_are_counted(acme, owner, token_delta, expire_first, reason):
+    run, token = leased_run(acme.worker)
+    if expire_first:
+        expire(run)
+    with pytest.raises(LeaseLost) as refused:
+        leases.lease_renew(worker=acme.worker, run_id=run.pk, owner_id=owner, fencing_token=token + token_delta, ttl_s=30)
+    assert refused.value.reason == reason
+    run.refresh_from_db()
+    assert run.stale_rejections == 1
+    event = Event.objects.get(run=run, type="STALE_TOKEN_REJECTED")
+    assert (event.fields["attempted"], event.fields["reason"]) == ("lease.renew", reason)
+
+
+def test_an_expired_lease_cannot_be_renewed_back_to_life(acme):
+    run, token = leased_run(acme.worker)
+    expire(run)
+    with pytest.raises(LeaseLost):
+        leases.lease_renew(worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token, ttl_s=30)
+    assert Run.objects.select_related("lease").get(pk=run.pk).lease.expires_at < Event.objects.filter(run=run).last().occurred_at
+
+
+def test_release_frees_the_lease_and_makes_in_flight_effects_unknown(acme):
+    run, token = leased_run(acme.worker)
+    op = dispatched_operation(acme.worker, run, token, "k-1")
+    leases.lease_release(worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token)
+
+    lease = Run.objects.select_related("lease").get(pk=run.pk).lease
+    assert lease.owner_id is None and lease.fencing_token == token
+    assert LeaseGrant.objects.get(run=run).end_reason == "RELEASED"
+    assert Operation.objects.get(pk=op.pk).phase == "UNKNOWN"
+    assert ReconciliationCase.objects.get(operation=op).reason == "LEASE_RELEASED"
+    with pytest.raises(LeaseLost) as refused:
+        leases.lease_release(worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token)
+    assert refused.value.reason == "released"
+
+
+@pytest.mark.parametrize("ttl_s", [0, 3601, -1])
+def test_ttl_outside_1_to_3600_is_refused_by_the_service_too(acme, ttl_s):
+    run, token = leased_run(acme.worker)
+    with pytest.raises(InvalidInput):
+        leases.lease_renew(worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token, ttl_s=ttl_s)

@@ -1,0 +1,68 @@
+import pytest
+
+from approvals.models import ReconciliationCase
+from ledger.models import Event, Operation
+from ledger.services import operations
+from ledger.services.errors import StaleToken, WrongPhase
+from tests.ledger.factories import dispatched_operation, expire, leased_run
+
+
+def report(acme, op, token, outcome, **extra):
+    return operations.operation_report_outcome(worker=acme.worker, operation_id=op.pk, fencing_token=token, outcome=outcome, **extra)
+
+
+@pytest.mark.parametrize("outcome", ["CONFIRMED", "FAILED"])
+def test_outcome_closes_a_dispatched_operation(acme, outcome):
+    run, token = leased_run(acme.worker)
+    op = dispatched_operation(acme.worker, run, token, "k")
+    report(acme, op, token, outcome, provider_request_id="p-1", error_code="E_TIMEOUT" if outcome == "FAILED" else "")
+    op.refresh_from_db()
+    assert (op.phase, op.provider_request_id) == (outcome, "p-1")
+    assert not ReconciliationCase.objects.filter(operation=op).exists()
+
+
+def test_unknown_outcome_opens_one_case(acme):
+    run, token = leased_run(acme.worker)
+    op = dispatched_operation(acme.worker, run, token, "k")
+    report(acme, op, token, "UNKNOWN", error_code="READ_TIMEOUT")
+    assert Operation.objects.get(pk=op.pk).phase == "UNKNOWN"
+    case = ReconciliationCase.objects.get(operation=op)
+    assert (case.reason, case.status) == ("WORKER_REPORTED_UNKNOWN", "OPEN")
+    event = Event.objects.get(run=run, type="OPERATION_UNKNOWN")
+    assert event.fields["case_id"] == str(case.pk)
+    assert event.fields["error_code"] == "READ_TIMEOUT"
+
+
+def test_unknown_cannot_be_reported_into_success(acme):
+    run, token = leased_run(acme.worker)
+    op = dispatched_operation(acme.worker, run, token, "k")
+    report(acme, op, token, "UNKNOWN")
+    with pytest.raises(WrongPhase):
+        report(acme, op, token, "CONFIRMED", provider_request_id="p-9")
+    assert Operation.objects.get(pk=op.pk).phase == "UNKNOWN"
+
+
+def test_outcome_before_dispatch_is_wrong_phase(acme):
+    run, token = leased_run(acme.worker)
+    op, _ = operations.operation_intend(
+        worker=acme.worker,
+        run_id=run.pk,
+        fencing_token=token,
+        intent=operations.Intent(tool="t", action="a", resource="r", effect_class="PURE", idempotency_key="k"),
+    )
+    with pytest.raises(WrongPhase):
+        report(acme, op, token, "CONFIRMED")
+
+
+def test_stale_outcome_of_an_expired_dispatch_turns_it_unknown_with_its_evidence(acme):
+    run, token = leased_run(acme.worker)
+    op = dispatched_operation(acme.worker, run, token, "k")
+    expire(run)
+    with pytest.raises(StaleToken):
+        report(acme, op, token, "CONFIRMED", provider_request_id="late-1")
+    op.refresh_from_db()
+    assert op.phase == "UNKNOWN" and op.provider_request_id == ""
+    case = ReconciliationCase.objects.get(operation=op)
+    assert [e["provider_request_id"] for e in case.unverified_evidence] == ["late-1"]
+    run.refresh_from_db()
+    assert run.stale_rejections == 1
