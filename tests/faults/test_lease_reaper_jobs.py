@@ -187,7 +187,7 @@ def snapshot(run_ids: list) -> dict:
 # --- subprocesses on the test database -------------------------------------------------------
 
 
-def test_database_url() -> str:
+def subprocess_database_url() -> str:
     """The URL of the database pytest-django created for this session (or xdist worker)."""
     db = connection.settings_dict
     user = quote(db["USER"] or "", safe="")
@@ -198,13 +198,11 @@ def test_database_url() -> str:
     return f"postgres://{credentials}{host}{port}/{quote(db['NAME'], safe='')}"
 
 
-test_database_url.__test__ = False  # a helper, not a test
-
 
 def subprocess_env(**extra: str) -> dict:
     return {
         **os.environ,
-        "DATABASE_URL": test_database_url(),
+        "DATABASE_URL": subprocess_database_url(),
         "DB_CONN_MAX_AGE": "0",
         "CELERY_TASK_ALWAYS_EAGER": "0",
         "PYTHONUNBUFFERED": "1",

@@ -238,6 +238,9 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
 
     @rule(actor=actors, run_index=runs)
     def acquire(self, actor, run_index):
+        self._acquire(actor, run_index)
+
+    def _acquire(self, actor, run_index):
         actor = self.resolve(actor, run_index)
         run = self.runs[run_index]
         owner_id, worker_index = ACTORS[actor]
@@ -366,10 +369,29 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
             assert not created, f"intent {key!r}: a replay created a second operation"
             assert str(op.pk) == existing.op_id, f"intent {key!r}: replay returned {op.pk}, not {existing.op_id}"
 
+    @rule(run_index=runs, key=keys, outcome=outcomes, provider_request_id=provider_ids)
+    def owner_advances(self, run_index, key, outcome, provider_request_id):
+        """The run's owner takes the operation of ``key`` one phase further (intent,
+        authorize, dispatch, outcome), taking the lease first when nobody holds it, so that
+        random examples reach DISPATCHED often."""
+        op = self.ops.get(key)
+        if not self.runs[run_index].held:
+            self._acquire(OWNER, run_index)
+        elif op is None or op.run_index != run_index:
+            self._intend(OWNER, run_index, key, conflicting=False)
+        elif op.phase == Phase.PLANNED:
+            self._authorize(OWNER, op)
+        elif op.phase == Phase.AUTHORIZED:
+            self._dispatch(OWNER, op)
+        else:
+            self._report(OWNER, op, outcome, provider_request_id)
+
     @precondition(lambda self: self.ops)
     @rule(actor=actors, index=st.integers(min_value=0, max_value=len(KEYS) - 1))
     def authorize(self, actor, index):
-        op = self.op_at(index)
+        self._authorize(actor, self.op_at(index))
+
+    def _authorize(self, actor, op):
         actor = self.resolve(actor, op.run_index)
         run = self.runs[op.run_index]
         token = self.token_of(actor, op.run_index)
@@ -394,7 +416,9 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.ops)
     @rule(actor=actors, index=st.integers(min_value=0, max_value=len(KEYS) - 1))
     def dispatch(self, actor, index):
-        op = self.op_at(index)
+        self._dispatch(actor, self.op_at(index))
+
+    def _dispatch(self, actor, op):
         actor = self.resolve(actor, op.run_index)
         run = self.runs[op.run_index]
         token = self.token_of(actor, op.run_index)
@@ -427,7 +451,9 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
         provider_request_id=provider_ids,
     )
     def report_outcome(self, actor, index, outcome, provider_request_id):
-        op = self.op_at(index)
+        self._report(actor, self.op_at(index), outcome, provider_request_id)
+
+    def _report(self, actor, op, outcome, provider_request_id):
         actor = self.resolve(actor, op.run_index)
         run = self.runs[op.run_index]
         token = self.token_of(actor, op.run_index)
