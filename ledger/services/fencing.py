@@ -96,7 +96,6 @@ def fenced(
     attempted: str,
     write: Callable[[Fenced], T],
     owner_id: str | None = None,
-    actor_owner: str | None = None,
     on_refused: Callable[[Fenced, str], None] | None = None,
     refusal: Callable[[str], DomainError] = StaleToken,
 ) -> T:
@@ -104,14 +103,11 @@ def fenced(
     with transaction.atomic():
         run = lock_run(tenant=worker.tenant, run_id=run_id)
         now = timezone.now()
-        ctx = Fenced(
-            run=run,
-            batch=ChainBatch(now),
-            now=now,
-            actor=worker_actor(worker, actor_owner or owner_id or run.lease.owner_id or "?"),
-            token=token,
-        )
         reason = fence_reason(run.lease, token, now, owner_id=owner_id)
+        # The presenter is the lease's owner only if the fence holds; otherwise all we
+        # know is the worker identity and the token it presented.
+        presenter = owner_id or (run.lease.owner_id if reason is None else f"token-{token}")
+        ctx = Fenced(run=run, batch=ChainBatch(now), now=now, actor=worker_actor(worker, presenter), token=token)
         if reason is None:
             result = write(ctx)
             ctx.batch.commit()

@@ -77,6 +77,7 @@ def test_stale_worker_is_fenced_after_takeover(api_for, acme):
     assert (operation.phase, operation.dispatch_token, operation.dispatch_owner_id) == ("CONFIRMED", 2, "worker-b")
     assert run.stale_rejections == 1
     refusal = Event.objects.get(run=run, type="STALE_TOKEN_REJECTED")
+    assert refusal.actor == "worker:worker-1/token-1"  # attributed to the presenter, not the owner
     assert refusal.fields == {
         "attempted": "operation.dispatch",
         "presented_token": 1,

@@ -375,9 +375,11 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
         authorize, dispatch, outcome), taking the lease first when nobody holds it, so that
         random examples reach DISPATCHED often."""
         op = self.ops.get(key)
+        if op is not None:
+            run_index = op.run_index
         if not self.runs[run_index].held:
             self._acquire(OWNER, run_index)
-        elif op is None or op.run_index != run_index:
+        elif op is None:
             self._intend(OWNER, run_index, key, conflicting=False)
         elif op.phase == Phase.PLANNED:
             self._authorize(OWNER, op)
