@@ -8,6 +8,10 @@ Without any environment, Fenceline runs on its embedded default: SQLite (WAL jou
 IMMEDIATE transactions) and Celery's filesystem broker, both under ``.fenceline/``.
 """
 
+import base64
+import binascii
+import hashlib
+import hmac
 import os
 import secrets
 from pathlib import Path
@@ -167,11 +171,47 @@ WHITENOISE_USE_FINDERS = True
 
 # --- Fenceline --------------------------------------------------------------------------
 
+
+
+def _checkpoint_keys() -> dict[str, bytes]:
+    """FENCELINE_CHECKPOINT_KEYS="id1:base64key,id2:base64key" (or _FILE). Without it, one
+    key derived from SECRET_KEY, for development and tests."""
+    raw = env("FENCELINE_CHECKPOINT_KEYS")
+    if not raw:
+        return {"local-1": hmac.new(SECRET_KEY.encode(), b"fenceline checkpoint key", hashlib.sha256).digest()}
+    keys = {}
+    for item in raw.split(","):
+        key_id, sep, encoded = item.strip().partition(":")
+        try:
+            secret = base64.b64decode(encoded, validate=True)
+        except (ValueError, binascii.Error):
+            secret = b""
+        if not sep or not key_id or len(secret) < 16:
+            raise ImproperlyConfigured(
+                "FENCELINE_CHECKPOINT_KEYS must be 'id:base64key,...' with keys of at least 16 bytes"
+            )
+        keys[key_id] = secret
+    return keys
+
+
+_CHECKPOINT_KEYS = _checkpoint_keys()
+_SIGNING_KEY_ID = env("FENCELINE_CHECKPOINT_SIGNING_KEY_ID") or list(_CHECKPOINT_KEYS)[-1]
+if _SIGNING_KEY_ID not in _CHECKPOINT_KEYS:
+    raise ImproperlyConfigured(f"FENCELINE_CHECKPOINT_SIGNING_KEY_ID={_SIGNING_KEY_ID!r} is not among the checkpoint keys")
+
 FENCELINE = {
     # Maximum number of rows the lease reaper claims in one transaction.
     "REAPER_BATCH_SIZE": env_int("FENCELINE_REAPER_BATCH_SIZE", 500, minimum=1),
     # How often Celery beat runs the lease reaper.
     "REAPER_INTERVAL_S": env_int("FENCELINE_REAPER_INTERVAL_S", 5, minimum=1),
+    # Checkpoint keys by id (old ones stay to verify old checkpoints) and the one that signs.
+    "CHECKPOINT_KEYS": _CHECKPOINT_KEYS,
+    "CHECKPOINT_SIGNING_KEY_ID": _SIGNING_KEY_ID,
+    # The verifier seals a checkpoint every this many events (and at a run's completion).
+    "CHECKPOINT_EVERY": env_int("FENCELINE_CHECKPOINT_EVERY", 1000, minimum=1),
+    # How often Celery beat runs the ledger verifier, and how many runs one pass checks.
+    "VERIFIER_INTERVAL_S": env_int("FENCELINE_VERIFIER_INTERVAL_S", 30, minimum=1),
+    "VERIFIER_BATCH_RUNS": env_int("FENCELINE_VERIFIER_BATCH_RUNS", 200, minimum=1),
 }
 
 # --- Celery -----------------------------------------------------------------------------
@@ -196,19 +236,35 @@ CELERY_BEAT_SCHEDULE = {
         "task": "ledger.tasks.reap_leases_task",
         "schedule": float(FENCELINE["REAPER_INTERVAL_S"]),
     },
+    "verify-ledger": {
+        "task": "ledger.tasks.verify_ledger_task",
+        "schedule": float(FENCELINE["VERIFIER_INTERVAL_S"]),
+    },
 }
 
 # --- logging ----------------------------------------------------------------------------
 # Request bodies and SQL parameters never reach a log line: django.db.backends is kept
-# at WARNING and django.request logs only the status line.
+# at WARNING and django.request logs only the status line. Exception messages may carry
+# input: every handler runs WithholdExceptionMessages, which keeps a traceback's types and
+# frames but not its messages. The "django" logger loses Django's default handlers (a
+# DEBUG-only console handler without that filter, and mail_admins, which would mail the
+# request's data) and propagates to the root handler instead.
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"withhold_exception_messages": {"()": "ledger.logfilter.WithholdExceptionMessages"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["withhold_exception_messages"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env("FENCELINE_LOG_LEVEL", "INFO")},
     "loggers": {
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.db.backends": {"level": "WARNING", "propagate": True},
     },
 }

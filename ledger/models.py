@@ -53,6 +53,32 @@ class Run(Versioned):
     last_seq = models.BigIntegerField(default=0)
     last_hash = models.CharField(max_length=71, default=GENESIS_HASH)
     stale_rejections = models.PositiveIntegerField(default=0)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    # Operations per phase, kept current by the transitions themselves (same transaction as
+    # the chain head), so the certainty and completeness indicators never scan the run.
+    n_planned = models.PositiveIntegerField(default=0)
+    n_pending_approval = models.PositiveIntegerField(default=0)
+    n_authorized = models.PositiveIntegerField(default=0)
+    n_denied = models.PositiveIntegerField(default=0)
+    n_dispatched = models.PositiveIntegerField(default=0)
+    n_confirmed = models.PositiveIntegerField(default=0)
+    n_failed = models.PositiveIntegerField(default=0)
+    n_unknown = models.PositiveIntegerField(default=0)
+    n_reconciled = models.PositiveIntegerField(default=0)
+
+    # Written only by the verifier (ledger.services.verification).
+    verified_at = models.DateTimeField(null=True, blank=True)
+    verified_head_seq = models.BigIntegerField(null=True, blank=True)
+    verified_checkpoint_seq = models.BigIntegerField(null=True, blank=True)
+    trusted_seq = models.BigIntegerField(null=True, blank=True)
+    trusted_hash = models.CharField(max_length=71, blank=True, default="")
+    broken_first_seq = models.BigIntegerField(null=True, blank=True)
+    broken_last_seq = models.BigIntegerField(null=True, blank=True)
+    broken_reason = models.CharField(max_length=32, blank=True, default="")
+    broken_detail = models.CharField(max_length=300, blank=True, default="")
+    authorization_mismatches = models.PositiveIntegerField(default=0)
+    authorization_detail = models.CharField(max_length=300, blank=True, default="")
 
     class Meta:
         constraints = [
@@ -187,3 +213,23 @@ class Event(Versioned):
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq} {self.type}"
+
+
+class Checkpoint(Versioned):
+    """A signed statement by the verifier: the chain of ``run`` up to ``seq`` ends in
+    ``last_hash``. Written only by the verifier; never reachable from the worker API."""
+
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="checkpoints")
+    seq = models.BigIntegerField()
+    last_hash = models.CharField(max_length=71)
+    verifier_version = models.CharField(max_length=16)
+    key_id = models.CharField(max_length=64)
+    mac = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="checkpoint_unique_seq_per_run"),
+            models.CheckConstraint(condition=Q(seq__gte=1), name="checkpoint_seq_positive"),
+        ]
+        ordering = ["run", "seq"]

@@ -3,9 +3,17 @@
 from celery import shared_task
 
 from ledger.services.leases import leases_reap
+from ledger.services.verification import ledger_verify
 
 
 @shared_task(acks_late=True, autoretry_for=(ConnectionError,), retry_backoff=True, max_retries=5)
 def reap_leases_task() -> dict:
     result = leases_reap()
     return {"leases": result.leases, "operations": result.operations, "batches": result.batches}
+
+
+@shared_task(acks_late=True, autoretry_for=(ConnectionError,), retry_backoff=True, max_retries=5)
+def verify_ledger_task(run_id: str | None = None) -> dict:
+    """Verify runs whose chain moved (bounded batch), or one run; seals checkpoints."""
+    result = ledger_verify(run_ids=[run_id] if run_id else None)
+    return {"runs": result.runs, "events": result.events, "broken": result.broken}

@@ -41,6 +41,14 @@ def _require_postgresql(django_db_setup, django_db_blocker):
         pytest.exit("The test suite runs on PostgreSQL: set DATABASE_URL (see README.md).", returncode=3)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _tasks_run_in_process():
+    """Tasks queued by services (on commit) run in-process; one test starts a real worker."""
+    from console.celery import app
+
+    app.conf.task_always_eager = True
+
+
 # --- domain fixtures --------------------------------------------------------------------
 
 

@@ -1,4 +1,8 @@
-"""Assertions shared by tests."""
+"""Assertions and tools shared by tests."""
+
+from contextlib import contextmanager
+
+from django.db import connection
 
 from ledger.chain import GENESIS_HASH, canonical_bytes, format_time, hash_bytes
 from ledger.models import Event, Run
@@ -29,3 +33,21 @@ def assert_chain_intact(run_id) -> list[Event]:
         previous = event.hash
     assert run.last_hash == previous
     return events
+
+
+@contextmanager
+def tampering(*tables: str):
+    """Switch off the append-only triggers of ``tables`` for the block: what an attacker
+    with direct database access could do. Use inside a test's transaction."""
+    tables = tables or ("ledger_event", "ledger_checkpoint")
+    with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # ALTER TABLE needs no pending FK checks
+        for table in tables:
+            cursor.execute(f"ALTER TABLE {table} DISABLE TRIGGER {table}_append_only")
+        try:
+            yield cursor
+        finally:
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            for table in tables:
+                cursor.execute(f"ALTER TABLE {table} ENABLE TRIGGER {table}_append_only")
+            cursor.execute("SET CONSTRAINTS ALL DEFERRED")

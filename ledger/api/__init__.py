@@ -37,7 +37,9 @@ from ledger.api.schemas import (
     TokenIn,
 )
 from ledger.chain import format_time
-from ledger.models import Event
+from ledger.models import Checkpoint, Event
+from ledger.services.events import phase_count_field
+from ledger.states import Phase
 from ledger.services import leases, notes, operations, retry, runs
 from ledger.services.fencing import fence_check
 from ledger.services.operations import Intent
@@ -96,7 +98,8 @@ def _run_out(run) -> dict:
         },
         "chain": {"last_seq": run.last_seq, "last_hash": run.last_hash},
         "stale_rejections": run.stale_rejections,
-        "operations": selectors.run_phase_counts(run),
+        "operations": {phase: getattr(run, phase_count_field(phase)) for phase in Phase.values},
+        "indicators": selectors.run_indicators(run),
     }
 
 
@@ -178,6 +181,18 @@ def renew_lease(request, run_id: str, body: LeaseRenewIn):
 def release_lease(request, run_id: str, body: LeaseReleaseIn):
     leases.lease_release(worker=request.worker, run_id=run_id, owner_id=body.owner_id, fencing_token=body.fencing_token)
     return {"released": True}
+
+
+@api.post(
+    "/runs/{run_id}/complete",
+    response={200: RunCreatedOut, 401: E, 404: E, 409: E, 422: E},
+    tags=["runs"],
+)
+def complete_run(request, run_id: str, body: TokenIn):
+    """The run's terminal transition, by the lease owner. The lease ends; effects still in
+    flight become UNKNOWN with a reconciliation case; the verifier seals the chain."""
+    run = runs.run_complete(worker=request.worker, run_id=run_id, fencing_token=body.fencing_token)
+    return {"run_id": str(run.pk), "status": run.status}
 
 
 # --- operations -------------------------------------------------------------------------
@@ -275,16 +290,18 @@ def append_event(request, run_id: str, body: EventIn):
 
 @api.get("/runs/{run_id}/events", response={401: E, 404: E}, tags=["events"])
 def export_events(request, run_id: str):
-    """The run's chain in seq order, streamed: {"run_id", "events": [...]} where each event
-    has every field of the canonical form plus its hash."""
+    """The run's chain in seq order, streamed: {"run_id", "head", "events": [...],
+    "checkpoints": [...]}; each event has every field of the canonical form plus its hash.
+    Check it anywhere with `python ledger/evidence_verifier.py EXPORT.json --keys KEYS.json`."""
     run = selectors.run_get(tenant=request.worker.tenant, run_id=run_id)
     response = StreamingHttpResponse(_export(run), content_type="application/json")
     return response
 
 
 def _export(run):
-    yield '{"run_id":%s,"events":[' % json.dumps(str(run.pk))
-    rows = Event.objects.filter(run=run).order_by("seq").iterator(chunk_size=2000)
+    head = {"last_seq": run.last_seq, "last_hash": run.last_hash}
+    yield '{"run_id":%s,"head":%s,"events":[' % (json.dumps(str(run.pk)), json.dumps(head))
+    rows = Event.objects.filter(run=run, seq__lte=head["last_seq"]).order_by("seq").iterator(chunk_size=2000)
     for index, event in enumerate(rows):
         yield ("," if index else "") + json.dumps(
             {
@@ -302,7 +319,21 @@ def _export(run):
             ensure_ascii=False,
             separators=(",", ":"),
         )
-    yield "]}"
+    checkpoints = Checkpoint.objects.filter(run=run, seq__lte=head["last_seq"]).order_by("seq")
+    yield '],"checkpoints":%s}' % json.dumps(
+        [
+            {
+                "run_id": str(run.pk),
+                "seq": cp.seq,
+                "last_hash": cp.last_hash,
+                "verifier_version": cp.verifier_version,
+                "key_id": cp.key_id,
+                "mac": cp.mac,
+            }
+            for cp in checkpoints
+        ],
+        separators=(",", ":"),
+    )
 
 
 @api.post("/fence/check", response={200: FenceCheckOut, 401: E, 422: E}, tags=["leases"])

@@ -9,6 +9,7 @@ import logging
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from ledger.boundary import path_segment
 from ledger.services import errors as domain
 
 log = logging.getLogger("fenceline.api")
@@ -16,12 +17,14 @@ log = logging.getLogger("fenceline.api")
 STATUS = {
     domain.NotFound: 404,
     domain.InvalidInput: 422,
+    domain.ForbiddenField: 422,
     domain.IdempotencyMismatch: 422,
     domain.LeaseHeld: 409,
     domain.LeaseLost: 409,
     domain.StaleToken: 409,
     domain.WrongPhase: 409,
     domain.WorkerNotAccepting: 409,
+    domain.RunCompleted: 409,
 }
 
 
@@ -34,7 +37,8 @@ def refusal(api: NinjaAPI, request, status: int, code: str, detail: str, **extra
 
 
 def _field_path(loc: tuple) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "payload", "query", "path")]
+    # An unknown key is named only if it looks like a field name (never a credential).
+    parts = [path_segment(str(p)) for p in loc if p not in ("body", "payload", "query", "path")]
     return ".".join(parts) or "body"
 
 

@@ -67,6 +67,7 @@ class RunOut(Schema):
     chain: dict[str, Any]
     stale_rejections: int
     operations: dict[str, int]
+    indicators: dict[str, dict[str, Any]]
 
 
 class LeaseAcquireIn(In):

@@ -64,13 +64,31 @@ class WorkerNotAccepting(DomainError):
     code = "WORKER_NOT_ACCEPTING"
 
 
+class ForbiddenField(DomainError):
+    """A forbidden key or a credential-like value crossed the secret boundary
+    (``ledger/boundary.py``). Names the path and the rule, never the value."""
+
+    code = "FORBIDDEN_FIELD"
+
+    def __init__(self, detail: str, *, path: str, rule: str) -> None:
+        super().__init__(detail, path=path, rule=rule)
+        self.path = path
+        self.rule = rule
+
+
+class RunCompleted(DomainError):
+    code = "RUN_COMPLETED"
+
+
 __all__ = [
     "DomainError",
+    "ForbiddenField",
     "IdempotencyMismatch",
     "InvalidInput",
     "LeaseHeld",
     "LeaseLost",
     "NotFound",
+    "RunCompleted",
     "StaleToken",
     "UnknownSchemaVersion",
     "WorkerNotAccepting",

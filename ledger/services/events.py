@@ -1,6 +1,6 @@
 """Appending to a run's evidence chain.
 
-A caller that holds the row lock on the run (see ``ledger.services.locking``) collects the
+A caller that holds the row lock on the run (see ``ledger.services.fencing``) collects the
 events of its transition in a :class:`ChainBatch` and writes them with ``commit()`` inside
 the same transaction: one INSERT for the events and one UPDATE per run head.
 """
@@ -10,15 +10,18 @@ import re
 import uuid
 from datetime import datetime
 
+from ledger.boundary import check_fields, check_text
 from ledger.chain import canonical_bytes, format_time, hash_bytes
 from ledger.models import Event, Run
 from ledger.services.errors import InvalidInput
+from ledger.states import Phase
 from ledger.versioning import CURRENT_SCHEMA_VERSION
 
 SYSTEM_REAPER = "system:lease-reaper"
 
 
 def worker_actor(worker, owner_id: str) -> str:
+    check_text(owner_id, path="owner_id")  # the actor is stored with every event
     return f"worker:{worker.name}/{owner_id}"
 
 
@@ -38,6 +41,8 @@ def _encode(value: object) -> str:
 def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: datetime) -> Event:
     """The next event of ``run``'s chain; advances the in-memory chain head."""
     fields = json_safe(fields)
+    check_fields(fields)  # the secret boundary (invariant 6), before anything is hashed or written
+    check_text(actor, path="actor")
     seq = run.last_seq + 1
     event_id = uuid.uuid4()
     digest = hash_bytes(
@@ -71,7 +76,8 @@ def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: d
 
 
 class ChainBatch:
-    """Events of one transaction, possibly over several (locked) runs."""
+    """Events of one transaction, possibly over several (locked) runs, and the phase counts
+    those runs' operations moved by. ``commit`` writes both with each run's chain head."""
 
     def __init__(self, now: datetime) -> None:
         self.now = now
@@ -84,17 +90,35 @@ class ChainBatch:
         self._runs[run.pk] = run
         return event
 
+    def count_move(self, run: Run, source: str | None, target: str) -> None:
+        """One operation of ``run`` moved from ``source`` (None: new) to ``target``."""
+        if source is not None:
+            field = phase_count_field(source)
+            setattr(run, field, getattr(run, field) - 1)
+        field = phase_count_field(target)
+        setattr(run, field, getattr(run, field) + 1)
+        self._runs[run.pk] = run
+
     def commit(self) -> list[Event]:
-        if not self.events:
+        if not self._runs:
             return []
         Event.objects.bulk_create(self.events)
         runs = list(self._runs.values())
-        if len(runs) == 1:
+        if len(runs) == 1:  # the common case: one UPDATE without CASE expressions
             run = runs[0]
-            Run.objects.filter(pk=run.pk).update(last_seq=run.last_seq, last_hash=run.last_hash)
+            Run.objects.filter(pk=run.pk).update(**{name: getattr(run, name) for name in HEAD_FIELDS})
         else:
-            Run.objects.bulk_update(runs, ["last_seq", "last_hash"])
+            Run.objects.bulk_update(runs, HEAD_FIELDS)
         return self.events
+
+
+def phase_count_field(phase: str) -> str:
+    return f"n_{phase.lower()}"
+
+
+PHASE_COUNT_FIELDS = [phase_count_field(phase) for phase in Phase.values]
+# Written with every commit; the runs are locked, so the in-memory values are current.
+HEAD_FIELDS = ["last_seq", "last_hash", *PHASE_COUNT_FIELDS]
 
 
 # --- events appended by workers ---------------------------------------------------------
@@ -116,4 +140,6 @@ def validate_worker_event(type: str, fields: dict) -> dict:
         raise InvalidInput("fields must not contain NUL characters")
     if len(encoded.encode()) > MAX_WORKER_FIELDS_BYTES:
         raise InvalidInput(f"fields must be at most {MAX_WORKER_FIELDS_BYTES} bytes as JSON")
-    return json.loads(encoded)
+    fields = json.loads(encoded)
+    check_fields(fields, root="fields")
+    return fields

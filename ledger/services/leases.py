@@ -15,11 +15,11 @@ from django.utils import timezone
 
 from approvals.models import CaseReason
 from ledger.models import LeaseGrant, Run, RunLease, Worker
-from ledger.services.errors import InvalidInput, LeaseHeld, LeaseLost, WorkerNotAccepting
+from ledger.services.errors import InvalidInput, LeaseHeld, LeaseLost, RunCompleted, WorkerNotAccepting
 from ledger.services.events import SYSTEM_REAPER, ChainBatch, worker_actor
 from ledger.services.fencing import Fenced, fenced, lock_run, locked_runs
 from ledger.services.operations import operations_mark_unknown, operations_orphaned
-from ledger.states import LeaseEnd, WorkerStatus
+from ledger.states import LeaseEnd, RunStatus, WorkerStatus
 
 MIN_TTL_S = 1
 MAX_TTL_S = 3600
@@ -42,6 +42,8 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int) 
         raise WorkerNotAccepting(f"worker is {worker.status} and cannot take new leases")
     with transaction.atomic():
         run = lock_run(tenant=worker.tenant, run_id=run_id)
+        if run.status != RunStatus.ACTIVE:
+            raise RunCompleted("the run is completed; it takes no new lease")
         now = timezone.now()
         lease = run.lease
         if lease.owner_id is not None and lease.expires_at > now:

@@ -4,12 +4,13 @@ Every phase change is a conditional UPDATE on the operation's current phase, mad
 the fence (run and lease rows locked), and appends exactly one event to the run's chain.
 """
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from django.db import IntegrityError, transaction
 
 from approvals.models import CaseReason
 from approvals.services.cases import case_attach_unverified_evidence, cases_open, open_case_for
+from ledger.boundary import check_fields
 from ledger.models import Operation, Run, Tenant, Worker
 from ledger.services.errors import IdempotencyMismatch, NotFound, WrongPhase
 from ledger.services.events import ChainBatch, json_safe
@@ -50,6 +51,7 @@ def _transition(op: Operation, target: Phase, ctx: Fenced, *, reason: str | None
     won = Operation.objects.filter(pk=op.pk, phase=source).update(phase=target, updated_at=ctx.now, **changes)
     if won != 1:  # impossible while the run is locked; refuse rather than guess
         raise WrongPhase(phase="changed concurrently", wanted=source)
+    ctx.batch.count_move(ctx.run, source, target)
     op.phase = target
     for name, value in changes.items():
         setattr(op, name, value)
@@ -84,6 +86,7 @@ def operation_get(*, tenant: Tenant, operation_id: object) -> Operation:
 def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, intent: Intent) -> tuple[Operation, bool]:
     """Record the intent to perform a side effect. Idempotent per (tenant, key):
     returns ``(operation, created)``; the same key with other parameters is refused."""
+    check_fields(asdict(intent))  # every parameter is stored, not all of them in the event
 
     def write(ctx: Fenced) -> tuple[Operation, bool]:
         existing = Operation.objects.filter(tenant=worker.tenant, idempotency_key=intent.idempotency_key).first()
@@ -112,6 +115,7 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
             if existing is None:
                 raise
             return _replay(existing, ctx.run, intent), False
+        ctx.batch.count_move(ctx.run, None, Phase.PLANNED)
         ctx.batch.append(
             ctx.run,
             "OPERATION_PLANNED",
@@ -314,6 +318,7 @@ def operations_mark_unknown(
             "case_id": cases[op.pk].pk,
         }
         fields.update({k: v for k, v in changes.items() if k in _LOGGED_CHANGES and v not in (None, "")})
+        batch.count_move(runs[op.run_id], Phase.DISPATCHED, Phase.UNKNOWN)
         batch.append(runs[op.run_id], "OPERATION_UNKNOWN", actor=actor, fields=fields)
     return cases
 

@@ -1,10 +1,14 @@
-"""Runs: creation. A run starts with an unowned lease (token 0) and a RUN_CREATED event."""
+"""Runs: creation (an unowned lease, token 0, and a RUN_CREATED event) and completion."""
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.models import Run, RunLease, Worker
+from ledger.services.errors import RunCompleted
 from ledger.services.events import ChainBatch, worker_actor
+from ledger.services.fencing import Fenced, fenced
+from ledger.services.leases import leases_end
+from ledger.states import LeaseEnd, RunStatus
 from ledger.versioning import CURRENT_SCHEMA_VERSION, require_known
 
 
@@ -37,3 +41,34 @@ def run_create(*, worker: Worker, schema_version: int, external_id: str | None =
         )
         batch.commit()
     return run, True
+
+
+def run_complete(*, worker: Worker, run_id: object, fencing_token: int) -> Run:
+    """The run's terminal transition, by its lease owner. The lease ends with it: effects
+    still in flight become UNKNOWN with a case each. The verifier then seals the chain."""
+
+    def write(ctx: Fenced) -> Run:
+        run = ctx.run
+        if run.status != RunStatus.ACTIVE:
+            raise RunCompleted("the run is already completed")
+        leases_end(runs=[run], batch=ctx.batch, actor=ctx.actor, end=LeaseEnd.RELEASED)
+        Run.objects.filter(pk=run.pk, status=RunStatus.ACTIVE).update(status=RunStatus.COMPLETED, completed_at=ctx.now)
+        run.status, run.completed_at = RunStatus.COMPLETED, ctx.now
+        ctx.batch.append(
+            run,
+            "RUN_COMPLETED",
+            actor=ctx.actor,
+            fields={
+                "confirmed": run.n_confirmed,
+                "failed": run.n_failed,
+                "unknown": run.n_unknown,
+                "reconciled": run.n_reconciled,
+                "without_terminal_outcome": run.n_dispatched + run.n_unknown,
+            },
+        )
+        from ledger.tasks import verify_ledger_task  # tasks import services: import here
+
+        transaction.on_commit(lambda: verify_ledger_task.delay(str(run.pk)))
+        return run
+
+    return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="run.complete", write=write)

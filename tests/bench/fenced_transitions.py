@@ -56,6 +56,7 @@ TENANT_SLUG = "bench"
 LEASE_TTL_S = 600
 PROGRESS_EVERY_S = 3.0
 OWN_DATABASE_PREFIXES = ("fenceline_bench",)
+WARMUP_RUNS = 3
 
 
 class BenchError(Exception):
@@ -279,6 +280,59 @@ class SqlMeter:
             self.statements += 1
 
 
+def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_run=None) -> None:
+    """The fenced cycle, until ``stop()``: a fresh run and its lease, ``ops_per_lease``
+    operations intend -> authorize -> dispatch -> outcome(CONFIRMED), release. ``call(kind,
+    fn, **kwargs)`` makes each counted service call; ``stop`` is checked before each."""
+    from ledger.services.leases import lease_acquire, lease_release
+    from ledger.services.operations import (
+        Intent,
+        operation_authorize,
+        operation_dispatch,
+        operation_intend,
+        operation_report_outcome,
+    )
+    from ledger.services.runs import run_create
+    from ledger.states import EffectClass, Outcome
+    from ledger.versioning import CURRENT_SCHEMA_VERSION
+
+    owner = f"bench-owner-{index}"
+    seq = 0
+    while not stop():
+        run, _ = run_create(worker=worker, schema_version=CURRENT_SCHEMA_VERSION)
+        if created_run is not None:
+            created_run()
+        if stop():
+            return
+        lease = call("acquire", lease_acquire, worker=worker, run_id=run.pk, owner_id=owner, ttl_s=LEASE_TTL_S)
+        token = lease.fencing_token
+        for _ in range(ops_per_lease):
+            seq += 1
+            intent = Intent(
+                tool="bench",
+                action="noop",
+                resource=f"bench://{index}/{seq}",
+                effect_class=EffectClass.IDEMPOTENT,
+                idempotency_key=f"{key_prefix}-{index}-{seq}",
+            )
+            if stop():
+                return
+            op, created = call("intend", operation_intend, worker=worker, run_id=run.pk, fencing_token=token, intent=intent)
+            if not created:
+                raise RuntimeError(f"idempotency key {intent.idempotency_key} was not fresh")
+            for kind, fn, extra in (
+                ("authorize", operation_authorize, {}),
+                ("dispatch", operation_dispatch, {}),
+                ("outcome", operation_report_outcome, {"outcome": Outcome.CONFIRMED}),
+            ):
+                if stop():
+                    return
+                call(kind, fn, worker=worker, operation_id=op.pk, fencing_token=token, **extra)
+        if stop():
+            return
+        call("release", lease_release, worker=worker, run_id=run.pk, owner_id=owner, fencing_token=token)
+
+
 def worker_main(index, database_url, worker_pk, ops_per_lease, seconds, key_prefix, counters, ready, go, start_at, results, profile_path):
     """One benchmark process. Reports ("ready", i), then ("result", i, {...}) or ("error", i, text)."""
     try:
@@ -286,27 +340,14 @@ def worker_main(index, database_url, worker_pk, ops_per_lease, seconds, key_pref
         from django.db import connection
 
         from ledger.models import Worker
-        from ledger.services.leases import lease_acquire, lease_release
-        from ledger.services.operations import (
-            Intent,
-            operation_authorize,
-            operation_dispatch,
-            operation_intend,
-            operation_report_outcome,
-        )
-        from ledger.services.runs import run_create
-        from ledger.states import EffectClass, Outcome
-        from ledger.versioning import CURRENT_SCHEMA_VERSION
 
         worker = Worker.objects.select_related("tenant").get(pk=worker_pk)
         connection.ensure_connection()
-        owner = f"bench-owner-{index}"
         latencies = {kind: [] for kind in KINDS}
         sql_by_kind = {kind: [0, 0.0] for kind in KINDS}
         meter = SqlMeter()
         count = 0
         runs = 0
-        seq = 0
         ready.put(("ready", index))
         go.wait()
         deadline = start_at.value + seconds
@@ -325,39 +366,16 @@ def worker_main(index, database_url, worker_pk, ops_per_lease, seconds, key_pref
             return value
 
         def loop():
-            nonlocal runs, seq
-            while time.monotonic() < deadline:
-                run, _ = run_create(worker=worker, schema_version=CURRENT_SCHEMA_VERSION)
+            nonlocal runs
+
+            def stop() -> bool:
+                return time.monotonic() >= deadline
+
+            def created_run() -> None:
+                nonlocal runs
                 runs += 1
-                if time.monotonic() >= deadline:
-                    return
-                lease = call("acquire", lease_acquire, worker=worker, run_id=run.pk, owner_id=owner, ttl_s=LEASE_TTL_S)
-                token = lease.fencing_token
-                for _ in range(ops_per_lease):
-                    seq += 1
-                    intent = Intent(
-                        tool="bench",
-                        action="noop",
-                        resource=f"bench://{index}/{seq}",
-                        effect_class=EffectClass.IDEMPOTENT,
-                        idempotency_key=f"{key_prefix}-{index}-{seq}",
-                    )
-                    if time.monotonic() >= deadline:
-                        return
-                    op, created = call("intend", operation_intend, worker=worker, run_id=run.pk, fencing_token=token, intent=intent)
-                    if not created:
-                        raise RuntimeError(f"idempotency key {intent.idempotency_key} was not fresh")
-                    for kind, fn, extra in (
-                        ("authorize", operation_authorize, {}),
-                        ("dispatch", operation_dispatch, {}),
-                        ("outcome", operation_report_outcome, {"outcome": Outcome.CONFIRMED}),
-                    ):
-                        if time.monotonic() >= deadline:
-                            return
-                        call(kind, fn, worker=worker, operation_id=op.pk, fencing_token=token, **extra)
-                if time.monotonic() >= deadline:
-                    return
-                call("release", lease_release, worker=worker, run_id=run.pk, owner_id=owner, fencing_token=token)
+
+            fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_run)
 
         cpu_before = resource.getrusage(resource.RUSAGE_SELF)
         with connection.execute_wrapper(meter):
@@ -383,11 +401,15 @@ def worker_main(index, database_url, worker_pk, ops_per_lease, seconds, key_pref
                     "latencies": latencies,
                     "sql_by_kind": sql_by_kind,
                     "cpu_s": (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime),
+                    "sys_s": cpu_after.ru_stime - cpu_before.ru_stime,
+                    "preempted": cpu_after.ru_nivcsw - cpu_before.ru_nivcsw,
                 },
             )
         )
     except BaseException as exc:  # reported to the parent, which fails the run
         line = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if "does not exist" in line:
+            line += " (models and migrations differ: were they edited after the migrate step?)"
         try:
             ready.put(("error", index, line))
             results.put(("error", index, line))
@@ -402,9 +424,11 @@ def say(line: str = "") -> None:
     print(line, flush=True)
 
 
-def prepare_fenced_db(server: Server, database: str, workers: int) -> list[int]:
+def prepare_fenced_db(server: Server, database: str, workers: int, *, analyze: bool) -> list[int]:
     """Recreate and migrate the benchmark database (every run starts from empty tables and
-    from the migrations as they are in the working tree), then make the worker identities."""
+    from the migrations as they are in the working tree), make the worker identities, warm
+    up with a few unmeasured cycles and ANALYZE the tables, so that the planner has
+    statistics (with autovacuum off, as on these machines, it would never get any)."""
     recreate_database(server, database)
     say(f"[setup] database {database}: recreated; running migrations")
     django_setup(server.url_for(database))
@@ -420,6 +444,30 @@ def prepare_fenced_db(server: Server, database: str, workers: int) -> list[int]:
     stamp = uuid.uuid4().hex[:8]
     pks = [worker_create(tenant=tenant, name=f"bench-{stamp}-{i}")[0].pk for i in range(workers)]
     say(f"[setup] migrated; created tenant {TENANT_SLUG!r} and {workers} worker identities")
+    from django.apps import apps
+
+    from ledger.models import Worker
+
+    warm_worker = Worker.objects.select_related("tenant").get(pk=pks[0])
+    calls = {"n": 0}
+    per_run = 2 + 4 * 20  # acquire, 20 x (intend, authorize, dispatch, outcome), release
+
+    def plain_call(kind, fn, **kwargs):
+        calls["n"] += 1
+        return fn(**kwargs)
+
+    fenced_cycles(warm_worker, "warmup", uuid.uuid4().hex, 20, plain_call, lambda: calls["n"] >= WARMUP_RUNS * per_run)
+    if analyze:
+        tables = [
+            model._meta.db_table
+            for label in ("ledger", "approvals")
+            for model in apps.get_app_config(label).get_models()
+            if model._meta.managed and not model._meta.proxy
+        ]
+        with connection.cursor() as cursor:
+            for table in tables:
+                cursor.execute(f"ANALYZE {connection.ops.quote_name(table)}")
+    say(f"[setup] warm-up: {WARMUP_RUNS} runs x 20 operations, unmeasured; {'ANALYZE done' if analyze else 'no ANALYZE'}")
     connection.close()
     return pks
 
@@ -532,6 +580,8 @@ def run_fenced(server: Server, database: str, worker_pks: list[int], args) -> di
         "p99": percentile(all_latencies, 0.99),
         "by_kind": by_kind,
         "client_cpu_s": sum(r["cpu_s"] for r in collected.values()),
+        "client_sys_s": sum(r["sys_s"] for r in collected.values()),
+        "client_preempted": sum(r["preempted"] for r in collected.values()),
         "server_cpu_s": server_cpu,
         "machine_busy_cores": cpu_busy_cores(cpu_before, cpu_after),
         "steal_cores": cpu_busy_cores(cpu_before, cpu_after, 1),
@@ -588,6 +638,8 @@ def run_pgbench(server: Server, database: str, pgbench: str, args) -> dict:
     latency = re.search(r"latency average = ([0-9.]+) ms", text)
     processed = re.search(r"number of transactions actually processed: (\d+)", text)
     cpu_s = (rusage_after.ru_utime - rusage_before.ru_utime) + (rusage_after.ru_stime - rusage_before.ru_stime)
+    sys_s = rusage_after.ru_stime - rusage_before.ru_stime
+    preempted = rusage_after.ru_nivcsw - rusage_before.ru_nivcsw
     commits = wal = None
     if before and after:
         commits, wal = after[0] - before[0], after[1] - before[1]
@@ -597,6 +649,8 @@ def run_pgbench(server: Server, database: str, pgbench: str, args) -> dict:
         "transactions": int(processed.group(1)) if processed else None,
         "elapsed": args.seconds,
         "client_cpu_s": cpu_s,
+        "client_sys_s": sys_s,
+        "client_preempted": preempted,
         "server_cpu_s": server_cpu,
         "machine_busy_cores": cpu_busy_cores(cpu_before, cpu_after),
         "steal_cores": cpu_busy_cores(cpu_before, cpu_after, 1),
@@ -610,7 +664,7 @@ def machine_context(server: Server) -> dict:
         version = conn.execute("SHOW server_version").fetchone()[0]
         settings = {
             name: conn.execute(f"SHOW {name}").fetchone()[0]
-            for name in ("synchronous_commit", "fsync", "shared_buffers", "max_connections")
+            for name in ("synchronous_commit", "fsync", "shared_buffers", "max_connections", "autovacuum")
         }
     model = ""
     try:
@@ -620,7 +674,21 @@ def machine_context(server: Server) -> dict:
                 break
     except OSError:
         pass
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--", "ledger", "approvals"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        code = f"{head}{' + uncommitted changes in ledger/ or approvals/' if dirty else ''}" if head else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        code = "unknown"
     return {
+        "code": code,
         "cores": os.cpu_count(),
         "cpu_model": model,
         "postgresql": version,
@@ -654,8 +722,9 @@ def report(context: dict, args, fenced: dict, pg: dict) -> None:
     pgs = context["pg_settings"]
     say(
         f"PostgreSQL {context['postgresql']} (synchronous_commit={pgs['synchronous_commit']}, fsync={pgs['fsync']}, "
-        f"shared_buffers={pgs['shared_buffers']}); Python {context['python']}, Django {django.get_version()}"
+        f"shared_buffers={pgs['shared_buffers']}, autovacuum={pgs['autovacuum']}); Python {context['python']}, Django {django.get_version()}"
     )
+    say(f"code: git {context['code']}")
     say(f"N = {args.workers} processes/clients, S = {args.seconds:g} s per phase, {args.ops_per_lease} operations per lease")
     say("-" * 72)
     say(f"{'':34}{'fenced':>18}{'pgbench':>18}")
@@ -696,7 +765,12 @@ def report(context: dict, args, fenced: dict, pg: dict) -> None:
     row("whole machine (cores busy)", lambda ph, n: f"{ph['machine_busy_cores']:.2f}" if ph.get("machine_busy_cores") is not None else None)
     row("hypervisor steal (cores)", lambda ph, n: f"{ph['steal_cores']:.2f}" if ph.get("steal_cores") is not None else None)
     row("client CPU per transition", cpu_per("client_cpu_s"))
+    row("  of which kernel (sys)", cpu_per("client_sys_s"))
     row("server backend CPU per transition", cpu_per("server_cpu_s"))
+    row(
+        "client preemptions per transition",
+        lambda ph, n: f"{ph['client_preempted'] / n:.2f}" if ph.get("client_preempted") is not None and n else None,
+    )
     say("-" * 72)
     say(f"{'fenced, per transition kind':18}{'count':>9}{'p50':>11}{'p99':>11}{'SQL stmts':>11}{'in execute':>12}")
     for kind in KINDS:
@@ -735,6 +809,9 @@ def main(argv: list[str] | None = None) -> int:
         default=shutil.which("pgbench") or "/usr/bin/pgbench",
         help="pgbench executable (default %(default)s)",
     )
+    parser.add_argument(
+        "--no-analyze", action="store_true", help="skip ANALYZE after the warm-up (planner without statistics)"
+    )
     parser.add_argument("--skip-pgbench", action="store_true", help="fenced phase only (no ratio)")
     parser.add_argument("--profile", metavar="FILE", help="run worker 0 under cProfile and write its stats to FILE")
     args = parser.parse_args(argv)
@@ -759,7 +836,7 @@ def main(argv: list[str] | None = None) -> int:
             f"[setup] {context['cores']} cores, load average {context['load'][0]:.2f}; PostgreSQL "
             f"{context['postgresql']} at {server.host}:{server.port}; N={args.workers}, S={args.seconds:g}"
         )
-        worker_pks = prepare_fenced_db(server, args.bench_db, args.workers)
+        worker_pks = prepare_fenced_db(server, args.bench_db, args.workers, analyze=not args.no_analyze)
         if not args.skip_pgbench:
             prepare_pgbench(server, args.pgbench_db, pgbench, args.scale)
         fenced = run_fenced(server, args.bench_db, worker_pks, args)

@@ -17,13 +17,20 @@ lease loss (4), and the hash chain with its exact growth (5).
 
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.utils import timezone
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, event, settings, target
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from approvals.models import CaseReason, ReconciliationCase
 from ledger.chain import GENESIS_HASH, canonical_bytes, format_time, hash_bytes
@@ -57,10 +64,11 @@ KEYS = {
 KEY_NAMES = sorted(KEYS)
 
 # An actor is one of ACTORS, or OWNER: whoever holds the lease of the run concerned (actor
-# 0 when nobody does). OWNER comes first so that half the calls can make progress and
-# failing examples shrink towards the owner acting.
+# 0 when nobody does), so that calls can make progress. OWNER comes first so that failing
+# examples shrink towards the owner acting.
 OWNER = "owner"
 actors = st.sampled_from([OWNER, *range(len(ACTORS))])
+advancing_actors = st.sampled_from([OWNER, OWNER, OWNER, *range(len(ACTORS))])  # the owner half of the time
 runs = st.integers(min_value=0, max_value=RUN_COUNT - 1)
 keys = st.sampled_from(KEY_NAMES)
 outcomes = st.sampled_from([Outcome.CONFIRMED, Outcome.FAILED, Outcome.UNKNOWN])
@@ -121,10 +129,6 @@ class OpModel:
     evidence: int = 0
 
 
-class Refused(AssertionError):
-    pass
-
-
 def event_summary(event: Event) -> tuple:
     """The parts of an event the model predicts."""
     f = event.fields
@@ -147,6 +151,8 @@ def event_summary(event: Event) -> tuple:
 class LeaseAndOperationMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
+        self.outcomes = 0  # outcomes recorded by the dispatching worker
+        self.orphaned = 0  # DISPATCHED operations made UNKNOWN because their lease was lost
         # Each example runs in its own savepoint, rolled back by teardown(): it starts from
         # a fresh tenant and leaves nothing behind for the reaper of the next example.
         self._atomic = transaction.atomic()
@@ -169,6 +175,10 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
         self.ever_dispatched: set[str] = set()
 
     def teardown(self) -> None:
+        # Steer generation towards the interesting interleavings: effects dispatched and
+        # then reported, or orphaned by a lost lease.
+        target(float(self.outcomes), label="outcomes recorded")
+        target(float(self.orphaned), label="dispatched operations orphaned by a lost lease")
         if self._atomic is not None:
             transaction.set_rollback(True)
             self._atomic.__exit__(None, None, None)
@@ -218,6 +228,8 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
 
     def mark_unknown(self, run: RunModel, op: OpModel, reason: CaseReason) -> None:
         assert op.phase == Phase.DISPATCHED
+        if reason != CaseReason.WORKER_REPORTED_UNKNOWN:
+            self.orphaned += 1
         op.phase = Phase.UNKNOWN
         op.case_reason = reason
         run.events.append(("OPERATION_UNKNOWN", op.op_id, reason.value))
@@ -233,6 +245,20 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
         reason = CaseReason.LEASE_LOST if end == LeaseEnd.EXPIRED else CaseReason.LEASE_RELEASED
         for op in orphans:
             self.mark_unknown(run, op, reason)
+
+    @initialize(actor=st.integers(min_value=0, max_value=len(ACTORS) - 1), key=keys, expired=st.booleans())
+    def effect_in_flight(self, actor, key, expired):
+        """Every example starts with one effect in flight on run 0 (leased, intended,
+        authorized, dispatched, and maybe its lease already run out) and run 1 untouched.
+        Each call is modelled and checked like any other; the random steps then decide
+        what happens to the dispatched effect and its lease."""
+        self._acquire(actor, 0)
+        self._intend(actor, 0, key, conflicting=False)
+        op = self.ops[key]
+        self._authorize(actor, op)
+        self._dispatch(actor, op)
+        if expired:
+            self.expire(0)
 
     # --- lease rules ------------------------------------------------------------------
 
@@ -320,17 +346,52 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
 
     # --- operation rules --------------------------------------------------------------
 
-    @rule(actor=actors, run_index=runs, key=keys)
-    def intend(self, actor, run_index, key):
-        self._intend(actor, run_index, key, conflicting=False)
+    @rule(actor=advancing_actors, run_index=runs, key=keys, outcome=outcomes, provider_request_id=provider_ids)
+    def advance(self, actor, run_index, key, outcome, provider_request_id):
+        """A worker takes the operation of ``key`` one phase further: intent (on
+        ``run_index`` when the key is new), authorize, dispatch or outcome. When the actor is
+        OWNER and nobody holds the lease, it takes the lease instead, so that examples reach
+        DISPATCHED often; other actors call with whatever token they remember."""
+        op = self.ops.get(key)
+        if op is not None:
+            run_index = op.run_index
+        if actor == OWNER and not self.runs[run_index].held:
+            self._acquire(OWNER, run_index)
+        elif op is None:
+            self._intend(actor, run_index, key, conflicting=False)
+        elif op.phase == Phase.PLANNED:
+            self._authorize(actor, op)
+        elif op.phase == Phase.AUTHORIZED:
+            self._dispatch(actor, op)
+        else:
+            self._report(actor, op, outcome, provider_request_id)
 
     @precondition(lambda self: self.ops)
-    @rule(actor=actors, run_index=runs, key=keys)
-    def intend_with_other_parameters(self, actor, run_index, key):
-        """The same key with a different resource: refused, never a second operation."""
+    @rule(actor=actors, run_index=runs, key=keys, conflicting=st.booleans())
+    def intend_again(self, actor, run_index, key, conflicting):
+        """An intent for a key already used, on either run, with the same parameters (a
+        replay) or another resource: one operation per key whatever happens."""
         if key not in self.ops:
             key = next(iter(self.ops))
-        self._intend(actor, run_index, key, conflicting=True)
+        self._intend(actor, run_index, key, conflicting=conflicting)
+
+    @precondition(lambda self: self.ops)
+    @rule(
+        actor=actors,
+        index=st.integers(min_value=0, max_value=len(KEYS) - 1),
+        call=st.sampled_from(["authorize", "dispatch", "outcome"]),
+        outcome=outcomes,
+        provider_request_id=provider_ids,
+    )
+    def call_in_any_phase(self, actor, index, call, outcome, provider_request_id):
+        """Authorize, dispatch or report whatever phase the operation is in."""
+        op = self.op_at(index)
+        if call == "authorize":
+            self._authorize(actor, op)
+        elif call == "dispatch":
+            self._dispatch(actor, op)
+        else:
+            self._report(actor, op, outcome, provider_request_id)
 
     def _intend(self, actor, run_index, key, *, conflicting):
         actor = self.resolve(actor, run_index)
@@ -342,8 +403,9 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
             expected = (StaleToken, reason)
         elif existing is not None and (conflicting or existing.run_index != run_index):
             expected = (IdempotencyMismatch, None)
+        elif existing is None and conflicting:
+            raise AssertionError("a conflicting intent needs an existing operation")
         else:
-            assert not conflicting
             expected = None
         overrides = {"resource": KEYS[key]["resource"] + "/other"} if conflicting else {}
         result = self.call(
@@ -359,6 +421,7 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
         if expected is not None:
             event("idempotency mismatch refused")
             return
+        assert not conflicting
         op, created = result
         if existing is None:
             assert created, f"intent {key!r}: the first intent must create the operation"
@@ -368,30 +431,6 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
             event("intent replayed")
             assert not created, f"intent {key!r}: a replay created a second operation"
             assert str(op.pk) == existing.op_id, f"intent {key!r}: replay returned {op.pk}, not {existing.op_id}"
-
-    @rule(run_index=runs, key=keys, outcome=outcomes, provider_request_id=provider_ids)
-    def owner_advances(self, run_index, key, outcome, provider_request_id):
-        """The run's owner takes the operation of ``key`` one phase further (intent,
-        authorize, dispatch, outcome), taking the lease first when nobody holds it, so that
-        random examples reach DISPATCHED often."""
-        op = self.ops.get(key)
-        if op is not None:
-            run_index = op.run_index
-        if not self.runs[run_index].held:
-            self._acquire(OWNER, run_index)
-        elif op is None:
-            self._intend(OWNER, run_index, key, conflicting=False)
-        elif op.phase == Phase.PLANNED:
-            self._authorize(OWNER, op)
-        elif op.phase == Phase.AUTHORIZED:
-            self._dispatch(OWNER, op)
-        else:
-            self._report(OWNER, op, outcome, provider_request_id)
-
-    @precondition(lambda self: self.ops)
-    @rule(actor=actors, index=st.integers(min_value=0, max_value=len(KEYS) - 1))
-    def authorize(self, actor, index):
-        self._authorize(actor, self.op_at(index))
 
     def _authorize(self, actor, op):
         actor = self.resolve(actor, op.run_index)
@@ -414,11 +453,6 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
         elif expected is None and op.phase != Phase.AUTHORIZED:
             op.phase = Phase.AUTHORIZED
             run.events.append(("OPERATION_AUTHORIZED", op.op_id, None))
-
-    @precondition(lambda self: self.ops)
-    @rule(actor=actors, index=st.integers(min_value=0, max_value=len(KEYS) - 1))
-    def dispatch(self, actor, index):
-        self._dispatch(actor, self.op_at(index))
 
     def _dispatch(self, actor, op):
         actor = self.resolve(actor, op.run_index)
@@ -445,26 +479,16 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
             op.phase, op.dispatch_token, op.dispatch_owner = Phase.DISPATCHED, token, run.owner
             run.events.append(("OPERATION_DISPATCHED", op.op_id, None))
 
-    @precondition(lambda self: self.ops)
-    @rule(
-        actor=actors,
-        index=st.integers(min_value=0, max_value=len(KEYS) - 1),
-        outcome=outcomes,
-        provider_request_id=provider_ids,
-    )
-    def report_outcome(self, actor, index, outcome, provider_request_id):
-        self._report(actor, self.op_at(index), outcome, provider_request_id)
-
     def _report(self, actor, op, outcome, provider_request_id):
         actor = self.resolve(actor, op.run_index)
         run = self.runs[op.run_index]
         token = self.token_of(actor, op.run_index)
-        target = Phase(outcome.value)
+        reported = Phase(outcome.value)
         reason = run.fence(token)
         duplicate = False
         if reason:
             expected = (StaleToken, reason)
-        elif op.phase == target and op.dispatch_token == token and op.provider_request_id == provider_request_id:
+        elif op.phase == reported and op.dispatch_token == token and op.provider_request_id == provider_request_id:
             expected, duplicate = None, True
         elif op.phase != Phase.DISPATCHED or op.dispatch_token != token:
             expected = (WrongPhase, None)
@@ -494,22 +518,42 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
         if expected is not None or duplicate:
             return
         event(f"outcome {outcome.value} recorded")
+        self.outcomes += 1
         op.provider_request_id = provider_request_id
-        if target == Phase.UNKNOWN:
+        if reported == Phase.UNKNOWN:
             self.mark_unknown(run, op, CaseReason.WORKER_REPORTED_UNKNOWN)
         else:
-            op.phase = target
-            run.events.append((f"OPERATION_{target.value}", op.op_id, None))
+            op.phase = reported
+            run.events.append((f"OPERATION_{reported.value}", op.op_id, None))
 
     # --- invariants, checked against the database after every step --------------------
 
     @invariant()
-    def fencing_tokens_increase_and_one_is_valid(self):
-        now = timezone.now()
+    def database_agrees_with_model(self):
+        """Invariants 1-5 of the brief, on one read of this example's rows."""
+        run_ids = [run.run_id for run in self.runs]
+        snap = Snapshot(
+            now=timezone.now(),
+            runs={row.pk: row for row in Run.objects.filter(pk__in=run_ids)},
+            leases={lease.run_id: lease for lease in RunLease.objects.filter(run_id__in=run_ids)},
+            grants=list(LeaseGrant.objects.filter(run_id__in=run_ids).order_by("run_id", "fencing_token")),
+            operations=list(Operation.objects.filter(tenant=self.tenant).order_by("created_at")),
+            cases=list(ReconciliationCase.objects.filter(tenant=self.tenant)),
+            events=list(Event.objects.filter(run_id__in=run_ids).order_by("run_id", "seq")),
+        )
+        self.check_fencing_tokens(snap)
+        self.check_no_stale_write_landed(snap)
+        self.check_one_operation_per_key(snap)
+        self.check_phases_and_lost_leases(snap)
+        self.check_chain(snap)
+
+    def check_fencing_tokens(self, snap: "Snapshot") -> None:
+        """1. Tokens 1..n, one per ownership change, increasing with time; the lease holds the
+        highest; one open grant, the owner's; at most one token passes the fence."""
         for index, run in enumerate(self.runs):
-            where = f"run {index}"
-            lease = RunLease.objects.get(run_id=run.run_id)
-            grants = list(LeaseGrant.objects.filter(run_id=run.run_id).order_by("fencing_token"))
+            where = f"invariant 1, run {index}"
+            lease = snap.leases[run.run_id]
+            grants = [g for g in snap.grants if g.run_id == run.run_id]
             tokens = [g.fencing_token for g in grants]
             assert tokens == list(range(1, len(grants) + 1)), f"{where}: grant tokens not 1..n contiguous: {tokens}"
             times = [g.acquired_at for g in grants]
@@ -518,12 +562,12 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
                 f"{where}: lease token {lease.fencing_token} is not the highest grant {len(grants)}"
             )
             assert lease.fencing_token == run.token, f"{where}: lease token {lease.fencing_token}, model {run.token}"
-            assert [(g.owner_id, g.end_reason) for g in grants] == [(g.owner, g.end) for g in run.grants], (
-                f"{where}: lease history {[(g.owner_id, g.end_reason) for g in grants]}, "
-                f"model {[(g.owner, g.end) for g in run.grants]}"
+            history = [(g.owner_id, g.end_reason) for g in grants]
+            assert history == [(g.owner, g.end) for g in run.grants], (
+                f"{where}: lease history {history}, model {[(g.owner, g.end) for g in run.grants]}"
             )
-            open_grants = [g for g in grants if g.ended_at is None]
             assert all((g.ended_at is None) == (g.end_reason is None) for g in grants), f"{where}: half-ended grant"
+            open_grants = [g for g in grants if g.ended_at is None]
             assert lease.owner_id == run.owner, f"{where}: lease owner {lease.owner_id!r}, model {run.owner!r}"
             assert lease.end_reason == run.end, f"{where}: lease end_reason {lease.end_reason!r}, model {run.end!r}"
             if lease.owner_id is None:
@@ -535,46 +579,49 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
                 )
                 assert open_grants[0].owner_id == lease.owner_id, f"{where}: open grant owner differs from lease owner"
                 assert lease.worker_id == self.workers[run.worker_index].pk, f"{where}: lease worker differs"
-                assert (lease.expires_at <= now) == run.expired, (
-                    f"{where}: lease expired={lease.expires_at <= now}, model expired={run.expired}"
-                )
-            valid = [
-                t for t in range(0, run.token + 2) if fence_check(tenant=self.tenant, run_id=run.run_id, fencing_token=t)
-            ]
+                expired = lease.expires_at <= snap.now
+                assert expired == run.expired, f"{where}: lease expired={expired}, model expired={run.expired}"
+            # Every token a worker holds on to, the never-issued 0 and next token, and the
+            # current one: at most one of them may pass the fence, and only while held.
+            presented = {t for (_, r), t in self.tokens.items() if r == index} | {0, run.token, run.token + 1}
+            valid = [t for t in sorted(presented) if fence_check(tenant=self.tenant, run_id=run.run_id, fencing_token=t)]
             assert len(valid) <= 1, f"{where}: several tokens pass the fence: {valid}"
             assert valid == ([run.token] if run.held else []), f"{where}: tokens passing the fence {valid}"
 
-    @invariant()
-    def no_stale_write_landed(self):
+    def check_no_stale_write_landed(self, snap: "Snapshot") -> None:
+        """2. Every refusal the model expected is counted, and no row changed except by the
+        writes the model let through (dispatch tokens were current when written)."""
         for index, run in enumerate(self.runs):
-            stale = Run.objects.values_list("stale_rejections", flat=True).get(pk=run.run_id)
+            stale = snap.runs[run.run_id].stale_rejections
             assert stale == run.stale_rejections, (
-                f"run {index}: stale_rejections {stale}, the model counted {run.stale_rejections} refusals"
+                f"invariant 2, run {index}: stale_rejections {stale}, the model counted {run.stale_rejections} refusals"
             )
-        rows = {str(op.pk): op for op in Operation.objects.filter(tenant=self.tenant)}
+        rows = {str(row.pk): row for row in snap.operations}
         for op in self.ops.values():
             row = rows[op.op_id]
             got = (row.phase, row.dispatch_token, row.dispatch_owner_id, row.provider_request_id)
             want = (op.phase, op.dispatch_token, op.dispatch_owner, op.provider_request_id)
-            assert got == want, f"operation {op.key!r}: (phase, dispatch token, owner, provider id) {got}, model {want}"
-            assert row.run_id == self.runs[op.run_index].run_id, f"operation {op.key!r} belongs to another run"
+            assert got == want, (
+                f"invariant 2, operation {op.key!r}: (phase, dispatch token, owner, provider id) {got}, model {want}"
+            )
+            assert row.run_id == self.runs[op.run_index].run_id, f"invariant 2: operation {op.key!r} moved to another run"
 
-    @invariant()
-    def one_operation_per_key(self):
-        rows = list(Operation.objects.filter(tenant=self.tenant).values_list("idempotency_key", "id"))
-        got = sorted((key, str(op_id)) for key, op_id in rows)
+    def check_one_operation_per_key(self, snap: "Snapshot") -> None:
+        """3. One operation per (tenant, key), the one the first intent created."""
+        got = sorted((row.idempotency_key, str(row.pk)) for row in snap.operations)
         want = sorted((op.key, op.op_id) for op in self.ops.values())
-        assert got == want, f"operations per key {got}, model {want}"
+        assert got == want, f"invariant 3: operations per key {got}, model {want}"
 
-    @invariant()
-    def phases_move_forward_and_lost_leases_leave_nothing_dispatched(self):
-        leases = {lease.run_id: lease for lease in RunLease.objects.filter(run__tenant=self.tenant)}
+    def check_phases_and_lost_leases(self, snap: "Snapshot") -> None:
+        """4. Phases move along the table only; nothing dispatched goes back; every UNKNOWN
+        has exactly one case; no DISPATCHED operation outlives the lease it was sent under."""
         cases: dict[tuple[str, int], list[ReconciliationCase]] = {}
-        for case in ReconciliationCase.objects.filter(tenant=self.tenant):
+        for case in snap.cases:
             cases.setdefault((str(case.operation_id), case.attempt), []).append(case)
-        for row in Operation.objects.filter(tenant=self.tenant):
+        by_id = {op.op_id: op for op in self.ops.values()}
+        for row in snap.operations:
             op_id = str(row.pk)
-            what = f"operation {row.idempotency_key!r}"
+            what = f"invariant 4, operation {row.idempotency_key!r}"
             previous = self.seen_phase.get(op_id)
             if previous is not None and previous != row.phase:
                 assert can_move(previous, row.phase), f"{what} moved {previous} -> {row.phase}, not a transition"
@@ -586,13 +633,13 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
                     f"{what} went back to {row.phase} after dispatch"
                 )
             if row.phase == Phase.DISPATCHED:
-                lease = leases[row.run_id]
+                lease = snap.leases[row.run_id]
                 assert lease.owner_id is not None and lease.fencing_token == row.dispatch_token, (
                     f"{what} is still DISPATCHED under token {row.dispatch_token} after its lease was lost "
                     f"(lease owner {lease.owner_id!r}, token {lease.fencing_token})"
                 )
             own = cases.pop((op_id, row.attempt), [])
-            model = self.ops[op_id_key(self.ops, op_id)]
+            model = by_id[op_id]
             if row.phase == Phase.UNKNOWN:
                 assert len(own) == 1, f"{what} is UNKNOWN with {len(own)} reconciliation cases for attempt {row.attempt}"
                 assert own[0].reason == model.case_reason, f"{what}: case reason {own[0].reason}, model {model.case_reason}"
@@ -601,14 +648,15 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
                 )
             else:
                 assert not own, f"{what} is {row.phase} but has a reconciliation case"
-        assert not cases, f"reconciliation cases without their operation attempt: {sorted(cases)}"
+        assert not cases, f"invariant 4: reconciliation cases without their operation attempt: {sorted(cases)}"
 
-    @invariant()
-    def chain_is_intact_and_grows_by_the_expected_events(self):
+    def check_chain(self, snap: "Snapshot") -> None:
+        """5. Each run's chain is contiguous, linked and recomputes, its head is the last
+        event, and it holds exactly the events the model expected, in order."""
         for index, run in enumerate(self.runs):
-            where = f"run {index}"
-            row = Run.objects.get(pk=run.run_id)
-            events = list(Event.objects.filter(run_id=run.run_id).order_by("seq"))
+            where = f"invariant 5, run {index}"
+            row = snap.runs[run.run_id]
+            events = [e for e in snap.events if e.run_id == run.run_id]
             assert [e.seq for e in events] == list(range(1, len(events) + 1)), f"{where}: event seqs are not 1..n"
             previous = GENESIS_HASH
             for e in events:
@@ -637,11 +685,15 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
                 )
 
 
-def op_id_key(ops: dict[str, OpModel], op_id: str) -> str:
-    for key, op in ops.items():
-        if op.op_id == op_id:
-            return key
-    raise AssertionError(f"operation {op_id} is not in the model")
+@dataclass
+class Snapshot:
+    now: datetime
+    runs: dict
+    leases: dict
+    grants: list
+    operations: list
+    cases: list
+    events: list
 
 
 def test_invariants_hold_under_random_interleavings(db):

@@ -1,0 +1,296 @@
+"""The secret boundary (invariant 6): what may never become an event field or a stored value.
+
+A value that crosses the boundary is *refused*, never redacted: :func:`check_fields` and
+:func:`check_text` raise :class:`~ledger.services.errors.ForbiddenField`, which names the
+path of the offending field and the rule it broke, and never the value. Callers check
+before they serialize or write anything, so a refusal leaves nothing behind.
+
+Two kinds of rule, each kept in one list below:
+
+* **Forbidden keys.** A key is split into lowercase words (``X-Api-Key``, ``apiKey`` and
+  ``x_api_key`` all read ``x api key``) and refused when it
+
+  - contains a credential word anywhere (``CREDENTIAL_WORDS``: ``db_password``,
+    ``client_secret``, ``Set-Cookie``, ``proxy_authorization``),
+  - ends with a credential name (``CREDENTIAL_ENDINGS``: ``github_api_key``,
+    ``private_key``, ``auth``),
+  - ends with ``token`` (``refresh_token``, ``idToken``, ``token``), except the names of
+    Fenceline's fencing tokens (``FENCING_TOKEN_KEYS``), which must hold an integer,
+  - names a raw payload the secret-boundary article says is never accepted
+    (``RAW_PAYLOAD_ENDINGS`` and keys starting with ``raw``: tool arguments, headers,
+    bodies, prompts, error text, tool output, browser state, files). Events carry
+    references, digests and codes instead: ``args_digest``, ``credential_ref``,
+    ``error_code``, ``provider_request_id``.
+
+  A raw-payload key is reported only when no credential is found anywhere else in the
+  same document, so ``{"args": {"authorization": ...}}`` is reported at
+  ``args.authorization``: the more specific reason wins.
+
+* **Credential-like values** (``VALUE_RULES``), searched anywhere inside every string,
+  keys included: bearer tokens, ``Authorization:``/``Cookie:`` header lines, PEM blocks,
+  JWTs, URLs with a password, ``password=...``-style assignments, and the prefixes of
+  well-known keys (AWS, GitHub, Slack, OpenAI/Anthropic, Stripe, Google, GitLab) and of
+  Fenceline's own worker tokens (``flw_``).
+
+The rules fail closed: an innocent ``{"error": "timeout"}`` or "the bearer of this note"
+is refused too, and the worker renames the field (``error_code``) or rewords the text.
+
+Standard library only, so the rules can be read, reused (for instance by a log scanner)
+and tested without Django.
+"""
+
+import functools
+import re
+
+# --- forbidden keys ---------------------------------------------------------------------
+# Every name is written with "_" between words; keys are compared in the same form and in
+# the compact form without separators, so "apikey", "APIKEY" and "api-key" all match "api_key".
+
+CREDENTIAL_WORDS = frozenset(
+    {
+        "authorization",
+        "authorisation",
+        "bearer",
+        "password",
+        "passwords",
+        "passwd",
+        "passphrase",
+        "pwd",  # also "print working directory"; a working directory is called "cwd"
+        "secret",
+        "secrets",
+        "cookie",
+        "cookies",
+        "set_cookie",
+        "credentials",  # a bag of secrets; "credential_ref" / "credential_version" are fine
+    }
+)
+
+CREDENTIAL_ENDINGS = frozenset(
+    {
+        "api_key",
+        "access_key",
+        "private_key",
+        "secret_key",
+        "signing_key",
+        "encryption_key",
+        "master_key",
+        "session_key",
+        "auth_key",
+        "ssh_key",
+        "credential",
+        "auth",
+        "jwt",
+        "otp",
+        "totp",
+    }
+)
+
+# Keys ending in "token" are credentials (access_token, refresh_token, id_token,
+# session_token, github_token, token ...) except these names of Fenceline's fencing tokens,
+# which are integers; a string under one of them is refused like any other token.
+FENCING_TOKEN_KEYS = frozenset({"fencing_token", "previous_token", "presented_token", "current_token", "dispatch_token"})
+
+RAW_PAYLOAD_ENDINGS = frozenset(
+    {
+        # tool arguments
+        "args",
+        "arguments",
+        "kwargs",
+        "params",
+        "parameters",
+        "input",
+        "inputs",
+        # requests and responses
+        "header",
+        "headers",
+        "body",
+        "payload",
+        "request",
+        "response",
+        # prompts and user content
+        "prompt",
+        "prompts",
+        # provider errors and crash dumps: keep an error_code
+        "error",
+        "errors",
+        "error_message",
+        "exception",
+        "exception_message",
+        "traceback",
+        "stack_trace",
+        "stacktrace",
+        # child-tool output: keep a digest or a reference
+        "output",
+        "outputs",
+        "stdout",
+        "stderr",
+        # browser state and files
+        "local_storage",
+        "session_storage",
+        "storage_state",
+        "snapshot",
+        "snapshots",
+        "screenshot",
+        "screenshots",
+        "html",
+        "har",
+        "attachment",
+        "attachments",
+        "file_content",
+        "file_contents",
+        # process environment
+        "environ",
+        "env_vars",
+        "environment_variables",
+    }
+)
+RAW_PAYLOAD_FIRST_WORDS = frozenset({"raw"})  # raw_error, rawResponse, raw_body ...
+
+CREDENTIAL = "credential"
+RAW_PAYLOAD = "raw payload"
+FENCING_TOKEN = "fencing token"
+
+# --- credential-like values -------------------------------------------------------------
+# (name, pattern) pairs; a value (or key) is refused when any pattern matches anywhere in it.
+_EDGE = r"(?<![A-Za-z0-9])"  # not preceded by a letter or digit ("task-..." is not "sk-...")
+VALUE_RULES = (
+    ("bearer_token", r"(?i:\bbearer\s+[A-Za-z0-9\-._~+/]+=*)"),
+    ("authorization_header", r"(?i:\bauthorization\s*[:=]\s*(?:basic|token|digest|negotiate|aws4-hmac-sha256)\s+\S)"),
+    ("cookie_header", r"(?i:\b(?:set-)?cookie\s*:\s*[^\s=;:]+=)"),
+    ("pem_block", r"-----BEGIN [^\r\n-]{1,64}-----"),
+    ("jwt", r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
+    ("url_password", r"(?i:\b[a-z][a-z0-9+.\-]*://[^\s/?#@:]*:[^\s/?#@]+@)"),
+    (
+        "secret_assignment",
+        r"(?i:" + _EDGE + r"(?:password|passwd|pwd|passphrase|secret|client[_-]?secret|api[_-]?key"
+        r"|access[_-]?key|secret[_-]?key|private[_-]?key|access[_-]?token|refresh[_-]?token"
+        r"|auth[_-]?token|session[_-]?token|id[_-]?token)[\"']?\s*[:=]\s*[\"']?[^\s\"',;&]{3,})",
+    ),
+    ("aws_access_key", _EDGE + r"(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+    ("github_token", _EDGE + r"(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+    ("slack_token", _EDGE + r"xox[abeprs]-[A-Za-z0-9-]{10,}"),
+    ("openai_key", _EDGE + r"sk-(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{20,}"),
+    ("stripe_key", _EDGE + r"(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"),
+    ("google_api_key", _EDGE + r"AIza[0-9A-Za-z_-]{30,}"),
+    ("gitlab_token", _EDGE + r"glpat-[A-Za-z0-9_-]{16,}"),
+    ("fenceline_worker_token", _EDGE + r"flw_[A-Za-z0-9_-]{20,}"),
+)
+_VALUE_PATTERN = re.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in VALUE_RULES))
+
+_CAMEL_ACRONYM = re.compile(r"([A-Z]+)([A-Z][a-z])")  # APIKey -> API_Key
+_CAMEL_WORD = re.compile(r"([a-z0-9])([A-Z])")  # apiKey -> api_Key
+_SEPARATORS = re.compile(r"[^a-z0-9]+")
+_NAME_LIKE = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+
+
+def key_words(key: str) -> tuple[str, ...]:
+    """``"X-Api-Key"`` -> ``("x", "api", "key")``; camelCase, dashes and case do not matter."""
+    spaced = _CAMEL_WORD.sub(r"\1_\2", _CAMEL_ACRONYM.sub(r"\1_\2", key))
+    return tuple(word for word in _SEPARATORS.split(spaced.lower()) if word)
+
+
+def _compact(names: frozenset) -> frozenset:
+    return frozenset(name.replace("_", "") for name in names)
+
+
+_CREDENTIAL_WORDS = _compact(CREDENTIAL_WORDS)
+_CREDENTIAL_ENDINGS = _compact(CREDENTIAL_ENDINGS)
+_RAW_PAYLOAD_ENDINGS = _compact(RAW_PAYLOAD_ENDINGS)
+_FENCING_TOKEN_KEYS = _compact(FENCING_TOKEN_KEYS)
+
+
+@functools.lru_cache(maxsize=4096)
+def classify_key(key: str) -> str | None:
+    """CREDENTIAL, RAW_PAYLOAD or FENCING_TOKEN (allowed for integers only); None when the
+    key may carry any value that passes the value rules."""
+    words = key_words(key)
+    if not words:
+        return None
+    if "".join(words) in _FENCING_TOKEN_KEYS or words[-2:] == ("fencing", "token"):
+        return FENCING_TOKEN
+    # Every run of up to three consecutive words, compacted: "set cookie" -> "setcookie".
+    grams = {"".join(words[i : i + n]) for n in (1, 2, 3) for i in range(len(words) - n + 1)}
+    if grams & _CREDENTIAL_WORDS:
+        return CREDENTIAL
+    endings = {"".join(words[-n:]) for n in (1, 2, 3)}
+    if endings & _CREDENTIAL_ENDINGS or words[-1].endswith("token"):
+        return CREDENTIAL
+    if endings & _RAW_PAYLOAD_ENDINGS or words[0] in RAW_PAYLOAD_FIRST_WORDS:
+        return RAW_PAYLOAD
+    return None
+
+
+def credential_kind(text: str) -> str | None:
+    """The name of the first value rule that matches anywhere in ``text``, or None."""
+    match = _VALUE_PATTERN.search(text)
+    return match.lastgroup if match else None
+
+
+def path_segment(key: str) -> str:
+    """``key`` as it may appear in a path shown to the caller: identifier-like keys as they
+    are, anything else (spaces, punctuation, very long or credential-like keys) as ``*``."""
+    if _NAME_LIKE.fullmatch(key) and credential_kind(key) is None:
+        return key
+    return "*"
+
+
+def _join(path: str, segment: str) -> str:
+    return f"{path}.{segment}" if path else segment
+
+
+def _refuse(path: str, rule: str, detail: str):
+    # Imported here so that the rules above stay importable without Django.
+    from ledger.services.errors import ForbiddenField
+
+    return ForbiddenField(detail, path=path or "(top level)", rule=rule)
+
+
+_HINTS = {
+    CREDENTIAL: "credentials are never accepted; send a reference such as credential_ref",
+    FENCING_TOKEN: "a fencing token is an integer",
+    RAW_PAYLOAD: (
+        "raw payloads (tool arguments, headers, bodies, prompts, error text, tool output, "
+        "browser state, files) are never accepted; send a digest, a reference or a code"
+    ),
+}
+
+
+def check_text(value: str, *, path: str) -> None:
+    """Refuse a single string that looks like a credential anywhere inside it."""
+    kind = credential_kind(value)
+    if kind is not None:
+        raise _refuse(path, "credential-like value", f"credential-like value at {path} ({kind.replace('_', ' ')})")
+
+
+def check_fields(value: object, *, root: str = "") -> None:
+    """Walk nested dicts and lists and refuse the first forbidden key or credential-like
+    value, by path (``root.key.3.key``). Paths start at ``root``, or at the first key."""
+    raw_payload: tuple[str, str] | None = None  # the first raw-payload key: reported last
+    stack: list[tuple[str, object]] = [(root, value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, dict):
+            children = []
+            for key, child in item.items():
+                key = key if isinstance(key, str) else str(key)
+                if credential_kind(key) is not None:
+                    where = _join(path, "*")
+                    raise _refuse(where, "credential-like value", f"credential-like value in a key at {where}")
+                child_path = _join(path, key if _NAME_LIKE.fullmatch(key) else "*")
+                kind = classify_key(key)
+                if kind == CREDENTIAL or (
+                    kind == FENCING_TOKEN and (isinstance(child, bool) or not isinstance(child, int | None))
+                ):
+                    raise _refuse(child_path, "forbidden key", f"forbidden key at {child_path}: {_HINTS[kind]}")
+                if kind == RAW_PAYLOAD and raw_payload is None:
+                    raw_payload = (child_path, f"forbidden key at {child_path}: {_HINTS[RAW_PAYLOAD]}")
+                children.append((child_path, child))
+            stack.extend(reversed(children))  # depth first, in document order
+        elif isinstance(item, list | tuple):
+            stack.extend(reversed([(_join(path, str(index)), child) for index, child in enumerate(item)]))
+        elif isinstance(item, str):
+            check_text(item, path=path or "(top level)")
+        elif item is not None and not isinstance(item, bool | int | float):
+            check_text(str(item), path=path or "(top level)")
+    if raw_payload is not None:
+        raise _refuse(raw_payload[0], "forbidden key", raw_payload[1])

@@ -1,0 +1,791 @@
+#!/usr/bin/env python3
+"""Fenceline evidence verifier: the one definition of a run's evidence chain, and its check.
+
+Self-contained on purpose: it imports only the Python standard library, so the file can be
+copied to a clean host and run against an exported chain without Fenceline or Django:
+
+    python evidence_verifier.py EXPORT.json --keys KEYS.json [--trusted SEQ:HASH] [--json]
+
+EXPORT.json is what ``GET /api/v1/runs/{run_id}/events`` returns:
+``{"run_id": ..., "events": [...], "checkpoints": [...], "head": {"last_seq", "last_hash"}}``
+("checkpoints" and "head" may be absent). KEYS.json maps checkpoint key ids to secrets,
+written ``"hex:..."`` or ``"base64:..."``. Exit status: 0 VERIFIED, 1 UNSEALED, 2 BROKEN,
+3 bad input (one line on stderr saying why).
+
+The chain's exact form
+----------------------
+canonical(event) = JSON of {run_id, seq, event_id, type, schema_version, actor, occurred_at,
+fields, prev_hash}: keys sorted, separators (",", ":"), UTF-8, ensure_ascii false, no NaN;
+occurred_at is UTC ISO-8601 with microseconds and a trailing Z; ids are strings.
+hash = "sha256:" + hex(SHA-256(canonical bytes)); seq starts at 1; the prev_hash of seq 1
+is GENESIS_HASH ("sha256:" + 64 zeros).
+
+A checkpoint states "the chain of run R up to seq N ends in last_hash":
+mac = "hmac-sha256:" + hex(HMAC-SHA256(keys[key_id], canonical JSON of {run_id, seq,
+last_hash, verifier_version, key_id})), with the same JSON rules. Keys are looked up by
+id, so checkpoints signed before a key rotation keep verifying while the old key is kept.
+
+What the verifier reports
+-------------------------
+``verify_chain`` reads the events once, in the order stored (ascending seq), with one event
+of lookahead, and stops at the FIRST bad seq. Its report says VERIFIED (no finding, and the
+last trusted checkpoint is at the head), UNSEALED (no finding, head beyond the last trusted
+checkpoint or no checkpoint at all) or BROKEN (a finding: reason and exact seq range).
+See ``verify_chain`` for the rules and the reasons.
+
+Memory is bounded: besides the lookahead it keeps the phase of each operation_id (for the
+transition rules) and the event ids of the last DUPLICATE_WINDOW events. A repeated
+event_id is therefore detected only when the earlier occurrence is within the previous
+DUPLICATE_WINDOW events; a caller with a database can ask it for global uniqueness.
+"""
+
+import sys
+
+if __name__ == "__main__":  # run as a script: keep sibling files from shadowing the stdlib
+    import os
+
+    _here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _here:
+        del sys.path[0]
+
+import argparse
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+
+__all__ = [
+    "BROKEN",
+    "CHECKPOINT_MAC_PREFIX",
+    "DUPLICATE_WINDOW",
+    "GENESIS_HASH",
+    "HASH_PREFIX",
+    "PHASE_TRANSITIONS",
+    "REASONS",
+    "UNSEALED",
+    "VERIFIED",
+    "VERIFIER_VERSION",
+    "Finding",
+    "InputError",
+    "Report",
+    "canonical_bytes",
+    "canonical_json",
+    "checkpoint_mac",
+    "event_hash",
+    "format_time",
+    "hash_bytes",
+    "main",
+    "verify_chain",
+]
+
+# --- the exact form -----------------------------------------------------------------------
+
+HASH_PREFIX = "sha256:"
+GENESIS_HASH = HASH_PREFIX + "0" * 64
+CHECKPOINT_MAC_PREFIX = "hmac-sha256:"
+VERIFIER_VERSION = "1"
+
+
+def canonical_json(document: object) -> bytes:
+    """Sorted keys, no whitespace, UTF-8 without escaping, NaN and Infinity refused."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def format_time(moment: datetime) -> str:
+    """A timezone-aware moment as UTC ISO-8601 with microseconds and a trailing Z."""
+    if moment.tzinfo is None:
+        raise ValueError("occurred_at must be timezone-aware")
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def canonical_bytes(
+    *,
+    run_id: str,
+    seq: int,
+    event_id: str,
+    type: str,
+    schema_version: int,
+    actor: str,
+    occurred_at: str,
+    fields: dict,
+    prev_hash: str,
+) -> bytes:
+    return canonical_json(
+        {
+            "run_id": run_id,
+            "seq": seq,
+            "event_id": event_id,
+            "type": type,
+            "schema_version": schema_version,
+            "actor": actor,
+            "occurred_at": occurred_at,
+            "fields": fields,
+            "prev_hash": prev_hash,
+        }
+    )
+
+
+def hash_bytes(data: bytes) -> str:
+    return HASH_PREFIX + hashlib.sha256(data).hexdigest()
+
+
+def event_hash(event: Mapping) -> str:
+    """The hash of an event given as a dict with the canonical keys (extra keys, such as
+    its stored "hash", are ignored)."""
+    return hash_bytes(
+        canonical_bytes(
+            run_id=event["run_id"],
+            seq=event["seq"],
+            event_id=event["event_id"],
+            type=event["type"],
+            schema_version=event["schema_version"],
+            actor=event["actor"],
+            occurred_at=event["occurred_at"],
+            fields=event["fields"],
+            prev_hash=event["prev_hash"],
+        )
+    )
+
+
+def checkpoint_mac(key: bytes, *, run_id: str, seq: int, last_hash: str, verifier_version: str, key_id: str) -> str:
+    message = canonical_json(
+        {
+            "run_id": run_id,
+            "seq": seq,
+            "last_hash": last_hash,
+            "verifier_version": verifier_version,
+            "key_id": key_id,
+        }
+    )
+    return CHECKPOINT_MAC_PREFIX + hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+# --- operation phases (a copy of ledger.states.PHASE_TRANSITIONS, kept equal by a test) ----
+
+PHASE_TRANSITIONS: dict[str, frozenset[str]] = {
+    "PLANNED": frozenset({"AUTHORIZED", "DENIED", "PENDING_APPROVAL"}),
+    "PENDING_APPROVAL": frozenset({"AUTHORIZED", "DENIED"}),
+    "AUTHORIZED": frozenset({"DISPATCHED", "DENIED"}),
+    "DENIED": frozenset(),
+    "DISPATCHED": frozenset({"CONFIRMED", "FAILED", "UNKNOWN"}),
+    "CONFIRMED": frozenset(),
+    "FAILED": frozenset({"PLANNED"}),
+    "UNKNOWN": frozenset({"RECONCILED"}),
+    "RECONCILED": frozenset({"PLANNED"}),
+}
+OPERATION_PREFIX = "OPERATION_"
+START_PHASE = "PLANNED"
+
+# --- the report -------------------------------------------------------------------------
+
+VERIFIED = "VERIFIED"
+UNSEALED = "UNSEALED"
+BROKEN = "BROKEN"
+
+GAP = "gap"
+REORDER = "reorder"
+DUPLICATE = "duplicate"
+MUTATED = "mutated"
+PREV_HASH_MISMATCH = "prev_hash_mismatch"
+ILLEGAL_TRANSITION = "illegal_transition"
+CHECKPOINT_MISMATCH = "checkpoint_mismatch"
+ROLLBACK = "rollback"
+FORK = "fork"
+REASONS = (
+    GAP,
+    REORDER,
+    DUPLICATE,
+    MUTATED,
+    PREV_HASH_MISMATCH,
+    ILLEGAL_TRANSITION,
+    CHECKPOINT_MISMATCH,
+    ROLLBACK,
+    FORK,
+)
+
+# How many previous event ids a repeated event_id is looked for among.
+DUPLICATE_WINDOW = 1024
+
+EVENT_KEYS = ("run_id", "seq", "event_id", "type", "schema_version", "actor", "occurred_at", "fields", "prev_hash", "hash")
+_EVENT_TYPES = {
+    "run_id": str,
+    "event_id": str,
+    "type": str,
+    "schema_version": int,
+    "actor": str,
+    "occurred_at": str,
+    "fields": dict,
+    "prev_hash": str,
+    "hash": str,
+}
+CHECKPOINT_KEYS = ("run_id", "seq", "last_hash", "verifier_version", "key_id", "mac")
+
+
+class InputError(ValueError):
+    """The input cannot be read as a chain at all (not a finding about the evidence)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    reason: str  # one of REASONS
+    first_seq: int
+    last_seq: int
+    detail: str
+
+
+@dataclass
+class Report:
+    """The verdict on one run.
+
+    ``events_checked``, ``head_seq`` and ``head_hash`` describe the verified prefix: the
+    events accepted before the first finding (the whole chain when there is none), with the
+    recomputed hash of the last one (GENESIS_HASH and 0 for an empty prefix).
+    ``last_trusted_checkpoint`` is the seq of the highest checkpoint whose MAC verifies and
+    whose last_hash equals the recomputed chain hash at its seq, before any finding."""
+
+    run_id: str
+    status: str
+    events_checked: int
+    head_seq: int
+    head_hash: str
+    last_trusted_checkpoint: int | None
+    finding: Finding | None = None
+    verifier_version: str = field(default=VERIFIER_VERSION)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """A few lines for humans."""
+        trusted = "none" if self.last_trusted_checkpoint is None else f"seq {self.last_trusted_checkpoint}"
+        lines = [f"run {self.run_id}: {self.status}"]
+        if self.finding is not None:
+            f = self.finding
+            lines.append(f"first bad seq: {f.first_seq} (range {f.first_seq}..{f.last_seq}), reason: {f.reason}")
+            lines.append(f"detail: {f.detail}")
+            lines.append(f"verified prefix: {self.events_checked} events, up to seq {self.head_seq} ({self.head_hash})")
+        else:
+            lines.append(f"events checked: {self.events_checked}, head: seq {self.head_seq} ({self.head_hash})")
+            if self.status == UNSEALED:
+                lines.append(
+                    f"unsealed: seq {(self.last_trusted_checkpoint or 0) + 1}..{self.head_seq} "
+                    "is not covered by a trusted checkpoint"
+                )
+        lines.append(f"last trusted checkpoint: {trusted}")
+        return "\n".join(lines)
+
+
+class _Stop(Exception):
+    def __init__(self, finding: Finding) -> None:
+        super().__init__(finding.reason)
+        self.finding = finding
+
+
+def _int(value: object) -> bool:
+    return type(value) is int
+
+
+def _recompute(event: Mapping, seq: int | None = None) -> str | None:
+    """The event's hash (under ``seq`` instead of its own, if given); None when the event
+    cannot be put in canonical form."""
+    try:
+        document = dict(event)
+        if seq is not None:
+            document["seq"] = seq
+        return event_hash(document)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _seq_of(event: object, position: int) -> int:
+    if not isinstance(event, Mapping):
+        raise InputError(f"event #{position} is not an object")
+    seq = event.get("seq")
+    if not _int(seq):
+        raise InputError(f"event #{position} has no integer seq")
+    return seq
+
+
+def _peek_seq(event: object) -> int | None:
+    if isinstance(event, Mapping) and _int(event.get("seq")):
+        return event["seq"]
+    return None
+
+
+class _Verifier:
+    def __init__(
+        self,
+        run_id: str,
+        checkpoints: Iterable[Mapping],
+        keys: Mapping[str, bytes],
+        expected_head: tuple[int, str] | None,
+        trusted: tuple[int, str] | None,
+    ) -> None:
+        if not isinstance(run_id, str) or not run_id:
+            raise InputError("run_id must be a non-empty string")
+        self.run_id = run_id
+        self.keys = keys
+        self.expected_head = _pair(expected_head, "expected_head")
+        self.trusted = _pair(trusted, "trusted")
+        if self.trusted is not None and self.trusted[0] < 1:
+            self.trusted = None
+        self.checkpoints: Iterator[Mapping] = iter(checkpoints)
+        self.pending_cp: Mapping | None = None
+        self.cp_position = 0
+        self.last_cp_seq = 0
+        self.newest_cp_seq = 0
+        self.head_seq = 0
+        self.head_hash = GENESIS_HASH
+        self.checked = 0
+        self.trusted_cp: int | None = None
+        self.phases: dict[object, str] = {}
+        self.recent_ids: deque[str] = deque()
+        self.recent_set: set[str] = set()
+        self._next_checkpoint()
+
+    # -- checkpoints --
+
+    def _next_checkpoint(self) -> None:
+        cp = next(self.checkpoints, None)
+        self.cp_position += 1
+        if cp is None:
+            self.pending_cp = None
+            return
+        if not isinstance(cp, Mapping) or not _int(cp.get("seq")):
+            raise InputError(f"checkpoint #{self.cp_position} has no integer seq")
+        if cp["seq"] < self.last_cp_seq:
+            raise InputError("checkpoints must be given in ascending seq order")
+        self.last_cp_seq = cp["seq"]
+        self.newest_cp_seq = max(self.newest_cp_seq, cp["seq"])
+        self.pending_cp = cp
+
+    def _mac_problem(self, cp: Mapping) -> str | None:
+        for name in CHECKPOINT_KEYS:
+            if name != "seq" and not isinstance(cp.get(name), str):
+                return f"checkpoint at seq {cp['seq']} has no string {name!r}"
+        if cp["run_id"] != self.run_id:
+            return f"checkpoint at seq {cp['seq']} belongs to run {cp['run_id']!r}"
+        if cp["verifier_version"] != VERIFIER_VERSION:
+            return (
+                f"checkpoint at seq {cp['seq']} has verifier_version {cp['verifier_version']!r}; "
+                f"this verifier checks version {VERIFIER_VERSION!r}"
+            )
+        key = self.keys.get(cp["key_id"])
+        if key is None:
+            return f"checkpoint at seq {cp['seq']} is signed with unknown key id {cp['key_id']!r}"
+        expected = checkpoint_mac(
+            key,
+            run_id=cp["run_id"],
+            seq=cp["seq"],
+            last_hash=cp["last_hash"],
+            verifier_version=cp["verifier_version"],
+            key_id=cp["key_id"],
+        )
+        if not hmac.compare_digest(expected.encode(), cp["mac"].encode()):
+            return f"the MAC of the checkpoint at seq {cp['seq']} (key id {cp['key_id']!r}) does not verify"
+        return None
+
+    def _check_checkpoints_at(self, seq: int, chain_hash: str) -> None:
+        """Checkpoints at (or, malformed, before) ``seq``, whose chain hash is known now."""
+        while self.pending_cp is not None and self.pending_cp["seq"] <= seq:
+            cp = self.pending_cp
+            problem = self._mac_problem(cp)
+            if problem is None and cp["seq"] != seq:
+                problem = f"checkpoint seq {cp['seq']} is not a seq of the chain"
+            if problem is None and cp["last_hash"] != chain_hash:
+                problem = (
+                    f"the checkpoint at seq {seq} says the chain ends in {cp['last_hash']}, but it recomputes "
+                    f"to {chain_hash}: the events were rewritten somewhere in "
+                    f"{(self.trusted_cp or 0) + 1}..{seq}"
+                )
+            if problem is not None:
+                raise _Stop(Finding(CHECKPOINT_MISMATCH, cp["seq"], cp["seq"], problem))
+            self.trusted_cp = seq
+            self._next_checkpoint()
+
+    # -- events --
+
+    def _remember_id(self, event_id: str) -> None:
+        if len(self.recent_ids) >= DUPLICATE_WINDOW:
+            self.recent_set.discard(self.recent_ids.popleft())
+        self.recent_ids.append(event_id)
+        self.recent_set.add(event_id)
+
+    def _swapped(self, event: Mapping, following: Mapping | None) -> bool:
+        """Rows seq and seq+1 exchanged: this row links to (or only hashes after) the next."""
+        if following is None or _peek_seq(following) != event["seq"] + 1:
+            return False
+        if event.get("prev_hash") == following.get("hash"):
+            return True
+        return (
+            _recompute(event, event["seq"] + 1) == event.get("hash")
+            and _recompute(following, event["seq"]) == following.get("hash")
+        )
+
+    def _transition(self, event: Mapping) -> tuple[object, str] | None:
+        """For an OPERATION_* event, the (operation_id, new phase) it records; raises a
+        finding when the move is not legal after what this chain has said so far."""
+        kind = event["type"]
+        if not kind.startswith(OPERATION_PREFIX):
+            return None
+        seq = event["seq"]
+
+        def illegal(why: str) -> _Stop:
+            return _Stop(Finding(ILLEGAL_TRANSITION, seq, seq, f"{kind} at seq {seq}: {why}"))
+
+        target = kind[len(OPERATION_PREFIX) :]
+        fields = event["fields"]
+        operation = fields.get("operation_id")
+        if not isinstance(operation, (str, int)) or isinstance(operation, bool):
+            raise illegal("it names no operation_id")
+        if target not in PHASE_TRANSITIONS:
+            raise illegal(f"{target!r} is not an operation phase")
+        if fields.get("to") != target:
+            raise illegal(f"its 'to' is {fields.get('to')!r}, not {target!r}")
+        last = self.phases.get(operation)
+        if "from" not in fields:
+            if target != START_PHASE:
+                raise illegal("it has no 'from' phase")
+            if last is not None:
+                raise illegal(f"operation {operation} was already planned (it is {last})")
+            return operation, target
+        source = fields["from"]
+        if last is None:
+            raise illegal(f"operation {operation} was never planned in this chain")
+        if source != last:
+            raise illegal(f"it moves operation {operation} from {source!r}, but the operation is {last}")
+        if target not in PHASE_TRANSITIONS[last]:
+            raise illegal(f"{last} -> {target} is not a transition of the phase table")
+        return operation, target
+
+    def step(self, event: Mapping, following: Mapping | None, position: int) -> None:
+        seq = _seq_of(event, position)
+        expected = self.head_seq + 1
+        if seq < 1:
+            raise _Stop(Finding(MUTATED, seq, seq, f"seq {seq} is below 1"))
+        if seq < expected:
+            raise _Stop(Finding(DUPLICATE, seq, seq, f"seq {seq} appears again after seq {self.head_seq}"))
+        if seq > expected:
+            if seq == expected + 1 and _peek_seq(following) == expected:
+                raise _Stop(Finding(REORDER, expected, seq, f"seq {seq} is stored before seq {expected}"))
+            missing = f"seq {expected}" if seq - 1 == expected else f"seqs {expected}..{seq - 1}"
+            raise _Stop(Finding(GAP, expected, seq - 1, f"{missing} missing: seq {self.head_seq} is followed by {seq}"))
+        if self.expected_head is not None and seq > self.expected_head[0]:
+            raise _Stop(
+                Finding(FORK, seq, seq, f"the chain continues past the run's recorded head seq {self.expected_head[0]}")
+            )
+        for name, kind in _EVENT_TYPES.items():
+            value = event.get(name)
+            if not isinstance(value, kind) or (kind is int and not _int(value)):
+                raise _Stop(Finding(MUTATED, seq, seq, f"event {seq} has no valid {name!r}"))
+        if event["run_id"] != self.run_id:
+            raise _Stop(Finding(MUTATED, seq, seq, f"event {seq} belongs to run {event['run_id']!r}"))
+        if event["event_id"] in self.recent_set:
+            raise _Stop(
+                Finding(DUPLICATE, seq, seq, f"event {seq} repeats event_id {event['event_id']} of an earlier event")
+            )
+        digest = _recompute(event)
+        if digest is None:
+            raise _Stop(Finding(MUTATED, seq, seq, f"event {seq} cannot be put in canonical form"))
+        if digest != event["hash"]:
+            if self._swapped(event, following):
+                raise _Stop(Finding(REORDER, seq, seq + 1, f"the rows stored as seq {seq} and {seq + 1} are swapped"))
+            if _recompute(event, seq + 1) == event["hash"]:
+                raise _Stop(
+                    Finding(
+                        GAP,
+                        seq,
+                        seq,
+                        f"the row stored as seq {seq} is the event hashed as seq {seq + 1}: "
+                        f"event {seq} was removed and the later rows renumbered",
+                    )
+                )
+            raise _Stop(Finding(MUTATED, seq, seq, f"event {seq} does not hash to its stored hash"))
+        if event["prev_hash"] != self.head_hash:
+            if self._swapped(event, following):
+                raise _Stop(Finding(REORDER, seq, seq + 1, f"the rows stored as seq {seq} and {seq + 1} are swapped"))
+            raise _Stop(
+                Finding(
+                    PREV_HASH_MISMATCH,
+                    seq,
+                    seq,
+                    f"event {seq} links to {event['prev_hash']}, but the chain before it ends in {self.head_hash}",
+                )
+            )
+        moved = self._transition(event)
+
+        # accepted
+        self.head_seq, self.head_hash = seq, digest
+        self.checked += 1
+        self._remember_id(event["event_id"])
+        if moved is not None:
+            self.phases[moved[0]] = moved[1]
+
+        if self.expected_head is not None and seq == self.expected_head[0] and digest != self.expected_head[1]:
+            raise _Stop(
+                Finding(
+                    FORK,
+                    seq,
+                    seq,
+                    f"the chain at seq {seq} hashes to {digest}, but the run's recorded head is {self.expected_head[1]}",
+                )
+            )
+        if self.trusted is not None and seq == self.trusted[0] and digest != self.trusted[1]:
+            raise _Stop(
+                Finding(
+                    FORK,
+                    seq,
+                    seq,
+                    f"the chain at seq {seq} hashes to {digest}, but the previously trusted checkpoint says "
+                    f"{self.trusted[1]}; the histories diverge somewhere in {(self.trusted_cp or 0) + 1}..{seq}",
+                )
+            )
+        self._check_checkpoints_at(seq, digest)
+
+    def finish(self) -> None:
+        head = self.head_seq
+        if self.expected_head is not None and head < self.expected_head[0]:
+            last = self.expected_head[0]
+            raise _Stop(Finding(GAP, head + 1, last, f"the chain ends at seq {head}, the run's recorded head is {last}"))
+        # Checkpoints beyond the end of the chain: sealed evidence that is no longer there.
+        rolled_back_to = None
+        first_bad = None
+        while self.pending_cp is not None:
+            problem = self._mac_problem(self.pending_cp)
+            if problem is None:
+                rolled_back_to = self.pending_cp["seq"]
+            elif first_bad is None:
+                first_bad = (self.pending_cp["seq"], problem)
+            self._next_checkpoint()
+        if self.trusted is not None and head < self.trusted[0]:
+            last = max(self.trusted[0], rolled_back_to or 0)
+            raise _Stop(
+                Finding(
+                    ROLLBACK,
+                    head + 1,
+                    last,
+                    f"the chain ends at seq {head}, before the previously trusted checkpoint at seq {self.trusted[0]}",
+                )
+            )
+        if rolled_back_to is not None:
+            raise _Stop(
+                Finding(
+                    ROLLBACK,
+                    head + 1,
+                    rolled_back_to,
+                    f"the chain ends at seq {head}, but a valid checkpoint seals it up to seq {rolled_back_to}",
+                )
+            )
+        if first_bad is not None:
+            raise _Stop(Finding(CHECKPOINT_MISMATCH, first_bad[0], first_bad[0], first_bad[1]))
+
+    def report(self, finding: Finding | None) -> Report:
+        if finding is not None:
+            status = BROKEN
+        elif self.trusted_cp is not None and self.trusted_cp == self.head_seq:
+            status = VERIFIED
+        else:
+            status = UNSEALED
+        return Report(
+            run_id=self.run_id,
+            status=status,
+            events_checked=self.checked,
+            head_seq=self.head_seq,
+            head_hash=self.head_hash,
+            last_trusted_checkpoint=self.trusted_cp,
+            finding=finding,
+        )
+
+
+def _pair(value: tuple[int, str] | None, name: str) -> tuple[int, str] | None:
+    if value is None:
+        return None
+    try:
+        seq, digest = value
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be (seq, hash)") from None
+    if not _int(seq) or seq < 0 or not isinstance(digest, str):
+        raise InputError(f"{name} must be (seq, hash) with an integer seq >= 0")
+    return seq, digest
+
+
+def verify_chain(
+    run_id: str,
+    events: Iterable[Mapping],
+    checkpoints: Iterable[Mapping],
+    keys: Mapping[str, bytes],
+    *,
+    expected_head: tuple[int, str] | None = None,
+    trusted: tuple[int, str] | None = None,
+) -> Report:
+    """Verify one run's chain, streaming, and report the first bad seq.
+
+    ``events``: dicts with EVENT_KEYS in ascending seq order as stored. ``checkpoints``:
+    dicts with CHECKPOINT_KEYS, ascending seq. ``keys``: checkpoint keys by id.
+    ``expected_head``: (last_seq, last_hash) the store records for the run. ``trusted``:
+    (seq, hash) of the checkpoint this verifier trusted at its previous run.
+
+    Rules, checked per event in this order (the first that applies is the finding):
+
+    * gap: the seq after the previous one is missing -> the missing range; a chain shorter
+      than ``expected_head`` -> (end + 1, recorded head seq); a row that hashes only as
+      seq + 1 (an event removed, later rows renumbered) -> (seq, seq).
+    * reorder: rows seq and seq + 1 swapped (stored in the wrong order, or their seq values
+      exchanged: the row links to the next row's hash, or each hashes only under the other's
+      seq) -> (seq, seq + 1).
+    * duplicate: a seq at or below the previous one, or an event_id equal to one of the
+      previous DUPLICATE_WINDOW events -> the repeating row's seq.
+    * fork: an event beyond ``expected_head`` -> (recorded head seq + 1); the chain hash at
+      the recorded head seq, or at the ``trusted`` seq, differs from the recorded one.
+    * mutated: a missing/mistyped field, an event of another run, or a hash that does not
+      recompute -> (seq, seq).
+    * prev_hash_mismatch: the hash recomputes but prev_hash is not the previous event's
+      hash -> (seq, seq).
+    * illegal_transition: an OPERATION_<PHASE> event whose phase is unknown, whose "to" is
+      not <PHASE>, whose "from" is not the operation's last phase in this chain, or whose
+      from -> to is not in PHASE_TRANSITIONS; OPERATION_PLANNED without "from" starts an
+      operation and may not repeat one -> (seq, seq).
+    * checkpoint_mismatch: a checkpoint of another run, of another verifier version, with an
+      unknown key id, a MAC that does not verify, or a last_hash other than the recomputed
+      chain hash at its seq -> (cp seq, cp seq).
+
+    At the end of the stream: a chain shorter than ``expected_head`` is a gap; a chain
+    ending before ``trusted`` or before a checkpoint whose MAC verifies is a rollback
+    (end + 1, sealed seq); a checkpoint beyond the end whose MAC fails is a
+    checkpoint_mismatch. Checkpoints missing while the chain still reaches the trusted seq
+    with the trusted hash are no rollback: the events are intact and merely unsealed, so the
+    run is UNSEALED (the verifier may seal it again).
+
+    Raises InputError when the input is not a chain at all (an event without an integer
+    seq, checkpoints out of order, malformed arguments).
+    """
+    verifier = _Verifier(run_id, checkpoints, keys, expected_head, trusted)
+    finding = None
+    stream = iter(events)
+    end = object()
+    current = next(stream, end)
+    position = 1
+    try:
+        while current is not end:
+            following = next(stream, end)
+            verifier.step(current, None if following is end else following, position)
+            current = following
+            position += 1
+        verifier.finish()
+    except _Stop as stop:
+        finding = stop.finding
+    return verifier.report(finding)
+
+
+# --- command line -------------------------------------------------------------------------
+
+EXIT_CODES = {VERIFIED: 0, UNSEALED: 1, BROKEN: 2}
+EXIT_BAD_INPUT = 3
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would exit 2, which means BROKEN here
+        raise InputError(message)
+
+
+def decode_key(text: object, key_id: str) -> bytes:
+    if not isinstance(text, str):
+        raise InputError(f"key {key_id!r} must be a string 'hex:...' or 'base64:...'")
+    scheme, _, body = text.partition(":")
+    try:
+        if scheme == "hex":
+            key = bytes.fromhex(body)
+        elif scheme == "base64":
+            key = base64.b64decode(body, validate=True)
+        else:
+            raise InputError(f"key {key_id!r} must start with 'hex:' or 'base64:'")
+    except (ValueError, binascii.Error) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"key {key_id!r} is not valid {scheme}") from None
+    if not key:
+        raise InputError(f"key {key_id!r} is empty")
+    return key
+
+
+def _load_json(path: str, what: str) -> object:
+    try:
+        with open(path, "rb") as handle:
+            return json.load(handle)
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{what} {path} is not valid JSON: {exc}") from None
+
+
+def load_keys(path: str) -> dict[str, bytes]:
+    document = _load_json(path, "keys file")
+    if not isinstance(document, dict):
+        raise InputError("the keys file must be a JSON object {key_id: 'hex:...' | 'base64:...'}")
+    return {key_id: decode_key(text, key_id) for key_id, text in document.items()}
+
+
+def _parse_trusted(text: str | None) -> tuple[int, str] | None:
+    if text is None:
+        return None
+    seq, sep, digest = text.partition(":")
+    if not sep or not seq.isdigit() or not digest:
+        raise InputError("--trusted must be SEQ:HASH, e.g. 10:sha256:...")
+    return int(seq), digest
+
+
+def run_cli(argv: list[str] | None = None) -> tuple[int, str]:
+    """Returns (exit status, text to print)."""
+    parser = _ArgumentParser(
+        prog="evidence_verifier.py",
+        description="Verify an exported Fenceline evidence chain. "
+        "Exit 0 VERIFIED, 1 UNSEALED, 2 BROKEN, 3 bad input.",
+    )
+    parser.add_argument("export", help="the export: {run_id, events, checkpoints?, head?}")
+    parser.add_argument("--keys", required=True, help="JSON {key_id: 'hex:...' | 'base64:...'}")
+    parser.add_argument("--trusted", help="SEQ:HASH of the checkpoint trusted at the previous verification")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    keys = load_keys(args.keys)
+    trusted = _parse_trusted(args.trusted)
+    document = _load_json(args.export, "export")
+    if not isinstance(document, dict):
+        raise InputError("the export must be a JSON object with run_id and events")
+    run_id = document.get("run_id")
+    events = document.get("events")
+    checkpoints = document.get("checkpoints", [])
+    if not isinstance(run_id, str) or not run_id:
+        raise InputError("the export has no run_id")
+    if not isinstance(events, list):
+        raise InputError("the export has no events list")
+    if not isinstance(checkpoints, list):
+        raise InputError("the export's checkpoints must be a list")
+    head = document.get("head")
+    expected_head = None
+    if head is not None:
+        if not isinstance(head, dict) or not _int(head.get("last_seq")) or not isinstance(head.get("last_hash"), str):
+            raise InputError("the export's head must be {last_seq: int, last_hash: str}")
+        expected_head = (head["last_seq"], head["last_hash"])
+    report = verify_chain(run_id, events, checkpoints, keys, expected_head=expected_head, trusted=trusted)
+    text = json.dumps(report.to_dict(), indent=2, ensure_ascii=False) if args.json else report.summary()
+    return EXIT_CODES[report.status], text
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        status, text = run_cli(argv)
+    except InputError as exc:
+        message = " ".join(str(exc).split())
+        print(f"evidence_verifier: bad input: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(text)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Exception messages never reach a log line (invariant 6).
+
+An exception's message may carry input (``ValueError(f"bad token {token}")``), so the
+handlers configured in ``console/settings.py`` run :class:`WithholdExceptionMessages`
+first: a record's traceback keeps the exception *types* and the frames but not the
+messages, and a log message that repeats an exception's text (Django's
+``django.security`` and ``BadRequest`` lines do) gets that text withheld too.
+
+The filter changes the record itself, so every handler that sees the record after it
+prints the same scrubbed text. Standard library only.
+"""
+
+import logging
+import traceback
+
+WITHHELD = "[message withheld]"
+
+_CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
+_CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
+
+
+def _type_name(exc_type: type) -> str:
+    module = exc_type.__module__
+    if module in ("builtins", "__main__"):
+        return exc_type.__qualname__
+    return f"{module}.{exc_type.__qualname__}"
+
+
+def format_exception_without_messages(exc_type: type, exc: BaseException | None, tb=None) -> str:
+    """Like ``traceback.format_exception`` (chained exceptions included), but every
+    exception line reads ``Type: [message withheld]``."""
+    blocks: list[str] = []
+    seen: set[int] = set()
+    while True:
+        lines = []
+        frames = exc.__traceback__ if exc is not None else tb
+        if frames is not None:
+            lines.append("Traceback (most recent call last):\n")
+            lines.extend(traceback.format_tb(frames))
+        lines.append(f"{_type_name(exc_type)}: {WITHHELD}\n")
+        blocks.insert(0, "".join(lines))
+        if exc is None:
+            break
+        seen.add(id(exc))
+        if exc.__cause__ is not None:
+            following, separator = exc.__cause__, _CAUSE
+        elif exc.__context__ is not None and not exc.__suppress_context__:
+            following, separator = exc.__context__, _CONTEXT
+        else:
+            break
+        if id(following) in seen:
+            break
+        blocks.insert(0, separator)
+        exc, exc_type, tb = following, type(following), None
+    return "".join(blocks).rstrip("\n")
+
+
+def _exception_texts(exc: BaseException | None):
+    """The message of ``exc`` and its causes, raw and as Django escapes log arguments."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        try:
+            text = str(exc)
+        except Exception:  # noqa: BLE001 - a broken __str__ must not break logging
+            text = ""
+        if len(text) >= 4:  # shorter texts would only mangle the line, not hide a secret
+            yield text
+            yield text.encode("unicode_escape").decode("ascii")
+        exc = exc.__cause__ or exc.__context__
+
+
+class WithholdExceptionMessages(logging.Filter):
+    """Keep the exception type and frames of a logged exception, drop its message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.exc_info or record.exc_info[0] is None:
+            return True
+        exc_type, exc, tb = record.exc_info
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - the handler reports a malformed call itself
+            message = None
+        if message is not None:
+            withheld = message
+            for text in _exception_texts(exc):
+                withheld = withheld.replace(text, WITHHELD)
+            if withheld != message:
+                record.msg, record.args = withheld, ()
+        record.exc_text = format_exception_without_messages(exc_type, exc, tb)
+        # Without exc_info, later formatters print exc_text instead of formatting the
+        # exception again, and handlers that render exceptions themselves cannot.
+        record.exc_info = None
+        return True

@@ -1,0 +1,206 @@
+"""The in-app ledger verifier: streams a run's events from the database through the same
+checks as the standalone verifier (``ledger/evidence_verifier.py``), seals checkpoints,
+and records the outcome on the run for the integrity and authorization indicators.
+
+It never holds a lock while it reads: it verifies the chain up to the head it read first
+(events at or below the head have committed with it), so appends go on meanwhile.
+"""
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import F, Max, Q
+from django.utils import timezone
+
+from ledger.chain import format_time
+from ledger.evidence_verifier import VERIFIER_VERSION, Finding, Report, checkpoint_mac, verify_chain
+from ledger.models import Checkpoint, Event, Run
+from ledger.states import RunStatus
+from ledger.versioning import require_known
+
+PROGRESS_EVERY = 50_000
+EVENT_COLUMNS = ("seq", "event_id", "type", "schema_version", "actor", "occurred_at", "fields", "prev_hash", "hash")
+
+
+@dataclass
+class _Observer:
+    """What the verifier learns on the way through a run's events, in bounded memory."""
+
+    seal_after: int
+    every: int
+    sealable: list[tuple[int, str]]
+    on_events: Callable[[int], None] | None = None
+    seen: int = 0
+    lease_token: int | None = None
+    mismatches: int = 0
+    first_mismatch: str = ""
+
+    def see(self, event: dict) -> None:
+        require_known(event["schema_version"], f"event seq {event['seq']}", stored=True)
+        seq, kind, fields = event["seq"], event["type"], event["fields"]
+        self.seen += 1
+        if self.on_events is not None and self.seen % PROGRESS_EVERY == 0:
+            self.on_events(self.seen)
+        if seq > self.seal_after and seq % self.every == 0:
+            self.sealable.append((seq, event["hash"]))
+        if kind == "LEASE_ACQUIRED":
+            self.lease_token = fields.get("fencing_token")
+        elif kind in ("LEASE_EXPIRED", "LEASE_RELEASED"):
+            self.lease_token = None
+        elif kind == "OPERATION_DISPATCHED" and fields.get("dispatch_token") != self.lease_token:
+            self.mismatches += 1
+            if not self.first_mismatch:
+                self.first_mismatch = (
+                    f"seq {seq}: dispatched under token {fields.get('dispatch_token')} while the chain "
+                    f"shows {'no lease' if self.lease_token is None else f'token {self.lease_token}'}"
+                )
+
+
+def _events(run: Run, upto: int, observer: _Observer) -> Iterator[dict]:
+    run_id = str(run.pk)
+    rows = Event.objects.filter(run=run, seq__lte=upto).order_by("seq", "pk").values_list(*EVENT_COLUMNS)
+    for row in rows.iterator(chunk_size=5000):
+        event = dict(zip(EVENT_COLUMNS, row, strict=True))
+        event["run_id"] = run_id
+        event["event_id"] = str(event["event_id"])
+        event["occurred_at"] = format_time(event["occurred_at"])
+        observer.see(event)
+        yield event
+
+
+def _checkpoints(run: Run) -> list[dict]:
+    return [
+        {**cp, "run_id": str(run.pk)}
+        for cp in Checkpoint.objects.filter(run=run)
+        .order_by("seq")
+        .values("seq", "last_hash", "verifier_version", "key_id", "mac")
+    ]
+
+
+def _seal(run: Run, points: list[tuple[int, str]]) -> None:
+    key_id = settings.FENCELINE["CHECKPOINT_SIGNING_KEY_ID"]
+    key = settings.FENCELINE["CHECKPOINT_KEYS"][key_id]
+    Checkpoint.objects.bulk_create(
+        [
+            Checkpoint(
+                run=run,
+                seq=seq,
+                last_hash=last_hash,
+                verifier_version=VERIFIER_VERSION,
+                key_id=key_id,
+                mac=checkpoint_mac(
+                    key, run_id=str(run.pk), seq=seq, last_hash=last_hash, verifier_version=VERIFIER_VERSION, key_id=key_id
+                ),
+            )
+            for seq, last_hash in points
+        ],
+        ignore_conflicts=True,  # a concurrent verifier sealed the same point: same content
+    )
+
+
+def run_verify(*, run_id: object, seal: bool = True, on_events: Callable[[int], None] | None = None) -> Report:
+    """Verify one run's whole chain; seal new checkpoints when it holds; record the result."""
+    run = Run.objects.get(pk=run_id)
+    head_seq, head_hash = run.last_seq, run.last_hash
+    checkpoints = _checkpoints(run)
+    sealed_to = checkpoints[-1]["seq"] if checkpoints else 0
+    observer = _Observer(
+        seal_after=sealed_to, every=settings.FENCELINE["CHECKPOINT_EVERY"], sealable=[], on_events=on_events
+    )
+    trusted = (run.trusted_seq, run.trusted_hash) if run.trusted_seq else None
+
+    report = verify_chain(
+        str(run.pk),
+        _events(run, head_seq, observer),
+        checkpoints,
+        settings.FENCELINE["CHECKPOINT_KEYS"],
+        expected_head=(head_seq, head_hash),
+        trusted=trusted,
+    )
+    if report.finding is None:
+        report = _check_beyond_head(run, report)
+
+    if seal and report.finding is None:
+        points = list(observer.sealable)
+        if run.status == RunStatus.COMPLETED and head_seq > max([sealed_to, *[s for s, _ in points]]):
+            points.append((head_seq, head_hash))
+        if points:
+            _seal(run, points)
+            report.last_trusted_checkpoint = points[-1][0]
+            report.status = "VERIFIED" if points[-1][0] == report.head_seq else "UNSEALED"
+
+    _record(run, report, observer, checkpoints, seal=seal)
+    return report
+
+
+def _check_beyond_head(run: Run, report: Report) -> Report:
+    """Rows past the run's recorded head cannot be legitimate appends (the head moves in
+    the same transaction as the insert). Read the highest seq first, then the head."""
+    highest = Event.objects.filter(run=run).aggregate(m=Max("seq"))["m"] or 0
+    head = Run.objects.filter(pk=run.pk).values_list("last_seq", flat=True).first()
+    if highest > head:
+        report.finding = Finding(
+            reason="fork",
+            first_seq=head + 1,
+            last_seq=highest,
+            detail=f"events {head + 1}..{highest} lie beyond the run's recorded head {head}",
+        )
+        report.status = "BROKEN"
+    return report
+
+
+def _record(run: Run, report: Report, observer: _Observer, checkpoints: list[dict], *, seal: bool) -> None:
+    changes = {
+        "verified_at": timezone.now(),
+        "verified_head_seq": report.head_seq,
+        "verified_checkpoint_seq": report.last_trusted_checkpoint,
+        "authorization_mismatches": observer.mismatches,
+        "authorization_detail": observer.first_mismatch[:300],
+    }
+    finding = report.finding
+    if finding is None:
+        changes.update(broken_first_seq=None, broken_last_seq=None, broken_reason="", broken_detail="")
+        trusted_seq = report.last_trusted_checkpoint
+        if seal and trusted_seq and trusted_seq > (run.trusted_seq or 0):
+            trusted_hash = next((cp["last_hash"] for cp in checkpoints if cp["seq"] == trusted_seq), None)
+            if trusted_hash is None:  # sealed in this pass
+                trusted_hash = Checkpoint.objects.filter(run=run, seq=trusted_seq).values_list("last_hash", flat=True).first()
+            changes.update(trusted_seq=trusted_seq, trusted_hash=trusted_hash)
+    else:
+        changes.update(
+            broken_first_seq=finding.first_seq,
+            broken_last_seq=finding.last_seq,
+            broken_reason=finding.reason,
+            broken_detail=finding.detail[:300],
+        )
+    # Only the verifier's own columns: the chain head and counters belong to transitions.
+    Run.objects.filter(pk=run.pk).update(**changes)
+
+
+@dataclass
+class LedgerResult:
+    runs: int = 0
+    events: int = 0
+    broken: int = 0
+
+
+def ledger_verify(
+    *, run_ids: list | None = None, limit: int | None = None, progress: Callable[[LedgerResult, Report], None] | None = None
+) -> LedgerResult:
+    """Verify the given runs, or the runs whose chain moved since they were last verified
+    (at most ``limit`` of them, least recently verified first)."""
+    if run_ids is None:
+        pending = Run.objects.filter(Q(verified_head_seq__isnull=True) | Q(verified_head_seq__lt=F("last_seq"))).order_by(
+            F("verified_at").asc(nulls_first=True)
+        )
+        run_ids = list(pending.values_list("pk", flat=True)[: limit or settings.FENCELINE["VERIFIER_BATCH_RUNS"]])
+    result = LedgerResult()
+    for run_id in run_ids:
+        report = run_verify(run_id=run_id)
+        result.runs += 1
+        result.events += report.events_checked
+        result.broken += report.finding is not None
+        if progress is not None:
+            progress(result, report)
+    return result

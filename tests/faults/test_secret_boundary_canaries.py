@@ -1,0 +1,417 @@
+"""The secret-boundary article's leak matrix, over real HTTP.
+
+Each row smuggles its own canary through one path a secret takes in an agent runtime:
+tool arguments, a provider error, a retry payload, a child tool's output, an exception
+raised while a request is handled, a browser snapshot. The request is refused with the
+documented code, and afterwards the canary is nowhere: not in the response bytes, not in
+any row of any table (every table is searched, so new tables are covered), and not in
+what the configured log handlers printed, at DEBUG level. A refused request also writes
+nothing at all: no event, no operation change, no stale-write count.
+"""
+
+import io
+import logging
+from dataclasses import dataclass
+
+import pytest
+from django.db import connection
+
+import console.views
+from ledger.services import notes
+
+# --- where a canary could end up ----------------------------------------------------------
+
+
+def _tables(cursor) -> list[str]:
+    return sorted(connection.introspection.table_names(cursor))
+
+
+def tables_containing(canary: str) -> list[str]:
+    """Every table with a row whose text form (all columns: text, varchar, json, ...) or
+    one of whose bytea columns contains ``canary``, case-insensitively."""
+    hits = []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND data_type = 'bytea'"
+        )
+        binary = {}
+        for table, column in cursor.fetchall():
+            binary.setdefault(table, []).append(column)
+        for table in _tables(cursor):
+            name = connection.ops.quote_name(table)
+            conditions = ["strpos(lower(t::text), lower(%s)) > 0"]
+            params = [canary]
+            for column in binary.get(table, []):
+                conditions.append(f"position(convert_to(%s, 'UTF8') in t.{connection.ops.quote_name(column)}) > 0")
+                params.append(canary)
+            cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {name} AS t WHERE {' OR '.join(conditions)})", params)
+            if cursor.fetchone()[0]:
+                hits.append(table)
+    return hits
+
+
+def text_columns() -> set[tuple[str, str]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND data_type IN ('text', 'character varying', 'character', 'json', 'jsonb')"
+        )
+        return set(cursor.fetchall())
+
+
+def database_fingerprint() -> dict[str, str]:
+    """md5 of every table's rows: any write anywhere changes it."""
+    result = {}
+    with connection.cursor() as cursor:
+        for table in _tables(cursor):
+            name = connection.ops.quote_name(table)
+            cursor.execute(f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM {name} AS t")
+            result[table] = cursor.fetchone()[0]
+    return result
+
+
+class LogSink:
+    """What the configured handlers print, and every record at DEBUG and above."""
+
+    def __init__(self, caplog):
+        self.caplog = caplog
+        loggers = [logging.getLogger()] + [
+            logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
+        ]
+        self.handlers = [
+            handler
+            for logger in loggers
+            for handler in logger.handlers
+            if not type(handler).__module__.startswith("_pytest")
+        ]
+        assert self.handlers, "console/settings.py LOGGING installs handlers"
+        self.printed = io.StringIO()
+        self._streams = [
+            (handler, handler.setStream(self.printed))
+            for handler in self.handlers
+            if isinstance(handler, logging.StreamHandler)
+        ]
+
+    def close(self) -> None:
+        for handler, stream in self._streams:
+            handler.setStream(stream)
+
+    def text(self) -> str:
+        parts = [self.printed.getvalue(), self.caplog.text]
+        for record in self.caplog.records:
+            parts.append(record.getMessage())
+            for handler in self.handlers:
+                if handler.filter(record):
+                    parts.append(handler.format(record))
+        return "\n".join(parts)
+
+
+@pytest.fixture
+def logs(caplog):
+    caplog.set_level(logging.DEBUG)  # the root logger: everything that propagates
+    sink = LogSink(caplog)
+    yield sink
+    sink.close()
+
+
+def assert_nowhere(canary: str, response, logs: LogSink) -> None:
+    assert canary.lower() not in response.raw.content.decode("utf-8", "replace").lower(), "canary in the response"
+    assert tables_containing(canary) == [], "canary in the database"
+    assert canary.lower() not in logs.text().lower(), "canary in a log line"
+
+
+# --- a run with a dispatched operation ------------------------------------------------------
+
+
+@dataclass
+class Leased:
+    client: object
+    run_id: str
+    op_id: str
+
+    def event(self, type: str, fields: dict):
+        return self.client.post(f"/runs/{self.run_id}/events", {"fencing_token": 1, "type": type, "fields": fields})
+
+
+@pytest.fixture
+def leased(api_for, acme, logs):
+    client = api_for(acme)
+    run_id = client.create_run()
+    assert client.acquire(run_id, "worker-a").status == 200
+    op_id = client.intend(run_id, 1, "send-report-1").body["operation_id"]
+    assert client.authorize(op_id, 1).status == 200
+    assert client.dispatch(op_id, 1).body == {"phase": "DISPATCHED"}
+    return Leased(client, run_id, op_id)
+
+
+def refused(response, status: int, code: str, path: str | None = None) -> None:
+    assert (response.status, response.body["error"]) == (status, code), response
+    if path is not None:
+        assert response.body["path"] == path, response
+        assert path in response.body["detail"]
+
+
+# --- the matrix -----------------------------------------------------------------------------
+
+
+# (a) tool arguments
+
+
+def test_tool_arguments_in_a_note_are_refused(leased, logs):
+    canary = "CANARY_ARG_4f1c"
+    before = database_fingerprint()
+    r = leased.event("NOTE", {"tool_name": "github.create_issue", "args": {"title": "t", "authorization": canary}})
+    refused(r, 422, "FORBIDDEN_FIELD", "fields.args.authorization")
+    assert r.body["rule"] == "forbidden key"
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+def test_raw_tool_arguments_in_a_worker_event_are_refused(leased, logs):
+    canary = "CANARY_ARG_7a20"
+    before = database_fingerprint()
+    r = leased.event("x.tool.call", {"tool_name": "search", "args": {"query": canary}})
+    refused(r, 422, "FORBIDDEN_FIELD", "fields.args")
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+def test_an_intent_carrying_its_arguments_is_refused(leased, logs):
+    canary = "CANARY_ARG_91d3"
+    before = database_fingerprint()
+    r = leased.client.intend(leased.run_id, 1, "send-report-2", args={"to": "ops", "api_key": canary})
+    refused(r, 422, "VALIDATION_ERROR")
+    assert [p["field"] for p in r.body["fields"]] == ["args"]
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+# (b) provider error
+
+
+def test_an_outcome_carrying_the_provider_error_message_is_refused(leased, logs):
+    canary = "CANARY_ERR_456a"
+    before = database_fingerprint()
+    r = leased.client.outcome(
+        leased.op_id, 1, "FAILED", error_code="E_UPSTREAM_401", error_message=f"401: key {canary} revoked"
+    )
+    refused(r, 422, "VALIDATION_ERROR")
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+def test_a_note_with_the_raw_provider_error_is_refused(leased, logs):
+    canary = "CANARY_ERR_b71e"
+    before = database_fingerprint()
+    r = leased.event("NOTE", {"error_code": "E_UPSTREAM_401", "error_message": f"Unauthorized: {canary}"})
+    refused(r, 422, "FORBIDDEN_FIELD", "fields.error_message")
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+def test_a_credential_echoed_as_provider_request_id_rolls_the_outcome_back(leased, logs):
+    canary = "CANARY_ERR_c0de"
+    before = database_fingerprint()
+    r = leased.client.outcome(leased.op_id, 1, "UNKNOWN", provider_request_id=f"Bearer {canary}")
+    refused(r, 422, "FORBIDDEN_FIELD", "provider_request_id")
+    assert r.body["rule"] == "credential-like value"
+    assert database_fingerprint() == before  # still DISPATCHED, no case, no event
+    assert_nowhere(canary, r, logs)
+
+
+def test_a_fenced_report_carrying_a_credential_is_refused_and_not_counted(leased, logs):
+    canary = "CANARY_ERR_5a1e"
+    before = database_fingerprint()
+    # A stale token would be counted and its provider request id kept as unverified
+    # evidence; a credential-like one stops the whole transaction instead.
+    r = leased.client.outcome(leased.op_id, 7, "CONFIRMED", provider_request_id=f"Bearer {canary}")
+    refused(r, 422, "FORBIDDEN_FIELD", "provider_request_id")
+    assert database_fingerprint() == before
+    assert leased.client.get(f"/runs/{leased.run_id}").body["stale_rejections"] == 0
+    assert_nowhere(canary, r, logs)
+
+
+# (c) retry payload
+
+
+def test_a_retry_event_with_its_payload_is_refused(leased, logs):
+    canary = "CANARY_RETRY_789c"
+    before = database_fingerprint()
+    r = leased.event("x.retry", {"operation_id": leased.op_id, "attempt": 2, "payload": {"body": canary}})
+    refused(r, 422, "FORBIDDEN_FIELD", "fields.payload")
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+@pytest.mark.parametrize(
+    "overrides, path",
+    [
+        ({"resource": "https://hooks.example.com/retry?api_key={canary}"}, "resource"),
+        ({"provider": "openai sk-proj-{canary}x1y2z3"}, "provider"),  # stored, not in the event
+        ({"tool": "Bearer {canary}"}, "tool"),
+    ],
+)
+def test_a_retried_intent_with_a_credential_in_a_parameter_writes_nothing(leased, logs, overrides, path):
+    canary = "CANARY_RETRY_9b2e"
+    before = database_fingerprint()
+    body = {name: value.format(canary=canary) for name, value in overrides.items()}
+    r = leased.client.intend(leased.run_id, 1, "send-report-1:retry-2", **body)
+    refused(r, 422, "FORBIDDEN_FIELD", path)
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+def test_a_replayed_intent_with_a_retry_payload_field_is_refused(leased, logs):
+    canary = "CANARY_RETRY_0e44"
+    before = database_fingerprint()
+    r = leased.client.intend(leased.run_id, 1, "send-report-1", retry_payload={"body": canary})
+    refused(r, 422, "VALIDATION_ERROR")
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+# (d) child-tool output
+
+
+def test_child_tool_output_with_an_authorization_header_is_refused(leased, logs):
+    canary = "CANARY_CHILD_222d"
+    before = database_fingerprint()
+    fields = {
+        "child_tool": "http.get",
+        "result": {"status_code": 200, "headers": {"Content-Type": "text/html", "Authorization": f"Bearer {canary}"}},
+    }
+    r = leased.event("x.child.result", fields)
+    refused(r, 422, "FORBIDDEN_FIELD", "fields.result.headers.Authorization")
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+def test_a_credential_inside_child_tool_text_is_refused_by_its_list_path(leased, logs):
+    canary = "CANARY_CHILD_63f0"
+    before = database_fingerprint()
+    fields = {"children": [{"name": "ls"}, {"name": "curl", "summary": f"sent Authorization: Bearer {canary} ok"}]}
+    r = leased.event("NOTE", fields)
+    refused(r, 422, "FORBIDDEN_FIELD", "fields.children.1.summary")
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+# (e) crash while handling a request
+
+
+def test_an_exception_carrying_the_canary_is_a_bare_500(leased, logs, monkeypatch):
+    canary = "CANARY_CRASH_333e"
+
+    def crash(**kwargs):
+        raise ValueError(f"provider rejected key {canary}")
+
+    monkeypatch.setattr(notes, "event_append", crash)
+    before = database_fingerprint()
+    r = leased.event("NOTE", {"message": "about to crash"})
+    assert r.status == 500 and r.body == {"error": "INTERNAL", "detail": "internal error"}
+    assert "unhandled ValueError" in logs.text()  # the log names the type ...
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)  # ... and never the message
+
+
+def test_a_console_crash_logs_the_traceback_without_its_message(live_server, logs, monkeypatch):
+    import requests
+
+    canary = "CANARY_CRASH_71aa"
+
+    def crash(*args, **kwargs):
+        raise ValueError(f"template context had {canary}")
+
+    monkeypatch.setattr(console.views, "render", crash)
+    before = database_fingerprint()
+    raw = requests.get(live_server.url + "/", timeout=30)
+    assert raw.status_code == 500
+    printed = logs.printed.getvalue()
+    assert "Internal Server Error: /" in printed
+    assert "Traceback (most recent call last):" in printed and "in home" in printed
+    assert "ValueError: [message withheld]" in printed
+    assert database_fingerprint() == before
+
+    class Body:  # assert_nowhere reads response.raw.content
+        pass
+
+    body = Body()
+    body.raw = raw
+    assert_nowhere(canary, body, logs)
+
+
+# (f) browser snapshot
+
+
+def test_a_browser_snapshot_with_cookies_is_refused(leased, logs):
+    canary = "CANARY_COOKIE_111f"
+    before = database_fingerprint()
+    fields = {"url": "https://shop.example.com/cart", "title": "Cart", "cookies": [{"name": "sid", "value": canary}]}
+    r = leased.event("x.browser.snapshot", fields)
+    refused(r, 422, "FORBIDDEN_FIELD", "fields.cookies")
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+def test_a_browser_snapshot_with_local_storage_is_refused(leased, logs):
+    canary = "CANARY_COOKIE_4b9a"
+    before = database_fingerprint()
+    fields = {"url": "https://shop.example.com/cart", "localStorage": {"cart": canary}}
+    r = leased.event("x.browser.snapshot", fields)
+    refused(r, 422, "FORBIDDEN_FIELD", "fields.localStorage")
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+# identifiers that become part of the chain
+
+
+def test_a_credential_as_lease_owner_is_refused_and_not_counted(leased, logs):
+    canary = "CANARY_OWNER_8c3d"
+    before = database_fingerprint()
+    # A renew by another owner would be a counted stale write whose actor names that owner.
+    r = leased.client.post(
+        f"/runs/{leased.run_id}/lease/renew", {"owner_id": f"Bearer {canary}", "fencing_token": 1, "ttl_s": 30}
+    )
+    refused(r, 422, "FORBIDDEN_FIELD", "owner_id")
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+def test_a_credential_as_a_runs_external_id_creates_no_run(api_for, acme, logs):
+    canary = "CANARY_RUN_2f6b"
+    before = database_fingerprint()
+    r = api_for(acme).post("/runs", {"schema_version": 1, "external_id": f"ghp_{'Ab3' * 12} {canary}"})
+    refused(r, 422, "FORBIDDEN_FIELD", "external_id")
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+def test_a_credential_like_key_is_not_echoed_by_schema_validation(leased, logs):
+    canary = "CANARY_KEY_d00d"
+    r = leased.client.intend(leased.run_id, 1, "send-report-3", **{f"Bearer {canary}": 1})
+    refused(r, 422, "VALIDATION_ERROR")
+    assert [p["field"] for p in r.body["fields"]] == ["*"]
+    assert_nowhere(canary, r, logs)
+
+
+# --- the search itself works ------------------------------------------------------------------
+
+
+def test_the_leak_search_finds_what_is_stored_and_the_logs_hold_no_body_or_sql(leased, logs):
+    marker = "MARKER_STORED_e5c1"
+    fields = {
+        "credential_ref": "github-write-lease-7",
+        "credential_version": 18,
+        "error_code": "E_TIMEOUT",
+        "args_digest": "sha256:" + "0" * 64,
+        "summary": f"retrying {marker}",
+    }
+    r = leased.event("NOTE", fields)
+    assert r.status == 201, r
+    assert ("ledger_event", "fields") in text_columns()
+    assert tables_containing(marker) == ["ledger_event"]
+    # The marker travelled in a request body and as an SQL parameter; neither was logged.
+    assert logs.caplog.records, "the log capture sees the request"
+    assert marker not in logs.text()

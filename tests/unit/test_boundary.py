@@ -1,0 +1,303 @@
+"""The secret boundary refuses forbidden keys and credential-like values by path, and never
+repeats the value it refused."""
+
+import pytest
+
+from ledger.boundary import check_fields, check_text, classify_key, key_words, path_segment
+from ledger.services.errors import DomainError, ForbiddenField
+
+SECRET = "CANARY_UNIT_7d2e"
+
+
+def refusal(value, root="fields") -> ForbiddenField:
+    with pytest.raises(ForbiddenField) as caught:
+        check_fields(value, root=root)
+    return caught.value
+
+
+def assert_not_echoed(exc: ForbiddenField, secret: str = SECRET) -> None:
+    for text in (str(exc), exc.detail, exc.path, repr(exc.args), repr(exc.extra)):
+        assert secret not in text
+        assert secret.lower() not in text.lower()
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "authorization",
+        "Authorization",
+        "AUTHORIZATION",
+        "HTTP_AUTHORIZATION",
+        "proxy-authorization",
+        "access_token",
+        "accessToken",
+        "AccessToken",
+        "access-token",
+        "api_key",
+        "apiKey",
+        "APIKey",
+        "apikey",
+        "X-Api-Key",
+        "x_api_key",
+        "github_api_key",
+        "cookie",
+        "Cookie",
+        "cookies",
+        "set_cookie",
+        "Set-Cookie",
+        "setCookie",
+        "private_key",
+        "privateKey",
+        "password",
+        "Password",
+        "db_password",
+        "passwd",
+        "passphrase",
+        "secret",
+        "client_secret",
+        "clientSecret",
+        "aws_secret_access_key",
+        "refresh_token",
+        "id_token",
+        "idToken",
+        "session_token",
+        "bearer_token",
+        "github_token",
+        "token",
+        "credentials",
+        "basic_auth",
+        "jwt",
+    ],
+)
+def test_credential_keys_are_refused_in_every_spelling(key):
+    exc = refusal({"step": 1, "args": {"title": "rotate the key", key: SECRET}})
+    assert exc.code == "FORBIDDEN_FIELD"
+    assert isinstance(exc, DomainError)
+    assert exc.path == f"fields.args.{key}"
+    assert exc.rule == "forbidden key"
+    assert exc.extra == {"path": exc.path, "rule": "forbidden key"}
+    assert_not_echoed(exc)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "args",
+        "arguments",
+        "tool_args",
+        "kwargs",
+        "params",
+        "input",
+        "headers",
+        "request_headers",
+        "request_body",
+        "responseBody",
+        "body",
+        "payload",
+        "retry_payload",
+        "request",
+        "response",
+        "prompt",
+        "system_prompt",
+        "error",
+        "errors",
+        "error_message",
+        "errorMessage",
+        "exception",
+        "raw_error",
+        "rawResponse",
+        "traceback",
+        "stack_trace",
+        "stackTrace",
+        "output",
+        "tool_output",
+        "stdout",
+        "stderr",
+        "local_storage",
+        "localStorage",
+        "session_storage",
+        "sessionStorage",
+        "storageState",
+        "snapshot",
+        "screenshot",
+        "html",
+        "attachments",
+        "file_contents",
+        "environ",
+    ],
+)
+def test_raw_payload_keys_are_refused(key):
+    exc = refusal({"note": "ok", key: {"anything": SECRET}})
+    assert (exc.path, exc.rule) == (f"fields.{key}", "forbidden key")
+    assert "never accepted" in exc.detail
+    assert_not_echoed(exc)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        # Fenceline's own field names ...
+        ("fencing_token", 3),
+        ("previous_token", 2),
+        ("presented_token", 1),
+        ("current_token", 4),
+        ("dispatch_token", None),
+        ("idempotency_key", "deploy:repo-a:91c2"),
+        ("credential_ref", "github-write-lease-7"),
+        ("credential_version", 18),
+        ("provider_request_id", "req_01J9ZK"),
+        ("error_code", "E_TIMEOUT"),
+        ("args_digest", "sha256:" + "a" * 64),
+        ("operation_id", "0b9d3a52-3f8c-4b53-9c2e-0d9e3f0a1b2c"),
+        ("case_id", 17),
+        ("owner_id", "worker-a"),
+        ("external_id", "ticket-4411"),
+        ("expires_at", "2026-12-02T10:00:00.000001Z"),
+        ("reason", "token_changed"),
+        ("attempted", "operation.outcome"),
+        ("key_id", "local-1"),
+        # ... and the article's allow-listed event shape, and usage counters.
+        ("action", "tool.dispatch"),
+        ("tool_name", "github.create_issue"),
+        ("resource", "repo:acme/widgets"),
+        ("decision", "allow"),
+        ("request_id", "req-456"),
+        ("duration_ms", 1200),
+        ("prompt_tokens", 812),
+        ("output_tokens", 64),
+        ("max_tokens", 4096),
+        ("message", "retrying after a timeout"),
+        ("url", "https://api.example.com/v1/issues"),
+        ("resource", "mailto:ops@example.com"),
+    ],
+)
+def test_legitimate_fields_pass(key, value):
+    check_fields({key: value, "nested": [{key: value}]}, root="fields")
+    assert classify_key(key) in (None, "fencing token")
+
+
+@pytest.mark.parametrize("key", ["fencing_token", "previous_token", "current_token", "dispatch_token"])
+def test_a_fencing_token_name_holding_a_string_is_refused(key):
+    exc = refusal({key: SECRET})
+    assert (exc.path, exc.rule) == (f"fields.{key}", "forbidden key")
+    assert_not_echoed(exc)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"Bearer {SECRET}",
+        f"called the API with bearer {SECRET} and got 401",
+        f"BEARER\t{SECRET}",
+        f"Authorization: Basic {SECRET}",
+        f"Cookie: sid={SECRET}",
+        f"set-cookie: session={SECRET}; Path=/",
+        f"-----BEGIN RSA PRIVATE KEY-----\n{SECRET}\n-----END RSA PRIVATE KEY-----",
+        f"key: -----BEGIN OPENSSH PRIVATE KEY----- {SECRET}",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJDQU5BUlkifQ.c2lnbmF0dXJl " + SECRET,
+        f"AKIAIOSFODNN7EXAMPLE {SECRET}",
+        f"ASIAABCDEFGHIJKLMNOP {SECRET}",
+        f"ghp_{'A1b2' * 9} {SECRET}",
+        f"token gho_{'z' * 36} {SECRET}",
+        f"ghs_{'Q' * 36} {SECRET}",
+        f"ghu_{'9' * 36} {SECRET}",
+        f"github_pat_11AAAAAAA0{'b' * 40} {SECRET}",
+        f"xoxb-1234567890-{SECRET}",
+        f"xoxp-1234567890-{SECRET}",
+        f"xoxa-2-abcdefghij-{SECRET}",
+        f"xoxr-1234567890-{SECRET}",
+        f"sk-proj-{SECRET}abcdef123",
+        f"sk-ant-api03-{SECRET}xyz",
+        f"sk_live_4eC39HqLyjWDarjtT1zdp7dc {SECRET}",
+        f"rk_live_51H8xyzABCDEF {SECRET}",
+        f"pk_live_51H8xyzABCDEF {SECRET}",
+        f"AIzaSyD-{'x' * 31} {SECRET}",
+        f"glpat-{'x1' * 10} {SECRET}",
+        f"flw_{'Zq9-' * 10} {SECRET}",
+        f"postgres://app:{SECRET}@db.internal:5432/prod",
+        f"https://api.example.com/hook?api_key={SECRET}",
+        f"password={SECRET}",
+        f'{{"client_secret": "{SECRET}"}}',
+    ],
+)
+def test_credential_like_values_are_refused_anywhere_in_a_string(value):
+    exc = refusal({"list": [0, 1, 2, {"note": value}]})
+    assert (exc.path, exc.rule) == ("fields.list.3.note", "credential-like value")
+    assert_not_echoed(exc)
+    with pytest.raises(ForbiddenField) as caught:
+        check_text(value, path="resource")
+    assert caught.value.path == "resource"
+    assert_not_echoed(caught.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "task-abcdefghijklmnopqrstuvwxyz",  # "sk-" inside a word
+        "risk-assessment-2026-quarterly-report",
+        "sk-learn-compatible-model",  # no digit: not an OpenAI-style key
+        "flw_wrong",  # too short to be a worker token
+        "https://user@example.com/repo",  # a user, no password
+        "fencing token 3 was refused",
+        "placeholder policy: allow",
+        "sha256:" + "0" * 64,
+        "AKIA",
+    ],
+)
+def test_ordinary_text_passes(text):
+    check_text(text, path="note")
+
+
+def test_paths_start_at_the_first_key_without_a_root():
+    assert refusal({"outer": {"Authorization": "x"}}, root="").path == "outer.Authorization"
+    assert refusal({"tool": f"Bearer {SECRET}"}, root="").path == "tool"
+    assert refusal([{"a": 1}, {"b": f"Bearer {SECRET}"}], root="").path == "1.b"
+    assert refusal(f"Bearer {SECRET}", root="").path == "(top level)"
+
+
+def test_a_credential_like_key_is_refused_without_naming_the_key():
+    key = f"Bearer {SECRET}"
+    exc = refusal({"headers_seen": {key: True}})
+    assert exc.path == "fields.headers_seen.*"
+    assert exc.rule == "credential-like value"
+    assert_not_echoed(exc)
+
+
+def test_keys_that_do_not_look_like_names_appear_as_a_star():
+    exc = refusal({"password hunter2=yes": 1})
+    assert exc.path == "fields.*"
+    assert "hunter2" not in str(exc)
+    assert path_segment("owner_id") == "owner_id"
+    assert path_segment("a key with spaces") == "*"
+    assert path_segment("x" * 65) == "*"
+    assert path_segment(f"ghp_{'a' * 36}") == "*"
+
+
+def test_a_credential_anywhere_is_reported_before_a_raw_payload_key():
+    exc = refusal({"headers": {"Accept": "text/html"}, "summary": f"used Bearer {SECRET}"})
+    assert (exc.path, exc.rule) == ("fields.summary", "credential-like value")
+    exc = refusal({"args": {"authorization": SECRET}})
+    assert exc.path == "fields.args.authorization"
+    exc = refusal({"args": {"title": SECRET}, "later": {"deep": [1]}})
+    assert exc.path == "fields.args"
+
+
+def test_non_string_scalars_pass_and_nesting_is_walked_in_document_order():
+    check_fields({"a": 1, "b": 2.5, "c": True, "d": None, "e": [[], {}], "f": {"g": [1, "two"]}})
+    exc = refusal({"first": [{"x": f"Bearer {SECRET}"}], "second": {"password": 1}})
+    assert exc.path == "fields.first.0.x"
+
+
+def test_deep_nesting_does_not_exhaust_the_stack():
+    value: object = f"Bearer {SECRET}"
+    for _ in range(5000):
+        value = [value]
+    exc = refusal(value, root="")
+    assert exc.path == ".".join(["0"] * 5000)
+
+
+def test_key_words_split_case_camel_case_and_separators():
+    assert key_words("X-Api-Key") == ("x", "api", "key")
+    assert key_words("APIKey") == key_words("apiKey") == key_words("api_key") == ("api", "key")
+    assert key_words("HTTP_AUTHORIZATION") == ("http", "authorization")
+    assert key_words("oauth2Token") == ("oauth2", "token")
