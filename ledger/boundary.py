@@ -88,7 +88,9 @@ CREDENTIAL_ENDINGS = frozenset(
 # Keys ending in "token" are credentials (access_token, refresh_token, id_token,
 # session_token, github_token, token ...) except these names of Fenceline's fencing tokens,
 # which are integers; a string under one of them is refused like any other token.
-FENCING_TOKEN_KEYS = frozenset({"fencing_token", "previous_token", "presented_token", "current_token", "dispatch_token"})
+FENCING_TOKEN_KEYS = frozenset(
+    {"fencing_token", "previous_token", "presented_token", "current_token", "dispatch_token"}
+)
 
 RAW_PAYLOAD_ENDINGS = frozenset(
     {
@@ -151,31 +153,47 @@ RAW_PAYLOAD = "raw payload"
 FENCING_TOKEN = "fencing token"
 
 # --- credential-like values -------------------------------------------------------------
-# (name, pattern) pairs; a value (or key) is refused when any pattern matches anywhere in it.
-_EDGE = r"(?<![A-Za-z0-9])"  # not preceded by a letter or digit ("task-..." is not "sk-...")
+# (name, triggers, pattern): a value (or key) is refused when a pattern matches anywhere in
+# it. The patterns are only tried on text that contains one of the triggers (lowercased),
+# which keeps the common case, text without any trigger, to one quick search.
+# Prefixes must start a word ("task-..." is not "sk-..."); patterns whose body could scan a
+# long run and then fail start only at the beginning of that run, so no text makes the
+# search quadratic.
+_EDGE = r"(?<![A-Za-z0-9])"
+_RUN_START = r"(?<![A-Za-z0-9_-])"
 VALUE_RULES = (
-    ("bearer_token", r"(?i:\bbearer\s+[A-Za-z0-9\-._~+/]+=*)"),
-    ("authorization_header", r"(?i:\bauthorization\s*[:=]\s*(?:basic|token|digest|negotiate|aws4-hmac-sha256)\s+\S)"),
-    ("cookie_header", r"(?i:\b(?:set-)?cookie\s*:\s*[^\s=;:]+=)"),
-    ("pem_block", r"-----BEGIN [^\r\n-]{1,64}-----"),
-    ("jwt", r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
-    ("url_password", r"(?i:\b[a-z][a-z0-9+.\-]*://[^\s/?#@:]*:[^\s/?#@]+@)"),
+    ("bearer_token", ("bearer",), r"(?i:\bbearer\s+[A-Za-z0-9\-._~+/]+=*)"),
+    (
+        "authorization_header",
+        ("authorization",),
+        r"(?i:\bauthorization\s*[:=]\s*(?:basic|token|digest|negotiate|aws4-hmac-sha256)\s+\S)",
+    ),
+    ("cookie_header", ("cookie",), r"(?i:\b(?:set-)?cookie\s*:\s*[^\s=;:]+=)"),
+    ("pem_block", ("-----begin",), r"-----BEGIN [^\r\n-]{1,64}-----"),
+    ("jwt", ("eyj",), _RUN_START + r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
+    ("url_password", ("://",), r"(?i:\b[a-z][a-z0-9+.\-]{0,30}://[^\s/?#@:]{0,256}:[^\s/?#@]{1,256}@)"),
     (
         "secret_assignment",
+        ("pass", "pwd", "secret", "key", "token"),
         r"(?i:" + _EDGE + r"(?:password|passwd|pwd|passphrase|secret|client[_-]?secret|api[_-]?key"
         r"|access[_-]?key|secret[_-]?key|private[_-]?key|access[_-]?token|refresh[_-]?token"
         r"|auth[_-]?token|session[_-]?token|id[_-]?token)[\"']?\s*[:=]\s*[\"']?[^\s\"',;&]{3,})",
     ),
-    ("aws_access_key", _EDGE + r"(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
-    ("github_token", _EDGE + r"(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
-    ("slack_token", _EDGE + r"xox[abeprs]-[A-Za-z0-9-]{10,}"),
-    ("openai_key", _EDGE + r"sk-(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{20,}"),
-    ("stripe_key", _EDGE + r"(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"),
-    ("google_api_key", _EDGE + r"AIza[0-9A-Za-z_-]{30,}"),
-    ("gitlab_token", _EDGE + r"glpat-[A-Za-z0-9_-]{16,}"),
-    ("fenceline_worker_token", _EDGE + r"flw_[A-Za-z0-9_-]{20,}"),
+    ("aws_access_key", ("akia", "asia"), _EDGE + r"(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+    (
+        "github_token",
+        ("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
+        _EDGE + r"(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})",
+    ),
+    ("slack_token", ("xox",), _EDGE + r"xox[abeprs]-[A-Za-z0-9-]{10,}"),
+    ("openai_key", ("sk-",), _RUN_START + r"sk-(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{20,}"),
+    ("stripe_key", ("_live_", "_test_"), _EDGE + r"(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"),
+    ("google_api_key", ("aiza",), _EDGE + r"AIza[0-9A-Za-z_-]{30,}"),
+    ("gitlab_token", ("glpat-",), _EDGE + r"glpat-[A-Za-z0-9_-]{16,}"),
+    ("fenceline_worker_token", ("flw_",), _EDGE + r"flw_[A-Za-z0-9_-]{20,}"),
 )
-_VALUE_PATTERN = re.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in VALUE_RULES))
+_TRIGGER = re.compile("|".join(re.escape(trigger) for _, triggers, _ in VALUE_RULES for trigger in triggers))
+_VALUE_PATTERN = re.compile("|".join(f"(?P<{name}>{pattern})" for name, _, pattern in VALUE_RULES))
 
 _CAMEL_ACRONYM = re.compile(r"([A-Z]+)([A-Z][a-z])")  # APIKey -> API_Key
 _CAMEL_WORD = re.compile(r"([a-z0-9])([A-Z])")  # apiKey -> api_Key
@@ -199,7 +217,6 @@ _RAW_PAYLOAD_ENDINGS = _compact(RAW_PAYLOAD_ENDINGS)
 _FENCING_TOKEN_KEYS = _compact(FENCING_TOKEN_KEYS)
 
 
-@functools.lru_cache(maxsize=4096)
 def classify_key(key: str) -> str | None:
     """CREDENTIAL, RAW_PAYLOAD or FENCING_TOKEN (allowed for integers only); None when the
     key may carry any value that passes the value rules."""
@@ -222,6 +239,8 @@ def classify_key(key: str) -> str | None:
 
 def credential_kind(text: str) -> str | None:
     """The name of the first value rule that matches anywhere in ``text``, or None."""
+    if _TRIGGER.search(text.lower()) is None:
+        return None
     match = _VALUE_PATTERN.search(text)
     return match.lastgroup if match else None
 
@@ -232,6 +251,18 @@ def path_segment(key: str) -> str:
     if _NAME_LIKE.fullmatch(key) and credential_kind(key) is None:
         return key
     return "*"
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_key_rules(key: str) -> tuple[str | None, str | None]:
+    return credential_kind(key), classify_key(key)
+
+
+def _key_rules(key: str) -> tuple[str | None, str | None]:
+    """(credential_kind, classify_key) of a key; the same keys come again and again."""
+    if len(key) <= 128:
+        return _cached_key_rules(key)
+    return credential_kind(key), classify_key(key)
 
 
 def _join(path: str, segment: str) -> str:
@@ -273,11 +304,11 @@ def check_fields(value: object, *, root: str = "") -> None:
             children = []
             for key, child in item.items():
                 key = key if isinstance(key, str) else str(key)
-                if credential_kind(key) is not None:
+                key_credential, kind = _key_rules(key)
+                if key_credential is not None:
                     where = _join(path, "*")
                     raise _refuse(where, "credential-like value", f"credential-like value in a key at {where}")
                 child_path = _join(path, key if _NAME_LIKE.fullmatch(key) else "*")
-                kind = classify_key(key)
                 if kind == CREDENTIAL or (
                     kind == FENCING_TOKEN and (isinstance(child, bool) or not isinstance(child, int | None))
                 ):

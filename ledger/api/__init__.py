@@ -49,7 +49,7 @@ class StrictJSONParser(Parser):
     def parse_body(self, request):
         try:
             data = json.loads(request.body, parse_constant=_refuse_constant)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
             raise errors.MalformedBody("not JSON") from exc
         if not isinstance(data, dict):
             raise errors.MalformedBody("not a JSON object")

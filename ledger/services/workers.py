@@ -7,6 +7,7 @@ import secrets
 from django.db import transaction
 from django.utils.text import slugify
 
+from ledger.boundary import check_text
 from ledger.models import Tenant, Worker
 from ledger.services.errors import InvalidInput
 
@@ -29,6 +30,7 @@ def worker_create(*, tenant: Tenant, name: str) -> tuple[Worker, str]:
     """A new worker with a fresh token. Returns ``(worker, token)``; the token is not kept."""
     if not name or len(name) > 100:
         raise InvalidInput("worker name must be 1 to 100 characters")
+    check_text(name, path="name")  # it becomes part of every event's actor
     if Worker.objects.filter(tenant=tenant, name=name).exists():
         raise InvalidInput(f"worker {name!r} already exists in tenant {tenant.slug!r}")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)

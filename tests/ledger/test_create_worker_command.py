@@ -33,3 +33,9 @@ def test_create_worker_exits_non_zero_on_a_bad_tenant_slug():
     )
     assert result.returncode != 0
     assert "tenant must be a slug" in result.stderr
+
+
+def test_create_worker_refuses_a_name_that_looks_like_a_credential(db):
+    with pytest.raises(CommandError, match="credential-like"):
+        call_command("create_worker", "--tenant", "newco", "--name", "ghp_" + "a" * 36)
+    assert not Worker.objects.exists()

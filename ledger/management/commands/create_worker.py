@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.services.errors import InvalidInput
+from ledger.services.errors import ForbiddenField, InvalidInput
 from ledger.services.workers import tenant_ensure, worker_create
 
 
@@ -15,7 +15,7 @@ class Command(BaseCommand):
         try:
             tenant_obj, created = tenant_ensure(slug=tenant)
             worker, token = worker_create(tenant=tenant_obj, name=name)
-        except InvalidInput as exc:
+        except (InvalidInput, ForbiddenField) as exc:
             raise CommandError(exc.detail) from None
         if created:
             self.stdout.write(f"created tenant {tenant_obj.slug}")
