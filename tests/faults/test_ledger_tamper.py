@@ -249,3 +249,20 @@ def test_key_rotation_old_checkpoints_verify_and_new_ones_use_the_new_key(api_fo
     assert verify_standalone(client, run_id, tmp_path, {"k1": K1, "k2": K2}) == ("VERIFIED", None, 15)
     # Without the old key the old checkpoints cannot be trusted.
     assert verify_standalone(client, run_id, tmp_path, {"k2": K2})[:2] == ("BROKEN", ("checkpoint_mismatch", 5, 5))
+
+
+def test_forged_dispatch_under_a_token_that_never_held_the_lease_is_an_authorization_mismatch(api_for, acme, keys, tmp_path):
+    client = api_for(acme)
+    run_id = client.create_run()
+    client.acquire(run_id, "worker-a")
+    op = client.intend(run_id, 1, "charge:9").body["operation_id"]
+    client.authorize(op, 1)
+    head = Event.objects.filter(run_id=run_id).order_by("-seq").first()
+    fields = {"operation_id": op, "from": "AUTHORIZED", "to": "DISPATCHED", "attempt": 1, "dispatch_token": 7}
+    _forge(run_id, head.seq + 1, event_id="00000000-0000-4000-8000-0000000000aa", type="OPERATION_DISPATCHED", fields=fields, prev_hash=head.hash)
+
+    status, finding, _ = verify_in_app(run_id)
+    assert (status, finding) == ("UNSEALED", None)  # hashed and linked like the real thing...
+    authorization = client.get(f"/runs/{run_id}").body["indicators"]["authorization"]
+    assert authorization["value"] == "MISMATCH"  # ...but no lease ever issued token 7
+    assert authorization["reason"] == f"seq {head.seq + 1}: dispatched under token 7 while the chain shows token 1"

@@ -1,0 +1,38 @@
+import pytest
+from django.core.management import CommandError, call_command
+
+from ledger.models import Checkpoint, Run
+from ledger.services import runs
+from tests.helpers import tampering
+from tests.ledger.factories import leased_run
+
+
+def test_verify_ledger_seals_pending_runs_and_reports_each(acme, capsys, settings):
+    settings.FENCELINE = {**settings.FENCELINE, "CHECKPOINT_EVERY": 2}
+    first, token = leased_run(acme.worker)
+    runs.run_complete(worker=acme.worker, run_id=first.pk, fencing_token=token)
+    second, _ = leased_run(acme.worker)
+    call_command("verify_ledger")
+    out = capsys.readouterr().out
+    assert f"run {first.pk}: VERIFIED to checkpoint {Run.objects.get(pk=first.pk).last_seq}" in out
+    assert f"run {second.pk}: VERIFIED to checkpoint 2" in out
+    assert "verified 2 runs" in out and "0 BROKEN" in out
+    # Nothing moved: nothing pending the second time.
+    call_command("verify_ledger")
+    assert "verified 0 runs" in capsys.readouterr().out
+
+
+def test_verify_ledger_exits_non_zero_on_a_broken_chain(acme, capsys):
+    run, _ = leased_run(acme.worker)
+    with tampering() as cursor:
+        cursor.execute("DELETE FROM ledger_event WHERE run_id = %s AND seq = 1", [run.pk])
+    with pytest.raises(SystemExit) as exited:
+        call_command("verify_ledger", "--run", str(run.pk))
+    assert exited.value.code == 1
+    assert "BROKEN at seq 1..1: gap" in capsys.readouterr().out
+    assert not Checkpoint.objects.filter(run=run).exists()
+
+
+def test_verify_ledger_names_an_unknown_run(db):
+    with pytest.raises(CommandError, match="no such run: nope"):
+        call_command("verify_ledger", "--run", "nope")
