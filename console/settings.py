@@ -219,12 +219,13 @@ FENCELINE = {
 _BROKER_DIR = STATE_DIR / "broker"
 CELERY_BROKER_URL = env("CELERY_BROKER_URL") or "filesystem://"
 if CELERY_BROKER_URL == "filesystem://":
-    for _sub in ("queue", "processed"):
+    for _sub in ("queue", "processed", "control"):
         (_BROKER_DIR / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_BROKER_DIR / "queue"),
         "data_folder_out": str(_BROKER_DIR / "queue"),
         "processed_folder": str(_BROKER_DIR / "processed"),
+        "control_folder": str(_BROKER_DIR / "control"),  # else Celery writes ./control
     }
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
