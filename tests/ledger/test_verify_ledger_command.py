@@ -36,3 +36,15 @@ def test_verify_ledger_exits_non_zero_on_a_broken_chain(acme, capsys):
 def test_verify_ledger_names_an_unknown_run(db):
     with pytest.raises(CommandError, match="no such run: nope"):
         call_command("verify_ledger", "--run", "nope")
+
+
+def test_verify_ledger_task_verifies_pending_runs_and_is_safe_to_repeat(acme, settings):
+    from ledger.tasks import verify_ledger_task
+
+    settings.FENCELINE = {**settings.FENCELINE, "CHECKPOINT_EVERY": 2}
+    run, _ = leased_run(acme.worker)
+    assert verify_ledger_task.apply().get() == {"runs": 1, "events": 2, "broken": 0}
+    assert list(Checkpoint.objects.filter(run=run).values_list("seq", flat=True)) == [2]
+    assert verify_ledger_task.apply().get() == {"runs": 0, "events": 0, "broken": 0}
+    assert verify_ledger_task.apply(args=[str(run.pk)]).get() == {"runs": 1, "events": 2, "broken": 0}
+    assert Checkpoint.objects.filter(run=run).count() == 1
