@@ -38,6 +38,13 @@ class ReconciliationCase(Versioned):
     # Evidence nobody has verified yet, e.g. a provider request id reported by a worker
     # whose token had already been fenced: [{provider_request_id, fencing_token, owner_id, reported_at}].
     unverified_evidence = models.JSONField(default=list)
+    claimed_by = models.CharField(max_length=150, blank=True, default="")
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    # HAPPENED (with the provider's request id), DID_NOT_HAPPEN, or COMPENSATED.
+    resolution = models.CharField(max_length=16, blank=True, default="")
+    resolution_reason = models.CharField(max_length=500, blank=True, default="")
+    resolved_by = models.CharField(max_length=150, blank=True, default="")
+    resolved_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -53,3 +60,47 @@ class ReconciliationCase(Versioned):
 
     def __str__(self) -> str:
         return f"case {self.id} ({self.status})"
+
+
+class ApprovalKind(models.TextChoices):
+    OPERATION = "OPERATION"  # a tool the policy always puts before a person
+    RETRY = "RETRY"  # another attempt of a NON_RETRYABLE (or spent) operation
+    CAPABILITY = "CAPABILITY"  # a capability budget asked with approval "human"
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "PENDING"
+    APPROVED = "APPROVED"
+    DENIED = "DENIED"
+    EXPIRED = "EXPIRED"
+    USED = "USED"
+    VOID = "VOID"
+
+
+class ApprovalRequest(Versioned):
+    """A question for an approver, bound to exactly what it allows: the operation, its
+    attempt and args digest, and the fencing token current when it was asked."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("ledger.Tenant", on_delete=models.PROTECT, related_name="approvals")
+    run = models.ForeignKey("ledger.Run", on_delete=models.PROTECT, related_name="approvals")
+    kind = models.CharField(max_length=16, choices=ApprovalKind.choices)
+    operation = models.ForeignKey("ledger.Operation", on_delete=models.PROTECT, null=True, blank=True, related_name="approvals")
+    capability = models.ForeignKey(
+        "ledger.CapabilityBudget", on_delete=models.PROTECT, null=True, blank=True, related_name="approvals"
+    )
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    args_digest = models.CharField(max_length=100, blank=True, default="")
+    fencing_token = models.BigIntegerField()
+    status = models.CharField(max_length=16, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)
+    requested_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    decided_by = models.CharField(max_length=150, blank=True, default="")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    reason = models.CharField(max_length=500, blank=True, default="")
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(status__in=ApprovalStatus.values), name="approval_status_valid")]
+        indexes = [models.Index(fields=["tenant", "status", "expires_at"], name="approval_queue")]
+

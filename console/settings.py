@@ -243,6 +243,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "ledger.tasks.verify_ledger_task",
         "schedule": float(FENCELINE["VERIFIER_INTERVAL_S"]),
     },
+    # Cost reservations past their TTL (policy reservation_ttl_s, 900 s by default) -> UNKNOWN.
+    "expire-reservations": {
+        "task": "ledger.tasks.expire_reservations_task",
+        "schedule": 30.0,
+    },
 }
 
 # --- logging ----------------------------------------------------------------------------

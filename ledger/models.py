@@ -4,18 +4,42 @@ state is made by a function in ``ledger/services/``."""
 import uuid
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from ledger.chain import GENESIS_HASH
-from ledger.states import EffectClass, LeaseEnd, Phase, RunStatus, WorkerStatus
+from ledger.states import (
+    BreakerState,
+    BudgetKind,
+    CapabilityStatus,
+    EffectClass,
+    LeaseEnd,
+    Phase,
+    ReservationState,
+    RunStatus,
+    WorkerStatus,
+)
 from ledger.versioning import Versioned
 
 
 class Tenant(Versioned):
+    """Unit of isolation. Roles are django-guardian object permissions on the tenant."""
+
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The current TenantPolicy version (every change is a new version row).
+    policy_version = models.PositiveIntegerField(default=1)
+    breaker_state = models.CharField(max_length=16, choices=BreakerState.choices, default=BreakerState.NORMAL)
+    breaker_reason = models.CharField(max_length=300, blank=True, default="")
+    breaker_changed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        permissions = [
+            ("operate_tenant", "Claim and resolve reconciliation cases"),
+            ("approve_tenant", "Approve or deny approval requests"),
+            ("administer_tenant", "Revoke and rotate credentials, change policy, drain workers, grant roles"),
+        ]
 
     def __str__(self) -> str:
         return self.slug
@@ -47,6 +71,8 @@ class Run(Versioned):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="runs")
+    # A child run (a sub-agent) never holds more authority than its parent granted it.
+    parent = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="children")
     external_id = models.CharField(max_length=200, null=True, blank=True)
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -170,6 +196,18 @@ class Operation(Versioned):
     provider_request_id = models.CharField(max_length=200, blank=True, default="")
     actual_cost_cents = models.BigIntegerField(null=True, blank=True)
     error_code = models.CharField(max_length=64, blank=True, default="")
+    # Authority: what the last decision rested on, re-checked at dispatch.
+    payload_bytes = models.PositiveIntegerField(null=True, blank=True)
+    credential_lease = models.ForeignKey(
+        "CredentialLease", on_delete=models.PROTECT, null=True, blank=True, related_name="operations"
+    )
+    capability = models.ForeignKey(
+        "CapabilityBudget", on_delete=models.PROTECT, null=True, blank=True, related_name="operations"
+    )
+    decision_policy_version = models.PositiveIntegerField(null=True, blank=True)
+    decision_code = models.CharField(max_length=32, blank=True, default="")
+    # How a person resolved an UNKNOWN outcome: HAPPENED, DID_NOT_HAPPEN or COMPENSATED.
+    reconciliation = models.CharField(max_length=16, blank=True, default="")
 
     class Meta:
         constraints = [
@@ -233,3 +271,124 @@ class Checkpoint(Versioned):
             models.CheckConstraint(condition=Q(seq__gte=1), name="checkpoint_seq_positive"),
         ]
         ordering = ["run", "seq"]
+
+
+class TenantPolicy(Versioned):
+    """One version of a tenant's policy. Never changed: a change is a new version."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="policies")
+    version = models.PositiveIntegerField()
+    document = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.CharField(max_length=150)
+    reason = models.CharField(max_length=500)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "version"], name="policy_unique_version")]
+        ordering = ["tenant", "version"]
+
+
+class Credential(Versioned):
+    """A principal whose secret lives elsewhere: only a reference and its version are kept."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="credentials")
+    principal = models.CharField(max_length=200)
+    version = models.PositiveIntegerField(default=1)
+    secret_ref = models.CharField(max_length=300)
+    created_at = models.DateTimeField(auto_now_add=True)
+    rotated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "principal"], name="credential_unique_principal")]
+
+
+class CredentialLease(Versioned):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="credential_leases")
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="credential_leases")
+    credential = models.ForeignKey(Credential, on_delete=models.PROTECT, related_name="leases")
+    version = models.PositiveIntegerField()
+    actions = models.JSONField()
+    resources = models.JSONField()
+    issued_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=150, blank=True, default="")
+    revoke_reason = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "revoked_at", "expires_at"], name="credlease_active")]
+
+
+class CapabilityBudget(Versioned):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="capabilities")
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="capabilities")
+    tool = models.CharField(max_length=100)
+    actions = models.JSONField()
+    resources = models.JSONField()
+    max_calls = models.PositiveIntegerField()
+    used_calls = models.PositiveIntegerField(default=0)
+    max_bytes = models.BigIntegerField(null=True, blank=True)
+    used_bytes = models.BigIntegerField(default=0)
+    expires_at = models.DateTimeField()
+    approval = models.CharField(max_length=8)
+    status = models.CharField(max_length=20, choices=CapabilityStatus.choices)
+    policy_version = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(used_calls__lte=F("max_calls")), name="capability_calls_within_limit"),
+            models.CheckConstraint(
+                condition=Q(max_bytes__isnull=True) | Q(used_bytes__lte=F("max_bytes")),
+                name="capability_bytes_within_limit",
+            ),
+        ]
+        indexes = [models.Index(fields=["run", "tool"], name="capability_run_tool")]
+
+
+class CostWindow(Versioned):
+    """Spend of one budget key in one time window. The check constraint is invariant 7."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="cost_windows")
+    kind = models.CharField(max_length=16, choices=BudgetKind.choices)
+    key = models.CharField(max_length=200)
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    limit_cents = models.BigIntegerField()
+    reserved_cents = models.BigIntegerField(default=0)
+    settled_cents = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "kind", "key", "starts_at"], name="costwindow_unique"),
+            models.CheckConstraint(
+                condition=Q(reserved_cents__gte=0, settled_cents__gte=0)
+                & Q(limit_cents__gte=F("reserved_cents") + F("settled_cents")),
+                name="costwindow_within_limit",
+            ),
+        ]
+
+
+class CostReservation(Versioned):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="cost_reservations")
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="cost_reservations")
+    operation = models.ForeignKey(Operation, on_delete=models.PROTECT, related_name="cost_reservations")
+    attempt = models.PositiveIntegerField()
+    provider = models.CharField(max_length=100, blank=True, default="")
+    estimated_cents = models.BigIntegerField()
+    actual_cents = models.BigIntegerField(null=True, blank=True)
+    state = models.CharField(max_length=16, choices=ReservationState.choices, default=ReservationState.RESERVED)
+    windows = models.ManyToManyField(CostWindow, related_name="reservations")
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["operation", "attempt"], name="reservation_one_per_attempt"),
+        ]
+        indexes = [models.Index(fields=["state", "expires_at"], name="reservation_open")]
+

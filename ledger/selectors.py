@@ -80,3 +80,13 @@ def run_indicators(run: Run) -> dict[str, dict]:
     else:
         certainty = {"value": "CERTAIN", "counts": counts, "reason": None}
     return {"completeness": completeness, "integrity": integrity, "authorization": authorization, "certainty": certainty}
+
+
+def approval_get(*, tenant: Tenant, approval_id: object):
+    from approvals.models import ApprovalRequest
+
+    approval = ApprovalRequest.objects.filter(tenant=tenant, pk=parse_id(approval_id, "approval")).first()
+    if approval is None:
+        raise NotFound("approval not found")
+    return approval
+

@@ -83,3 +83,32 @@ def sources_of(target: Phase) -> frozenset[Phase]:
 
 def can_move(source: str, target: str) -> bool:
     return Phase(target) in PHASE_TRANSITIONS[Phase(source)]
+
+
+class BreakerState(models.TextChoices):
+    NORMAL = "NORMAL"
+    THROTTLED = "THROTTLED"
+    DEGRADED = "DEGRADED"
+    OPEN = "OPEN"
+    UNKNOWN = "UNKNOWN"
+
+
+class CapabilityStatus(models.TextChoices):
+    ACTIVE = "ACTIVE"
+    PENDING_APPROVAL = "PENDING_APPROVAL"
+    DENIED = "DENIED"
+
+
+class BudgetKind(models.TextChoices):
+    RUN = "RUN"
+    TENANT = "TENANT"
+    PROVIDER = "PROVIDER"
+    RETRY = "RETRY"
+
+
+class ReservationState(models.TextChoices):
+    RESERVED = "RESERVED"
+    SETTLED = "SETTLED"
+    RELEASED = "RELEASED"
+    UNKNOWN = "UNKNOWN"
+

@@ -17,3 +17,11 @@ def verify_ledger_task(run_id: str | None = None) -> dict:
     """Verify runs whose chain moved (bounded batch), or one run; seals checkpoints."""
     result = ledger_verify(run_ids=[run_id] if run_id else None)
     return {"runs": result.runs, "events": result.events, "broken": result.broken}
+
+
+@shared_task(acks_late=True, autoretry_for=(ConnectionError,), retry_backoff=True, max_retries=5)
+def expire_reservations_task() -> dict:
+    """Cost reservations past their TTL become UNKNOWN (bounded batches, SKIP LOCKED)."""
+    from ledger.services.costs import reservations_expire
+
+    return {"reservations": reservations_expire()}

@@ -10,8 +10,16 @@ from ledger import selectors
 from ledger.api import errors
 from ledger.api.auth import WorkerBearer
 from ledger.api.schemas import (
+    ApprovalOut,
+    ApprovalRequiredOut,
+    CapabilityIn,
+    CapabilityOut,
+    DecisionError,
+    RetryOut,
     AuthorizedOut,
     AuthorizeIn,
+    CredentialLeaseIn,
+    CredentialLeaseOut,
     Error,
     EventAppendedOut,
     EventIn,
@@ -40,7 +48,8 @@ from ledger.chain import format_time
 from ledger.models import Checkpoint, Event
 from ledger.services.events import phase_count_field
 from ledger.states import Phase
-from ledger.services import leases, notes, operations, retry, runs
+from ledger.services import capabilities, leases, notes, operations, retry, runs
+from ledger.services import credentials as credential_services
 from ledger.services.fencing import fence_check
 from ledger.services.operations import Intent
 
@@ -64,9 +73,11 @@ DESCRIPTION = """
 Fenceline's worker API. Authenticate with `Authorization: Bearer <worker token>`; the
 tenant comes from the token. Every refusal is `{"error": CODE, "detail": "..."}`.
 
-**Authorization is a placeholder in this version:** `authorize` returns ALLOW for any
-operation of the caller's run presented with the run's current fencing token. Tenant
-policy, credential leases and budgets will replace it.
+`authorize` and `dispatch` decide under the tenant's current policy version: credential
+lease, policy, capability budget, cost breaker and human approval, in that order; `dispatch`
+repeats every check and reserves one capability call and the worst-case cost. A new tenant
+starts on the starter policy: any tool, approval none, TTL up to 3600 s, up to 100 calls,
+no credential required, no cost limit.
 """
 
 api = NinjaAPI(
@@ -138,7 +149,12 @@ def _op_out(op) -> dict:
 @api.post("/runs", response={201: RunCreatedOut, 200: RunCreatedOut, 401: E, 422: E}, tags=["runs"])
 def create_run(request, body: RunCreateIn):
     """Create a run. The same external_id returns the existing run with 200."""
-    run, created = runs.run_create(worker=request.worker, schema_version=body.schema_version, external_id=body.external_id)
+    run, created = runs.run_create(
+        worker=request.worker,
+        schema_version=body.schema_version,
+        external_id=body.external_id,
+        parent_run_id=body.parent_run_id,
+    )
     return Status(201 if created else 200, {"run_id": str(run.pk), "status": run.status})
 
 
@@ -220,24 +236,78 @@ def get_operation(request, operation_id: str):
 
 @api.post(
     "/operations/{operation_id}/authorize",
-    response={200: AuthorizedOut, 401: E, 404: E, 409: PhaseError | Error, 422: E},
+    response={200: AuthorizedOut, 202: ApprovalRequiredOut, 401: E, 403: DecisionError, 404: E, 409: PhaseError | Error, 422: E},
     tags=["operations"],
 )
 def authorize_operation(request, operation_id: str, body: AuthorizeIn):
-    """Placeholder: ALLOW for any operation of the caller's run with the current token."""
-    op = operations.operation_authorize(worker=request.worker, operation_id=operation_id, fencing_token=body.fencing_token)
+    """Decide under the tenant's current policy: the credential lease (if named or required),
+    the policy, the run's capability, the cost breaker, and a person's approval where the
+    policy asks for one. 403 carries the DENY_* code in `error` and `decision`."""
+    op = operations.operation_authorize(
+        worker=request.worker,
+        operation_id=operation_id,
+        fencing_token=body.fencing_token,
+        credential_lease_id=body.credential_lease_id,
+    )
     return {"decision": "ALLOW", "phase": op.phase}
 
 
 @api.post(
     "/operations/{operation_id}/dispatch",
-    response={200: PhaseOut, 401: E, 404: E, 409: PhaseError | Error, 422: E},
+    response={200: PhaseOut, 401: E, 403: DecisionError, 404: E, 409: PhaseError | Error, 422: E},
     tags=["operations"],
 )
 def dispatch_operation(request, operation_id: str, body: TokenIn):
-    """AUTHORIZED -> DISPATCHED. Only after a 200 here may the worker call the provider."""
+    """AUTHORIZED -> DISPATCHED after every check of authorize passes again under the current
+    policy, and one capability call and the worst-case cost are reserved. Only after a 200
+    here may the worker call the provider. 403 when authorization no longer holds."""
     op = operations.operation_dispatch(worker=request.worker, operation_id=operation_id, fencing_token=body.fencing_token)
     return {"phase": op.phase}
+
+
+@api.post(
+    "/operations/{operation_id}/retry",
+    response={200: RetryOut, 202: ApprovalRequiredOut, 401: E, 403: DecisionError, 404: E, 409: PhaseError | Error, 422: E},
+    tags=["operations"],
+)
+def retry_operation(request, operation_id: str, body: TokenIn):
+    """Start the next attempt as the retry decision allows. 409 RECONCILE_FIRST while the
+    outcome is UNKNOWN; 202 APPROVAL_REQUIRED for an operation that needs a person."""
+    op = operations.operation_retry(worker=request.worker, operation_id=operation_id, fencing_token=body.fencing_token)
+    return {"attempt": op.attempt, "phase": op.phase}
+
+
+@api.post(
+    "/runs/{run_id}/capabilities",
+    response={201: CapabilityOut, 401: E, 403: DecisionError, 404: E, 409: E, 422: E},
+    tags=["authority"],
+)
+def request_capability(request, run_id: str, body: CapabilityIn):
+    """A capability budget for one tool on this run: ACTIVE, or PENDING_APPROVAL when
+    approval is `human` (or the policy puts the tool before a person)."""
+    capability = capabilities.capability_request(
+        worker=request.worker, run_id=run_id, **body.model_dump()
+    )
+    approval = getattr(capability, "approval_request", None)
+    return Status(
+        201,
+        {"capability_id": str(capability.pk), "status": capability.status, "approval_id": str(approval.pk) if approval else None},
+    )
+
+
+@api.get("/approvals/{approval_id}", response={200: ApprovalOut, 401: E, 404: E}, tags=["authority"])
+def get_approval(request, approval_id: str):
+    approval = selectors.approval_get(tenant=request.worker.tenant, approval_id=approval_id)
+    return {
+        "approval_id": str(approval.pk),
+        "status": approval.status,
+        "kind": approval.kind,
+        "operation_id": str(approval.operation_id) if approval.operation_id else None,
+        "capability_id": str(approval.capability_id) if approval.capability_id else None,
+        "attempt": approval.attempt,
+        "expires_at": approval.expires_at,
+        "reason": approval.reason or None,
+    }
 
 
 @api.post(
@@ -333,6 +403,32 @@ def _export(run):
             for cp in checkpoints
         ],
         separators=(",", ":"),
+    )
+
+
+# --- credential leases -----------------------------------------------------------------
+
+
+@api.post(
+    "/runs/{run_id}/credential-leases",
+    response={201: CredentialLeaseOut, 401: E, 403: DecisionError, 404: E, 409: E, 422: E},
+    tags=["authority"],
+)
+def issue_credential_lease(request, run_id: str, body: CredentialLeaseIn):
+    """Lend the run the principal's current credential version for exactly these actions
+    and resources, until now + ttl_s (at most the policy's max_ttl_s). Returns a reference
+    to where the secret is kept, never the secret. 403 DENY_POLICY when the tenant policy
+    does not allow some action on some resource, or the principal is unknown; 409
+    STALE_TOKEN under a fencing token that is not current."""
+    lease = credential_services.credential_lease_issue(worker=request.worker, run_id=run_id, **body.model_dump())
+    return Status(
+        201,
+        {
+            "lease_id": str(lease.pk),
+            "credential_ref": lease.credential.secret_ref,
+            "credential_version": lease.version,
+            "expires_at": lease.expires_at,
+        },
     )
 
 

@@ -25,6 +25,9 @@ STATUS = {
     domain.WrongPhase: 409,
     domain.WorkerNotAccepting: 409,
     domain.RunCompleted: 409,
+    domain.Denied: 403,
+    domain.ApprovalRequired: 202,
+    domain.ReconcileFirst: 409,
 }
 
 
@@ -47,6 +50,8 @@ def install(api: NinjaAPI) -> None:
     def on_domain_error(request, exc: domain.DomainError):
         status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 400)
         extra = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in exc.extra.items()}
+        if isinstance(exc, domain.ApprovalRequired):  # 202: a decision, not an error
+            return api.create_response(request, {"decision": "APPROVAL_REQUIRED", "approval_id": extra["approval_id"]}, status=202)
         return refusal(api, request, status, exc.code, exc.detail, **extra)
 
     @api.exception_handler(domain.UnknownSchemaVersion)

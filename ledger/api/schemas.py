@@ -8,6 +8,7 @@ from ninja import Schema
 from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
 from ledger.services.leases import MAX_TTL_S, MIN_TTL_S
+from ledger.services import credentials as creds
 from ledger.states import EffectClass, Outcome, Phase
 
 
@@ -43,6 +44,7 @@ class PhaseError(Error):
 class RunCreateIn(In):
     schema_version: StrictInt
     external_id: Annotated[StrictStr, Field(min_length=1, max_length=200)] | None = None
+    parent_run_id: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
 
 
 class RunCreatedOut(Schema):
@@ -109,6 +111,7 @@ class OperationIn(In):
     args_digest: Annotated[StrictStr, Field(max_length=100, pattern=r"^[A-Za-z0-9:_\-]*$")] = ""
     provider: Annotated[StrictStr, Field(max_length=100)] = ""
     estimated_cost_cents: Cents | None = None
+    payload_bytes: Annotated[StrictInt, Field(ge=0)] | None = None
 
 
 class OperationCreatedOut(Schema):
@@ -190,3 +193,69 @@ class FenceCheckIn(In):
 
 class FenceCheckOut(Schema):
     valid: bool
+
+
+class CredentialLeaseIn(In):
+    fencing_token: Token
+    principal: Annotated[StrictStr, Field(min_length=1, max_length=creds.MAX_PRINCIPAL_LENGTH)]
+    actions: Annotated[
+        list[Annotated[StrictStr, Field(min_length=1, max_length=creds.MAX_ACTION_LENGTH)]],
+        Field(min_length=1, max_length=creds.MAX_LEASE_ACTIONS),
+    ]
+    resources: Annotated[
+        list[Annotated[StrictStr, Field(min_length=1, max_length=creds.MAX_RESOURCE_LENGTH)]],
+        Field(min_length=1, max_length=creds.MAX_LEASE_RESOURCES),
+    ]
+    # Bounded again by the tenant policy's max_ttl_s (422 naming the maximum).
+    ttl_s: Annotated[StrictInt, Field(ge=1, le=creds.MAX_LEASE_TTL_S)]
+
+
+class CredentialLeaseOut(Schema):
+    lease_id: str
+    credential_ref: str  # where the secret is kept (e.g. vault:kv/github-bot), never the secret
+    credential_version: int
+    expires_at: datetime
+
+
+class DecisionError(Error):
+    decision: str
+    budget: str | None = None
+
+
+class ApprovalRequiredOut(Schema):
+    decision: Literal["APPROVAL_REQUIRED"]
+    approval_id: str
+
+
+class CapabilityIn(In):
+    fencing_token: Token
+    tool: Name
+    actions: Annotated[list[Name], Field(min_length=1, max_length=50)]
+    resources: Annotated[list[Annotated[StrictStr, Field(min_length=1, max_length=500)]], Field(min_length=1, max_length=50)]
+    max_calls: Annotated[StrictInt, Field(ge=1)]
+    max_bytes: Annotated[StrictInt, Field(ge=1)] | None = None
+    ttl_s: Ttl
+    approval: Literal["none", "human"] = "none"
+
+
+class CapabilityOut(Schema):
+    capability_id: str
+    status: str
+    approval_id: str | None = None
+
+
+class RetryOut(Schema):
+    attempt: int
+    phase: Phase
+
+
+class ApprovalOut(Schema):
+    approval_id: str
+    status: str
+    kind: str
+    operation_id: str | None
+    capability_id: str | None
+    attempt: int | None
+    expires_at: datetime
+    reason: str | None = None
+

@@ -80,7 +80,33 @@ class RunCompleted(DomainError):
     code = "RUN_COMPLETED"
 
 
+class Denied(DomainError):
+    """An authority check refused: the code is DENY_REVOKED, DENY_EXPIRED,
+    DENY_STALE_VERSION, DENY_ACTION, DENY_RESOURCE, DENY_NO_CAPABILITY, DENY_BUDGET or
+    DENY_POLICY. A budget refusal names the budget in ``budget``."""
+
+    def __init__(self, code: str, detail: str, **extra: object) -> None:
+        super().__init__(detail, decision=code, **extra)
+        self.code = code
+
+
+class ApprovalRequired(DomainError):
+    """Not an error for the caller: the decision waits for a person (HTTP 202)."""
+
+    code = "APPROVAL_REQUIRED"
+
+    def __init__(self, approval_id: object) -> None:
+        super().__init__("a person must approve this first", decision="APPROVAL_REQUIRED", approval_id=str(approval_id))
+        self.approval_id = approval_id
+
+
+class ReconcileFirst(DomainError):
+    code = "RECONCILE_FIRST"
+
+
 __all__ = [
+    "ApprovalRequired",
+    "Denied",
     "DomainError",
     "ForbiddenField",
     "IdempotencyMismatch",
@@ -88,6 +114,7 @@ __all__ = [
     "LeaseHeld",
     "LeaseLost",
     "NotFound",
+    "ReconcileFirst",
     "RunCompleted",
     "StaleToken",
     "UnknownSchemaVersion",

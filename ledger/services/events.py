@@ -8,9 +8,12 @@ the same transaction: one INSERT for the events and one UPDATE per run head.
 import json
 import re
 import uuid
+from contextlib import contextmanager
 from datetime import datetime
 
 from ledger.boundary import check_fields, check_text
+from django.db import transaction
+
 from ledger.chain import canonical_bytes, format_time, hash_bytes
 from ledger.models import Event, Run
 from ledger.services.errors import InvalidInput
@@ -98,6 +101,25 @@ class ChainBatch:
         field = phase_count_field(target)
         setattr(run, field, getattr(run, field) + 1)
         self._runs[run.pk] = run
+
+    @contextmanager
+    def savepoint(self):
+        """A database savepoint that also takes back, on an exception, the events and
+        counts this batch gathered inside it."""
+        mark = len(self.events)
+        heads = {pk: {name: getattr(run, name) for name in HEAD_FIELDS} for pk, run in self._runs.items()}
+        try:
+            with transaction.atomic():
+                yield self
+        except BaseException:
+            del self.events[mark:]
+            for pk, run in list(self._runs.items()):
+                if pk in heads:
+                    for name, value in heads[pk].items():
+                        setattr(run, name, value)
+                else:
+                    del self._runs[pk]
+            raise
 
     def commit(self) -> list[Event]:
         if not self._runs:

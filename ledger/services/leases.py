@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import CaseReason
+from approvals.services.approvals import approvals_void_for_runs
 from ledger.models import LeaseGrant, Run, RunLease, Worker
 from ledger.services.errors import InvalidInput, LeaseHeld, LeaseLost, RunCompleted, WorkerNotAccepting
 from ledger.services.events import SYSTEM_REAPER, ChainBatch, worker_actor
@@ -147,8 +148,9 @@ def lease_release(*, worker: Worker, run_id: object, owner_id: str, fencing_toke
 
 def leases_end(*, runs: list[Run], batch: ChainBatch, actor: str, end: LeaseEnd) -> int:
     """End the current ownership of ``runs`` (locked by the caller) with set-based updates:
-    clear the owners, close their history rows, move their DISPATCHED operations to
-    UNKNOWN with a case each. Returns the number of operations moved."""
+    clear the owners, close their history rows, void the approvals asked under the old
+    token, move their DISPATCHED operations to UNKNOWN with a case each. Returns the number
+    of operations moved."""
     run_ids = [run.pk for run in runs]
     RunLease.objects.filter(run_id__in=run_ids).update(owner_id=None, worker=None, expires_at=batch.now, end_reason=end)
     LeaseGrant.objects.filter(run_id__in=run_ids, ended_at__isnull=True).update(ended_at=batch.now, end_reason=end)
@@ -161,6 +163,7 @@ def leases_end(*, runs: list[Run], batch: ChainBatch, actor: str, end: LeaseEnd)
             fields={"owner_id": run.lease.owner_id, "fencing_token": run.lease.fencing_token},
         )
         run.lease.owner_id, run.lease.worker, run.lease.expires_at, run.lease.end_reason = None, None, batch.now, end
+    approvals_void_for_runs(runs=runs, batch=batch, actor=actor)
     orphans = operations_orphaned(run_ids=run_ids)
     reason = CaseReason.LEASE_LOST if end == LeaseEnd.EXPIRED else CaseReason.LEASE_RELEASED
     operations_mark_unknown(

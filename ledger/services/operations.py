@@ -8,11 +8,15 @@ from dataclasses import asdict, dataclass
 
 from django.db import IntegrityError, transaction
 
-from approvals.models import CaseReason
+from approvals.models import ApprovalKind, CaseReason
+from approvals.services.approvals import approval_open, approval_usable, approval_use
 from approvals.services.cases import case_attach_unverified_evidence, cases_open, open_case_for
 from ledger.boundary import check_fields
 from ledger.models import Operation, Run, Tenant, Worker
-from ledger.services.errors import IdempotencyMismatch, NotFound, WrongPhase
+from ledger.services import authority
+from ledger.services.errors import ApprovalRequired, Denied, IdempotencyMismatch, NotFound, ReconcileFirst, WrongPhase
+from ledger.services.policy import policy_current
+from ledger.services.retry import operation_retry_decision
 from ledger.services.events import ChainBatch, json_safe
 from ledger.services.fencing import Fenced, fenced, parse_id
 from ledger.states import OUTCOME_PHASE, EffectClass, Outcome, Phase, can_move
@@ -28,6 +32,7 @@ INTENT_PARAMETERS = (
     "args_digest",
     "provider",
     "estimated_cost_cents",
+    "payload_bytes",
 )
 
 
@@ -41,9 +46,12 @@ class Intent:
     args_digest: str = ""
     provider: str = ""
     estimated_cost_cents: int | None = None
+    payload_bytes: int | None = None
 
 
-def _transition(op: Operation, target: Phase, ctx: Fenced, *, reason: str | None = None, **changes) -> None:
+def transition(
+    op: Operation, target: Phase, ctx: Fenced, *, reason: str | None = None, event_fields: dict | None = None, **changes
+) -> None:
     """Move ``op`` to ``target`` if it is still in the phase we read, and log the event."""
     source = Phase(op.phase)
     if not can_move(source, target):
@@ -59,6 +67,7 @@ def _transition(op: Operation, target: Phase, ctx: Fenced, *, reason: str | None
     if reason:
         fields["reason"] = reason
     fields.update({k: v for k, v in changes.items() if k in _LOGGED_CHANGES and v not in (None, "")})
+    fields.update({k: v for k, v in (event_fields or {}).items() if v is not None})
     ctx.batch.append(ctx.run, f"OPERATION_{target.value}", actor=ctx.actor, fields=fields)
 
 
@@ -103,6 +112,7 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
             args_digest=intent.args_digest,
             provider=intent.provider,
             estimated_cost_cents=intent.estimated_cost_cents,
+            payload_bytes=intent.payload_bytes,
             phase=Phase.PLANNED,
             updated_at=ctx.now,
         )
@@ -149,51 +159,191 @@ def _replay(existing: Operation, run: Run, intent: Intent) -> Operation:
     return existing
 
 
-def operation_authorize(*, worker: Worker, operation_id: object, fencing_token: int) -> Operation:
-    """Placeholder authority: ALLOW for any operation of the caller's run presented with the
-    run's current token. Tenant policy, credentials and budgets replace this later."""
+def _decided(result: tuple[Operation, Exception | None]) -> Operation:
+    """Raise the refusal a fenced write recorded (after its transaction committed)."""
+    op, refusal = result
+    if refusal is not None:
+        raise refusal
+    return op
+
+
+def _deny(op: Operation, ctx: Fenced, denial: Denied) -> Denied:
+    """Record a refusal as the operation's own transition: a later decision is a new event."""
+    transition(
+        op,
+        Phase.DENIED,
+        ctx,
+        reason=denial.detail,
+        decision_code=denial.code,
+        decision_policy_version=denial.extra.get("policy_version"),
+        event_fields={"decision": denial.code, **({"budget": denial.extra["budget"]} if "budget" in denial.extra else {})},
+    )
+    return denial
+
+
+def operation_authorize(
+    *, worker: Worker, operation_id: object, fencing_token: int, credential_lease_id: object = None
+) -> Operation:
+    """Decide an operation: ALLOW (AUTHORIZED), APPROVAL_REQUIRED (PENDING_APPROVAL, raises
+    ApprovalRequired) or DENY_* (DENIED, raises Denied). See ledger.services.authority."""
     op_id = parse_id(operation_id, "operation")
 
-    def write(ctx: Fenced) -> Operation:
-        op = Operation.objects.get(pk=op_id)
+    def write(ctx: Fenced) -> tuple[Operation, Exception | None]:
+        op = Operation.objects.select_related("credential_lease").get(pk=op_id)
         if op.phase == Phase.AUTHORIZED:
-            return op
-        _transition(op, Phase.AUTHORIZED, ctx, reason="placeholder policy: allow")
-        return op
+            return op, None  # already decided; dispatch checks it all again
+        if op.phase not in (Phase.PLANNED, Phase.PENDING_APPROVAL):
+            raise WrongPhase(phase=op.phase, wanted="PLANNED or PENDING_APPROVAL")
+        try:
+            grounds = authority.evaluate(op=op, ctx=ctx, lease_id=credential_lease_id)
+        except Denied as denial:
+            return op, _deny(op, ctx, denial)
+        if grounds.needs_approval:
+            approval = grounds.waiting_for or approval_open(
+                run=ctx.run,
+                kind=ApprovalKind.OPERATION,
+                token=ctx.token,
+                ttl_s=grounds.policy["approval_ttl_s"],
+                batch=ctx.batch,
+                actor=ctx.actor,
+                operation=op,
+            )
+            if op.phase == Phase.PLANNED:
+                transition(op, Phase.PENDING_APPROVAL, ctx, reason="a person must approve", event_fields={"approval_id": approval.pk})
+            return op, ApprovalRequired(approval.pk)
+        transition(
+            op,
+            Phase.AUTHORIZED,
+            ctx,
+            reason="allowed",
+            credential_lease=grounds.lease,
+            capability=grounds.capability,
+            decision_code="ALLOW",
+            decision_policy_version=grounds.policy_version,
+            event_fields={
+                "policy_version": grounds.policy_version,
+                "credential_lease_id": grounds.lease.pk if grounds.lease else None,
+                "capability_id": grounds.capability.pk if grounds.capability else None,
+            },
+        )
+        return op, None
 
-    return fenced(
-        worker=worker,
-        run_id=_operation_run_id(worker.tenant, op_id),
-        token=fencing_token,
-        attempted="operation.authorize",
-        write=write,
+    return _decided(
+        fenced(
+            worker=worker,
+            run_id=_operation_run_id(worker.tenant, op_id),
+            token=fencing_token,
+            attempted="operation.authorize",
+            write=write,
+        )
     )
 
 
 def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: int) -> Operation:
-    """AUTHORIZED -> DISPATCHED. Only after this succeeds may the worker call the provider."""
+    """AUTHORIZED -> DISPATCHED after every authorize check passes again under the current
+    policy and the reservations hold. Only after this succeeds may the worker call the
+    provider. A refusal moves the operation to DENIED (and reserves nothing)."""
     op_id = parse_id(operation_id, "operation")
 
-    def write(ctx: Fenced) -> Operation:
-        op = Operation.objects.get(pk=op_id)
+    def write(ctx: Fenced) -> tuple[Operation, Exception | None]:
+        op = Operation.objects.select_related("credential_lease").get(pk=op_id)
         if op.phase != Phase.AUTHORIZED:
             raise WrongPhase(phase=op.phase, wanted=Phase.AUTHORIZED)
-        _transition(
-            op,
-            Phase.DISPATCHED,
-            ctx,
-            dispatched_at=ctx.now,
-            dispatch_token=ctx.token,
-            dispatch_owner_id=ctx.lease.owner_id,
-        )
-        return op
+        try:
+            with ctx.batch.savepoint():
+                grounds = authority.evaluate(op=op, ctx=ctx, at_dispatch=True)
+                if grounds.needs_approval:
+                    raise Denied("DENY_POLICY", "the approval this operation needs is missing, used, expired or void")
+                authority.reserve(op=op, ctx=ctx, grounds=grounds)
+                transition(
+                    op,
+                    Phase.DISPATCHED,
+                    ctx,
+                    dispatched_at=ctx.now,
+                    dispatch_token=ctx.token,
+                    dispatch_owner_id=ctx.lease.owner_id,
+                    policy_version_at_dispatch=grounds.policy_version,
+                    credential_version_at_dispatch=grounds.lease.version if grounds.lease else None,
+                    event_fields={
+                        "policy_version": grounds.policy_version,
+                        "credential_version": grounds.lease.version if grounds.lease else None,
+                    },
+                )
+        except Denied as denial:
+            op.refresh_from_db()
+            return op, _deny(op, ctx, denial)
+        return op, None
 
-    return fenced(
-        worker=worker,
-        run_id=_operation_run_id(worker.tenant, op_id),
-        token=fencing_token,
-        attempted="operation.dispatch",
-        write=write,
+    return _decided(
+        fenced(
+            worker=worker,
+            run_id=_operation_run_id(worker.tenant, op_id),
+            token=fencing_token,
+            attempted="operation.dispatch",
+            write=write,
+        )
+    )
+
+
+def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int) -> Operation:
+    """A new attempt of a FAILED (or reconciled as not happened) operation, as the retry
+    decision allows: RETRY / RETRY_SAME_KEY start attempt + 1 (same idempotency key);
+    RECONCILE refuses (RECONCILE_FIRST); APPROVAL asks for, or uses, an approval bound to
+    this operation, attempt, args digest and fencing token."""
+    op_id = parse_id(operation_id, "operation")
+
+    def write(ctx: Fenced) -> tuple[Operation, Exception | None]:
+        op = Operation.objects.get(pk=op_id)
+        decision, reason = operation_retry_decision(op)
+        if decision == "RECONCILE":
+            raise ReconcileFirst(reason)
+        if decision == "STOP":
+            raise WrongPhase(phase=op.phase, wanted="FAILED, or RECONCILED as not having happened")
+        version, policy = policy_current(tenant=ctx.run.tenant)
+        from ledger.services.costs import breaker_allows
+
+        refusal = breaker_allows(tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=True)
+        if refusal is not None:
+            raise refusal
+        if decision == "APPROVAL":
+            approval = approval_usable(operation=op, kind=ApprovalKind.RETRY, token=ctx.token, now=ctx.now)
+            if approval is None:
+                asked = approval_open(
+                    run=ctx.run,
+                    kind=ApprovalKind.RETRY,
+                    token=ctx.token,
+                    ttl_s=policy["approval_ttl_s"],
+                    batch=ctx.batch,
+                    actor=ctx.actor,
+                    operation=op,
+                )
+                return op, ApprovalRequired(asked.pk)
+            approval_use(approval=approval, run=ctx.run, batch=ctx.batch, actor=ctx.actor)
+        transition(
+            op,
+            Phase.PLANNED,
+            ctx,
+            reason=f"retry: {reason}",
+            attempt=op.attempt + 1,
+            dispatched_at=None,
+            dispatch_token=None,
+            dispatch_owner_id=None,
+            provider_request_id="",
+            actual_cost_cents=None,
+            error_code="",
+            reconciliation="",
+            decision_code="",
+        )
+        return op, None
+
+    return _decided(
+        fenced(
+            worker=worker,
+            run_id=_operation_run_id(worker.tenant, op_id),
+            token=fencing_token,
+            attempted="operation.retry",
+            write=write,
+        )
     )
 
 
@@ -238,7 +388,7 @@ def operation_report_outcome(
                 changes=changes,
             )
         else:
-            _transition(op, target, ctx, **changes)
+            transition(op, target, ctx, **changes)
         return op
 
     def on_refused(ctx: Fenced, reason: str) -> None:

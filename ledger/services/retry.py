@@ -22,6 +22,8 @@ def operation_retry_decision(op: Operation) -> tuple[str, str]:
         return "STOP", "the operation was denied"
     if phase in (Phase.PLANNED, Phase.PENDING_APPROVAL, Phase.AUTHORIZED):
         return "STOP", f"nothing to retry: attempt {op.attempt} has not been dispatched"
+    if phase == Phase.RECONCILED and op.reconciliation != "DID_NOT_HAPPEN":
+        return "STOP", f"reconciled: the effect {op.reconciliation.lower().replace('_', ' ') or 'was resolved'}"
     # FAILED, or RECONCILED: decide by side-effect class and attempts spent.
     effect = EffectClass(op.effect_class)
     if effect == EffectClass.PURE and op.attempt < MAX_AUTOMATIC_ATTEMPTS:

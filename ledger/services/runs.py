@@ -4,18 +4,26 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.models import Run, RunLease, Worker
-from ledger.services.errors import RunCompleted
+from ledger.services.errors import NotFound, RunCompleted
 from ledger.services.events import ChainBatch, worker_actor
-from ledger.services.fencing import Fenced, fenced
+from ledger.services.fencing import Fenced, fenced, parse_id
 from ledger.services.leases import leases_end
 from ledger.states import LeaseEnd, RunStatus
 from ledger.versioning import CURRENT_SCHEMA_VERSION, require_known
 
 
-def run_create(*, worker: Worker, schema_version: int, external_id: str | None = None) -> tuple[Run, bool]:
-    """Create a run for the worker's tenant. Idempotent on ``external_id``: returns
-    ``(run, created)``."""
+def run_create(
+    *, worker: Worker, schema_version: int, external_id: str | None = None, parent_run_id: object = None
+) -> tuple[Run, bool]:
+    """Create a run for the worker's tenant, optionally as the child of another run of the
+    tenant (its capabilities then come out of the parent's). Idempotent on ``external_id``:
+    returns ``(run, created)``."""
     require_known(schema_version, "request")
+    parent = None
+    if parent_run_id is not None:
+        parent = Run.objects.filter(tenant=worker.tenant, pk=parse_id(parent_run_id, "parent run")).first()
+        if parent is None:
+            raise NotFound("parent run not found")
     with transaction.atomic():
         if external_id is not None:
             existing = Run.objects.filter(tenant=worker.tenant, external_id=external_id).first()
@@ -24,7 +32,7 @@ def run_create(*, worker: Worker, schema_version: int, external_id: str | None =
         try:
             with transaction.atomic():
                 run = Run.objects.create(
-                    tenant=worker.tenant, external_id=external_id, schema_version=CURRENT_SCHEMA_VERSION
+                    tenant=worker.tenant, external_id=external_id, parent=parent, schema_version=CURRENT_SCHEMA_VERSION
                 )
         except IntegrityError:
             existing = Run.objects.filter(tenant=worker.tenant, external_id=external_id).first()
@@ -37,7 +45,11 @@ def run_create(*, worker: Worker, schema_version: int, external_id: str | None =
             run,
             "RUN_CREATED",
             actor=worker_actor(worker, "-"),
-            fields={"external_id": external_id, "schema_version": CURRENT_SCHEMA_VERSION},
+            fields={
+                "external_id": external_id,
+                "schema_version": CURRENT_SCHEMA_VERSION,
+                **({"parent_run_id": parent.pk} if parent else {}),
+            },
         )
         batch.commit()
     return run, True

@@ -10,6 +10,7 @@ from django.utils.text import slugify
 from ledger.boundary import check_text
 from ledger.models import Tenant, Worker
 from ledger.services.errors import InvalidInput
+from ledger.services.policy import policy_create_starter
 
 TOKEN_PREFIX = "flw_"
 
@@ -19,10 +20,15 @@ def token_digest(token: str) -> str:
 
 
 def tenant_ensure(*, slug: str, name: str | None = None) -> tuple[Tenant, bool]:
+    """The tenant with this slug, created on the starter policy when missing."""
     clean = slugify(slug)
     if not clean or clean != slug:
         raise InvalidInput("tenant must be a slug: lowercase letters, digits and dashes")
-    return Tenant.objects.get_or_create(slug=clean, defaults={"name": name or clean})
+    with transaction.atomic():
+        tenant, created = Tenant.objects.get_or_create(slug=clean, defaults={"name": name or clean})
+        if created:
+            policy_create_starter(tenant=tenant)
+    return tenant, created
 
 
 @transaction.atomic

@@ -21,7 +21,7 @@ def test_openapi_schema_lists_every_worker_call(live_server):
         "/api/v1/operations/{operation_id}/retry-decision",
         "/api/v1/fence/check",
     } <= paths
-    assert "placeholder" in schema["info"]["description"].lower()
+    assert "starter policy" in schema["info"]["description"]
     assert schema["components"]["securitySchemes"]
 
 

@@ -35,6 +35,7 @@ import argparse
 import multiprocessing as mp
 import os
 import platform
+import queue
 import re
 import resource
 import shutil
@@ -56,7 +57,8 @@ KINDS = ("acquire", "intend", "authorize", "dispatch", "outcome", "release")
 TENANT_SLUG = "bench"
 LEASE_TTL_S = 600
 PROGRESS_EVERY_S = 3.0
-OWN_DATABASE_PREFIXES = ("fenceline_bench",)
+BENCH_DB = "fenceline_bench"  # dropped and recreated by every run; no other database is dropped
+PGBENCH_DB = "fenceline_pgbench"  # created if missing; pgbench -i rebuilds its tables
 WARMUP_RUNS = 3
 
 
@@ -124,8 +126,8 @@ def recreate_database(server: Server, name: str) -> None:
     """Drop (if present) and create the benchmark's own database ``name``."""
     from psycopg import sql
 
-    if not name.startswith(OWN_DATABASE_PREFIXES):
-        raise BenchError(f"refusing to drop database {name!r}: only fenceline_bench* databases are recreated")
+    if name != BENCH_DB:
+        raise BenchError(f"refusing to drop database {name!r}: only {BENCH_DB} is recreated")
     with server.connect_admin() as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -334,7 +336,9 @@ def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_
         call("release", lease_release, worker=worker, run_id=run.pk, owner_id=owner, fencing_token=token)
 
 
-def worker_main(index, database_url, worker_pk, ops_per_lease, seconds, key_prefix, counters, ready, go, start_at, results, profile_path):
+def worker_main(
+    index, database_url, worker_pk, ops_per_lease, seconds, key_prefix, counters, ready, go, start_at, results, profile
+):
     """One benchmark process. Reports ("ready", i), then ("result", i, {...}) or ("error", i, text)."""
     try:
         django_setup(database_url)
@@ -380,12 +384,12 @@ def worker_main(index, database_url, worker_pk, ops_per_lease, seconds, key_pref
 
         cpu_before = resource.getrusage(resource.RUSAGE_SELF)
         with connection.execute_wrapper(meter):
-            if profile_path and index == 0:
+            if profile and index == 0:
                 import cProfile
 
                 profiler = cProfile.Profile()
                 profiler.runcall(loop)
-                profiler.dump_stats(profile_path)
+                profiler.dump_stats(profile)
             else:
                 loop()
         finished = time.monotonic()
@@ -493,7 +497,10 @@ def run_fenced(server: Server, database: str, worker_pks: list[int], args) -> di
     procs = [
         ctx.Process(
             target=worker_main,
-            args=(i, url, worker_pks[i], args.ops_per_lease, args.seconds, key_prefix, counters, ready, go, start_at, results, args.profile),
+            args=(
+                i, url, worker_pks[i], args.ops_per_lease, args.seconds, key_prefix,
+                counters, ready, go, start_at, results, args.profile,
+            ),  # fmt: skip
             name=f"bench-worker-{i}",
         )
         for i in range(n)
@@ -503,7 +510,10 @@ def run_fenced(server: Server, database: str, worker_pks: list[int], args) -> di
         proc.start()
     try:
         for _ in range(n):
-            message = ready.get(timeout=120)
+            try:
+                message = ready.get(timeout=120)
+            except queue.Empty:
+                raise BenchError("the worker processes did not connect within 120 s") from None
             if message[0] == "error":
                 raise BenchError(f"worker {message[1]} failed during start-up: {message[2]}")
         stats = ServerStats(server, database)
@@ -793,15 +803,13 @@ def report(context: dict, args, fenced: dict, pg: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", "-n", type=int, default=4, help="worker processes and pgbench clients (default 4)")
-    parser.add_argument("--seconds", "-s", type=float, default=15, help="duration of each phase (default 15)")
+    parser.add_argument("--seconds", "-s", type=int, default=15, help="duration of each phase (default 15)")
     parser.add_argument(
         "--database-url",
         default=os.environ.get("DATABASE_URL") or DEFAULT_URL,
         help="any database on the PostgreSQL server to use (default $DATABASE_URL or %(default)s); "
         "the benchmark uses its own databases on that server",
     )
-    parser.add_argument("--bench-db", default="fenceline_bench", help="database for the fenced phase (default %(default)s)")
-    parser.add_argument("--pgbench-db", default="fenceline_pgbench", help="database for pgbench (default %(default)s)")
     parser.add_argument("--scale", type=int, default=10, help="pgbench -i scale factor (default %(default)s)")
     parser.add_argument("--ops-per-lease", type=int, default=20, help="operations per lease before release (default 20)")
     parser.add_argument(
@@ -827,8 +835,6 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError("psycopg is not installed in this interpreter; use .venv/bin/python") from None
         server = Server(args.database_url)
         pgbench = shutil.which(args.pgbench)
-        if not args.bench_db.startswith("fenceline_bench") or not args.pgbench_db.startswith("fenceline_pgbench"):
-            raise BenchError("--bench-db must start with fenceline_bench and --pgbench-db with fenceline_pgbench")
         if not args.skip_pgbench and not pgbench:
             raise BenchError(f"pgbench not found ({args.pgbench!r}); install postgresql-client or pass --pgbench PATH")
         context = machine_context(server)  # fails here, with the reason, if PostgreSQL is down
@@ -836,8 +842,8 @@ def main(argv: list[str] | None = None) -> int:
             f"[setup] {context['cores']} cores, load average {context['load'][0]:.2f}; PostgreSQL "
             f"{context['postgresql']} at {server.host}:{server.port}; N={args.workers}, S={args.seconds:g}"
         )
-        worker_pks = prepare_fenced_db(server, args.bench_db, args.workers, analyze=not args.no_analyze)
-        fenced = run_fenced(server, args.bench_db, worker_pks, args)
+        worker_pks = prepare_fenced_db(server, BENCH_DB, args.workers, analyze=not args.no_analyze)
+        fenced = run_fenced(server, BENCH_DB, worker_pks, args)
         say(f"[fenced] done: {fenced['total']:,} transitions in {fenced['elapsed']:.1f} s = {fenced['tps']:,.1f}/s")
         if args.skip_pgbench:
             pg = {"tps": float("nan"), "latency_ms": float("nan"), "transactions": None, "elapsed": args.seconds,
@@ -847,8 +853,8 @@ def main(argv: list[str] | None = None) -> int:
             # Initialised right before its run, as in the usual `pgbench -i; pgbench` (and the
             # SETUP-NOTES reference): its pages are newer than the last checkpoint, so the run
             # pays no full-page writes for them.
-            prepare_pgbench(server, args.pgbench_db, pgbench, args.scale)
-            pg = run_pgbench(server, args.pgbench_db, pgbench, args)
+            prepare_pgbench(server, PGBENCH_DB, pgbench, args.scale)
+            pg = run_pgbench(server, PGBENCH_DB, pgbench, args)
             say(f"[pgbench] done: {pg['tps']:,.1f} TPS")
         report(context, args, fenced, pg)
     except BenchError as exc:

@@ -1,0 +1,27 @@
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
+
+from ledger.services.costs import ExpiryResult, reservations_expire
+
+
+class Command(BaseCommand):
+    help = (
+        "Cost reservations past their TTL become UNKNOWN (still counted against their budgets) "
+        "with a COST_UNKNOWN event each; the tenants' cost breakers are re-evaluated."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--batch-size", type=int, default=500, help="reservations claimed per transaction")
+
+    def handle(self, *args, batch_size=500, **options):
+        if batch_size < 1:
+            raise CommandError("--batch-size must be at least 1")
+
+        def progress(result: ExpiryResult) -> None:
+            self.stderr.write(f"  batch {result.batches}: {result.reservations} reservations UNKNOWN so far")
+
+        try:
+            expired = reservations_expire(batch_size=batch_size, progress=progress)
+        except DatabaseError as exc:
+            raise CommandError(f"expiring reservations failed: {type(exc).__name__}") from exc
+        self.stdout.write(f"expired {expired} cost reservations; they are now UNKNOWN")

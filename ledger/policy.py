@@ -1,0 +1,132 @@
+"""Tenant policy documents: their shape, the starter policy, and pure questions about them.
+
+A policy is a JSON document stored as one immutable TenantPolicy row per version. This
+module only reads documents; ``ledger.services.policy`` stores and changes them.
+
+    {
+      "starter": true,                      # still on the starter policy (the console marks it)
+      "rules": [                            # what may be requested: first rule naming the tool wins
+        {"tool": "*", "actions": ["*"], "resources": ["*"]}
+      ],
+      "human_approval_tools": [],           # tools that always need a person's approval
+      "require_credential": false,          # must authorize name a credential lease?
+      "require_capability": false,          # must the run hold a capability for the tool?
+      "max_ttl_s": 3600,                    # longest capability / credential lease
+      "max_calls": 100,                     # most calls one capability may grant
+      "max_bytes": null,                    # most bytes one capability may grant (null: no cap)
+      "approval_ttl_s": 3600,               # how long an approval request stays answerable
+      "cost_window_s": 86400,               # length of a cost window
+      "cost_limits_cents": {                # null: no limit for that key
+        "run": null, "tenant": null, "retry": null, "provider": {}
+      },
+      "reservation_ttl_s": 900,             # a reservation older than this becomes UNKNOWN
+      "breaker": {                          # share of the tenant limit (reserved + settled)
+        "throttled_at": 0.6, "degraded_at": 0.85, "open_at": 1.0,
+        "throttled_max_dispatched": 2       # in-flight operations allowed while THROTTLED
+      }
+    }
+
+Patterns in rules use shell-style wildcards (``repo:acme/*``). Capability and credential
+scopes are matched exactly at dispatch; policy rules bound what may be requested.
+"""
+
+import copy
+from fnmatch import fnmatchcase
+
+from ledger.services.errors import InvalidInput
+
+STARTER_POLICY: dict = {
+    "starter": True,
+    "rules": [{"tool": "*", "actions": ["*"], "resources": ["*"]}],
+    "human_approval_tools": [],
+    "require_credential": False,
+    "require_capability": False,
+    "max_ttl_s": 3600,
+    "max_calls": 100,
+    "max_bytes": None,
+    "approval_ttl_s": 3600,
+    "cost_window_s": 86400,
+    "cost_limits_cents": {"run": None, "tenant": None, "retry": None, "provider": {}},
+    "reservation_ttl_s": 900,
+    "breaker": {"throttled_at": 0.6, "degraded_at": 0.85, "open_at": 1.0, "throttled_max_dispatched": 2},
+}
+
+
+def starter_policy() -> dict:
+    return copy.deepcopy(STARTER_POLICY)
+
+
+def _positive_int(document: dict, name: str, *, nullable: bool = False) -> None:
+    value = document.get(name)
+    if value is None and nullable:
+        return
+    if type(value) is not int or value < 1:
+        raise InvalidInput(f"policy.{name} must be a positive integer{' or null' if nullable else ''}")
+
+
+def _strings(value: object, path: str) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise InvalidInput(f"{path} must be a non-empty list of strings")
+    return value
+
+
+def validate_policy(document: object) -> dict:
+    """The document completed with the starter defaults, or InvalidInput naming the field."""
+    if not isinstance(document, dict):
+        raise InvalidInput("policy must be a JSON object")
+    unknown = set(document) - set(STARTER_POLICY)
+    if unknown:
+        raise InvalidInput(f"policy has unknown field(s): {', '.join(sorted(unknown))}")
+    merged = {**starter_policy(), **copy.deepcopy(document), "starter": False}
+    if not isinstance(merged["rules"], list):
+        raise InvalidInput("policy.rules must be a list")
+    for index, rule in enumerate(merged["rules"]):
+        if not isinstance(rule, dict) or set(rule) != {"tool", "actions", "resources"} or not isinstance(rule["tool"], str):
+            raise InvalidInput(f"policy.rules.{index} must be {{tool, actions, resources}}")
+        _strings(rule["actions"], f"policy.rules.{index}.actions")
+        _strings(rule["resources"], f"policy.rules.{index}.resources")
+    if not isinstance(merged["human_approval_tools"], list):
+        raise InvalidInput("policy.human_approval_tools must be a list of tool names")
+    for flag in ("require_credential", "require_capability"):
+        if not isinstance(merged[flag], bool):
+            raise InvalidInput(f"policy.{flag} must be true or false")
+    for name in ("max_ttl_s", "max_calls", "approval_ttl_s", "cost_window_s", "reservation_ttl_s"):
+        _positive_int(merged, name)
+    _positive_int(merged, "max_bytes", nullable=True)
+    limits = merged["cost_limits_cents"]
+    if not isinstance(limits, dict) or set(limits) != {"run", "tenant", "retry", "provider"}:
+        raise InvalidInput("policy.cost_limits_cents must have run, tenant, retry and provider")
+    for key in ("run", "tenant", "retry"):
+        if limits[key] is not None and (type(limits[key]) is not int or limits[key] < 0):
+            raise InvalidInput(f"policy.cost_limits_cents.{key} must be cents (an integer >= 0) or null")
+    if not isinstance(limits["provider"], dict) or any(type(v) is not int or v < 0 for v in limits["provider"].values()):
+        raise InvalidInput("policy.cost_limits_cents.provider must map provider names to cents")
+    breaker = merged["breaker"]
+    if not isinstance(breaker, dict) or set(breaker) != set(STARTER_POLICY["breaker"]):
+        raise InvalidInput("policy.breaker must have throttled_at, degraded_at, open_at, throttled_max_dispatched")
+    shares = [breaker["throttled_at"], breaker["degraded_at"], breaker["open_at"]]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in shares) or not 0 < shares[0] <= shares[1] <= shares[2] <= 1:
+        raise InvalidInput("policy.breaker thresholds must satisfy 0 < throttled_at <= degraded_at <= open_at <= 1")
+    if type(breaker["throttled_max_dispatched"]) is not int or breaker["throttled_max_dispatched"] < 1:
+        raise InvalidInput("policy.breaker.throttled_max_dispatched must be a positive integer")
+    return merged
+
+
+def rule_for(policy: dict, tool: str) -> dict | None:
+    return next((rule for rule in policy["rules"] if fnmatchcase(tool, rule["tool"])), None)
+
+
+def allows(policy: dict, *, tool: str, action: str, resource: str) -> str | None:
+    """None when the policy lets ``tool`` do ``action`` on ``resource``; else why not."""
+    rule = rule_for(policy, tool)
+    if rule is None:
+        return f"policy has no rule for tool {tool!r}"
+    if not any(fnmatchcase(action, pattern) for pattern in rule["actions"]):
+        return f"policy does not allow action {action!r} for tool {tool!r}"
+    if not any(fnmatchcase(resource, pattern) for pattern in rule["resources"]):
+        return f"policy does not allow this resource for tool {tool!r}"
+    return None
+
+
+def needs_human(policy: dict, tool: str) -> bool:
+    return any(fnmatchcase(tool, pattern) for pattern in policy["human_approval_tools"])

@@ -1,0 +1,137 @@
+"""Authority at authorize and at dispatch: the checks, in one order, in one place.
+
+1. the credential lease (the Credential Lease article's order): DENY_REVOKED,
+   DENY_EXPIRED, DENY_STALE_VERSION, DENY_ACTION, DENY_RESOURCE — or DENY_POLICY when the
+   policy requires a lease and none is named;
+2. the tenant policy in force now: DENY_POLICY;
+3. the run's capability for the tool, matched exactly: DENY_NO_CAPABILITY, DENY_EXPIRED,
+   DENY_BUDGET (calls or bytes spent);
+4. the tenant's cost breaker: DENY_BUDGET;
+5. a person's approval where the policy asks for one: APPROVAL_REQUIRED.
+
+Dispatch runs all of it again under the current policy version and then, in a savepoint of
+the same transaction as the phase change, reserves one capability call (and its bytes), the
+worst-case cost on every budget key, and consumes the approval. Any refusal takes back every
+reservation of that attempt.
+"""
+
+from dataclasses import dataclass
+
+from django.db.models import F
+
+from approvals.models import ApprovalKind, ApprovalRequest
+from approvals.services.approvals import approval_usable, approval_use
+from ledger.models import CapabilityBudget, Credential, CredentialLease, Operation
+from ledger.policy import allows, needs_human
+from ledger.services.errors import Denied
+from ledger.services.fencing import Fenced, parse_id
+from ledger.services.policy import policy_current
+from ledger.states import CapabilityStatus
+
+
+@dataclass
+class Grounds:
+    """What an ALLOW rests on."""
+
+    policy_version: int
+    policy: dict
+    lease: CredentialLease | None = None
+    capability: CapabilityBudget | None = None
+    approval: ApprovalRequest | None = None
+    waiting_for: ApprovalRequest | None = None  # a capability approval still pending
+    needs_approval: bool = False
+
+
+def evaluate(*, op: Operation, ctx: Fenced, lease_id: object = None, at_dispatch: bool = False) -> Grounds:
+    version, policy = policy_current(tenant=ctx.run.tenant)
+    grounds = Grounds(policy_version=version, policy=policy)
+    grounds.lease = _check_credential(op, ctx, policy, lease_id=lease_id, at_dispatch=at_dispatch)
+    why = allows(policy, tool=op.tool, action=op.action, resource=op.resource)
+    if why is not None:
+        raise Denied("DENY_POLICY", why, policy_version=version)
+    _check_capability(op, ctx, policy, grounds)
+    from ledger.services.costs import breaker_allows
+
+    refusal = breaker_allows(tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=op.attempt > 1)
+    if refusal is not None:
+        raise refusal
+    if needs_human(policy, op.tool):
+        grounds.approval = approval_usable(operation=op, kind=ApprovalKind.OPERATION, token=ctx.token, now=ctx.now)
+        grounds.needs_approval = grounds.approval is None
+    return grounds
+
+
+def _check_credential(op: Operation, ctx: Fenced, policy: dict, *, lease_id: object, at_dispatch: bool) -> CredentialLease | None:
+    if at_dispatch:
+        lease = op.credential_lease
+    elif lease_id is not None:
+        lease = CredentialLease.objects.filter(pk=parse_id(lease_id, "credential lease"), run=ctx.run).first()
+        if lease is None:
+            raise Denied("DENY_POLICY", "no such credential lease for this run")
+    else:
+        lease = None
+    if lease is None:
+        if policy["require_credential"]:
+            raise Denied("DENY_POLICY", "the tenant policy requires a credential lease for every operation")
+        return None
+    if lease.revoked_at is not None:
+        raise Denied("DENY_REVOKED", f"credential lease {lease.pk} was revoked")
+    if ctx.now >= lease.expires_at:
+        raise Denied("DENY_EXPIRED", f"credential lease {lease.pk} expired")
+    current = Credential.objects.filter(pk=lease.credential_id).values_list("version", flat=True).get()
+    if lease.version != current:
+        raise Denied("DENY_STALE_VERSION", f"credential lease {lease.pk} is for version {lease.version}; current is {current}")
+    if op.action not in lease.actions:
+        raise Denied("DENY_ACTION", f"credential lease {lease.pk} does not allow action {op.action!r}")
+    if op.resource not in lease.resources:
+        raise Denied("DENY_RESOURCE", f"credential lease {lease.pk} does not cover this resource")
+    return lease
+
+
+def _check_capability(op: Operation, ctx: Fenced, policy: dict, grounds: Grounds) -> None:
+    held = list(CapabilityBudget.objects.filter(run=ctx.run, tool=op.tool).exclude(status=CapabilityStatus.DENIED))
+    if not held and not policy["require_capability"]:
+        return  # the policy does not ask for capabilities and the run holds none for this tool
+    matching = [c for c in held if op.action in c.actions and op.resource in c.resources]
+    if not matching:
+        raise Denied("DENY_NO_CAPABILITY", f"the run holds no capability for {op.tool}.{op.action} on this resource")
+    usable = [c for c in matching if c.status == CapabilityStatus.ACTIVE and c.expires_at > ctx.now]
+    if not usable:
+        pending = [c for c in matching if c.status == CapabilityStatus.PENDING_APPROVAL and c.expires_at > ctx.now]
+        if pending:
+            grounds.waiting_for = pending[0].approvals.order_by("-requested_at").first()
+            grounds.needs_approval = True
+            return
+        raise Denied("DENY_EXPIRED", f"the run's capability for {op.tool} expired")
+    need = op.payload_bytes or 0
+    for capability in usable:
+        if capability.used_calls < capability.max_calls and (
+            capability.max_bytes is None or capability.used_bytes + need <= capability.max_bytes
+        ):
+            grounds.capability = capability
+            return
+    spent = "calls" if all(c.used_calls >= c.max_calls for c in usable) else "bytes"
+    raise Denied("DENY_BUDGET", f"the run's capability for {op.tool} has no {spent} left", budget=f"capability:{spent}")
+
+
+def reserve(*, op: Operation, ctx: Fenced, grounds: Grounds) -> None:
+    """At dispatch, inside the caller's savepoint: one call (and bytes) of the capability,
+    the worst-case cost on every budget key, and the approval, each conditional."""
+    capability = grounds.capability
+    if capability is not None:
+        need = op.payload_bytes or 0
+        spend = CapabilityBudget.objects.filter(
+            pk=capability.pk,
+            status=CapabilityStatus.ACTIVE,
+            expires_at__gt=ctx.now,
+            used_calls__lt=F("max_calls"),
+        )
+        if capability.max_bytes is not None:
+            spend = spend.filter(used_bytes__lte=F("max_bytes") - need)
+        if spend.update(used_calls=F("used_calls") + 1, used_bytes=F("used_bytes") + need) != 1:
+            raise Denied("DENY_BUDGET", f"the run's capability for {op.tool} was spent meanwhile", budget="capability:calls")
+    from ledger.services.costs import cost_reserve
+
+    cost_reserve(op=op, run=ctx.run, policy=grounds.policy, batch=ctx.batch, actor=ctx.actor, now=ctx.now)
+    if grounds.approval is not None:
+        approval_use(approval=grounds.approval, run=ctx.run, batch=ctx.batch, actor=ctx.actor)

@@ -1,0 +1,122 @@
+"""Capability budgets: a run-bound, expiring contract per tool — which actions on which
+resources, how many calls and bytes — requested by the run's lease owner within the tenant
+policy, and never wider than the parent run's."""
+
+from datetime import timedelta
+
+from django.db.models import F
+
+from approvals.models import ApprovalKind
+from approvals.services.approvals import approval_open
+from ledger.models import CapabilityBudget, Worker
+from ledger.policy import allows, needs_human
+from ledger.services.errors import Denied, InvalidInput
+from ledger.services.fencing import Fenced, fenced
+from ledger.services.policy import policy_current
+from ledger.states import CapabilityStatus
+
+
+def capability_request(
+    *,
+    worker: Worker,
+    run_id: object,
+    fencing_token: int,
+    tool: str,
+    actions: list[str],
+    resources: list[str],
+    max_calls: int,
+    ttl_s: int,
+    approval: str = "none",
+    max_bytes: int | None = None,
+) -> CapabilityBudget:
+    if approval not in ("none", "human"):
+        raise InvalidInput("approval must be 'none' or 'human'")
+
+    def write(ctx: Fenced) -> CapabilityBudget:
+        version, policy = policy_current(tenant=worker.tenant)
+        _within_policy(policy, tool=tool, actions=actions, resources=resources, max_calls=max_calls, ttl_s=ttl_s, max_bytes=max_bytes)
+        expires_at = ctx.now + timedelta(seconds=ttl_s)
+        if ctx.run.parent_id is not None:
+            parent = _within_parent(ctx, tool=tool, actions=actions, resources=resources, max_calls=max_calls, max_bytes=max_bytes)
+            expires_at = min(expires_at, parent.expires_at)  # never outlives what it came from
+        human = approval == "human" or needs_human(policy, tool)
+        capability = CapabilityBudget.objects.create(
+            tenant=worker.tenant,
+            run=ctx.run,
+            tool=tool,
+            actions=actions,
+            resources=resources,
+            max_calls=max_calls,
+            max_bytes=max_bytes,
+            expires_at=expires_at,
+            approval="human" if human else "none",
+            status=CapabilityStatus.PENDING_APPROVAL if human else CapabilityStatus.ACTIVE,
+            policy_version=version,
+        )
+        ctx.batch.append(
+            ctx.run,
+            "CAPABILITY_REQUESTED" if human else "CAPABILITY_GRANTED",
+            actor=ctx.actor,
+            fields={
+                "capability_id": capability.pk,
+                "tool": tool,
+                "actions": actions,
+                "resources": resources,
+                "max_calls": max_calls,
+                "max_bytes": max_bytes,
+                "expires_at": expires_at,
+                "policy_version": version,
+            },
+        )
+        if human:
+            capability.approval_request = approval_open(
+                run=ctx.run,
+                kind=ApprovalKind.CAPABILITY,
+                token=ctx.token,
+                ttl_s=policy["approval_ttl_s"],
+                batch=ctx.batch,
+                actor=ctx.actor,
+                capability=capability,
+            )
+        return capability
+
+    return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="capability.request", write=write)
+
+
+def _within_policy(policy: dict, *, tool, actions, resources, max_calls, ttl_s, max_bytes) -> None:
+    if ttl_s > policy["max_ttl_s"]:
+        raise Denied("DENY_POLICY", f"ttl_s may be at most {policy['max_ttl_s']} under the tenant policy")
+    if max_calls > policy["max_calls"]:
+        raise Denied("DENY_POLICY", f"max_calls may be at most {policy['max_calls']} under the tenant policy")
+    if policy["max_bytes"] is not None and (max_bytes is None or max_bytes > policy["max_bytes"]):
+        raise Denied("DENY_POLICY", f"max_bytes must be set and at most {policy['max_bytes']} under the tenant policy")
+    for action in actions:
+        for resource in resources:
+            why = allows(policy, tool=tool, action=action, resource=resource)
+            if why is not None:
+                raise Denied("DENY_POLICY", why)
+
+
+def _within_parent(ctx: Fenced, *, tool, actions, resources, max_calls, max_bytes) -> CapabilityBudget:
+    """A child run's capability must fit inside one ACTIVE capability of its parent, and the
+    calls and bytes it gets are taken from the parent's (a conditional UPDATE), so the two
+    together never hold more than the parent was granted."""
+    for parent in CapabilityBudget.objects.filter(run_id=ctx.run.parent_id, tool=tool, status=CapabilityStatus.ACTIVE):
+        fits = (
+            set(actions) <= set(parent.actions)
+            and set(resources) <= set(parent.resources)
+            and (parent.max_bytes is None or max_bytes is not None)
+            and parent.expires_at > ctx.now
+        )
+        if not fits:
+            continue
+        delegated = CapabilityBudget.objects.filter(
+            pk=parent.pk,
+            status=CapabilityStatus.ACTIVE,
+            used_calls__lte=F("max_calls") - max_calls,
+        )
+        if parent.max_bytes is not None:
+            delegated = delegated.filter(used_bytes__lte=F("max_bytes") - max_bytes)
+        if delegated.update(used_calls=F("used_calls") + max_calls, used_bytes=F("used_bytes") + (max_bytes or 0)):
+            return parent
+    raise Denied("DENY_POLICY", f"wider than any capability the parent run holds for tool {tool!r}")

@@ -1,0 +1,434 @@
+"""Credentials and credential leases: create, rotate, issue, revoke.
+
+A :class:`~ledger.models.Credential` is a principal whose secret lives elsewhere (a vault):
+Fenceline keeps only a reference to it (``secret_ref``, e.g. ``vault:kv/github-bot``) and
+a version. A :class:`~ledger.models.CredentialLease` lends one run an exact scope of one
+credential version until it expires or is revoked. This module writes leases; the checks
+that read them at authorize and dispatch (revoked, expired, stale version, action and
+resource) live in ``ledger.services.authority``.
+
+Rules
+
+* **Issue** (worker, under the fence): ``ttl_s`` from 1 to the policy's ``max_ttl_s``
+  (else 422). ``actions`` and ``resources`` are non-empty lists of exact strings: no
+  ``*`` (a lease scope is matched exactly; wildcards belong to policy rules), duplicates
+  dropped. Every (action, resource) pair of the lease must be allowed by the tenant
+  policy for at least one of the tools its rules name, with the policy's own
+  first-rule-wins lookup (``ledger.policy.allows``): a credential is not bound to a
+  tool, but a lease may not grant a pair that no tool could be allowed to use. A scope
+  the policy refuses, and a principal the tenant does not have, are 403 DENY_POLICY
+  (never 404), recorded as CREDENTIAL_LEASE_DENIED in the run's chain; a granted lease is
+  CREDENTIAL_LEASE_ISSUED. A stale token is 409 STALE_TOKEN before anything else is
+  decided. A QUARANTINED or STOPPED worker gets no credential (409 WORKER_NOT_ACCEPTING);
+  a DRAINING one may still finish its work.
+* **Rotate** (admin): version + 1 in one UPDATE; every lease on an older version is stale
+  from that moment. Each run holding an unrevoked, unexpired lease of the credential gets
+  one CREDENTIAL_ROTATED event.
+* **Revoke** (admin): a conditional UPDATE ``WHERE revoked_at IS NULL`` (one statement for
+  a bulk revocation) and one CREDENTIAL_LEASE_REVOKED event per revoked lease in its run's
+  chain. Revoking twice changes nothing and writes nothing. A single lease is revoked by
+  id even if it has expired; the bulk forms (by principal, by lease-id prefix of at least
+  four hex digits) take the *active* leases (unrevoked and unexpired): an expired lease
+  can no longer be used, and revoking it would only add noise to finished runs' chains.
+
+Every human decision names its user (``user:<name>``) and a reason (invariant 8); names,
+reasons, principals, references and scopes pass the secret boundary (invariant 6).
+
+Lock order, the same everywhere: the credential row, then runs with their leases
+(``locked_runs``), then credential-lease rows. Issuing holds the credential ``FOR SHARE``
+before the fence locks the run; rotating takes it exclusively with its UPDATE before
+locking runs. So an issue and a rotation of the same credential serialize without a
+deadlock: a lease is either issued on the new version or is visible to the rotation,
+which then records CREDENTIAL_ROTATED in its run.
+"""
+
+import re
+import uuid
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, QuerySet
+from django.utils import timezone
+
+from ledger.boundary import check_text
+from ledger.models import Credential, CredentialLease, Tenant, Worker
+from ledger.policy import allows
+from ledger.services.errors import Denied, InvalidInput, NotFound, StaleToken, WorkerNotAccepting
+from ledger.services.events import ChainBatch
+from ledger.services.fencing import Fenced, fenced, locked_runs, parse_id
+from ledger.services.policy import policy_current
+from ledger.states import WorkerStatus
+
+MAX_PRINCIPAL_LENGTH = 200
+MAX_SECRET_REF_LENGTH = 300
+MAX_ACTION_LENGTH = 100  # as Operation.action
+MAX_RESOURCE_LENGTH = 500  # as Operation.resource
+MAX_LEASE_ACTIONS = 50  # as a capability request
+MAX_LEASE_RESOURCES = 50
+# An absolute ceiling under any policy's max_ttl_s, so an expiry is always a valid date.
+MAX_LEASE_TTL_S = 366 * 86400
+MIN_PREFIX_HEX_DIGITS = 4
+MAX_USERNAME_LENGTH = 150  # CredentialLease.revoked_by, Django's username
+MAX_REASON_LENGTH = 500  # CredentialLease.revoke_reason
+
+DENIED_DETAIL = "the tenant policy does not allow this credential lease"
+
+PRINCIPAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+\-]*")
+# A reference names where the secret lives: "<scheme>:<location>", e.g. vault:kv/github-bot,
+# aws-sm:prod/deployer, env:GITHUB_BOT. A bare value (no scheme) is refused: it may be the secret.
+SECRET_REF = re.compile(r"[a-z][a-z0-9+.\-]{0,31}:[A-Za-z0-9._~/:@+#?=&%\-]+")
+UUID_TEXT_DASHES = frozenset({8, 13, 18, 23})
+
+
+# --- checks -------------------------------------------------------------------------------
+
+
+def _principal(principal: object) -> str:
+    if not isinstance(principal, str) or not 1 <= len(principal) <= MAX_PRINCIPAL_LENGTH:
+        raise InvalidInput(f"principal must be 1 to {MAX_PRINCIPAL_LENGTH} characters")
+    check_text(principal, path="principal")
+    if not PRINCIPAL.fullmatch(principal):
+        raise InvalidInput("principal must start with a letter or digit and use only letters, digits and . _ : @ / + -")
+    return principal
+
+
+def _secret_ref(secret_ref: object) -> str:
+    if not isinstance(secret_ref, str) or not 1 <= len(secret_ref) <= MAX_SECRET_REF_LENGTH:
+        raise InvalidInput(f"secret_ref must be 1 to {MAX_SECRET_REF_LENGTH} characters")
+    check_text(secret_ref, path="secret_ref")
+    if not SECRET_REF.fullmatch(secret_ref):
+        raise InvalidInput(
+            "secret_ref must be a reference to where the secret is kept, '<scheme>:<location>' "
+            "such as vault:kv/github-bot, never the secret itself"
+        )
+    return secret_ref
+
+
+def _decision(user: object, reason: object) -> tuple[str, str]:
+    """The user and reason of a human decision (invariant 8), both through the boundary."""
+    if not isinstance(user, str) or not user.strip() or len(user) > MAX_USERNAME_LENGTH or user != user.strip():
+        raise InvalidInput(f"a decision names its user: 1 to {MAX_USERNAME_LENGTH} characters without surrounding spaces")
+    check_text(user, path="user")
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("a decision gives its reason")
+    reason = reason.strip()
+    if len(reason) > MAX_REASON_LENGTH:
+        raise InvalidInput(f"reason must be at most {MAX_REASON_LENGTH} characters")
+    check_text(reason, path="reason")
+    return user, reason
+
+
+def user_actor(user: str) -> str:
+    return f"user:{user}"
+
+
+def _scope(values: object, *, name: str, max_items: int, max_length: int) -> list[str]:
+    """A lease scope: a non-empty list of exact strings, duplicates dropped, order kept."""
+    if not isinstance(values, list | tuple) or not values:
+        raise InvalidInput(f"{name} must be a non-empty list of strings")
+    if len(values) > max_items:
+        raise InvalidInput(f"{name} may hold at most {max_items} entries")
+    for index, value in enumerate(values):
+        if not isinstance(value, str) or not 1 <= len(value) <= max_length:
+            raise InvalidInput(f"{name}.{index} must be a string of 1 to {max_length} characters")
+        check_text(value, path=f"{name}.{index}")
+        if "*" in value:
+            raise InvalidInput(f"{name}.{index}: a lease scope is exact; wildcards are not allowed")
+    return list(dict.fromkeys(values))
+
+
+def scope_refusal(policy: dict, *, actions: list[str], resources: list[str]) -> str | None:
+    """None when the policy allows every (action, resource) pair for some tool its rules
+    name (first rule naming the tool wins, as everywhere); else which pair it refuses, by
+    position (a detail never echoes what the caller sent)."""
+    tools = list(dict.fromkeys(rule["tool"] for rule in policy["rules"]))
+    for i, action in enumerate(actions):
+        for j, resource in enumerate(resources):
+            if not any(allows(policy, tool=tool, action=action, resource=resource) is None for tool in tools):
+                return f"the tenant policy allows no tool actions.{i} on resources.{j}"
+    return None
+
+
+def _ttl(ttl_s: object, max_ttl_s: int) -> int:
+    ceiling = min(max_ttl_s, MAX_LEASE_TTL_S)
+    if type(ttl_s) is not int or not 1 <= ttl_s <= ceiling:
+        raise InvalidInput(f"ttl_s must be an integer from 1 to {ceiling} (the tenant policy's max_ttl_s)")
+    return ttl_s
+
+
+# --- credentials --------------------------------------------------------------------------
+
+
+def credential_get(*, tenant: Tenant, principal: str) -> Credential:
+    credential = Credential.objects.filter(tenant=tenant, principal=principal).first()
+    if credential is None:
+        raise NotFound("no credential with that principal in this tenant")
+    return credential
+
+
+def credential_create(*, tenant: Tenant, principal: str, secret_ref: str) -> Credential:
+    """A new credential at version 1. Only the reference is stored, never a secret; a
+    reference that looks like a secret is refused (422 FORBIDDEN_FIELD)."""
+    principal = _principal(principal)
+    secret_ref = _secret_ref(secret_ref)
+    try:
+        with transaction.atomic():
+            return Credential.objects.create(tenant=tenant, principal=principal, secret_ref=secret_ref, version=1)
+    except IntegrityError:
+        if Credential.objects.filter(tenant=tenant, principal=principal).exists():
+            raise InvalidInput(f"a credential for principal {principal!r} already exists in this tenant") from None
+        raise
+
+
+def credential_rotate(*, tenant: Tenant, principal: str, rotated_by: str, reason: str) -> Credential:
+    """Version + 1. Leases on older versions are stale from now on (the authority checks
+    deny them with DENY_STALE_VERSION). Every run holding an unrevoked, unexpired lease of
+    the credential gets a CREDENTIAL_ROTATED event, in the same transaction.
+
+    The returned credential carries ``affected_run_ids``: the runs that got the event."""
+    rotated_by, reason = _decision(rotated_by, reason)
+    with transaction.atomic():
+        now = timezone.now()
+        # One conditional UPDATE: the increment happens in the database, under the row lock
+        # it takes, so concurrent rotations each get their own version.
+        updated = Credential.objects.filter(tenant=tenant, principal=principal).update(
+            version=F("version") + 1, rotated_at=now
+        )
+        if updated != 1:
+            raise NotFound("no credential with that principal in this tenant")
+        credential = Credential.objects.get(tenant=tenant, principal=principal)
+        run_ids = list(
+            CredentialLease.objects.filter(credential=credential, revoked_at__isnull=True, expires_at__gt=now)
+            .values_list("run_id", flat=True)
+            .distinct()
+        )
+        runs = locked_runs({"run__tenant": tenant, "run_id__in": run_ids}) if run_ids else []
+        batch = ChainBatch(now)
+        for run in sorted(runs, key=lambda r: str(r.pk)):
+            batch.append(
+                run,
+                "CREDENTIAL_ROTATED",
+                actor=user_actor(rotated_by),
+                fields={"principal": credential.principal, "version": credential.version, "reason": reason},
+            )
+        batch.commit()
+    credential.affected_run_ids = [run.pk for run in runs]
+    return credential
+
+
+# --- leases: issue ------------------------------------------------------------------------
+
+
+def _credential_for_share(tenant: Tenant, principal: str) -> Credential | None:
+    """The credential row, locked FOR SHARE until the transaction ends: a rotation waits
+    for this issue to commit (and then sees its lease), or this issue waits for the
+    rotation (and then reads the new version). Issues do not block each other."""
+    table = Credential._meta.db_table
+    rows = list(
+        Credential.objects.raw(
+            f"SELECT * FROM {table} WHERE tenant_id = %s AND principal = %s FOR SHARE",  # noqa: S608 - table name only
+            [tenant.pk, principal],
+        )
+    )
+    return rows[0] if rows else None
+
+
+def credential_lease_issue(
+    *,
+    worker: Worker,
+    run_id: object,
+    fencing_token: int,
+    principal: str,
+    actions: list[str],
+    resources: list[str],
+    ttl_s: int,
+) -> CredentialLease:
+    """Lend the run ``principal``'s current version for ``actions`` x ``resources`` until
+    now + ``ttl_s``. See the module docstring for the rules."""
+    principal = _principal(principal)
+    actions = _scope(actions, name="actions", max_items=MAX_LEASE_ACTIONS, max_length=MAX_ACTION_LENGTH)
+    resources = _scope(resources, name="resources", max_items=MAX_LEASE_RESOURCES, max_length=MAX_RESOURCE_LENGTH)
+    if worker.status in (WorkerStatus.QUARANTINED, WorkerStatus.STOPPED):
+        raise WorkerNotAccepting(f"worker is {worker.status} and gets no credentials")
+    tenant = worker.tenant
+    refused: StaleToken | None = None
+    with transaction.atomic():
+        policy_version, policy = policy_current(tenant=tenant)
+        ttl_s = _ttl(ttl_s, policy["max_ttl_s"])
+        credential = _credential_for_share(tenant, principal)
+        denial = scope_refusal(policy, actions=actions, resources=resources)
+        if credential is None and denial is None:
+            denial = DENIED_DETAIL  # an unknown principal is a policy refusal, not a 404
+
+        def write(ctx: Fenced) -> CredentialLease | None:
+            if denial is not None:
+                ctx.batch.append(
+                    ctx.run,
+                    "CREDENTIAL_LEASE_DENIED",
+                    actor=ctx.actor,
+                    fields={
+                        "decision": "DENY_POLICY",
+                        "principal": principal,
+                        "actions": actions,
+                        "resources": resources,
+                        "policy_version": policy_version,
+                    },
+                )
+                return None
+            lease = CredentialLease.objects.create(
+                tenant=tenant,
+                run=ctx.run,
+                credential=credential,
+                version=credential.version,
+                actions=actions,
+                resources=resources,
+                issued_at=ctx.now,
+                expires_at=ctx.now + timedelta(seconds=ttl_s),
+            )
+            ctx.batch.append(
+                ctx.run,
+                "CREDENTIAL_LEASE_ISSUED",
+                actor=ctx.actor,
+                fields={
+                    "lease_id": lease.pk,
+                    "principal": principal,
+                    "version": lease.version,
+                    "actions": actions,
+                    "resources": resources,
+                    "expires_at": lease.expires_at,
+                    "policy_version": policy_version,
+                },
+            )
+            return lease
+
+        try:
+            lease = fenced(
+                worker=worker, run_id=run_id, token=fencing_token, attempted="credential_lease.issue", write=write
+            )
+        except StaleToken as exc:
+            refused = exc  # its STALE_TOKEN_REJECTED record commits with this transaction
+    if refused is not None:
+        raise refused
+    if lease is None:
+        raise Denied("DENY_POLICY", denial)
+    return lease
+
+
+# --- leases: find and revoke --------------------------------------------------------------
+
+
+def _prefix_range(prefix: object) -> tuple[uuid.UUID, uuid.UUID]:
+    """The lease ids starting with ``prefix`` (text form, dashes optional) as a range of
+    UUIDs, so the primary key index finds them."""
+    if not isinstance(prefix, str):
+        raise InvalidInput("prefix must be hex digits of a lease id")
+    text = prefix.strip().lower()
+    if "-" in text:
+        if len(text) > 36 or any((ch == "-") != (i in UUID_TEXT_DASHES) for i, ch in enumerate(text)):
+            raise InvalidInput("prefix must be the start of a lease id (dashes only where a lease id has them)")
+        text = text.replace("-", "")
+    if not re.fullmatch(r"[0-9a-f]*", text) or len(text) > 32:
+        raise InvalidInput("prefix must be hex digits of a lease id")
+    if len(text) < MIN_PREFIX_HEX_DIGITS:
+        raise InvalidInput(f"prefix must have at least {MIN_PREFIX_HEX_DIGITS} hex digits, to avoid revoking by accident")
+    return uuid.UUID(text.ljust(32, "0")), uuid.UUID(text.ljust(32, "f"))
+
+
+def credential_leases_matching(
+    *, tenant: Tenant, principal: str | None = None, prefix: str | None = None, now: datetime | None = None
+) -> QuerySet[CredentialLease]:
+    """The active (unrevoked, unexpired) leases a bulk revocation with these arguments
+    would revoke, oldest first: the preview the console and ``--dry-run`` show. Both
+    filters together narrow each other; at least one is required."""
+    if principal is None and prefix is None:
+        raise InvalidInput("name a principal or a lease-id prefix")
+    leases = CredentialLease.objects.filter(
+        tenant=tenant, revoked_at__isnull=True, expires_at__gt=now or timezone.now()
+    )
+    if principal is not None:
+        leases = leases.filter(credential=credential_get(tenant=tenant, principal=principal))
+    if prefix is not None:
+        low, high = _prefix_range(prefix)
+        leases = leases.filter(pk__gte=low, pk__lte=high)
+    return leases.select_related("credential").order_by("issued_at", "id")
+
+
+def credential_lease_get(*, tenant: Tenant, lease_id: object) -> CredentialLease:
+    lease = (
+        CredentialLease.objects.select_related("credential")
+        .filter(tenant=tenant, pk=parse_id(lease_id, "credential lease"))
+        .first()
+    )
+    if lease is None:
+        raise NotFound("credential lease not found")
+    return lease
+
+
+def _revoke(leases: QuerySet[CredentialLease], *, tenant: Tenant, revoked_by: str, reason: str) -> list[CredentialLease]:
+    """Revoke the still-unrevoked leases of ``leases``: lock their runs, then the lease
+    rows, one UPDATE, one event per lease in its run's chain, all in one transaction."""
+    revoked_by, reason = _decision(revoked_by, reason)
+    with transaction.atomic():
+        now = timezone.now()
+        run_ids = list(leases.order_by().values_list("run_id", flat=True).distinct())
+        if not run_ids:
+            return []
+        runs = {run.pk: run for run in locked_runs({"run__tenant": tenant, "run_id__in": run_ids})}
+        # Every revocation locks the lease's run first, so under these locks nobody else
+        # revokes these leases; the fresh read below sees what is still unrevoked.
+        targets = list(
+            leases.filter(run_id__in=list(runs), revoked_at__isnull=True)
+            .select_for_update(of=("self",))
+            .order_by("issued_at", "id")
+        )
+        if not targets:
+            return []
+        count = CredentialLease.objects.filter(pk__in=[lease.pk for lease in targets], revoked_at__isnull=True).update(
+            revoked_at=now, revoked_by=revoked_by, revoke_reason=reason
+        )
+        assert count == len(targets), "lease rows are locked; the UPDATE must see all of them"
+        batch = ChainBatch(now)
+        for lease in targets:
+            lease.revoked_at, lease.revoked_by, lease.revoke_reason = now, revoked_by, reason
+            batch.append(
+                runs[lease.run_id],
+                "CREDENTIAL_LEASE_REVOKED",
+                actor=user_actor(revoked_by),
+                fields={"lease_id": lease.pk, "principal": lease.credential.principal, "reason": reason},
+            )
+        batch.commit()
+    return targets
+
+
+def credential_lease_revoke(*, tenant: Tenant, lease_id: object, revoked_by: str, reason: str) -> CredentialLease:
+    """Revoke one lease (even an expired one). Revoking a revoked lease changes nothing
+    and returns it as it is. ``revoked_now`` on the result says whether this call did it."""
+    _decision(revoked_by, reason)  # refuse a bad decision before looking anything up
+    lease = credential_lease_get(tenant=tenant, lease_id=lease_id)
+    revoked = _revoke(
+        CredentialLease.objects.filter(tenant=tenant, pk=lease.pk).select_related("credential"),
+        tenant=tenant,
+        revoked_by=revoked_by,
+        reason=reason,
+    )
+    result = revoked[0] if revoked else credential_lease_get(tenant=tenant, lease_id=lease.pk)
+    result.revoked_now = bool(revoked)
+    return result
+
+
+def credential_leases_revoke(
+    *, tenant: Tenant, principal: str | None = None, prefix: str | None = None, revoked_by: str, reason: str
+) -> list[CredentialLease]:
+    """Revoke every active lease :func:`credential_leases_matching` names; returns them."""
+    _decision(revoked_by, reason)  # refuse a bad decision before looking anything up
+    leases = credential_leases_matching(tenant=tenant, principal=principal, prefix=prefix)
+    return _revoke(leases, tenant=tenant, revoked_by=revoked_by, reason=reason)
+
+
+def credential_leases_revoke_by_principal(*, tenant: Tenant, principal: str, revoked_by: str, reason: str) -> int:
+    return len(credential_leases_revoke(tenant=tenant, principal=principal, revoked_by=revoked_by, reason=reason))
+
+
+def credential_leases_revoke_by_prefix(*, tenant: Tenant, prefix: str, revoked_by: str, reason: str) -> int:
+    return len(credential_leases_revoke(tenant=tenant, prefix=prefix, revoked_by=revoked_by, reason=reason))
+

@@ -1,0 +1,40 @@
+"""Tenant policy versions: the starter version at tenant creation, and changes by admins.
+Every change is a new immutable version; decisions record the version they were made under."""
+
+from django.db import transaction
+from django.db.models import F
+
+from ledger.boundary import check_text
+from ledger.models import Tenant, TenantPolicy
+from ledger.policy import starter_policy, validate_policy
+
+
+def policy_create_starter(*, tenant: Tenant) -> TenantPolicy:
+    return TenantPolicy.objects.create(
+        tenant=tenant, version=1, document=starter_policy(), created_by="system", reason="starter policy"
+    )
+
+
+def policy_current(*, tenant: Tenant) -> tuple[int, dict]:
+    """(version, document) of the tenant's current policy, read fresh."""
+    current = Tenant.objects.filter(pk=tenant.pk).values("policy_version")[:1]
+    return TenantPolicy.objects.filter(tenant=tenant, version=current).values_list("version", "document").get()
+
+
+@transaction.atomic
+def policy_change(*, tenant: Tenant, document: dict, changed_by: str, reason: str) -> TenantPolicy:
+    """A new policy version, made current. ``changed_by`` and ``reason`` are required."""
+    from ledger.services.errors import InvalidInput
+
+    if not changed_by or not reason or not reason.strip():
+        raise InvalidInput("a policy change names who made it and why")
+    check_text(reason, path="reason")
+    validated = validate_policy(document)
+    locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    version = locked.policy_version + 1
+    row = TenantPolicy.objects.create(
+        tenant=locked, version=version, document=validated, created_by=changed_by, reason=reason.strip()
+    )
+    Tenant.objects.filter(pk=locked.pk).update(policy_version=F("policy_version") + 1)
+    tenant.policy_version = version
+    return row
