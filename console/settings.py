@@ -243,6 +243,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "ledger.tasks.verify_ledger_task",
         "schedule": float(FENCELINE["VERIFIER_INTERVAL_S"]),
     },
+    "expire-approvals": {
+        "task": "approvals.tasks.expire_approvals_task",
+        "schedule": 15.0,
+    },
     # Cost reservations past their TTL (policy reservation_ttl_s, 900 s by default) -> UNKNOWN.
     "expire-reservations": {
         "task": "ledger.tasks.expire_reservations_task",

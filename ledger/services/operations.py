@@ -14,6 +14,7 @@ from approvals.services.cases import case_attach_unverified_evidence, cases_open
 from ledger.boundary import check_fields
 from ledger.models import Operation, Run, Tenant, Worker
 from ledger.services import authority
+from ledger.services.costs import cost_mark_unknown, cost_settle
 from ledger.services.errors import ApprovalRequired, Denied, IdempotencyMismatch, NotFound, ReconcileFirst, WrongPhase
 from ledger.services.policy import policy_current
 from ledger.services.retry import operation_retry_decision
@@ -378,7 +379,11 @@ def operation_report_outcome(
             "actual_cost_cents": actual_cost_cents,
             "error_code": error_code,
         }
-        if target == Phase.UNKNOWN:
+        if target != Phase.UNKNOWN:
+            transition(op, target, ctx, **changes)
+            # Usage settles the reservation; no usage reported leaves it UNKNOWN until reconciled.
+            cost_settle(op=op, run=ctx.run, actual_cents=actual_cost_cents, batch=ctx.batch, actor=ctx.actor, now=ctx.now)
+        else:
             operations_mark_unknown(
                 operations=[op],
                 runs={ctx.run.pk: ctx.run},
@@ -387,8 +392,6 @@ def operation_report_outcome(
                 reason=CaseReason.WORKER_REPORTED_UNKNOWN,
                 changes=changes,
             )
-        else:
-            transition(op, target, ctx, **changes)
         return op
 
     def on_refused(ctx: Fenced, reason: str) -> None:
@@ -470,6 +473,8 @@ def operations_mark_unknown(
         fields.update({k: v for k, v in changes.items() if k in _LOGGED_CHANGES and v not in (None, "")})
         batch.count_move(runs[op.run_id], Phase.DISPATCHED, Phase.UNKNOWN)
         batch.append(runs[op.run_id], "OPERATION_UNKNOWN", actor=actor, fields=fields)
+    # Their cost reservations stay counted, as UNKNOWN, until reconciliation settles them.
+    cost_mark_unknown(ops=operations, runs=runs, batch=batch, actor=actor, now=batch.now, reason=reason)
     return cases
 
 

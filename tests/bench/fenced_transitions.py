@@ -1,11 +1,14 @@
 """Benchmark: fenced transitions per second as a ratio of pgbench TPS on the same server.
 
-    python tests/bench/fenced_transitions.py [--workers N] [--seconds S] [--database-url URL]
+    python tests/bench/fenced_transitions.py [--mode both|plain|authority] [--workers N] [--seconds S]
     make bench BENCH_ARGS="--workers 4 --seconds 15"
 
 A benchmark, not a test: pytest never collects this file (it does not start with test_).
+By default one invocation runs three phases back to back: fenced (plain), fenced
+(authority), pgbench. ``--mode plain`` / ``--mode authority`` (or ``--authority``) runs
+only one fenced phase.
 
-Phase 1 (fenced): N worker processes, each with its own Worker identity and database
+Fenced phase, plain mode: N worker processes, each with its own Worker identity and database
 connection, loop for S seconds through the service layer:
 
     run_create -> lease_acquire
@@ -18,13 +21,24 @@ outcome, release) counts as one fenced transition; run_create is setup and is no
 counted (its time is inside the elapsed time all the same). Fenced transitions per
 second = total count / elapsed wall time of the phase.
 
-Phase 2 (pgbench): ``pgbench -b tpcb-like -c N -j min(2, N) -T S`` over TCP against a
+Fenced phase, authority mode: the same loop under a tenant policy that requires a
+credential lease and a capability and limits cost (run, tenant and provider limits of
+10^12 cents, never reached), with one credential (``credential_create``) made at setup.
+After lease_acquire each run issues one credential lease (``credential_lease_issue``) and
+requests one capability (``capability_request``, max_calls = operations per lease), both
+scoped to exactly the run's operation resources and both counted as fenced transitions.
+Each intent carries a provider and ``estimated_cost_cents``; authorize names the credential
+lease; dispatch re-checks everything and reserves one capability call and the estimate on
+the run, tenant and provider budgets; outcome CONFIRMED reports ``actual_cost_cents``,
+which settles the reservation.
+
+pgbench phase: ``pgbench -b tpcb-like -c N -j min(2, N) -T S`` over TCP against a
 separate database (``fenceline_pgbench``, initialised with ``pgbench -i -s 10`` once per
 run, right before its phase). The two phases run one after the other, never at the same
-time; a CHECKPOINT precedes the fenced phase.
+time; a CHECKPOINT precedes each fenced phase.
 
-The data lives in a dedicated database (``fenceline_bench`` by default), dropped and
-recreated and migrated at the start of every run, so that runs are comparable and the
+The data lives in a dedicated database (``fenceline_bench``), dropped and recreated and
+migrated before each fenced phase, so that phases and runs are comparable and the
 schema is the one of the migrations in the working tree. No other database is created,
 changed or dropped.
 """
@@ -53,13 +67,41 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/postgres"
-KINDS = ("acquire", "intend", "authorize", "dispatch", "outcome", "release")
+KINDS = ("acquire", "credential", "capability", "intend", "authorize", "dispatch", "outcome", "release")
+MODES = ("plain", "authority")
 TENANT_SLUG = "bench"
 LEASE_TTL_S = 600
 PROGRESS_EVERY_S = 3.0
 BENCH_DB = "fenceline_bench"  # dropped and recreated by every run; no other database is dropped
 PGBENCH_DB = "fenceline_pgbench"  # created if missing; pgbench -i rebuilds its tables
 WARMUP_RUNS = 3
+
+# Authority mode: the tenant's credential, the provider and costs of every operation.
+AUTH_TOOL, AUTH_ACTION = "bench", "noop"
+AUTH_PRINCIPAL = "bench-bot"
+AUTH_SECRET_REF = "vault:kv/bench-bot"  # a reference only; there is no secret
+AUTH_PROVIDER = "bench-llm"
+AUTH_ESTIMATE_CENTS = 5
+AUTH_ACTUAL_CENTS = 3
+AUTH_LIMIT_CENTS = 10**12  # run, tenant and provider limits: never reached in a run
+AUTH_MAX_OPS_PER_LEASE = 50  # a credential lease names at most 50 resources
+
+
+def authority_policy(ops_per_lease: int) -> dict:
+    """The tenant policy of authority mode: credential and capability required, cost limited."""
+    return {
+        "rules": [{"tool": AUTH_TOOL, "actions": [AUTH_ACTION], "resources": ["bench://*"]}],
+        "require_credential": True,
+        "require_capability": True,
+        "max_ttl_s": 3600,
+        "max_calls": max(100, ops_per_lease),
+        "cost_limits_cents": {
+            "run": AUTH_LIMIT_CENTS,
+            "tenant": AUTH_LIMIT_CENTS,
+            "retry": None,
+            "provider": {AUTH_PROVIDER: AUTH_LIMIT_CENTS},
+        },
+    }
 
 
 class BenchError(Exception):
@@ -257,6 +299,17 @@ def cpu_busy_cores(before, after, which: int = 0) -> float | None:
 # --- the fenced phase: worker processes -------------------------------------------------
 
 
+def describe(exc: BaseException) -> str:
+    """One line: the service call that raised (if known), the class, a domain code, the detail."""
+    code = getattr(exc, "code", None)
+    where = f"{exc.bench_call}() raised " if getattr(exc, "bench_call", None) else ""
+    extra = getattr(exc, "extra", None)
+    text = f"{where}{type(exc).__name__}{f' {code}' if isinstance(code, str) else ''}: {exc}"
+    if extra:
+        text += f" {extra}"
+    return text.strip().splitlines()[0]
+
+
 def django_setup(database_url: str) -> None:
     os.environ["DATABASE_URL"] = database_url
     os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
@@ -283,10 +336,14 @@ class SqlMeter:
             self.statements += 1
 
 
-def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_run=None) -> None:
+def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_run=None, authority=False) -> None:
     """The fenced cycle, until ``stop()``: a fresh run and its lease, ``ops_per_lease``
     operations intend -> authorize -> dispatch -> outcome(CONFIRMED), release. ``call(kind,
-    fn, **kwargs)`` makes each counted service call; ``stop`` is checked before each."""
+    fn, **kwargs)`` makes each counted service call; ``stop`` is checked before each.
+    With ``authority``, each run also takes a credential lease and a capability scoped to
+    its operations' resources, and each operation carries a provider and a cost."""
+    from ledger.services.capabilities import capability_request
+    from ledger.services.credentials import credential_lease_issue
     from ledger.services.leases import lease_acquire, lease_release
     from ledger.services.operations import (
         Intent,
@@ -300,6 +357,7 @@ def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_
     from ledger.versioning import CURRENT_SCHEMA_VERSION
 
     owner = f"bench-owner-{index}"
+    cost = {"provider": AUTH_PROVIDER, "estimated_cost_cents": AUTH_ESTIMATE_CENTS} if authority else {}
     seq = 0
     while not stop():
         run, _ = run_create(worker=worker, schema_version=CURRENT_SCHEMA_VERSION)
@@ -309,14 +367,32 @@ def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_
             return
         lease = call("acquire", lease_acquire, worker=worker, run_id=run.pk, owner_id=owner, ttl_s=LEASE_TTL_S)
         token = lease.fencing_token
+        authorize_extra, outcome_extra = {}, {"outcome": Outcome.CONFIRMED}
+        if authority:
+            resources = [f"bench://{index}/{n}" for n in range(seq + 1, seq + 1 + ops_per_lease)]
+            scope = {"worker": worker, "run_id": run.pk, "fencing_token": token, "actions": [AUTH_ACTION]}
+            if stop():
+                return
+            credential_lease = call(
+                "credential", credential_lease_issue, **scope, principal=AUTH_PRINCIPAL, resources=resources, ttl_s=LEASE_TTL_S
+            )
+            if stop():
+                return
+            call(
+                "capability", capability_request, **scope, tool=AUTH_TOOL, resources=resources,
+                max_calls=ops_per_lease, ttl_s=LEASE_TTL_S,
+            )  # fmt: skip
+            authorize_extra = {"credential_lease_id": credential_lease.pk}
+            outcome_extra["actual_cost_cents"] = AUTH_ACTUAL_CENTS
         for _ in range(ops_per_lease):
             seq += 1
             intent = Intent(
-                tool="bench",
-                action="noop",
+                tool=AUTH_TOOL,
+                action=AUTH_ACTION,
                 resource=f"bench://{index}/{seq}",
                 effect_class=EffectClass.IDEMPOTENT,
                 idempotency_key=f"{key_prefix}-{index}-{seq}",
+                **cost,
             )
             if stop():
                 return
@@ -324,9 +400,9 @@ def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_
             if not created:
                 raise RuntimeError(f"idempotency key {intent.idempotency_key} was not fresh")
             for kind, fn, extra in (
-                ("authorize", operation_authorize, {}),
+                ("authorize", operation_authorize, authorize_extra),
                 ("dispatch", operation_dispatch, {}),
-                ("outcome", operation_report_outcome, {"outcome": Outcome.CONFIRMED}),
+                ("outcome", operation_report_outcome, outcome_extra),
             ):
                 if stop():
                     return
@@ -337,8 +413,9 @@ def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_
 
 
 def worker_main(
-    index, database_url, worker_pk, ops_per_lease, seconds, key_prefix, counters, ready, go, start_at, results, profile
-):
+    index, database_url, worker_pk, ops_per_lease, seconds, key_prefix, counters, ready, go, start_at, results, profile,
+    authority=False,
+):  # fmt: skip
     """One benchmark process. Reports ("ready", i), then ("result", i, {...}) or ("error", i, text)."""
     try:
         django_setup(database_url)
@@ -362,7 +439,11 @@ def worker_main(
             nonlocal count
             statements, sql_s = meter.statements, meter.seconds
             started = perf()
-            value = fn(**kwargs)
+            try:
+                value = fn(**kwargs)
+            except Exception as exc:
+                exc.bench_call = fn.__name__  # named in the error report
+                raise
             latencies[kind].append(perf() - started)
             sql_by_kind[kind][0] += meter.statements - statements
             sql_by_kind[kind][1] += meter.seconds - sql_s
@@ -380,7 +461,7 @@ def worker_main(
                 nonlocal runs
                 runs += 1
 
-            fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_run)
+            fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_run, authority)
 
         cpu_before = resource.getrusage(resource.RUSAGE_SELF)
         with connection.execute_wrapper(meter):
@@ -412,7 +493,7 @@ def worker_main(
             )
         )
     except BaseException as exc:  # reported to the parent, which fails the run
-        line = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        line = describe(exc)
         if "does not exist" in line:
             line += " (models and migrations differ: were they edited after the migrate step?)"
         try:
@@ -429,11 +510,14 @@ def say(line: str = "") -> None:
     print(line, flush=True)
 
 
-def prepare_fenced_db(server: Server, database: str, workers: int, *, analyze: bool) -> list[int]:
+def prepare_fenced_db(
+    server: Server, database: str, workers: int, *, analyze: bool, authority: bool = False, ops_per_lease: int = 20
+) -> list[int]:
     """Recreate and migrate the benchmark database (every run starts from empty tables and
-    from the migrations as they are in the working tree), make the worker identities, warm
-    up with a few unmeasured cycles and ANALYZE the tables, so that the planner has
-    statistics (with autovacuum off, as on these machines, it would never get any)."""
+    from the migrations as they are in the working tree), make the worker identities (and,
+    in authority mode, the tenant policy and credential), warm up with a few unmeasured
+    cycles and ANALYZE the tables, so that the planner has statistics (with autovacuum off,
+    as on these machines, it would never get any)."""
     recreate_database(server, database)
     say(f"[setup] database {database}: recreated; running migrations")
     django_setup(server.url_for(database))
@@ -449,19 +533,32 @@ def prepare_fenced_db(server: Server, database: str, workers: int, *, analyze: b
     stamp = uuid.uuid4().hex[:8]
     pks = [worker_create(tenant=tenant, name=f"bench-{stamp}-{i}")[0].pk for i in range(workers)]
     say(f"[setup] migrated; created tenant {TENANT_SLUG!r} and {workers} worker identities")
+    if authority:
+        from ledger.services.credentials import credential_create
+        from ledger.services.policy import policy_change
+
+        version = policy_change(
+            tenant=tenant, document=authority_policy(ops_per_lease), changed_by="bench", reason="authority benchmark"
+        ).version
+        credential_create(tenant=tenant, principal=AUTH_PRINCIPAL, secret_ref=AUTH_SECRET_REF)
+        say(f"[setup] authority: policy v{version} (credential, capability, cost limits), credential {AUTH_PRINCIPAL!r}")
     from django.apps import apps
 
     from ledger.models import Worker
 
     warm_worker = Worker.objects.select_related("tenant").get(pk=pks[0])
     calls = {"n": 0}
-    per_run = 2 + 4 * 20  # acquire, 20 x (intend, authorize, dispatch, outcome), release
+    # acquire, [credential, capability,] 20 x (intend, authorize, dispatch, outcome), release
+    per_run = (4 if authority else 2) + 4 * 20
 
     def plain_call(kind, fn, **kwargs):
         calls["n"] += 1
         return fn(**kwargs)
 
-    fenced_cycles(warm_worker, "warmup", uuid.uuid4().hex, 20, plain_call, lambda: calls["n"] >= WARMUP_RUNS * per_run)
+    fenced_cycles(
+        warm_worker, "warmup", uuid.uuid4().hex, 20, plain_call, lambda: calls["n"] >= WARMUP_RUNS * per_run,
+        authority=authority,
+    )  # fmt: skip
     if analyze:
         tables = [
             model._meta.db_table
@@ -484,7 +581,7 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[index]
 
 
-def run_fenced(server: Server, database: str, worker_pks: list[int], args) -> dict:
+def run_fenced(server: Server, database: str, worker_pks: list[int], args, *, authority: bool = False, profile=None) -> dict:
     ctx = mp.get_context("spawn")
     n = args.workers
     counters = ctx.Array("q", n, lock=False)
@@ -499,13 +596,14 @@ def run_fenced(server: Server, database: str, worker_pks: list[int], args) -> di
             target=worker_main,
             args=(
                 i, url, worker_pks[i], args.ops_per_lease, args.seconds, key_prefix,
-                counters, ready, go, start_at, results, args.profile,
+                counters, ready, go, start_at, results, profile, authority,
             ),  # fmt: skip
             name=f"bench-worker-{i}",
         )
         for i in range(n)
     ]
-    say(f"[fenced] starting {n} worker processes")
+    tag = "[authority]" if authority else "[plain]"
+    say(f"{tag} starting {n} worker processes")
     for proc in procs:
         proc.start()
     try:
@@ -522,7 +620,7 @@ def run_fenced(server: Server, database: str, worker_pks: list[int], args) -> di
         backends = BackendCpu(database)
         backends.start()
         cpu_before = cpu_busy()
-        say(f"[fenced] all {n} workers connected; measuring for {args.seconds:g} s")
+        say(f"{tag} all {n} workers connected; measuring for {args.seconds:g} s")
         start_at.value = time.monotonic()
         go.set()
         collected: dict[int, dict] = {}
@@ -541,7 +639,7 @@ def run_fenced(server: Server, database: str, worker_pks: list[int], args) -> di
                 elapsed = now - start_at.value
                 total = sum(counters[:])
                 left = max(0.0, args.seconds - elapsed)
-                say(f"[fenced] {elapsed:5.1f} s elapsed, {left:4.1f} s left: {total} transitions ({total / elapsed:,.0f}/s)")
+                say(f"{tag} {elapsed:5.1f} s elapsed, {left:4.1f} s left: {total} transitions ({total / elapsed:,.0f}/s)")
                 next_report += PROGRESS_EVERY_S
             if now > start_at.value + args.seconds + 120:
                 raise BenchError("workers did not finish within 120 s after the deadline")
@@ -583,7 +681,9 @@ def run_fenced(server: Server, database: str, worker_pks: list[int], args) -> di
     if before and after:
         commits, wal = after[0] - before[0], after[1] - before[1]
     return {
+        "mode": "authority" if authority else "plain",
         "total": total,
+        "statements": sum(r["sql_by_kind"][kind][0] for r in collected.values() for kind in KINDS),
         "elapsed": elapsed,
         "tps": total / elapsed,
         "runs": sum(r["runs"] for r in collected.values()),
@@ -718,10 +818,9 @@ def per(value, count) -> str:
     return f"{value / count:.2f}"
 
 
-def report(context: dict, args, fenced: dict, pg: dict) -> None:
+def report(context: dict, args, fenced_phases: list[dict], pg: dict) -> None:
     import django
 
-    ratio = fenced["tps"] / pg["tps"] if pg["tps"] else float("nan")
     say()
     say("=" * 72)
     say(f"Fenceline fenced-transition benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
@@ -737,26 +836,33 @@ def report(context: dict, args, fenced: dict, pg: dict) -> None:
     say(f"code: git {context['code']}")
     say(f"N = {args.workers} processes/clients, S = {args.seconds:g} s per phase, {args.ops_per_lease} operations per lease")
     say("-" * 72)
-    say(f"{'':34}{'fenced':>18}{'pgbench':>18}")
-    say(f"{'transactions/s (fenced: transitions)':34}{fenced['tps']:>18,.1f}{pg['tps']:>18,.1f}")
-    say(f"{'ratio fenced / pgbench':34}{ratio:>18.3f}")
-    say(f"{'latency p50':34}{ms(fenced['p50']):>18}{'':>18}")
-    say(f"{'latency p99':34}{ms(fenced['p99']):>18}{'':>18}")
-    say(f"{'mean latency (N / rate)':34}{ms(fenced['elapsed'] * args.workers / max(1, fenced['total'])):>18}{pg['latency_ms']:>15.2f} ms")
-    say(f"{'count':34}{fenced['total']:>18,}{(pg['transactions'] or 0):>18,}")
-    say(f"{'server commits per transition':34}{per(fenced['commits'], fenced['total']):>18}{per(pg['commits'], pg['transactions']):>18}")
-    wal_f = f"{fenced['wal'] / fenced['total']:,.0f} B" if fenced["wal"] is not None and fenced["total"] else "n/a"
-    wal_p = f"{pg['wal'] / pg['transactions']:,.0f} B" if pg["wal"] is not None and pg["transactions"] else "n/a"
-    say(f"{'WAL per transition':34}{wal_f:>18}{wal_p:>18}")
-    counts = {"f": fenced["total"], "p": pg["transactions"]}
-    phases = {"f": fenced, "p": pg}
+    pg = {**pg, "total": pg["transactions"]}
+    phases = [*fenced_phases, pg]
+    width = 16
+    say(f"{'':34}" + "".join(f"{name:>{width}}" for name in [*(f["mode"] for f in fenced_phases), "pgbench"]))
 
     def row(label, value):
         cells = []
-        for key in ("f", "p"):
-            text = value(phases[key], counts[key])
-            cells.append(text if text is not None else "n/a")
-        say(f"{label:34}{cells[0]:>18}{cells[1]:>18}")
+        for ph in phases:
+            text = value(ph, ph["total"]) if ph is not pg or ph["total"] else None
+            cells.append(text if text is not None else "")
+        say(f"{label:34}" + "".join(f"{cell:>{width}}" for cell in cells))
+
+    def fenced_only(value):
+        return lambda ph, n: value(ph, n) if ph is not pg else None
+
+    row("transactions/s (fenced: transitions)", lambda ph, n: f"{ph['tps']:,.1f}")
+    row("ratio to pgbench", fenced_only(lambda ph, n: f"{ph['tps'] / pg['tps']:.3f}" if pg["tps"] else "n/a"))
+    row("latency p50", fenced_only(lambda ph, n: ms(ph["p50"])))
+    row("latency p99", fenced_only(lambda ph, n: ms(ph["p99"])))
+    row(
+        "mean latency (N / rate)",
+        lambda ph, n: ms(ph["elapsed"] * args.workers / max(1, n)) if ph is not pg else f"{ph['latency_ms']:.2f} ms",
+    )
+    row("count", lambda ph, n: f"{n:,}")
+    row("SQL statements per transition", fenced_only(lambda ph, n: f"{ph['statements'] / n:.2f}" if n else None))
+    row("server commits per transition", lambda ph, n: per(ph["commits"], n))
+    row("WAL per transition", lambda ph, n: f"{ph['wal'] / n:,.0f} B" if ph["wal"] is not None and n else None)
 
     def cores(name):
         return lambda ph, n: f"{ph[name] / ph['elapsed']:.2f}" if ph.get(name) is not None else None
@@ -781,27 +887,88 @@ def report(context: dict, args, fenced: dict, pg: dict) -> None:
         "client preemptions per transition",
         lambda ph, n: f"{ph['client_preempted'] / n:.2f}" if ph.get("client_preempted") is not None and n else None,
     )
-    say("-" * 72)
-    say(f"{'fenced, per transition kind':18}{'count':>9}{'p50':>11}{'p99':>11}{'SQL stmts':>11}{'in execute':>12}")
-    for kind in KINDS:
-        k = fenced["by_kind"][kind]
-        say(
-            f"{kind:18}{k['count']:>9,}{ms(k['p50']):>11}{ms(k['p99']):>11}"
-            f"{k['statements']:>11.1f}{k['sql_share'] * 100:>11.0f}%"
-        )
-    say(f"(+ {fenced['runs']:,} run_create calls, not counted; 'in execute' = share of the call's wall time spent")
-    say(" inside cursor.execute, i.e. round trip + server work; BEGIN/COMMIT are outside it;")
-    say(" 'rest of machine' = other processes, PostgreSQL's WAL writer/checkpointer, kernel)")
+    if len(fenced_phases) == 2 and fenced_phases[0]["tps"]:
+        plain, auth = fenced_phases
+        say(f"authority / plain transitions/s: {auth['tps'] / plain['tps']:.3f}")
+    for fenced in fenced_phases:
+        say("-" * 72)
+        say(f"{fenced['mode'] + ', per kind':18}{'count':>9}{'p50':>11}{'p99':>11}{'SQL stmts':>11}{'in execute':>12}")
+        for kind in KINDS:
+            k = fenced["by_kind"][kind]
+            if not k["count"]:
+                continue
+            say(
+                f"{kind:18}{k['count']:>9,}{ms(k['p50']):>11}{ms(k['p99']):>11}"
+                f"{k['statements']:>11.1f}{k['sql_share'] * 100:>11.0f}%"
+            )
+        say(f"(+ {fenced['runs']:,} run_create calls, not counted)")
+    say("'in execute' = share of the call's wall time spent inside cursor.execute, i.e. round trip +")
+    say(" server work; BEGIN/COMMIT are outside it and not in 'SQL stmts'; 'rest of machine' = other")
+    say(" processes, PostgreSQL's WAL writer/checkpointer, kernel")
     say("=" * 72)
-    if args.profile:
-        import pstats
+    for fenced in fenced_phases:
+        if fenced.get("profile"):
+            import pstats
 
-        say(f"cProfile of worker 0 written to {args.profile}; top functions by internal time:")
-        pstats.Stats(args.profile).sort_stats("tottime").print_stats(15)
+            say(f"cProfile of worker 0 ({fenced['mode']}) written to {fenced['profile']}; top functions by internal time:")
+            pstats.Stats(fenced["profile"]).sort_stats("tottime").print_stats(15)
+
+
+def shorten_sql(sql: str) -> str:
+    """One statement on one line, with long column and value lists elided."""
+    sql = " ".join(sql.split())
+    sql = re.sub(r"^SELECT (?:DISTINCT )?(.{50,}?) FROM ", "SELECT … FROM ", sql)
+    sql = re.sub(r"^INSERT INTO (\S+) \(.*?\) VALUES .*?( RETURNING .*)?$", r"INSERT INTO \1 (…) VALUES (…)\2", sql)
+    sql = re.sub(r"^INSERT INTO (\S+) \(.*?\) SELECT \* FROM UNNEST.*?( RETURNING .*)?$", r"INSERT INTO \1 (…) SELECT * FROM UNNEST(…)\2", sql)
+    sql = re.sub(r" RETURNING .{40,}$", " RETURNING …", sql)
+    return sql if len(sql) <= 200 else sql[:197] + "…"
+
+
+def show_sql(worker_pk: int, *, authority: bool, ops_per_lease: int) -> None:
+    """One more (unmeasured) run in this process, printing the statements of the last
+    call of each kind as they reach cursor.execute (BEGIN and COMMIT are not among them)."""
+    from django.db import connection
+
+    from ledger.models import Worker
+
+    worker = Worker.objects.select_related("tenant").get(pk=worker_pk)
+    captured: dict[str, list[str]] = {}
+    current: list[str] = []
+    calls = {"n": 0, "release": 0}
+
+    def record(execute, sql, params, many, context):
+        current.append(shorten_sql(sql))
+        return execute(sql, params, many, context)
+
+    def traced(kind, fn, **kwargs):
+        calls["n"] += 1
+        calls["release"] += kind == "release"
+        current.clear()
+        with connection.execute_wrapper(record):
+            value = fn(**kwargs)
+        captured[kind] = list(current)
+        return value
+
+    fenced_cycles(worker, "sql", uuid.uuid4().hex, ops_per_lease, traced, lambda: calls["release"] >= 1, authority=authority)
+    for kind in KINDS:
+        if kind in captured:
+            say(f"--- {kind} ({'authority' if authority else 'plain'} mode): {len(captured[kind])} statements + BEGIN/COMMIT")
+            for line in captured[kind]:
+                say(f"    {line}")
+    connection.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--mode",
+        choices=("both", *MODES),
+        default="both",
+        help="fenced phases to run: plain, authority, or both back to back (default %(default)s)",
+    )
+    parser.add_argument(
+        "--authority", dest="mode", action="store_const", const="authority", help="same as --mode authority"
+    )
     parser.add_argument("--workers", "-n", type=int, default=4, help="worker processes and pgbench clients (default 4)")
     parser.add_argument("--seconds", "-s", type=int, default=15, help="duration of each phase (default 15)")
     parser.add_argument(
@@ -820,11 +987,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-analyze", action="store_true", help="skip ANALYZE after the warm-up (planner without statistics)"
     )
-    parser.add_argument("--skip-pgbench", action="store_true", help="fenced phase only (no ratio)")
-    parser.add_argument("--profile", metavar="FILE", help="run worker 0 under cProfile and write its stats to FILE")
+    parser.add_argument("--skip-pgbench", action="store_true", help="fenced phases only (no ratio)")
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="run worker 0 under cProfile and write its stats to FILE (FILE.plain and FILE.authority with --mode both)",
+    )
+    parser.add_argument(
+        "--show-sql",
+        action="store_true",
+        help="print the SQL statements of one transition of each kind (per mode) after the warm-up, and exit",
+    )
     args = parser.parse_args(argv)
     if args.workers < 1 or args.seconds < 1 or args.ops_per_lease < 1:
         parser.error("--workers, --seconds and --ops-per-lease must be at least 1")
+    modes = list(MODES) if args.mode == "both" else [args.mode]
+    if "authority" in modes and args.ops_per_lease > AUTH_MAX_OPS_PER_LEASE:
+        parser.error(f"authority mode: --ops-per-lease may be at most {AUTH_MAX_OPS_PER_LEASE} (resources per credential lease)")
     if args.profile:
         args.profile = str(Path(args.profile).resolve())
 
@@ -835,16 +1014,31 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError("psycopg is not installed in this interpreter; use .venv/bin/python") from None
         server = Server(args.database_url)
         pgbench = shutil.which(args.pgbench)
-        if not args.skip_pgbench and not pgbench:
+        if not args.skip_pgbench and not args.show_sql and not pgbench:
             raise BenchError(f"pgbench not found ({args.pgbench!r}); install postgresql-client or pass --pgbench PATH")
         context = machine_context(server)  # fails here, with the reason, if PostgreSQL is down
         say(
             f"[setup] {context['cores']} cores, load average {context['load'][0]:.2f}; PostgreSQL "
-            f"{context['postgresql']} at {server.host}:{server.port}; N={args.workers}, S={args.seconds:g}"
+            f"{context['postgresql']} at {server.host}:{server.port}; N={args.workers}, S={args.seconds:g}, "
+            f"modes: {', '.join(modes)}"
         )
-        worker_pks = prepare_fenced_db(server, BENCH_DB, args.workers, analyze=not args.no_analyze)
-        fenced = run_fenced(server, BENCH_DB, worker_pks, args)
-        say(f"[fenced] done: {fenced['total']:,} transitions in {fenced['elapsed']:.1f} s = {fenced['tps']:,.1f}/s")
+        fenced_phases = []
+        for mode in modes:
+            authority = mode == "authority"
+            worker_pks = prepare_fenced_db(
+                server, BENCH_DB, args.workers, analyze=not args.no_analyze, authority=authority,
+                ops_per_lease=args.ops_per_lease,
+            )  # fmt: skip
+            if args.show_sql:
+                show_sql(worker_pks[0], authority=authority, ops_per_lease=args.ops_per_lease)
+                continue
+            profile = args.profile and (f"{args.profile}.{mode}" if len(modes) > 1 else args.profile)
+            fenced = run_fenced(server, BENCH_DB, worker_pks, args, authority=authority, profile=profile)
+            fenced["profile"] = profile
+            say(f"[{mode}] done: {fenced['total']:,} transitions in {fenced['elapsed']:.1f} s = {fenced['tps']:,.1f}/s")
+            fenced_phases.append(fenced)
+        if args.show_sql:
+            return 0
         if args.skip_pgbench:
             pg = {"tps": float("nan"), "latency_ms": float("nan"), "transactions": None, "elapsed": args.seconds,
                   "client_cpu_s": None, "server_cpu_s": None, "machine_busy_cores": None, "steal_cores": None, "commits": None,
@@ -856,7 +1050,7 @@ def main(argv: list[str] | None = None) -> int:
             prepare_pgbench(server, PGBENCH_DB, pgbench, args.scale)
             pg = run_pgbench(server, PGBENCH_DB, pgbench, args)
             say(f"[pgbench] done: {pg['tps']:,.1f} TPS")
-        report(context, args, fenced, pg)
+        report(context, args, fenced_phases, pg)
     except BenchError as exc:
         print(f"bench failed: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -864,8 +1058,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench failed: interrupted", file=sys.stderr, flush=True)
         return 130
     except Exception as exc:
-        first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
-        print(f"bench failed: {first}", file=sys.stderr, flush=True)
+        print(f"bench failed: {describe(exc)}", file=sys.stderr, flush=True)
         return 1
     return 0
 

@@ -136,3 +136,18 @@ def test_a_late_yes_on_a_request_past_its_expiry_marks_it_expired(api_for, acme,
     assert ApprovalRequest.objects.get(pk=approval_id).status == "EXPIRED"
     assert client.authorize(op, 1).status == 202
 
+
+
+def test_the_expiry_job_and_command_are_safe_to_repeat(api_for, acme, payments_need_a_person, capsys):
+    from django.core.management import call_command
+
+    from approvals.tasks import expire_approvals_task
+
+    client, run_id = leased(api_for, acme)
+    op = charge(client, run_id, "inv-23")
+    approval_id = client.authorize(op, 1).body["approval_id"]
+    ApprovalRequest.objects.filter(pk=approval_id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert expire_approvals_task.apply().get() == {"expired": 1}
+    call_command("expire_approvals")
+    assert "expired 0 approval request(s)" in capsys.readouterr().out
+    assert Event.objects.filter(run_id=run_id, type="APPROVAL_EXPIRED").count() == 1

@@ -13,7 +13,9 @@ Every test asserts the article's invariants at the end:
 
 Concurrency uses real threads and processes, each with its own PostgreSQL connection and
 transaction, so these tests are ``transaction=True``: the other sessions only see what
-was committed.
+was committed. Processes are started with multiprocessing's ``spawn`` method (a fresh
+interpreter, never a fork of a test session that may run a live server thread); each one
+sets Django up and connects to the pytest-django test database named by the parent.
 """
 
 import multiprocessing
@@ -56,7 +58,30 @@ from tests.ledger.test_costs import (
 )
 
 PROCESSES = 16
-FORK = multiprocessing.get_context("fork")
+SPAWN = multiprocessing.get_context("spawn")
+
+# What a spawned process runs: Django set up from the parent's environment, the test
+# database of the parent, then one function of this module. The target is ``exec`` so that
+# nothing importing Django is unpickled before ``django.setup()``.
+CHILD = """
+import os
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+import django
+django.setup()
+from django.db import connections
+connections["default"].settings_dict["NAME"] = db_name
+import tests.faults.test_cost_breaker as module
+getattr(module, entry)(*args)
+"""
+
+
+def process(entry: str, *args) -> multiprocessing.Process:
+    """A started process running ``entry(*args)`` of this module against the test database."""
+    db_name = connection.settings_dict["NAME"]
+    assert db_name.startswith("test_"), db_name
+    child = SPAWN.Process(target=exec, args=(CHILD, {"db_name": db_name, "entry": entry, "args": args}))
+    child.start()
+    return child
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -219,8 +244,7 @@ def test_a_premium_fallback_is_checked_like_any_call_and_refused_naming_the_prov
 # --- 6. a process crashes after reservation, before settlement ------------------------------------
 
 
-def _reserve_then_die(db_name, tenant_id, op_id):
-    connections["default"].settings_dict["NAME"] = db_name
+def _reserve_then_die(tenant_id, op_id):
     tenant = Tenant.objects.get(pk=tenant_id)
     reserve(tenant, Operation.objects.get(pk=op_id))  # committed
     os.kill(os.getpid(), signal.SIGKILL)  # the worker dies before it ever reports
@@ -230,11 +254,8 @@ def test_a_crash_after_reservation_leaves_an_unknown_reservation_not_a_lost_one(
     set_policy(acme.tenant, tenant_limit=1000, ttl_s=60)
     run, token = leased_run(acme.worker)
     op = planned_op(acme, run, token, "crashing", estimate=300)
-    db_name = connection.settings_dict["NAME"]
-    connections.close_all()
-    worker = FORK.Process(target=_reserve_then_die, args=(db_name, acme.tenant.pk, op.pk))
-    worker.start()
-    worker.join(60)
+    worker = process("_reserve_then_die", acme.tenant.pk, op.pk)
+    worker.join(120)
     assert worker.exitcode == -signal.SIGKILL
 
     reservation = CostReservation.objects.get(operation=op)
@@ -255,8 +276,7 @@ def test_a_crash_after_reservation_leaves_an_unknown_reservation_not_a_lost_one(
 # --- 7. a process crashes after settlement, before releasing the unused estimate ----------------
 
 
-def _settle_then_die(db_name, tenant_id, op_id, settled_event):
-    connections["default"].settings_dict["NAME"] = db_name
+def _settle_then_die(tenant_id, op_id, settled_event):
     tenant = Tenant.objects.get(pk=tenant_id)
     op = Operation.objects.get(pk=op_id)
     with under_lock(tenant, op.run_id) as (run, batch):
@@ -272,12 +292,9 @@ def test_a_crash_after_settlement_leaves_no_half_settled_reservation(acme):
     run, token = leased_run(acme.worker)
     op = planned_op(acme, run, token, "settling", estimate=300, provider="llm")
     reserve(acme.tenant, op)
-    db_name = connection.settings_dict["NAME"]
-    connections.close_all()
-    settled = FORK.Event()
-    worker = FORK.Process(target=_settle_then_die, args=(db_name, acme.tenant.pk, op.pk, settled))
-    worker.start()
-    assert settled.wait(60)
+    settled = SPAWN.Event()
+    worker = process("_settle_then_die", acme.tenant.pk, op.pk, settled)
+    assert settled.wait(120)
     worker.join(60)
     assert worker.exitcode == -signal.SIGKILL
 
@@ -403,8 +420,7 @@ def test_a_duplicate_message_to_two_workers_is_reserved_once(acme):
 # --- a race of 16 processes for the last cents ----------------------------------------------------------
 
 
-def _race(db_name, tenant_id, op_id, barrier, results):
-    connections["default"].settings_dict["NAME"] = db_name
+def _race(tenant_id, op_id, barrier, results):
     try:
         tenant = Tenant.objects.get(pk=tenant_id)
         op = Operation.objects.get(pk=op_id)
@@ -429,16 +445,12 @@ def test_sixteen_processes_racing_for_the_last_cents_get_exactly_the_limit(acme)
     for i in range(PROCESSES):
         run, token = leased_run(acme.worker, owner=f"racer-{i}")
         ops.append(planned_op(acme, run, token, f"race-{i}", estimate=75, provider="llm"))
-    db_name = connection.settings_dict["NAME"]
-    assert db_name.startswith("test_")
-    connections.close_all()  # no connection may be shared across fork
+    connections.close_all()  # the racers open their own connections; the parent keeps none open
 
-    barrier = FORK.Barrier(PROCESSES)
-    results = FORK.Queue()
-    racers = [FORK.Process(target=_race, args=(db_name, acme.tenant.pk, op.pk, barrier, results)) for op in ops]
-    for racer in racers:
-        racer.start()
-    outcomes = dict(results.get(timeout=120) for _ in racers)
+    barrier = SPAWN.Barrier(PROCESSES)
+    results = SPAWN.Queue()
+    racers = [process("_race", acme.tenant.pk, op.pk, barrier, results) for op in ops]
+    outcomes = dict(results.get(timeout=180) for _ in racers)
     for racer in racers:
         racer.join(60)
         assert racer.exitcode == 0
