@@ -75,17 +75,6 @@ def transition(
 _LOGGED_CHANGES = {"dispatch_token", "provider_request_id", "actual_cost_cents", "error_code"}
 
 
-def _operation_run_id(tenant: Tenant, operation_id: object):
-    run_id = (
-        Operation.objects.filter(tenant=tenant, pk=parse_id(operation_id, "operation"))
-        .values_list("run_id", flat=True)
-        .first()
-    )
-    if run_id is None:
-        raise NotFound("operation not found")
-    return run_id
-
-
 def operation_get(*, tenant: Tenant, operation_id: object) -> Operation:
     op = Operation.objects.filter(tenant=tenant, pk=parse_id(operation_id, "operation")).first()
     if op is None:
@@ -232,7 +221,7 @@ def operation_authorize(
     return _decided(
         fenced(
             worker=worker,
-            run_id=_operation_run_id(worker.tenant, op_id),
+            operation_id=op_id,
             token=fencing_token,
             attempted="operation.authorize",
             write=write,
@@ -278,7 +267,7 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
     return _decided(
         fenced(
             worker=worker,
-            run_id=_operation_run_id(worker.tenant, op_id),
+            operation_id=op_id,
             token=fencing_token,
             attempted="operation.dispatch",
             write=write,
@@ -340,7 +329,7 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
     return _decided(
         fenced(
             worker=worker,
-            run_id=_operation_run_id(worker.tenant, op_id),
+            operation_id=op_id,
             token=fencing_token,
             attempted="operation.retry",
             write=write,
@@ -369,6 +358,10 @@ def operation_report_outcome(
     def write(ctx: Fenced) -> Operation:
         op = Operation.objects.get(pk=op_id)
         if op.phase == target and op.dispatch_token == ctx.token and op.provider_request_id == provider_request_id:
+            if target != Phase.UNKNOWN and actual_cost_cents is not None:
+                # The same report again, now with the usage that was missing: it settles the
+                # reservation left UNKNOWN (a closed one is left as it is).
+                cost_settle(op=op, run=ctx.run, actual_cents=actual_cost_cents, batch=ctx.batch, actor=ctx.actor, now=ctx.now)
             return op  # a duplicate of the report that was already recorded
         if op.phase != Phase.DISPATCHED:
             raise WrongPhase(phase=op.phase, wanted=Phase.DISPATCHED)
@@ -429,7 +422,7 @@ def operation_report_outcome(
 
     return fenced(
         worker=worker,
-        run_id=_operation_run_id(worker.tenant, op_id),
+        operation_id=op_id,
         token=fencing_token,
         attempted="operation.outcome",
         write=write,

@@ -194,6 +194,30 @@ class ServerStats:
     def __init__(self, server: Server, database: str) -> None:
         self.server, self.database = server, database
 
+    def wait_for_clients_gone(self, timeout_s: float = 10.0) -> None:
+        """Wait until the phase's backends have exited and their counters have arrived: a
+        backend flushes them as it exits (after it leaves pg_stat_activity), which on a busy
+        machine can lag well behind its client's exit; then until xact_commit stops moving."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            with self.server.connect(self.database) as conn:
+                while time.monotonic() < deadline:
+                    others = conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    ).fetchone()[0]
+                    if not others:
+                        break
+                    time.sleep(0.05)
+            last, steady = None, 0
+            while time.monotonic() < deadline and steady < 2:
+                time.sleep(0.25)
+                current = self.snapshot()
+                current = current and current[0]
+                steady = steady + 1 if current == last else 0
+                last = current
+        except Exception:
+            pass
+
     def snapshot(self) -> tuple[int, int] | None:
         try:
             with self.server.connect(self.database) as conn:
@@ -654,6 +678,7 @@ def run_fenced(server: Server, database: str, worker_pks: list[int], args, *, au
         cpu_after = cpu_busy()
         for proc in procs:
             proc.join(timeout=30)
+        stats.wait_for_clients_gone()
         server_cpu = backends.stop()
         after = stats.snapshot()
     finally:
@@ -737,6 +762,7 @@ def run_pgbench(server: Server, database: str, pgbench: str, args) -> dict:
     proc.wait()
     cpu_after = cpu_busy()
     rusage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    stats.wait_for_clients_gone()
     server_cpu = backends.stop()
     after = stats.snapshot()
     text = "\n".join(output)

@@ -19,7 +19,7 @@ def main(run_id: str) -> None:
         response.raise_for_status()
         return response.json()
 
-    token = post(f"/runs/{run_id}/lease", {"owner_id": f"worker-pid-{os.getpid()}", "ttl_s": 1})["fencing_token"]
+    token = post(f"/runs/{run_id}/lease", {"owner_id": f"worker-pid-{os.getpid()}", "ttl_s": 30})["fencing_token"]
     op_id = post(
         f"/runs/{run_id}/operations",
         {

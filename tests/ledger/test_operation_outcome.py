@@ -66,3 +66,34 @@ def test_stale_outcome_of_an_expired_dispatch_turns_it_unknown_with_its_evidence
     assert [e["provider_request_id"] for e in case.unverified_evidence] == ["late-1"]
     run.refresh_from_db()
     assert run.stale_rejections == 1
+
+
+def test_usage_reported_after_a_failure_without_it_settles_the_reservation(acme):
+    from ledger.models import CostReservation, Tenant
+    from ledger.services.policy import policy_change
+
+    policy_change(
+        tenant=acme.tenant,
+        document={"cost_limits_cents": {"run": None, "tenant": 10_000, "retry": None, "provider": {}}},
+        changed_by="admin",
+        reason="spend cap",
+    )
+    run, token = leased_run(acme.worker)
+    op, _ = operations.operation_intend(
+        worker=acme.worker,
+        run_id=run.pk,
+        fencing_token=token,
+        intent=operations.Intent(
+            tool="llm", action="complete", resource="model:small", effect_class="PURE", idempotency_key="k", estimated_cost_cents=100
+        ),
+    )
+    operations.operation_authorize(worker=acme.worker, operation_id=op.pk, fencing_token=token)
+    operations.operation_dispatch(worker=acme.worker, operation_id=op.pk, fencing_token=token)
+    report(acme, op, token, "FAILED", error_code="HTTP_500")  # no usage
+    assert CostReservation.objects.get(operation=op).state == "UNKNOWN"
+    assert Tenant.objects.get(pk=acme.tenant.pk).breaker_state == "UNKNOWN"
+
+    report(acme, op, token, "FAILED", error_code="HTTP_500", actual_cost_cents=40)  # the usage arrives
+    reservation = CostReservation.objects.get(operation=op)
+    assert (reservation.state, reservation.actual_cents) == ("SETTLED", 40)
+    assert Tenant.objects.get(pk=acme.tenant.pk).breaker_state == "NORMAL"
