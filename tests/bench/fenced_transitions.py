@@ -46,6 +46,7 @@ changed or dropped.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import multiprocessing as mp
 import os
 import platform
@@ -815,12 +816,13 @@ def machine_context(server: Server) -> dict:
             ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--", "ledger", "approvals"],
+            ["git", "-C", str(ROOT), "diff", "HEAD", "--", "ledger", "approvals"],
             capture_output=True,
-            text=True,
             timeout=10,
-        ).stdout.strip()
-        code = f"{head}{' + uncommitted changes in ledger/ or approvals/' if dirty else ''}" if head else "unknown"
+        ).stdout
+        # The digest tells runs on different uncommitted states of the code apart.
+        changes = f" + uncommitted changes in ledger/ or approvals/ (diff sha256 {hashlib.sha256(dirty).hexdigest()[:8]})"
+        code = f"{head}{changes if dirty.strip() else ''}" if head else "unknown"
     except (OSError, subprocess.SubprocessError):
         code = "unknown"
     return {
