@@ -7,7 +7,7 @@ It never holds a lock while it reads: it verifies the chain up to the head it re
 """
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db.models import F, Max, Q
@@ -35,6 +35,11 @@ class _Observer:
     lease_token: int | None = None
     mismatches: int = 0
     first_mismatch: str = ""
+    # Credential evidence in this chain, bounded by the run's leases and operations.
+    lease_scope: dict = field(default_factory=dict)  # lease id -> (principal, version)
+    revoked: set = field(default_factory=set)
+    rotated_to: dict = field(default_factory=dict)  # principal -> newest version seen
+    op_lease: dict = field(default_factory=dict)  # operation id -> lease id it was authorized with
 
     def see(self, event: dict) -> None:
         require_known(event["schema_version"], f"event seq {event['seq']}", stored=True)
@@ -48,13 +53,39 @@ class _Observer:
             self.lease_token = fields.get("fencing_token")
         elif kind in ("LEASE_EXPIRED", "LEASE_RELEASED"):
             self.lease_token = None
-        elif kind == "OPERATION_DISPATCHED" and fields.get("dispatch_token") != self.lease_token:
+        elif kind == "CREDENTIAL_LEASE_ISSUED":
+            self.lease_scope[fields.get("lease_id")] = (fields.get("principal"), fields.get("version"))
+        elif kind == "CREDENTIAL_LEASE_REVOKED":
+            self.revoked.add(fields.get("lease_id"))
+        elif kind == "CREDENTIAL_ROTATED":
+            self.rotated_to[fields.get("principal")] = fields.get("version")
+        elif kind == "OPERATION_AUTHORIZED" and fields.get("credential_lease_id"):
+            self.op_lease[fields.get("operation_id")] = fields["credential_lease_id"]
+        elif kind == "OPERATION_DISPATCHED":
+            self._check_dispatch(seq, fields)
+
+    def _check_dispatch(self, seq: int, fields: dict) -> None:
+        """A dispatch disagrees with its authority when its token is not the lease's, or its
+        credential lease was revoked, rotated past, or is named with another version."""
+        problems = []
+        if fields.get("dispatch_token") != self.lease_token:
+            held = "no lease" if self.lease_token is None else f"token {self.lease_token}"
+            problems.append(f"dispatched under token {fields.get('dispatch_token')} while the chain shows {held}")
+        lease_id = self.op_lease.get(fields.get("operation_id"))
+        if lease_id is not None:
+            principal, version = self.lease_scope.get(lease_id, (None, None))
+            if lease_id in self.revoked:
+                problems.append(f"dispatched under credential lease {lease_id}, revoked earlier in the chain")
+            if principal is not None and self.rotated_to.get(principal, version) != version:
+                problems.append(
+                    f"dispatched with {principal} version {version} after rotation to {self.rotated_to[principal]}"
+                )
+            if "credential_version" in fields and fields["credential_version"] != version:
+                problems.append(f"dispatch names credential version {fields['credential_version']}, lease has {version}")
+        if problems:
             self.mismatches += 1
             if not self.first_mismatch:
-                self.first_mismatch = (
-                    f"seq {seq}: dispatched under token {fields.get('dispatch_token')} while the chain "
-                    f"shows {'no lease' if self.lease_token is None else f'token {self.lease_token}'}"
-                )
+                self.first_mismatch = f"seq {seq}: " + "; ".join(problems)
 
 
 def _events(run: Run, upto: int, observer: _Observer) -> Iterator[dict]:

@@ -266,3 +266,34 @@ def test_forged_dispatch_under_a_token_that_never_held_the_lease_is_an_authoriza
     authorization = client.get(f"/runs/{run_id}").body["indicators"]["authorization"]
     assert authorization["value"] == "MISMATCH"  # ...but no lease ever issued token 7
     assert authorization["reason"] == f"seq {head.seq + 1}: dispatched under token 7 while the chain shows token 1"
+
+
+def test_forged_dispatch_with_a_rotated_credential_version_is_an_authorization_mismatch(api_for, acme, keys):
+    from ledger.services.credentials import credential_create, credential_rotate
+    from ledger.services.policy import policy_change
+
+    policy_change(tenant=acme.tenant, document={"require_credential": True}, changed_by="admin", reason="leases")
+    credential_create(tenant=acme.tenant, principal="github-bot", secret_ref="vault:kv/github-bot")
+    client = api_for(acme)
+    run_id = client.create_run()
+    client.acquire(run_id, "worker-a")
+    lease = client.post(
+        f"/runs/{run_id}/credential-leases",
+        {"fencing_token": 1, "principal": "github-bot", "actions": ["push"], "resources": ["repo:a"], "ttl_s": 600},
+    ).body
+    op = client.intend(run_id, 1, "push:1", tool="git", action="push", resource="repo:a").body["operation_id"]
+    assert client.post(f"/operations/{op}/authorize", {"fencing_token": 1, "credential_lease_id": lease["lease_id"]}).status == 200
+    credential_rotate(tenant=acme.tenant, principal="github-bot", rotated_by="admin", reason="scheduled")
+    assert client.dispatch(op, 1).body["error"] == "DENY_STALE_VERSION"  # the service refuses...
+
+    # ...so an attacker writes the dispatch into the chain directly, hashed and linked.
+    head = Event.objects.filter(run_id=run_id).order_by("-seq").first()
+    fields = {"operation_id": op, "from": "AUTHORIZED", "to": "DISPATCHED", "attempt": 1, "dispatch_token": 1, "credential_version": 1}
+    sql("DELETE FROM ledger_event WHERE run_id = %s AND seq = %s", [run_id, head.seq])  # drop the DENIED event
+    Run.objects.filter(pk=run_id).update(last_seq=head.seq - 1, last_hash=head.prev_hash)
+    _forge(run_id, head.seq, event_id="00000000-0000-4000-8000-0000000000bb", type="OPERATION_DISPATCHED", fields=fields, prev_hash=head.prev_hash)
+
+    assert verify_in_app(run_id)[:2] == ("UNSEALED", None)
+    authorization = client.get(f"/runs/{run_id}").body["indicators"]["authorization"]
+    assert authorization["value"] == "MISMATCH"
+    assert "after rotation to 2" in authorization["reason"]
