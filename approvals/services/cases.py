@@ -2,7 +2,12 @@
 
 from datetime import datetime
 
-from approvals.models import OPEN_CASE_STATUSES, CaseReason, CaseStatus, ReconciliationCase
+from approvals.models import (
+    OPEN_CASE_STATUSES,
+    CaseReason,
+    CaseStatus,
+    ReconciliationCase,
+)
 from ledger.models import Operation
 
 

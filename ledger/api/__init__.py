@@ -12,14 +12,13 @@ from ledger.api.auth import WorkerBearer
 from ledger.api.schemas import (
     ApprovalOut,
     ApprovalRequiredOut,
-    CapabilityIn,
-    CapabilityOut,
-    DecisionError,
-    RetryOut,
     AuthorizedOut,
     AuthorizeIn,
+    CapabilityIn,
+    CapabilityOut,
     CredentialLeaseIn,
     CredentialLeaseOut,
+    DecisionError,
     Error,
     EventAppendedOut,
     EventIn,
@@ -39,6 +38,7 @@ from ledger.api.schemas import (
     PhaseError,
     PhaseOut,
     RetryDecisionOut,
+    RetryOut,
     RunCreatedOut,
     RunCreateIn,
     RunOut,
@@ -46,12 +46,12 @@ from ledger.api.schemas import (
 )
 from ledger.chain import format_time
 from ledger.models import Checkpoint, Event
-from ledger.services.events import phase_count_field
-from ledger.states import Phase
 from ledger.services import capabilities, leases, notes, operations, retry, runs
 from ledger.services import credentials as credential_services
+from ledger.services.events import phase_count_field
 from ledger.services.fencing import fence_check
 from ledger.services.operations import Intent
+from ledger.states import Phase
 
 
 class StrictJSONParser(Parser):

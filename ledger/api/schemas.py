@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 from ninja import Schema
 from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
-from ledger.services.leases import MAX_TTL_S, MIN_TTL_S
 from ledger.services import credentials as creds
+from ledger.services.leases import MAX_TTL_S, MIN_TTL_S
 from ledger.states import EffectClass, Outcome, Phase
 
 

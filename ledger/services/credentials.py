@@ -53,7 +53,13 @@ from django.utils import timezone
 from ledger.boundary import check_text
 from ledger.models import Credential, CredentialLease, Tenant, Worker
 from ledger.policy import allows
-from ledger.services.errors import Denied, InvalidInput, NotFound, StaleToken, WorkerNotAccepting
+from ledger.services.errors import (
+    Denied,
+    InvalidInput,
+    NotFound,
+    StaleToken,
+    WorkerNotAccepting,
+)
 from ledger.services.events import ChainBatch
 from ledger.services.fencing import Fenced, fenced, locked_runs, parse_id
 from ledger.services.policy import policy_current

@@ -11,9 +11,9 @@ import uuid
 from contextlib import contextmanager
 from datetime import datetime
 
-from ledger.boundary import check_fields, check_text
 from django.db import transaction
 
+from ledger.boundary import check_fields, check_text
 from ledger.chain import canonical_bytes, format_time, hash_bytes
 from ledger.models import Event, Run
 from ledger.services.errors import InvalidInput

@@ -16,7 +16,13 @@ from django.utils import timezone
 from approvals.models import CaseReason
 from approvals.services.approvals import approvals_void_for_runs
 from ledger.models import LeaseGrant, Run, RunLease, Worker
-from ledger.services.errors import InvalidInput, LeaseHeld, LeaseLost, RunCompleted, WorkerNotAccepting
+from ledger.services.errors import (
+    InvalidInput,
+    LeaseHeld,
+    LeaseLost,
+    RunCompleted,
+    WorkerNotAccepting,
+)
 from ledger.services.events import SYSTEM_REAPER, ChainBatch, worker_actor
 from ledger.services.fencing import Fenced, fenced, lock_run, locked_runs
 from ledger.services.operations import operations_mark_unknown, operations_orphaned

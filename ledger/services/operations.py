@@ -10,16 +10,27 @@ from django.db import IntegrityError, transaction
 
 from approvals.models import ApprovalKind, CaseReason
 from approvals.services.approvals import approval_open, approval_usable, approval_use
-from approvals.services.cases import case_attach_unverified_evidence, cases_open, open_case_for
+from approvals.services.cases import (
+    case_attach_unverified_evidence,
+    cases_open,
+    open_case_for,
+)
 from ledger.boundary import check_fields
 from ledger.models import Operation, Run, Tenant, Worker
 from ledger.services import authority
 from ledger.services.costs import cost_mark_unknown, cost_settle
-from ledger.services.errors import ApprovalRequired, Denied, IdempotencyMismatch, NotFound, ReconcileFirst, WrongPhase
-from ledger.services.policy import policy_current
-from ledger.services.retry import operation_retry_decision
+from ledger.services.errors import (
+    ApprovalRequired,
+    Denied,
+    IdempotencyMismatch,
+    NotFound,
+    ReconcileFirst,
+    WrongPhase,
+)
 from ledger.services.events import ChainBatch, json_safe
 from ledger.services.fencing import Fenced, fenced, parse_id
+from ledger.services.policy import policy_current
+from ledger.services.retry import operation_retry_decision
 from ledger.states import OUTCOME_PHASE, EffectClass, Outcome, Phase, can_move
 
 # The parameters that identify an intent. The fencing token is deliberately not one of

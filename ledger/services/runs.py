@@ -78,7 +78,9 @@ def run_complete(*, worker: Worker, run_id: object, fencing_token: int) -> Run:
                 "without_terminal_outcome": run.n_dispatched + run.n_unknown,
             },
         )
-        from ledger.tasks import verify_ledger_task  # tasks import services: import here
+        from ledger.tasks import (
+            verify_ledger_task,  # tasks import services: import here
+        )
 
         transaction.on_commit(lambda: verify_ledger_task.delay(str(run.pk)))
         return run

@@ -14,7 +14,13 @@ from django.db.models import F, Max, Q
 from django.utils import timezone
 
 from ledger.chain import format_time
-from ledger.evidence_verifier import VERIFIER_VERSION, Finding, Report, checkpoint_mac, verify_chain
+from ledger.evidence_verifier import (
+    VERIFIER_VERSION,
+    Finding,
+    Report,
+    checkpoint_mac,
+    verify_chain,
+)
 from ledger.models import Checkpoint, Event, Run
 from ledger.states import RunStatus
 from ledger.versioning import require_known

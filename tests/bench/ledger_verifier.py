@@ -36,7 +36,12 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.bench.fenced_transitions import BenchError, Server, django_setup, recreate_database  # noqa: E402
+from tests.bench.fenced_transitions import (  # noqa: E402
+    BenchError,
+    Server,
+    django_setup,
+    recreate_database,
+)
 
 DATABASE = "fenceline_bench_ledger"
 COPY_CHUNK = 50_000

@@ -7,7 +7,11 @@ import pytest
 from approvals.models import ReconciliationCase
 from approvals.services.cases import case_resolve
 from ledger.models import Event, Operation
-from ledger.services.credentials import credential_create, credential_lease_revoke, credential_rotate
+from ledger.services.credentials import (
+    credential_create,
+    credential_lease_revoke,
+    credential_rotate,
+)
 from ledger.services.policy import policy_change
 
 PRINCIPAL = "github-bot"

@@ -34,7 +34,12 @@ from ledger.chain import GENESIS_HASH, canonical_bytes, format_time, hash_bytes
 from ledger.models import Event, LeaseGrant, Operation, Run, RunLease
 from ledger.services.events import SYSTEM_REAPER
 from ledger.services.leases import lease_acquire, lease_release, leases_reap
-from ledger.services.operations import Intent, operation_authorize, operation_dispatch, operation_intend
+from ledger.services.operations import (
+    Intent,
+    operation_authorize,
+    operation_dispatch,
+    operation_intend,
+)
 from ledger.services.runs import run_create
 from ledger.states import EffectClass
 from ledger.tasks import reap_leases_task

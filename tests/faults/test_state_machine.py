@@ -37,9 +37,21 @@ from hypothesis.stateful import (
 from approvals.models import CaseReason, ReconciliationCase
 from ledger.chain import GENESIS_HASH, canonical_bytes, format_time, hash_bytes
 from ledger.models import Event, LeaseGrant, Operation, Run, RunLease
-from ledger.services.errors import DomainError, IdempotencyMismatch, LeaseHeld, LeaseLost, StaleToken, WrongPhase
+from ledger.services.errors import (
+    DomainError,
+    IdempotencyMismatch,
+    LeaseHeld,
+    LeaseLost,
+    StaleToken,
+    WrongPhase,
+)
 from ledger.services.fencing import fence_check
-from ledger.services.leases import lease_acquire, lease_release, lease_renew, leases_reap
+from ledger.services.leases import (
+    lease_acquire,
+    lease_release,
+    lease_renew,
+    leases_reap,
+)
 from ledger.services.operations import (
     Intent,
     operation_authorize,

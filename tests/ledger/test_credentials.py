@@ -11,7 +11,14 @@ from django.utils import timezone
 
 from ledger.models import Credential, CredentialLease, Event, Worker
 from ledger.services import credentials as svc
-from ledger.services.errors import Denied, ForbiddenField, InvalidInput, NotFound, StaleToken, WorkerNotAccepting
+from ledger.services.errors import (
+    Denied,
+    ForbiddenField,
+    InvalidInput,
+    NotFound,
+    StaleToken,
+    WorkerNotAccepting,
+)
 from ledger.services.leases import lease_acquire
 from ledger.services.policy import policy_change
 from ledger.states import WorkerStatus

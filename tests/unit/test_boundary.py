@@ -3,7 +3,13 @@ repeats the value it refused."""
 
 import pytest
 
-from ledger.boundary import check_fields, check_text, classify_key, key_words, path_segment
+from ledger.boundary import (
+    check_fields,
+    check_text,
+    classify_key,
+    key_words,
+    path_segment,
+)
 from ledger.services.errors import DomainError, ForbiddenField
 
 SECRET = "CANARY_UNIT_7d2e"
