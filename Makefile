@@ -6,7 +6,7 @@ DATABASE_URL_TEST ?= postgres://postgres@127.0.0.1:5432/fenceline
 REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test bench
+.PHONY: demo test bench bench-ledger
 
 demo:
 	@.ci/bootstrap
@@ -20,3 +20,7 @@ test:
 bench:
 	@.ci/bootstrap
 	DATABASE_URL=$(DATABASE_URL_TEST) .venv/bin/python tests/bench/fenced_transitions.py $(BENCH_ARGS)
+
+bench-ledger:
+	@.ci/bootstrap
+	DATABASE_URL=$(DATABASE_URL_TEST) .venv/bin/python tests/bench/ledger_verifier.py $(BENCH_ARGS)
