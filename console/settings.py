@@ -153,7 +153,11 @@ AUTHENTICATION_BACKENDS = [
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+GUARDIAN_RAISE_403 = False
+GUARDIAN_RENDER_403 = False
 
 # --- i18n / static ----------------------------------------------------------------------
 

@@ -1,11 +1,12 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
-from console import views
+from console.views import dashboard
 from ledger.api import api
 
 urlpatterns = [
-    path("", views.home, name="home"),
+    path("", dashboard.home, name="home"),
+    path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", api.urls),
     path("admin/", admin.site.urls),
 ]

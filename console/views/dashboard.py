@@ -1,7 +1,7 @@
-"""Operator console views. Thin: they read through selectors and call services."""
-
+from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
 
+@login_required
 def home(request):
     return render(request, "console/home.html")
