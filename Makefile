@@ -14,6 +14,7 @@ demo:
 
 test:
 	@.ci/bootstrap
+	@command -v chromium >/dev/null || { echo "The browser tests need Debian's chromium: sudo apt-get install -y chromium" >&2; exit 1; }
 	DATABASE_URL=$(DATABASE_URL_TEST) FENCELINE_TEST_REDIS_URL=$(REDIS_URL_TEST) FENCELINE_FAIL_ON_SKIP=1 \
 		.venv/bin/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 

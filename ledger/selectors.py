@@ -1,5 +1,10 @@
 """Reads, scoped to a tenant (worker API) or a user (console)."""
 
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from django.db.models import Exists, F, OuterRef, Q
+
 from ledger.models import Run, Tenant, Worker
 from ledger.services.errors import NotFound
 from ledger.services.fencing import parse_id
@@ -90,3 +95,197 @@ def approval_get(*, tenant: Tenant, approval_id: object):
         raise NotFound("approval not found")
     return approval
 
+
+
+# --- console reads, scoped to a user (every queryset is restricted to tenants_for(user)) ---
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+RUN_PAGE = 50
+EVENT_PAGE = 50
+EXPIRING_WITHIN_S = 60
+
+INDICATOR_FILTERS = {
+    "completeness": {
+        "COMPLETE": lambda: ~_incomplete(),
+        "INCOMPLETE": lambda: _incomplete(),
+    },
+    "integrity": {
+        "BROKEN": lambda: ~Q(broken_reason=""),
+        "VERIFIED": lambda: Q(broken_reason="", verified_checkpoint_seq=F("last_seq")),
+        "UNSEALED": lambda: Q(broken_reason="")
+        & (Q(verified_checkpoint_seq__isnull=True) | ~Q(verified_checkpoint_seq=F("last_seq"))),
+    },
+    "authorization": {
+        "OK": lambda: Q(authorization_mismatches=0),
+        "MISMATCH": lambda: Q(authorization_mismatches__gt=0),
+    },
+    "certainty": {
+        "CERTAIN": lambda: Q(n_unknown=0, n_dispatched=0),
+        "UNCERTAIN": lambda: Q(n_unknown__gt=0) | Q(n_dispatched__gt=0),
+    },
+}
+
+
+def _incomplete() -> Q:
+    return Q(broken_reason="gap") | Q(status="COMPLETED", n_dispatched__gt=0) | Q(status="COMPLETED", n_unknown__gt=0)
+
+
+def runs_for_user(*, user):
+    """Runs of the tenants on which ``user`` may view (none without a role)."""
+    from ledger.roles import tenants_for
+
+    return Run.objects.filter(tenant__in=tenants_for(user))
+
+
+def runs_search(*, user, q: str = "", status: str = "", indicators: dict[str, str] | None = None):
+    """Runs visible to ``user`` matching the search (run id, external id, worker or owner,
+    tool) and the filters; every indicator filter is a condition on the run's own columns."""
+    from ledger.models import LeaseGrant, Operation
+
+    qs = runs_for_user(user=user)
+    q = q.strip()
+    if q:
+        match = Q(external_id__icontains=q)
+        match |= Exists(LeaseGrant.objects.filter(run=OuterRef("pk")).filter(Q(worker__name__iexact=q) | Q(owner_id__iexact=q)))
+        match |= Exists(Operation.objects.filter(run=OuterRef("pk"), tool__iexact=q))
+        try:
+            match |= Q(pk=uuid.UUID(q))
+        except ValueError:
+            pass
+        qs = qs.filter(match)
+    if status:
+        qs = qs.filter(status=status)
+    for name, value in (indicators or {}).items():
+        condition = INDICATOR_FILTERS.get(name, {}).get(value)
+        if condition is not None:
+            qs = qs.filter(condition())
+    return qs
+
+
+def run_cursor(run: Run) -> str:
+    """Keyset cursor for (-created_at, -id): microseconds since the epoch and the id."""
+    micros = (run.created_at - _EPOCH) // timedelta(microseconds=1)
+    return f"{micros}_{run.pk}"
+
+
+def runs_page(qs, *, before: str = "", size: int = RUN_PAGE) -> tuple[list[Run], str | None]:
+    """One page of ``qs`` newest first, after the cursor ``before``; and the next cursor."""
+    qs = qs.select_related("tenant", "lease", "lease__worker").order_by("-created_at", "-id")
+    if before:
+        try:
+            micros, _, run_id = before.partition("_")
+            created_at = _EPOCH + timedelta(microseconds=int(micros))
+            run_uuid = uuid.UUID(run_id)
+        except (ValueError, OverflowError):
+            created_at = run_uuid = None
+        if created_at is not None:
+            qs = qs.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=run_uuid))
+    rows = list(qs[: size + 1])
+    next_cursor = run_cursor(rows[size - 1]) if len(rows) > size else None
+    return rows[:size], next_cursor
+
+
+def run_events_page(*, run: Run, after: int = 0, size: int = EVENT_PAGE):
+    """The run's events in seq order after ``after``; and the next cursor (a seq)."""
+    from ledger.models import Event
+
+    rows = list(Event.objects.filter(run=run, seq__gt=after).order_by("seq")[: size + 1])
+    next_after = rows[size - 1].seq if len(rows) > size else None
+    return rows[:size], next_after
+
+
+def run_detail_parts(*, run: Run, limit: int = 100) -> dict:
+    """Lease history, stale-write refusals, operations (with their reconciliation case),
+    capability budgets and the run's cost windows: a fixed number of queries."""
+    from django.db.models import Prefetch
+
+    from approvals.models import ReconciliationCase
+    from ledger.models import CapabilityBudget, CostWindow, Event, LeaseGrant, Operation
+
+    cases = ReconciliationCase.objects.order_by("-attempt")
+    return {
+        "grants": list(LeaseGrant.objects.filter(run=run).select_related("worker").order_by("-fencing_token")[:limit]),
+        "refusals": list(Event.objects.filter(run=run, type="STALE_TOKEN_REJECTED").order_by("-seq")[:limit]),
+        "operations": list(
+            Operation.objects.filter(run=run).order_by("created_at", "id").prefetch_related(Prefetch("cases", queryset=cases))[:limit]
+        ),
+        "capabilities": list(CapabilityBudget.objects.filter(run=run).order_by("created_at")[:limit]),
+        "cost_windows": list(CostWindow.objects.filter(tenant_id=run.tenant_id, kind="RUN", key=str(run.pk)).order_by("-starts_at")[:limit]),
+    }
+
+
+def dashboard_counts(*, user) -> dict:
+    """What needs a person now, per visible tenant: bounded aggregates, five queries."""
+    from django.db.models import Count, Max, Sum
+    from django.utils import timezone
+
+    from approvals.models import OPEN_CASE_STATUSES, ApprovalRequest, ApprovalStatus, ReconciliationCase
+    from ledger.models import RunLease
+    from ledger.roles import tenants_for
+
+    now = timezone.now()
+    tenants = list(tenants_for(user).order_by("slug"))
+    ids = [t.pk for t in tenants]
+    rows = {
+        t.pk: {
+            "tenant": t,
+            "open_unknown": 0,
+            "pending_approvals": 0,
+            "expiring_leases": 0,
+            "stale_rejections": 0,
+            "broken_runs": 0,
+            "last_verified_at": None,
+        }
+        for t in tenants
+    }
+    if ids:
+        for r in (
+            ReconciliationCase.objects.filter(tenant_id__in=ids, status__in=OPEN_CASE_STATUSES)
+            .values("tenant_id")
+            .annotate(n=Count("id"))
+            .order_by()
+        ):
+            rows[r["tenant_id"]]["open_unknown"] = r["n"]
+        for r in (
+            ApprovalRequest.objects.filter(tenant_id__in=ids, status=ApprovalStatus.PENDING, expires_at__gt=now)
+            .values("tenant_id")
+            .annotate(n=Count("id"))
+            .order_by()
+        ):
+            rows[r["tenant_id"]]["pending_approvals"] = r["n"]
+        for r in (
+            RunLease.objects.filter(
+                run__tenant_id__in=ids, owner_id__isnull=False, expires_at__lte=now + timedelta(seconds=EXPIRING_WITHIN_S)
+            )
+            .values("run__tenant_id")
+            .annotate(n=Count("run_id"))
+            .order_by()
+        ):
+            rows[r["run__tenant_id"]]["expiring_leases"] = r["n"]
+        for r in (
+            Run.objects.filter(tenant_id__in=ids)
+            .values("tenant_id")
+            .annotate(
+                stale=Sum("stale_rejections"),
+                broken=Count("id", filter=~Q(broken_reason="")),
+                verified=Max("verified_at", filter=Q(verified_checkpoint_seq__isnull=False)),
+            )
+            .order_by()
+        ):
+            row = rows[r["tenant_id"]]
+            row["stale_rejections"] = r["stale"] or 0
+            row["broken_runs"] = r["broken"]
+            row["last_verified_at"] = r["verified"]
+    per_tenant = list(rows.values())
+    verified = [r["last_verified_at"] for r in per_tenant if r["last_verified_at"]]
+    return {
+        "now": now,
+        "tenants": per_tenant,
+        "open_unknown": sum(r["open_unknown"] for r in per_tenant),
+        "pending_approvals": sum(r["pending_approvals"] for r in per_tenant),
+        "expiring_leases": sum(r["expiring_leases"] for r in per_tenant),
+        "stale_rejections": sum(r["stale_rejections"] for r in per_tenant),
+        "broken_runs": sum(r["broken_runs"] for r in per_tenant),
+        "breakers_not_normal": [t for t in tenants if t.breaker_state != "NORMAL"],
+        "last_verified_at": max(verified) if verified else None,
+    }

@@ -17,6 +17,7 @@ log = logging.getLogger("fenceline.api")
 STATUS = {
     domain.NotFound: 404,
     domain.InvalidInput: 422,
+    domain.Forbidden: 403,
     domain.ForbiddenField: 422,
     domain.IdempotencyMismatch: 422,
     domain.LeaseHeld: 409,

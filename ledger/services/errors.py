@@ -25,6 +25,13 @@ class InvalidInput(DomainError):
     code = "VALIDATION_ERROR"
 
 
+class Forbidden(DomainError):
+    """A person's role on the object's tenant does not allow this action (the console
+    checks first; the service checks again)."""
+
+    code = "FORBIDDEN"
+
+
 class LeaseHeld(DomainError):
     code = "LEASE_HELD"
 
@@ -108,6 +115,7 @@ __all__ = [
     "ApprovalRequired",
     "Denied",
     "DomainError",
+    "Forbidden",
     "ForbiddenField",
     "IdempotencyMismatch",
     "InvalidInput",
