@@ -46,7 +46,7 @@ import re
 import uuid
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import connection, IntegrityError, transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
@@ -229,6 +229,8 @@ def _credential_for_share(tenant: Tenant, principal: str) -> Credential | None:
     """The credential row, locked FOR SHARE until the transaction ends: a rotation waits
     for this issue to commit (and then sees its lease), or this issue waits for the
     rotation (and then reads the new version). Issues do not block each other."""
+    if connection.vendor != "postgresql":  # SQLite: the IMMEDIATE transaction already serializes writers
+        return Credential.objects.filter(tenant=tenant, principal=principal).first()
     table = Credential._meta.db_table
     rows = list(
         Credential.objects.raw(

@@ -11,14 +11,22 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from ledger.models import RunLease, Worker
-from ledger.services import leases, operations, runs
-from ledger.services.errors import StaleToken
+from approvals.models import ApprovalRequest
+from approvals.services.approvals import approvals_expire
+from ledger.models import Event, Run, RunLease, Worker
+from ledger.roles import role_grant
+from ledger.services import leases, notes, operations, runs
+from ledger.services.credentials import credential_create, credential_lease_issue, credential_lease_revoke
+from ledger.services.errors import ApprovalRequired, Denied, StaleToken
+from ledger.services.events import build_event
 from ledger.services.operations import Intent
+from ledger.services.policy import policy_change
+from ledger.services.verification import ledger_verify
 from ledger.services.workers import tenant_ensure, worker_create, worker_rotate_token
 
 TENANT = "demo"
 WORKER = "demo-worker"
+DEMO_USERS = [("viewer", "viewer"), ("operator", "operator"), ("approver", "approver"), ("admin", "admin")]
 
 
 class Command(BaseCommand):
@@ -66,42 +74,122 @@ class Command(BaseCommand):
         tenant, _ = tenant_ensure(slug=TENANT, name="Demo tenant")
         existing = Worker.objects.filter(tenant=tenant, name=WORKER).first()
         if existing is not None:
+            self.show_users()
             return worker_rotate_token(worker=existing)
         worker, token = worker_create(tenant=tenant, name=WORKER)
-        self.stdout.write("seeding demo runs through the services ...")
+        self.stdout.write("seeding demo tenants, users and runs through the services ...")
+        for username, role in DEMO_USERS:
+            role_grant(username=username, tenant=tenant, role=role, password=f"{username}-demo")
         self.seed_runs(worker)
+        self.seed_other_tenants()
+        result = ledger_verify(limit=1000)
+        self.stdout.write(f"verified {result.runs} runs ({result.broken} BROKEN, as seeded)")
+        self.show_users()
         return token
 
-    def seed_runs(self, worker: Worker) -> None:
-        def intent(key: str, effect: str = "IDEMPOTENT") -> Intent:
-            return Intent(tool="github", action="create_issue", resource="repo:acme/web", effect_class=effect, idempotency_key=key)
+    def show_users(self) -> None:
+        self.stdout.write("Console users (password = <user>-demo), all on tenant 'demo':")
+        for username, role in DEMO_USERS:
+            self.stdout.write(f"  {username:<9} {role}")
+        self.stdout.write("  globex-admin admin on tenant 'globex' only (sees nothing of 'demo')")
 
-        def dispatch(run, token, key, effect="IDEMPOTENT"):
-            op, _ = operations.operation_intend(worker=worker, run_id=run.pk, fencing_token=token, intent=intent(key, effect))
+    def seed_runs(self, worker: Worker) -> None:
+        tenant = worker.tenant
+
+        def leased(external_id: str, owner: str = "agent-a", ttl_s: int = 3600):
+            run, _ = runs.run_create(worker=worker, schema_version=1, external_id=external_id)
+            token = leases.lease_acquire(worker=worker, run_id=run.pk, owner_id=owner, ttl_s=ttl_s).fencing_token
+            return run, token
+
+        def intend(run, token, key, *, tool="github", action="create_issue", resource="repo:acme/web", effect="IDEMPOTENT"):
+            intent = Intent(tool=tool, action=action, resource=resource, effect_class=effect, idempotency_key=key)
+            return operations.operation_intend(worker=worker, run_id=run.pk, fencing_token=token, intent=intent)[0]
+
+        def dispatch(run, token, key, **kw):
+            op = intend(run, token, key, **kw)
             operations.operation_authorize(worker=worker, operation_id=op.pk, fencing_token=token)
             return operations.operation_dispatch(worker=worker, operation_id=op.pk, fencing_token=token)
 
-        # A run whose effect was confirmed.
-        run, _ = runs.run_create(worker=worker, schema_version=1, external_id="demo-confirmed")
-        token = leases.lease_acquire(worker=worker, run_id=run.pk, owner_id="agent-a", ttl_s=3600).fencing_token
-        op = dispatch(run, token, "demo:issue:1")
-        operations.operation_report_outcome(
-            worker=worker, operation_id=op.pk, fencing_token=token, outcome="CONFIRMED", provider_request_id="gh-1001"
-        )
+        def outcome(op, token, result, **kw):
+            return operations.operation_report_outcome(worker=worker, operation_id=op.pk, fencing_token=token, outcome=result, **kw)
 
-        # A run taken over after its owner stalled: the stale owner is fenced, its in-flight
-        # effect is UNKNOWN with a case and its late report kept as unverified evidence.
-        run, _ = runs.run_create(worker=worker, schema_version=1, external_id="demo-takeover")
-        token = leases.lease_acquire(worker=worker, run_id=run.pk, owner_id="agent-stalled", ttl_s=60).fencing_token
-        op = dispatch(run, token, "demo:email:7", effect="NON_RETRYABLE")
-        RunLease.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))
+        # Verified: an effect confirmed, the run completed and sealed.
+        run, token = leased("demo-confirmed")
+        outcome(dispatch(run, token, "demo:issue:1"), token, "CONFIRMED", provider_request_id="gh-1001")
+        runs.run_complete(worker=worker, run_id=run.pk, fencing_token=token)
+
+        # A stalled owner fenced: its in-flight effect is UNKNOWN with a case, and its late
+        # report is kept as unverified evidence.
+        run, token = leased("demo-takeover", owner="agent-stalled", ttl_s=60)
+        op = dispatch(run, token, "demo:email:7", tool="email", action="send", resource="mailto:ops@example.com", effect="NON_RETRYABLE")
+        RunLease.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))  # the demo's clock
         leases.lease_acquire(worker=worker, run_id=run.pk, owner_id="agent-rescue", ttl_s=3600)
         try:
-            operations.operation_report_outcome(
-                worker=worker, operation_id=op.pk, fencing_token=token, outcome="CONFIRMED", provider_request_id="msg-77"
-            )
+            outcome(op, token, "CONFIRMED", provider_request_id="msg-77")
         except StaleToken:
-            pass  # expected: that is the point of the demo
+            pass  # expected: that is the point of this run
+
+        # UNKNOWN without stale evidence: the provider timed out after accepting.
+        run, token = leased("demo-timeout")
+        outcome(dispatch(run, token, "demo:deploy:3", tool="deploy", action="release", resource="service:web"), token, "UNKNOWN", error_code="READ_TIMEOUT")
+
+        # Approvals: payments always need a person. One pending, one expired.
+        policy_change(tenant=tenant, document={"human_approval_tools": ["payments"]}, changed_by="demo", reason="payments need a person")
+        run, token = leased("demo-approvals")
+        pending = intend(run, token, "demo:charge:17", tool="payments", action="charge", resource="customer:881", effect="NON_RETRYABLE")
+        expired = intend(run, token, "demo:charge:18", tool="payments", action="charge", resource="customer:882", effect="NON_RETRYABLE")
+        for op in (pending, expired):
+            try:
+                operations.operation_authorize(worker=worker, operation_id=op.pk, fencing_token=token)
+            except ApprovalRequired:
+                pass
+        ApprovalRequest.objects.filter(operation=expired).update(expires_at=timezone.now() - timedelta(seconds=1))
+        approvals_expire()
+
+        # A revoked credential lease that refused a dispatch.
+        credential_create(tenant=tenant, principal="github-bot", secret_ref="vault:kv/github-bot")
+        run, token = leased("demo-revoked")
+        lease = credential_lease_issue(
+            worker=worker, run_id=run.pk, fencing_token=token, principal="github-bot",
+            actions=["push"], resources=["repo:acme/web"], ttl_s=3600,
+        )
+        op = intend(run, token, "demo:push:5", tool="git", action="push", resource="repo:acme/web")
+        operations.operation_authorize(worker=worker, operation_id=op.pk, fencing_token=token, credential_lease_id=lease.pk)
+        credential_lease_revoke(tenant=tenant, lease_id=lease.pk, revoked_by="admin", reason="token seen in a build log")
+        try:
+            operations.operation_dispatch(worker=worker, operation_id=op.pk, fencing_token=token)
+        except Denied:
+            pass  # DENY_REVOKED, as intended
+
+        # A run whose chain is BROKEN: an event slipped in past the recorded head.
+        run, token = leased("demo-broken")
+        notes.event_append(worker=worker, run_id=run.pk, fencing_token=token, type="NOTE", fields={"step": "checked"})
+        forged = build_event(Run.objects.get(pk=run.pk), type="NOTE", actor="worker:intruder/x", fields={"step": "forged"}, occurred_at=timezone.now())
+        Event.objects.bulk_create([forged])  # INSERT is what the trigger allows; the head does not move
+
+    def seed_other_tenants(self) -> None:
+        # Another tenant: the demo users see nothing of it.
+        globex, _ = tenant_ensure(slug="globex", name="Globex")
+        role_grant(username="globex-admin", tenant=globex, role="admin", password="globex-admin-demo")
+        other, _ = worker_create(tenant=globex, name="globex-worker")
+        run, _ = runs.run_create(worker=other, schema_version=1, external_id="globex-run")
+        leases.lease_acquire(worker=other, run_id=run.pk, owner_id="g-agent", ttl_s=3600)
+
+        # A tenant whose cost breaker is DEGRADED: 900 of its 1,000 cents are reserved.
+        initech, _ = tenant_ensure(slug="initech", name="Initech")
+        policy_change(
+            tenant=initech,
+            document={"cost_limits_cents": {"run": None, "tenant": 1000, "retry": None, "provider": {}}},
+            changed_by="demo",
+            reason="a small spend cap",
+        )
+        spender, _ = worker_create(tenant=initech, name="initech-worker")
+        run, _ = runs.run_create(worker=spender, schema_version=1, external_id="initech-spend")
+        token = leases.lease_acquire(worker=spender, run_id=run.pk, owner_id="i-agent", ttl_s=3600).fencing_token
+        intent = Intent(tool="llm", action="complete", resource="model:large", effect_class="PURE", idempotency_key="i:1", estimated_cost_cents=900)
+        op, _ = operations.operation_intend(worker=spender, run_id=run.pk, fencing_token=token, intent=intent)
+        operations.operation_authorize(worker=spender, operation_id=op.pk, fencing_token=token)
+        operations.operation_dispatch(worker=spender, operation_id=op.pk, fencing_token=token)
 
     def start_jobs(self) -> subprocess.Popen:
         schedule = settings.STATE_DIR / "celerybeat-schedule"
