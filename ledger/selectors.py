@@ -219,7 +219,12 @@ def dashboard_counts(*, user) -> dict:
     from django.db.models import Count, Max, Sum
     from django.utils import timezone
 
-    from approvals.models import OPEN_CASE_STATUSES, ApprovalRequest, ApprovalStatus, ReconciliationCase
+    from approvals.models import (
+        OPEN_CASE_STATUSES,
+        ApprovalRequest,
+        ApprovalStatus,
+        ReconciliationCase,
+    )
     from ledger.models import RunLease
     from ledger.roles import tenants_for
 

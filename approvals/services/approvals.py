@@ -8,11 +8,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
+from approvals.services.acting import acting_name
 from ledger.boundary import check_text
 from ledger.models import CapabilityBudget, Operation, Run
+from ledger.roles import APPROVE
 from ledger.services.errors import InvalidInput, NotFound, WrongPhase
 from ledger.services.events import ChainBatch
-from ledger.services.fencing import locked_runs
+from ledger.services.fencing import locked_runs, parse_id
 from ledger.states import CapabilityStatus
 
 LIVE = (ApprovalStatus.PENDING, ApprovalStatus.APPROVED)
@@ -97,16 +99,21 @@ def approvals_void_for_runs(*, runs: list[Run], batch: ChainBatch, actor: str) -
     return len(live)
 
 
-def approval_decide(*, approval_id: object, approve: bool, decided_by: str, reason: str) -> ApprovalRequest:
+def approval_decide(
+    *, approval_id: object, approve: bool, reason: str, decided_by: str = "", user=None
+) -> ApprovalRequest:
     """An approver's decision: PENDING -> APPROVED or DENIED, with their name and reason, as
     an event in the run's chain. A request past its expiry is marked EXPIRED and the
-    decision is refused (WrongPhase): a late "yes" never approves anything."""
-    if not decided_by or not reason or not reason.strip():
+    decision is refused (WrongPhase): a late "yes" never approves anything. Given a console
+    ``user``, their APPROVE role on the request's tenant is checked and their username is
+    the actor."""
+    if not (decided_by or user is not None) or not reason or not reason.strip():
         raise InvalidInput("a decision names who made it and why")
     check_text(reason, path="reason")
-    approval = ApprovalRequest.objects.filter(pk=approval_id).first()
+    approval = ApprovalRequest.objects.filter(pk=parse_id(approval_id, "approval")).first()
     if approval is None:
         raise NotFound("approval not found")
+    decided_by = acting_name(user=user, name=decided_by, tenant_id=approval.tenant_id, perm=APPROVE)
     with transaction.atomic():
         (run,) = locked_runs({"run_id": approval.run_id})
         now = timezone.now()

@@ -8,7 +8,13 @@ from approvals.models import (
     CaseStatus,
     ReconciliationCase,
 )
+from approvals.services.acting import acting_name
+from ledger.boundary import check_text
 from ledger.models import Operation
+from ledger.roles import OPERATE, can
+from ledger.services.errors import Forbidden, InvalidInput, NotFound, WrongPhase
+from ledger.services.events import ChainBatch
+from ledger.services.fencing import locked_runs, parse_id
 
 
 def cases_open(*, operations: list[Operation], reason: CaseReason, now: datetime) -> dict:
@@ -55,16 +61,19 @@ RESOLUTIONS = ("HAPPENED", "DID_NOT_HAPPEN", "COMPENSATED")
 def case_resolve(
     *,
     case_id: object,
-    resolved_by: str,
     resolution: str,
     reason: str,
+    resolved_by: str = "",
+    user=None,
     provider_request_id: str = "",
     actual_cost_cents: int | None = None,
 ) -> ReconciliationCase:
     """Close an UNKNOWN outcome with a named person (or reconciler) and evidence: the
     operation moves UNKNOWN -> RECONCILED, the case is RESOLVED, the cost reservation is
     settled (or released when nothing happened), all as events in the run's chain.
-    HAPPENED needs the provider's request id; every resolution needs a reason."""
+    HAPPENED needs the provider's request id; every resolution needs a reason. Given a
+    console ``user``, their OPERATE role on the case's tenant is checked and their
+    username is the actor."""
     from django.db import transaction
     from django.utils import timezone
 
@@ -78,7 +87,7 @@ def case_resolve(
 
     if resolution not in RESOLUTIONS:
         raise InvalidInput(f"resolution must be one of {', '.join(RESOLUTIONS)}")
-    if not resolved_by or not reason or not reason.strip():
+    if not (resolved_by or user is not None) or not reason or not reason.strip():
         raise InvalidInput("a resolution names who made it and why")
     if resolution == "HAPPENED" and not provider_request_id:
         raise InvalidInput("HAPPENED needs the provider's request id as evidence")
@@ -88,6 +97,7 @@ def case_resolve(
     case = ReconciliationCase.objects.filter(pk=case_id).first()
     if case is None:
         raise NotFound("case not found")
+    resolved_by = acting_name(user=user, name=resolved_by, tenant_id=case.tenant_id, perm=OPERATE)
     with transaction.atomic():
         (run,) = locked_runs({"run_id": case.run_id})
         now = timezone.now()
@@ -128,3 +138,111 @@ def case_resolve(
         ctx.batch.commit()
     case.refresh_from_db()
     return case
+
+
+def _case_for(case_id: object) -> ReconciliationCase:
+    case = ReconciliationCase.objects.filter(pk=parse_id(case_id, "case")).first()
+    if case is None:
+        raise NotFound("case not found")
+    return case
+
+
+def _case_move(
+    *, case_id: object, user, sources: tuple, target: CaseStatus, event: str, reason: str = "", claim: bool = False
+) -> ReconciliationCase:
+    """One case transition by a console user: the role is checked on the case's tenant, the
+    run is locked, the conditional UPDATE on the current status decides, and exactly one
+    event naming the user (and reason) is appended in the same transaction."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    case = _case_for(case_id)
+    name = acting_name(user=user, name="", tenant_id=case.tenant_id, perm=OPERATE)
+    with transaction.atomic():
+        (run,) = locked_runs({"run_id": case.run_id})
+        now = timezone.now()
+        values = {"status": target, **({"claimed_by": name, "claimed_at": now} if claim else {})}
+        won = ReconciliationCase.objects.filter(pk=case.pk, status__in=sources).update(**values)
+        if won != 1:
+            case.refresh_from_db()
+            raise WrongPhase(phase=f"case {case.status}", wanted=" or ".join(sources))
+        batch = ChainBatch(now)
+        fields = {"case_id": case.pk, "operation_id": case.operation_id, "attempt": case.attempt}
+        if reason:
+            fields["reason"] = reason
+        batch.append(run, event, actor=f"user:{name}", fields=fields)
+        batch.commit()
+    case.refresh_from_db()
+    return case
+
+
+def case_claim(*, case_id: object, user) -> ReconciliationCase:
+    """An operator takes an OPEN case: OPEN -> CLAIMED, with a CASE_CLAIMED event."""
+    return _case_move(
+        case_id=case_id, user=user, sources=(CaseStatus.OPEN,), target=CaseStatus.CLAIMED, event="CASE_CLAIMED", claim=True
+    )
+
+
+def case_escalate(*, case_id: object, user, reason: str) -> ReconciliationCase:
+    """An operator hands an open case up: OPEN or CLAIMED -> ESCALATED, with the reason."""
+    if not reason or not reason.strip():
+        raise InvalidInput("an escalation says why")
+    check_text(reason, path="reason")
+    return _case_move(
+        case_id=case_id,
+        user=user,
+        sources=(CaseStatus.OPEN, CaseStatus.CLAIMED),
+        target=CaseStatus.ESCALATED,
+        event="CASE_ESCALATED",
+        reason=reason.strip(),
+    )
+
+
+BULK_RESOLUTIONS = ("DID_NOT_HAPPEN", "COMPENSATED")  # HAPPENED needs each case's own provider id
+
+
+def cases_preview(*, case_ids, user) -> list[ReconciliationCase]:
+    """Exactly the cases a bulk action by ``user`` on ``case_ids`` will touch: those still
+    open, on tenants where the user may operate, in the order they will be resolved."""
+    from ledger.roles import tenants_for
+
+    ids = set()
+    for raw in case_ids:
+        try:
+            ids.add(parse_id(raw, "case"))
+        except NotFound:
+            continue
+    return list(
+        ReconciliationCase.objects.filter(
+            pk__in=ids, status__in=OPEN_CASE_STATUSES, tenant__in=tenants_for(user, OPERATE)
+        )
+        .select_related("operation", "run")
+        .order_by("opened_at", "id")
+    )
+
+
+def cases_resolve_bulk(*, case_ids, user, resolution: str, reason: str) -> list[ReconciliationCase]:
+    """Resolve several cases with one resolution and reason, all or none: every case must
+    still be open and on a tenant where ``user`` may operate, or nothing changes."""
+    from django.db import transaction
+
+    if resolution not in BULK_RESOLUTIONS:
+        raise InvalidInput(f"bulk resolution must be one of {', '.join(BULK_RESOLUTIONS)}")
+    if not reason or not reason.strip():
+        raise InvalidInput("a resolution says why")
+    wanted = {parse_id(raw, "case") for raw in case_ids}
+    if not wanted:
+        raise InvalidInput("choose at least one case")
+    found = list(ReconciliationCase.objects.filter(pk__in=wanted).select_related("tenant").order_by("opened_at", "id"))
+    if len(found) != len(wanted):
+        raise NotFound("case not found")
+    for case in found:
+        if not can(user, case.tenant, OPERATE):
+            raise Forbidden("your role on this tenant does not allow this action")
+        if case.status not in OPEN_CASE_STATUSES:
+            raise WrongPhase(phase=f"case {case.status}", wanted="an open case")
+    with transaction.atomic():
+        return [
+            case_resolve(case_id=case.pk, user=user, resolution=resolution, reason=reason)
+            for case in found
+        ]

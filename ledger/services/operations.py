@@ -210,7 +210,14 @@ def operation_authorize(
                 operation=op,
             )
             if op.phase == Phase.PLANNED:
-                transition(op, Phase.PENDING_APPROVAL, ctx, reason="a person must approve", event_fields={"approval_id": approval.pk})
+                transition(
+                    op,
+                    Phase.PENDING_APPROVAL,
+                    ctx,
+                    reason="a person must approve",
+                    decision_policy_version=grounds.policy_version,  # the policy the approver decides under
+                    event_fields={"approval_id": approval.pk},
+                )
             return op, ApprovalRequired(approval.pk)
         transition(
             op,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 from django.db import connection
 
-import console.views
+import console.views.dashboard
 from ledger.services import notes
 
 # --- where a canary could end up ----------------------------------------------------------
@@ -323,9 +323,16 @@ def test_a_console_crash_logs_the_traceback_without_its_message(live_server, log
     def crash(*args, **kwargs):
         raise ValueError(f"template context had {canary}")
 
-    monkeypatch.setattr(console.views, "render", crash)
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    browser = Client()  # a signed-in user: the dashboard is behind login_required
+    browser.force_login(get_user_model().objects.create_user(username="crash-viewer"))
+    session = browser.cookies[settings.SESSION_COOKIE_NAME].value
+    monkeypatch.setattr(console.views.dashboard, "render", crash)
     before = database_fingerprint()
-    raw = requests.get(live_server.url + "/", timeout=30)
+    raw = requests.get(live_server.url + "/", cookies={settings.SESSION_COOKIE_NAME: session}, timeout=30)
     assert raw.status_code == 500
     printed = logs.printed.getvalue()
     assert "Internal Server Error: /" in printed

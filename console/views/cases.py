@@ -1,0 +1,203 @@
+"""The reconciliation queue: every UNKNOWN effect with what is known about it; claim,
+resolve (happened / did not happen / compensated), escalate, and bulk resolve with a
+preview of exactly the cases it will touch. Each action goes through approvals.services."""
+
+import uuid
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from approvals.selectors import CASE_FILTERS, case_queue, cases_for
+from approvals.services.cases import (
+    BULK_RESOLUTIONS,
+    RESOLUTIONS,
+    case_claim,
+    case_escalate,
+    case_resolve,
+    cases_preview,
+    cases_resolve_bulk,
+)
+from ledger.roles import OPERATE, can, tenants_for
+from ledger.services.errors import DomainError
+
+TEMPLATE = "console/cases.html"
+
+
+def _label(resolution: str) -> str:
+    return resolution.replace("_", " ").lower()
+
+
+class ResolveForm(forms.Form):
+    resolution = forms.ChoiceField(choices=[(r, _label(r)) for r in RESOLUTIONS])
+    provider_request_id = forms.CharField(max_length=200, required=False, strip=True)
+    reason = forms.CharField(max_length=500, strip=True)
+
+    def clean(self):
+        data = super().clean()
+        if data.get("resolution") == "HAPPENED" and not data.get("provider_request_id"):
+            self.add_error("provider_request_id", "HAPPENED needs the provider's request id as evidence.")
+        return data
+
+
+class EscalateForm(forms.Form):
+    reason = forms.CharField(max_length=500, strip=True)
+
+
+class BulkForm(forms.Form):
+    case = forms.TypedMultipleChoiceField(coerce=str, choices=(), error_messages={"required": "Choose at least one case."})
+    resolution = forms.ChoiceField(choices=[(r, _label(r)) for r in BULK_RESOLUTIONS])
+    reason = forms.CharField(max_length=500, strip=True)
+    confirm = forms.BooleanField(required=False)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Any submitted id is a valid choice here; visibility is decided by the selector.
+        self.fields["case"].choices = [(v, v) for v in self.data.getlist("case")] if self.data else []
+
+
+def _queue_context(request) -> dict:
+    status = request.GET.get("status", "open")
+    if status not in CASE_FILTERS:
+        status = "open"
+    rows, next_cursor = case_queue(user=request.user, status=status, cursor=request.GET.get("after"))
+    operable = set(tenants_for(request.user, OPERATE).values_list("pk", flat=True))
+    return {
+        "rows": rows,
+        "next_cursor": next_cursor,
+        "status": status,
+        "statuses": list(CASE_FILTERS),
+        "operable": operable,
+        "can_operate": bool(operable),
+        "resolutions": [(r, _label(r)) for r in RESOLUTIONS],
+        "bulk_resolutions": [(r, _label(r)) for r in BULK_RESOLUTIONS],
+    }
+
+
+@require_GET
+@login_required
+def queue(request):
+    context = _queue_context(request)
+    if request.htmx and request.htmx.target == "cases-table":
+        return render(request, f"{TEMPLATE}#table", context)
+    return render(request, TEMPLATE, context)
+
+
+def _case_to_act_on(request, case_id):
+    """Another tenant's case is a 404; a case the user sees but may not act on, 403."""
+    case = get_object_or_404(cases_for(request.user).select_related("tenant"), pk=case_id)
+    if not can(request.user, case.tenant, OPERATE):
+        raise PermissionDenied("your role on this tenant does not allow this action")
+    return case
+
+
+def _done(request, message: str, *, error: bool = False, status: int = 200):
+    """After an action: htmx gets the refreshed table and one out-of-band toast; a plain
+    form post is redirected back to the queue (or shown the error)."""
+    if request.htmx:
+        context = {**_queue_context(request), "toast": message, "toast_error": error}
+        response = render(request, f"{TEMPLATE}#action-response", context, status=200)
+        if error:
+            response["HX-Reswap"] = "none"
+        return response
+    if error:
+        context = {**_queue_context(request), "errors": [message]}
+        return render(request, TEMPLATE, context, status=status)
+    return redirect("cases")
+
+
+def _form_error(request, form) -> str:
+    return "; ".join(f"{'' if name == '__all__' else name.replace('_', ' ') + ': '}{' '.join(errs)}" for name, errs in form.errors.items())
+
+
+@require_POST
+@login_required
+def claim(request, case_id):
+    case = _case_to_act_on(request, case_id)
+    try:
+        case_claim(case_id=case.pk, user=request.user)
+    except DomainError as exc:
+        return _done(request, exc.detail, error=True, status=409)
+    return _done(request, f"Case {str(case.pk)[:8]} claimed.")
+
+
+@require_POST
+@login_required
+def resolve(request, case_id):
+    case = _case_to_act_on(request, case_id)
+    form = ResolveForm(request.POST)
+    if not form.is_valid():
+        return _done(request, _form_error(request, form), error=True, status=400)
+    try:
+        case_resolve(
+            case_id=case.pk,
+            user=request.user,
+            resolution=form.cleaned_data["resolution"],
+            reason=form.cleaned_data["reason"],
+            provider_request_id=form.cleaned_data["provider_request_id"],
+        )
+    except DomainError as exc:
+        return _done(request, exc.detail, error=True, status=409)
+    return _done(request, f"Case {str(case.pk)[:8]} resolved as {form.cleaned_data['resolution']}.")
+
+
+@require_POST
+@login_required
+def escalate(request, case_id):
+    case = _case_to_act_on(request, case_id)
+    form = EscalateForm(request.POST)
+    if not form.is_valid():
+        return _done(request, _form_error(request, form), error=True, status=400)
+    try:
+        case_escalate(case_id=case.pk, user=request.user, reason=form.cleaned_data["reason"])
+    except DomainError as exc:
+        return _done(request, exc.detail, error=True, status=409)
+    return _done(request, f"Case {str(case.pk)[:8]} escalated.")
+
+
+@require_POST
+@login_required
+def bulk(request):
+    """First POST (no ``confirm``): show exactly the cases it will touch. Second POST with
+    ``confirm``: resolve exactly those, all or none."""
+    form = BulkForm(request.POST)
+    if not form.is_valid():
+        return _done(request, _form_error(request, form), error=True, status=400)
+    ids = form.cleaned_data["case"]
+    visible = list(cases_for(request.user).filter(pk__in=_uuids(ids)).select_related("tenant"))
+    if len(visible) != len(set(ids)):
+        raise Http404("case not found")
+    if any(not can(request.user, case.tenant, OPERATE) for case in visible):
+        raise PermissionDenied("your role on this tenant does not allow this action")
+    touched = cases_preview(case_ids=ids, user=request.user)
+    if not form.cleaned_data["confirm"]:
+        context = {
+            "preview": touched,
+            "skipped": len(ids) - len(touched),
+            "resolution": form.cleaned_data["resolution"],
+            "reason": form.cleaned_data["reason"],
+        }
+        template = f"{TEMPLATE}#bulk-preview" if request.htmx else TEMPLATE
+        if not request.htmx:
+            context.update(_queue_context(request))
+        return render(request, template, context)
+    try:
+        resolved = cases_resolve_bulk(
+            case_ids=ids, user=request.user, resolution=form.cleaned_data["resolution"], reason=form.cleaned_data["reason"]
+        )
+    except DomainError as exc:
+        return _done(request, f"Nothing changed: {exc.detail}", error=True, status=409)
+    return _done(request, f"{len(resolved)} case(s) resolved as {form.cleaned_data['resolution']}.")
+
+
+def _uuids(values):
+    out = []
+    for value in values:
+        try:
+            out.append(uuid.UUID(value))
+        except ValueError:
+            raise Http404("case not found") from None
+    return out
