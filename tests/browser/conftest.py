@@ -4,6 +4,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
+
+# A loaded two-core CI machine is slower than a laptop: wait longer before calling a page wrong.
+expect.set_options(timeout=20_000)
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -37,3 +41,9 @@ def screenshot(page):
         return path
 
     return take
+
+
+@pytest.fixture(autouse=True)
+def _patient_page(page):
+    page.set_default_timeout(30_000)
+
