@@ -8,7 +8,12 @@ from datetime import datetime
 
 from django.db.models import Q
 
-from approvals.models import OPEN_CASE_STATUSES, ApprovalRequest, ApprovalStatus, ReconciliationCase
+from approvals.models import (
+    OPEN_CASE_STATUSES,
+    ApprovalRequest,
+    ApprovalStatus,
+    ReconciliationCase,
+)
 from ledger.roles import VIEW, tenants_for
 
 PAGE_SIZE = 50

@@ -9,12 +9,9 @@
 | drain / quarantine workers, grant roles  |        |          |          | yes   |
 """
 
-from django.contrib.auth import get_user_model
-from django.db import transaction
-from guardian.shortcuts import assign_perm, get_objects_for_user, remove_perm
+from guardian.shortcuts import get_objects_for_user
 
 from ledger.models import Tenant
-from ledger.services.errors import InvalidInput
 
 VIEW = "ledger.view_tenant"
 OPERATE = "ledger.operate_tenant"
@@ -40,23 +37,3 @@ def tenants_for(user, perm: str = VIEW):
 
 def can(user, tenant: Tenant, perm: str) -> bool:
     return user.is_authenticated and (user.is_superuser or user.has_perm(perm, tenant))
-
-
-@transaction.atomic
-def role_grant(*, username: str, tenant: Tenant, role: str, password: str | None = None):
-    """Give ``username`` (created when missing) exactly ``role`` on ``tenant``."""
-    if role not in ROLES:
-        raise InvalidInput(f"role must be one of {', '.join(ROLES)}")
-    User = get_user_model()
-    user, created = User.objects.get_or_create(username=username)
-    if password:
-        user.set_password(password)
-        user.save(update_fields=["password"])
-    elif created:
-        user.set_unusable_password()
-        user.save(update_fields=["password"])
-    for perm in {p for perms in ROLES.values() for p in perms}:
-        remove_perm(perm, user, tenant)
-    for perm in ROLES[role]:
-        assign_perm(perm, user, tenant)
-    return user, created

@@ -46,7 +46,7 @@ import re
 import uuid
 from datetime import datetime, timedelta
 
-from django.db import connection, IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 

@@ -5,10 +5,21 @@ conditional UPDATE on the status decides who wins."""
 import pytest
 
 from approvals.models import ReconciliationCase
-from approvals.services.cases import case_claim, case_escalate, case_resolve, cases_preview, cases_resolve_bulk
+from approvals.services.cases import (
+    case_claim,
+    case_escalate,
+    case_resolve,
+    cases_preview,
+    cases_resolve_bulk,
+)
 from ledger.models import Event, Run
 from ledger.services.errors import Forbidden, InvalidInput, WrongPhase
-from tests.console.queues_fixtures import snapshot, unknown_case, unknown_cases, user_with
+from tests.console.queues_fixtures import (
+    snapshot,
+    unknown_case,
+    unknown_cases,
+    user_with,
+)
 
 
 @pytest.mark.parametrize("role", ["viewer", "approver", None])

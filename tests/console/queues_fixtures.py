@@ -6,11 +6,11 @@ from django.urls import reverse
 
 from approvals.models import ApprovalRequest, ReconciliationCase
 from ledger.models import Event, Operation, Run
-from ledger.roles import role_grant
 from ledger.services import leases, operations
 from ledger.services.errors import ApprovalRequired
 from ledger.services.operations import Intent
 from ledger.services.policy import policy_change
+from ledger.services.roles import role_grant
 from tests.ledger.factories import dispatched_operation, leased_run
 
 ROLES = ("viewer", "operator", "approver", "admin")

@@ -11,7 +11,12 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from ledger.models import Event, Operation
-from tests.console.queues_fixtures import Browser, pending_approvals, snapshot, user_with
+from tests.console.queues_fixtures import (
+    Browser,
+    pending_approvals,
+    snapshot,
+    user_with,
+)
 
 URL = reverse("approvals")
 

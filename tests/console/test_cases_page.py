@@ -12,7 +12,13 @@ from approvals.services.cases import case_resolve
 from ledger.models import Event
 from ledger.services import leases, operations
 from ledger.services.errors import StaleToken
-from tests.console.queues_fixtures import Browser, snapshot, unknown_case, unknown_cases, user_with
+from tests.console.queues_fixtures import (
+    Browser,
+    snapshot,
+    unknown_case,
+    unknown_cases,
+    user_with,
+)
 from tests.ledger.factories import dispatched_operation, expire, leased_run
 
 URL = reverse("cases")

@@ -9,7 +9,14 @@ from django.urls import reverse
 
 from approvals.models import ApprovalRequest, ReconciliationCase
 from ledger.models import Event
-from tests.console.queues_fixtures import ROLES, Browser, pending_approvals, snapshot, unknown_case, user_with
+from tests.console.queues_fixtures import (
+    ROLES,
+    Browser,
+    pending_approvals,
+    snapshot,
+    unknown_case,
+    user_with,
+)
 
 CASE_ACTIONS = ("claim", "resolve", "escalate", "bulk_resolve")
 APPROVAL_ACTIONS = ("approve", "deny")

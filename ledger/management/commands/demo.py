@@ -14,13 +14,17 @@ from django.utils import timezone
 from approvals.models import ApprovalRequest
 from approvals.services.approvals import approvals_expire
 from ledger.models import Event, Run, RunLease, Worker
-from ledger.roles import role_grant
 from ledger.services import leases, notes, operations, runs
-from ledger.services.credentials import credential_create, credential_lease_issue, credential_lease_revoke
+from ledger.services.credentials import (
+    credential_create,
+    credential_lease_issue,
+    credential_lease_revoke,
+)
 from ledger.services.errors import ApprovalRequired, Denied, StaleToken
 from ledger.services.events import build_event
 from ledger.services.operations import Intent
 from ledger.services.policy import policy_change
+from ledger.services.roles import role_grant
 from ledger.services.verification import ledger_verify
 from ledger.services.workers import tenant_ensure, worker_create, worker_rotate_token
 
