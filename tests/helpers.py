@@ -4,7 +4,7 @@ from contextlib import contextmanager
 
 from django.db import connection
 
-from ledger.chain import GENESIS_HASH, canonical_bytes, format_time, hash_bytes
+from ledger.chain import GENESIS_HASH, event_hash, format_time
 from ledger.models import Event, Run
 
 
@@ -16,18 +16,18 @@ def assert_chain_intact(run_id) -> list[Event]:
     previous = GENESIS_HASH
     for event in events:
         assert event.prev_hash == previous, f"seq {event.seq}: prev_hash does not link"
-        recomputed = hash_bytes(
-            canonical_bytes(
-                run_id=str(event.run_id),
-                seq=event.seq,
-                event_id=str(event.event_id),
-                type=event.type,
-                schema_version=event.schema_version,
-                actor=event.actor,
-                occurred_at=format_time(event.occurred_at),
-                fields=event.fields,
-                prev_hash=event.prev_hash,
-            )
+        recomputed = event_hash(
+            {
+                "run_id": str(event.run_id),
+                "seq": event.seq,
+                "event_id": str(event.event_id),
+                "type": event.type,
+                "schema_version": event.schema_version,
+                "actor": event.actor,
+                "occurred_at": format_time(event.occurred_at),
+                "fields": event.fields,
+                "prev_hash": event.prev_hash,
+            }
         )
         assert event.hash == recomputed, f"seq {event.seq}: hash does not recompute"
         previous = event.hash

@@ -23,6 +23,7 @@ from approvals.models import ApprovalKind, ApprovalRequest
 from approvals.services.approvals import approval_usable, approval_use
 from ledger.models import CapabilityBudget, Credential, CredentialLease, Operation
 from ledger.policy import allows, needs_human
+from ledger.services.costs import breaker_allows, cost_reserve
 from ledger.services.errors import Denied
 from ledger.services.fencing import Fenced, parse_id
 from ledger.services.policy import policy_current
@@ -50,8 +51,6 @@ def evaluate(*, op: Operation, ctx: Fenced, lease_id: object = None, at_dispatch
     if why is not None:
         raise Denied("DENY_POLICY", why, policy_version=version)
     _check_capability(op, ctx, policy, grounds)
-    from ledger.services.costs import breaker_allows
-
     refusal = breaker_allows(tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=op.attempt > 1)
     if refusal is not None:
         raise refusal
@@ -130,8 +129,6 @@ def reserve(*, op: Operation, ctx: Fenced, grounds: Grounds) -> None:
             spend = spend.filter(used_bytes__lte=F("max_bytes") - need)
         if spend.update(used_calls=F("used_calls") + 1, used_bytes=F("used_bytes") + need) != 1:
             raise Denied("DENY_BUDGET", f"the run's capability for {op.tool} was spent meanwhile", budget="capability:calls")
-    from ledger.services.costs import cost_reserve
-
     cost_reserve(op=op, run=ctx.run, policy=grounds.policy, batch=ctx.batch, actor=ctx.actor, now=ctx.now)
     if grounds.approval is not None:
         approval_use(approval=grounds.approval, run=ctx.run, batch=ctx.batch, actor=ctx.actor)

@@ -18,7 +18,7 @@ from approvals.services.cases import (
 from ledger.boundary import check_fields
 from ledger.models import Operation, Run, Tenant, Worker
 from ledger.services import authority
-from ledger.services.costs import cost_mark_unknown, cost_settle
+from ledger.services.costs import breaker_allows, cost_mark_unknown, cost_settle
 from ledger.services.errors import (
     ApprovalRequired,
     Denied,
@@ -160,6 +160,11 @@ def _replay(existing: Operation, run: Run, intent: Intent) -> Operation:
     return existing
 
 
+def _on_operation(worker: Worker, op_id, token: int, attempted: str, write, **options):
+    """A fenced write on the run of operation ``op_id`` (locked through the operation)."""
+    return fenced(worker=worker, operation_id=op_id, token=token, attempted=attempted, write=write, **options)
+
+
 def _decided(result: tuple[Operation, Exception | None]) -> Operation:
     """Raise the refusal a fenced write recorded (after its transaction committed)."""
     op, refusal = result
@@ -236,15 +241,7 @@ def operation_authorize(
         )
         return op, None
 
-    return _decided(
-        fenced(
-            worker=worker,
-            operation_id=op_id,
-            token=fencing_token,
-            attempted="operation.authorize",
-            write=write,
-        )
-    )
+    return _decided(_on_operation(worker, op_id, fencing_token, "operation.authorize", write))
 
 
 def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: int) -> Operation:
@@ -282,15 +279,7 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
             return op, _deny(op, ctx, denial)
         return op, None
 
-    return _decided(
-        fenced(
-            worker=worker,
-            operation_id=op_id,
-            token=fencing_token,
-            attempted="operation.dispatch",
-            write=write,
-        )
-    )
+    return _decided(_on_operation(worker, op_id, fencing_token, "operation.dispatch", write))
 
 
 def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int) -> Operation:
@@ -308,8 +297,6 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
         if decision == "STOP":
             raise WrongPhase(phase=op.phase, wanted="FAILED, or RECONCILED as not having happened")
         version, policy = policy_current(tenant=ctx.run.tenant)
-        from ledger.services.costs import breaker_allows
-
         refusal = breaker_allows(tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=True)
         if refusal is not None:
             raise refusal
@@ -344,15 +331,7 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
         )
         return op, None
 
-    return _decided(
-        fenced(
-            worker=worker,
-            operation_id=op_id,
-            token=fencing_token,
-            attempted="operation.retry",
-            write=write,
-        )
-    )
+    return _decided(_on_operation(worker, op_id, fencing_token, "operation.retry", write))
 
 
 def operation_report_outcome(
@@ -438,14 +417,7 @@ def operation_report_outcome(
             fields={"operation_id": op.pk, "case_id": case.pk if case else None, **evidence},
         )
 
-    return fenced(
-        worker=worker,
-        operation_id=op_id,
-        token=fencing_token,
-        attempted="operation.outcome",
-        write=write,
-        on_refused=on_refused,
-    )
+    return _on_operation(worker, op_id, fencing_token, "operation.outcome", write, on_refused=on_refused)
 
 
 def operations_mark_unknown(
