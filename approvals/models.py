@@ -20,6 +20,7 @@ class CaseStatus(models.TextChoices):
 class CaseReason(models.TextChoices):
     LEASE_LOST = "LEASE_LOST"
     LEASE_RELEASED = "LEASE_RELEASED"
+    LEASE_REVOKED = "LEASE_REVOKED"
     WORKER_REPORTED_UNKNOWN = "WORKER_REPORTED_UNKNOWN"
 
 

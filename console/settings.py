@@ -256,6 +256,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "ledger.tasks.expire_reservations_task",
         "schedule": 30.0,
     },
+    # DRAINING workers with no lease left, or past their drain deadline -> QUIESCED.
+    "enforce-drains": {
+        "task": "ledger.tasks.enforce_drains_task",
+        "schedule": 15.0,
+    },
 }
 
 # --- logging ----------------------------------------------------------------------------

@@ -53,6 +53,11 @@ class Worker(Versioned):
     token_hash = models.CharField(max_length=64, unique=True)
     status = models.CharField(max_length=16, choices=WorkerStatus.choices, default=WorkerStatus.ACCEPTING)
     status_changed_at = models.DateTimeField(auto_now_add=True)
+    # Who changed the status last and why (a person's decision, invariant 8), and until
+    # when a DRAINING worker may finish its work before its leases are revoked.
+    status_changed_by = models.CharField(max_length=150, blank=True, default="")
+    status_reason = models.CharField(max_length=500, blank=True, default="")
+    drain_deadline = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -286,6 +291,23 @@ class TenantPolicy(Versioned):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "version"], name="policy_unique_version")]
         ordering = ["tenant", "version"]
+
+
+class AdminAction(Versioned):
+    """A person's decision about a tenant as a whole (a role granted, a policy changed, a
+    worker drained, a credential rotated), with their name and reason. Decisions that
+    touch runs are also events in those runs' chains; this is the tenant's own record."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="admin_actions")
+    occurred_at = models.DateTimeField()
+    actor = models.CharField(max_length=160)
+    action = models.CharField(max_length=40)
+    subject = models.CharField(max_length=300)
+    reason = models.CharField(max_length=500)
+    fields = models.JSONField(default=dict)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "-occurred_at"], name="adminaction_recent")]
 
 
 class Credential(Versioned):

@@ -49,6 +49,7 @@ class RunStatus(models.TextChoices):
 class LeaseEnd(models.TextChoices):
     RELEASED = "RELEASED"
     EXPIRED = "EXPIRED"
+    REVOKED = "REVOKED"  # ended by an admin: the worker was quarantined or missed its drain deadline
 
 
 # Operation phase transitions. DISPATCHED has no edge back to PLANNED or AUTHORIZED and

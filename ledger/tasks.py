@@ -25,3 +25,11 @@ def expire_reservations_task() -> dict:
     from ledger.services.costs import reservations_expire
 
     return {"reservations": reservations_expire()}
+
+
+@shared_task(acks_late=True, autoretry_for=(ConnectionError,), retry_backoff=True, max_retries=5)
+def enforce_drains_task() -> dict:
+    """DRAINING workers with no lease left, or past their deadline, become QUIESCED."""
+    from ledger.services.workers import workers_drain_enforce
+
+    return {"workers": workers_drain_enforce()}

@@ -8,13 +8,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
-from approvals.services.acting import acting_name
 from ledger.boundary import check_text
 from ledger.models import CapabilityBudget, Operation, Run
 from ledger.roles import APPROVE
 from ledger.services.errors import InvalidInput, NotFound, WrongPhase
 from ledger.services.events import ChainBatch
 from ledger.services.fencing import locked_runs, parse_id
+from ledger.services.roles import acting_name
 from ledger.states import CapabilityStatus
 
 LIVE = (ApprovalStatus.PENDING, ApprovalStatus.APPROVED)

@@ -8,13 +8,13 @@ from approvals.models import (
     CaseStatus,
     ReconciliationCase,
 )
-from approvals.services.acting import acting_name
 from ledger.boundary import check_text
 from ledger.models import Operation
 from ledger.roles import OPERATE, can
 from ledger.services.errors import Forbidden, InvalidInput, NotFound, WrongPhase
 from ledger.services.events import ChainBatch
 from ledger.services.fencing import locked_runs, parse_id
+from ledger.services.roles import acting_name
 
 
 def cases_open(*, operations: list[Operation], reason: CaseReason, now: datetime) -> dict:

@@ -53,6 +53,7 @@ from django.utils import timezone
 from ledger.boundary import check_text
 from ledger.models import Credential, CredentialLease, Tenant, Worker
 from ledger.policy import allows
+from ledger.roles import ADMINISTER
 from ledger.services.errors import (
     Denied,
     InvalidInput,
@@ -63,6 +64,8 @@ from ledger.services.errors import (
 from ledger.services.events import ChainBatch
 from ledger.services.fencing import Fenced, fenced, locked_runs, parse_id
 from ledger.services.policy import policy_current
+from ledger.services.roles import acting_name
+from ledger.services.workers import admin_action_record
 from ledger.states import WorkerStatus
 
 MAX_PRINCIPAL_LENGTH = 200
@@ -186,12 +189,14 @@ def credential_create(*, tenant: Tenant, principal: str, secret_ref: str) -> Cre
         raise
 
 
-def credential_rotate(*, tenant: Tenant, principal: str, rotated_by: str, reason: str) -> Credential:
+def credential_rotate(*, tenant: Tenant, principal: str, reason: str, rotated_by: str = "", user=None) -> Credential:
     """Version + 1. Leases on older versions are stale from now on (the authority checks
     deny them with DENY_STALE_VERSION). Every run holding an unrevoked, unexpired lease of
     the credential gets a CREDENTIAL_ROTATED event, in the same transaction.
 
-    The returned credential carries ``affected_run_ids``: the runs that got the event."""
+    The returned credential carries ``affected_run_ids``: the runs that got the event.
+    Given a console ``user``, their admin role on the tenant is checked and they are named."""
+    rotated_by = acting_name(user=user, name=rotated_by, tenant_id=tenant.pk, perm=ADMINISTER)
     rotated_by, reason = _decision(rotated_by, reason)
     with transaction.atomic():
         now = timezone.now()
@@ -218,6 +223,15 @@ def credential_rotate(*, tenant: Tenant, principal: str, rotated_by: str, reason
                 fields={"principal": credential.principal, "version": credential.version, "reason": reason},
             )
         batch.commit()
+        admin_action_record(
+            tenant=tenant,
+            actor=user_actor(rotated_by),
+            action="credential.rotate",
+            subject=credential.principal,
+            reason=reason,
+            fields={"version": credential.version, "runs": len(runs)},
+            now=now,
+        )
     credential.affected_run_ids = [run.pk for run in runs]
     return credential
 
@@ -405,12 +419,26 @@ def _revoke(leases: QuerySet[CredentialLease], *, tenant: Tenant, revoked_by: st
                 fields={"lease_id": lease.pk, "principal": lease.credential.principal, "reason": reason},
             )
         batch.commit()
+        principals = sorted({lease.credential.principal for lease in targets})
+        admin_action_record(
+            tenant=tenant,
+            actor=user_actor(revoked_by),
+            action="credential_lease.revoke",
+            subject=f"{len(targets)} lease(s) of {', '.join(principals)}",
+            reason=reason,
+            fields={"lease_ids": [str(lease.pk) for lease in targets[:100]], "runs": len(runs)},
+            now=now,
+        )
     return targets
 
 
-def credential_lease_revoke(*, tenant: Tenant, lease_id: object, revoked_by: str, reason: str) -> CredentialLease:
+def credential_lease_revoke(
+    *, tenant: Tenant, lease_id: object, reason: str, revoked_by: str = "", user=None
+) -> CredentialLease:
     """Revoke one lease (even an expired one). Revoking a revoked lease changes nothing
-    and returns it as it is. ``revoked_now`` on the result says whether this call did it."""
+    and returns it as it is. ``revoked_now`` on the result says whether this call did it.
+    Given a console ``user``, their admin role on the tenant is checked and they are named."""
+    revoked_by = acting_name(user=user, name=revoked_by, tenant_id=tenant.pk, perm=ADMINISTER)
     _decision(revoked_by, reason)  # refuse a bad decision before looking anything up
     lease = credential_lease_get(tenant=tenant, lease_id=lease_id)
     revoked = _revoke(
@@ -425,9 +453,16 @@ def credential_lease_revoke(*, tenant: Tenant, lease_id: object, revoked_by: str
 
 
 def credential_leases_revoke(
-    *, tenant: Tenant, principal: str | None = None, prefix: str | None = None, revoked_by: str, reason: str
+    *,
+    tenant: Tenant,
+    principal: str | None = None,
+    prefix: str | None = None,
+    reason: str,
+    revoked_by: str = "",
+    user=None,
 ) -> list[CredentialLease]:
     """Revoke every active lease :func:`credential_leases_matching` names; returns them."""
+    revoked_by = acting_name(user=user, name=revoked_by, tenant_id=tenant.pk, perm=ADMINISTER)
     _decision(revoked_by, reason)  # refuse a bad decision before looking anything up
     leases = credential_leases_matching(tenant=tenant, principal=principal, prefix=prefix)
     return _revoke(leases, tenant=tenant, revoked_by=revoked_by, reason=reason)

@@ -29,6 +29,12 @@ from ledger.services.operations import operations_mark_unknown, operations_orpha
 from ledger.states import LeaseEnd, RunStatus, WorkerStatus
 
 MIN_TTL_S = 1
+END_EVENTS = {LeaseEnd.EXPIRED: "LEASE_EXPIRED", LeaseEnd.RELEASED: "LEASE_RELEASED", LeaseEnd.REVOKED: "LEASE_REVOKED"}
+END_CASE_REASONS = {
+    LeaseEnd.EXPIRED: CaseReason.LEASE_LOST,
+    LeaseEnd.RELEASED: CaseReason.LEASE_RELEASED,
+    LeaseEnd.REVOKED: CaseReason.LEASE_REVOKED,
+}
 MAX_TTL_S = 3600
 
 
@@ -48,6 +54,11 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int) 
     if worker.status != WorkerStatus.ACCEPTING:
         raise WorkerNotAccepting(f"worker is {worker.status} and cannot take new leases")
     with transaction.atomic():
+        # The worker row first, then the run (the lock order of worker_quarantine): an
+        # acquire racing a quarantine either commits first, and the quarantine then revokes
+        # the new lease, or sees the worker no longer ACCEPTING.
+        if not Worker.objects.filter(pk=worker.pk, status=WorkerStatus.ACCEPTING).update(last_seen_at=timezone.now()):
+            raise WorkerNotAccepting("the worker stopped accepting new leases")
         run = lock_run(tenant=worker.tenant, run_id=run_id)
         if run.status != RunStatus.ACTIVE:
             raise RunCompleted("the run is completed; it takes no new lease")
@@ -99,7 +110,6 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int) 
             },
         )
         batch.commit()
-    _touch(worker)
     return lease
 
 
@@ -152,7 +162,7 @@ def lease_release(*, worker: Worker, run_id: object, owner_id: str, fencing_toke
     )
 
 
-def leases_end(*, runs: list[Run], batch: ChainBatch, actor: str, end: LeaseEnd) -> int:
+def leases_end(*, runs: list[Run], batch: ChainBatch, actor: str, end: LeaseEnd, reason: str = "") -> int:
     """End the current ownership of ``runs`` (locked by the caller) with set-based updates:
     clear the owners, close their history rows, void the approvals asked under the old
     token, move their DISPATCHED operations to UNKNOWN with a case each. Returns the number
@@ -160,18 +170,22 @@ def leases_end(*, runs: list[Run], batch: ChainBatch, actor: str, end: LeaseEnd)
     run_ids = [run.pk for run in runs]
     RunLease.objects.filter(run_id__in=run_ids).update(owner_id=None, worker=None, expires_at=batch.now, end_reason=end)
     LeaseGrant.objects.filter(run_id__in=run_ids, ended_at__isnull=True).update(ended_at=batch.now, end_reason=end)
-    event_type = "LEASE_EXPIRED" if end == LeaseEnd.EXPIRED else "LEASE_RELEASED"
+    event_type = END_EVENTS[end]
     for run in runs:
         batch.append(
             run,
             event_type,
             actor=actor,
-            fields={"owner_id": run.lease.owner_id, "fencing_token": run.lease.fencing_token},
+            fields={
+                "owner_id": run.lease.owner_id,
+                "fencing_token": run.lease.fencing_token,
+                **({"reason": reason} if reason else {}),
+            },
         )
         run.lease.owner_id, run.lease.worker, run.lease.expires_at, run.lease.end_reason = None, None, batch.now, end
     approvals_void_for_runs(runs=runs, batch=batch, actor=actor)
     orphans = operations_orphaned(run_ids=run_ids)
-    reason = CaseReason.LEASE_LOST if end == LeaseEnd.EXPIRED else CaseReason.LEASE_RELEASED
+    reason = END_CASE_REASONS[end]
     operations_mark_unknown(
         operations=orphans,
         runs={run.pk: run for run in runs},

@@ -1,29 +1,70 @@
-"""Granting roles: a user gets exactly one role on a tenant (see ledger.roles)."""
+"""Granting roles (a user gets exactly one role on a tenant, see ledger.roles) and naming
+who acts: a console user, whose role on the object's tenant every service re-checks, or,
+for reconcilers, jobs and tests, a plain name."""
+
+import re
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from guardian.shortcuts import assign_perm, remove_perm
 
+from ledger.boundary import check_text
 from ledger.models import Tenant
-from ledger.roles import ROLES
-from ledger.services.errors import InvalidInput
+from ledger.roles import ADMINISTER, ROLES, can
+from ledger.services.errors import Forbidden, InvalidInput
+
+USERNAME = re.compile(r"[\w.@+-]{1,150}")
 
 
 @transaction.atomic
-def role_grant(*, username: str, tenant: Tenant, role: str, password: str | None = None):
-    """Give ``username`` (created when missing) exactly ``role`` on ``tenant``."""
+def role_grant(
+    *, username: str, tenant: Tenant, role: str, password: str | None = None, user=None, reason: str = ""
+):
+    """Give ``username`` (created when missing) exactly ``role`` on ``tenant``. Given a
+    console ``user`` (an admin of the tenant, checked here), the grant is recorded with
+    their name and ``reason``; the command line (``manage.py grant``) passes no user."""
+    from ledger.services.workers import admin_action_record
+
     if role not in ROLES:
         raise InvalidInput(f"role must be one of {', '.join(ROLES)}")
+    if not isinstance(username, str) or not USERNAME.fullmatch(username):
+        raise InvalidInput("username must be 1 to 150 letters, digits and @ . + - _")
+    granted_by = acting_name(user=user, name="", tenant_id=tenant.pk, perm=ADMINISTER)
+    if user is not None:
+        if not reason or not reason.strip():
+            raise InvalidInput("a role grant gives its reason")
+        check_text(reason, path="reason")
+        if username == user.username:
+            raise InvalidInput("you cannot change your own role")
     User = get_user_model()
-    user, created = User.objects.get_or_create(username=username)
+    account, created = User.objects.get_or_create(username=username)
     if password:
-        user.set_password(password)
-        user.save(update_fields=["password"])
+        account.set_password(password)
+        account.save(update_fields=["password"])
     elif created:
-        user.set_unusable_password()
-        user.save(update_fields=["password"])
+        account.set_unusable_password()
+        account.save(update_fields=["password"])
     for perm in {p for perms in ROLES.values() for p in perms}:
-        remove_perm(perm, user, tenant)
+        remove_perm(perm, account, tenant)
     for perm in ROLES[role]:
-        assign_perm(perm, user, tenant)
-    return user, created
+        assign_perm(perm, account, tenant)
+    if user is not None:
+        admin_action_record(
+            tenant=tenant,
+            actor=f"user:{granted_by}",
+            action="role.grant",
+            subject=f"{username} as {role}",
+            reason=reason.strip(),
+            fields={"username": username, "role": role, "created": created},
+        )
+    return account, created
+
+
+def acting_name(*, user, name: str, tenant_id: object, perm: str) -> str:
+    """The name to record for the decision; raises Forbidden when ``user`` lacks ``perm``."""
+    if user is None:
+        return name
+    tenant = Tenant.objects.get(pk=tenant_id)
+    if not can(user, tenant, perm):
+        raise Forbidden("your role on this tenant does not allow this action")
+    return user.username

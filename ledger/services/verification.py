@@ -57,7 +57,7 @@ class _Observer:
             self.sealable.append((seq, event["hash"]))
         if kind == "LEASE_ACQUIRED":
             self.lease_token = fields.get("fencing_token")
-        elif kind in ("LEASE_EXPIRED", "LEASE_RELEASED"):
+        elif kind in ("LEASE_EXPIRED", "LEASE_RELEASED", "LEASE_REVOKED"):
             self.lease_token = None
         elif kind == "CREDENTIAL_LEASE_ISSUED":
             self.lease_scope[fields.get("lease_id")] = (fields.get("principal"), fields.get("version"))

@@ -3,14 +3,22 @@ only its SHA-256 is stored."""
 
 import hashlib
 import secrets
+from datetime import timedelta
 
 from django.db import transaction
+from django.utils import timezone
 from django.utils.text import slugify
 
 from ledger.boundary import check_text
-from ledger.models import Tenant, Worker
-from ledger.services.errors import InvalidInput
+from ledger.models import AdminAction, RunLease, Tenant, Worker
+from ledger.roles import ADMINISTER
+from ledger.services.errors import InvalidInput, NotFound, WrongPhase
+from ledger.services.events import ChainBatch
+from ledger.services.fencing import locked_runs
+from ledger.services.leases import leases_end
 from ledger.services.policy import policy_create_starter
+from ledger.services.roles import acting_name
+from ledger.states import LeaseEnd, WorkerStatus
 
 TOKEN_PREFIX = "flw_"
 
@@ -50,3 +58,193 @@ def worker_rotate_token(*, worker: Worker) -> str:
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     Worker.objects.filter(pk=worker.pk).update(token_hash=token_digest(token))
     return token
+
+
+# --- lifecycle: drain, quarantine, resume (admins), and the drain deadline (a job) ---------
+#
+# ACCEPTING -> DRAINING -> QUIESCED, any of those -> QUARANTINED, and back to ACCEPTING.
+# Only an ACCEPTING worker takes new leases (lease_acquire). A DRAINING worker keeps its
+# leases until it releases them or its deadline passes; then the deadline job revokes
+# them, exactly as a quarantine does at once: each held lease ends (LEASE_REVOKED), its
+# DISPATCHED operations become UNKNOWN with a reconciliation case, and the worker's
+# tokens are stale from then on. Every person's change names the user and the reason, in
+# the worker row, in an AdminAction, and in the chain of every run the worker holds.
+#
+# Lock order, as lease_acquire: the worker row (the conditional UPDATE), then the runs.
+
+DRAIN_FROM = (WorkerStatus.ACCEPTING,)
+QUARANTINE_FROM = (WorkerStatus.ACCEPTING, WorkerStatus.DRAINING, WorkerStatus.QUIESCED)
+RESUME_FROM = (WorkerStatus.DRAINING, WorkerStatus.QUIESCED, WorkerStatus.QUARANTINED)
+DEFAULT_DRAIN_S = 600
+MAX_DRAIN_S = 7 * 86400
+SYSTEM_DRAIN = "system:drain"
+
+
+def worker_get(*, worker_id: object) -> Worker:
+    worker = Worker.objects.select_related("tenant").filter(pk=worker_id).first() if str(worker_id).isdigit() else None
+    if worker is None:
+        raise NotFound("worker not found")
+    return worker
+
+
+def _change_status(
+    *,
+    worker: Worker,
+    allowed_from: tuple[str, ...],
+    status: str,
+    actor: str,
+    reason: str,
+    event: str,
+    end_leases: bool,
+    drain_deadline=None,
+    now=None,
+) -> Worker:
+    """The one place a worker's status changes: a conditional UPDATE from ``allowed_from``,
+    then ``event`` (with ``reason``) in each held run's chain, ending those leases when
+    ``end_leases``. The caller holds a transaction."""
+    now = now or timezone.now()
+    changed = Worker.objects.filter(pk=worker.pk, status__in=allowed_from).update(
+        status=status,
+        status_changed_at=now,
+        status_changed_by=actor,
+        status_reason=reason,
+        drain_deadline=drain_deadline,
+    )
+    if changed != 1:
+        current = Worker.objects.filter(pk=worker.pk).values_list("status", flat=True).first()
+        raise WrongPhase(phase=current, wanted=" or ".join(allowed_from))
+    runs = locked_runs({"worker_id": worker.pk, "owner_id__isnull": False})
+    batch = ChainBatch(now)
+    fields = {"worker": worker.name, "status": status, "reason": reason}
+    if drain_deadline is not None:
+        fields["drain_deadline"] = drain_deadline
+    for run in runs:
+        batch.append(run, event, actor=actor, fields=fields)
+    if end_leases and runs:
+        leases_end(runs=runs, batch=batch, actor=actor, end=LeaseEnd.REVOKED, reason=reason)
+    batch.commit()
+    worker.status, worker.status_changed_at, worker.status_changed_by = status, now, actor
+    worker.status_reason, worker.drain_deadline = reason, drain_deadline
+    worker.affected_run_ids = [run.pk for run in runs]
+    return worker
+
+
+def _decided(*, worker_id: object, user, name: str, reason: object) -> tuple[Worker, str, str]:
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("a decision gives its reason")
+    reason = reason.strip()
+    if len(reason) > 500:
+        raise InvalidInput("reason must be at most 500 characters")
+    check_text(reason, path="reason")
+    worker = worker_get(worker_id=worker_id)
+    name = acting_name(user=user, name=name, tenant_id=worker.tenant_id, perm=ADMINISTER)
+    if not name:
+        raise InvalidInput("a decision names who made it")
+    return worker, f"user:{name}", reason
+
+
+def worker_drain(*, worker_id: object, reason: str, deadline_s: int = DEFAULT_DRAIN_S, user=None, name: str = "") -> Worker:
+    """ACCEPTING -> DRAINING: no new leases; the ones held may finish until the deadline."""
+    if type(deadline_s) is not int or not 1 <= deadline_s <= MAX_DRAIN_S:
+        raise InvalidInput(f"deadline_s must be an integer from 1 to {MAX_DRAIN_S}")
+    worker, actor, reason = _decided(worker_id=worker_id, user=user, name=name, reason=reason)
+    with transaction.atomic():
+        now = timezone.now()
+        worker = _change_status(
+            worker=worker,
+            allowed_from=DRAIN_FROM,
+            status=WorkerStatus.DRAINING,
+            actor=actor,
+            reason=reason,
+            event="WORKER_DRAINING",
+            end_leases=False,
+            drain_deadline=now + timedelta(seconds=deadline_s),
+            now=now,
+        )
+        admin_action_record(tenant=worker.tenant, actor=actor, action="worker.drain", subject=worker.name, reason=reason, now=now)
+    return worker
+
+
+def worker_quarantine(*, worker_id: object, reason: str, user=None, name: str = "") -> Worker:
+    """-> QUARANTINED: its leases end now (their DISPATCHED effects become UNKNOWN), its
+    tokens are stale, it gets no lease and no credential until resumed."""
+    worker, actor, reason = _decided(worker_id=worker_id, user=user, name=name, reason=reason)
+    with transaction.atomic():
+        worker = _change_status(
+            worker=worker,
+            allowed_from=QUARANTINE_FROM,
+            status=WorkerStatus.QUARANTINED,
+            actor=actor,
+            reason=reason,
+            event="WORKER_QUARANTINED",
+            end_leases=True,
+        )
+        admin_action_record(
+            tenant=worker.tenant,
+            actor=actor,
+            action="worker.quarantine",
+            subject=worker.name,
+            reason=reason,
+            fields={"leases_revoked": len(worker.affected_run_ids)},
+        )
+    return worker
+
+
+def worker_resume(*, worker_id: object, reason: str, user=None, name: str = "") -> Worker:
+    """DRAINING, QUIESCED or QUARANTINED -> ACCEPTING."""
+    worker, actor, reason = _decided(worker_id=worker_id, user=user, name=name, reason=reason)
+    with transaction.atomic():
+        worker = _change_status(
+            worker=worker,
+            allowed_from=RESUME_FROM,
+            status=WorkerStatus.ACCEPTING,
+            actor=actor,
+            reason=reason,
+            event="WORKER_RESUMED",
+            end_leases=False,
+        )
+        admin_action_record(tenant=worker.tenant, actor=actor, action="worker.resume", subject=worker.name, reason=reason)
+    return worker
+
+
+def workers_drain_enforce(*, now=None) -> int:
+    """The drain deadline job: a DRAINING worker that holds no live lease is QUIESCED; one
+    past its deadline has its leases revoked and is QUIESCED. Idempotent. Returns how many
+    workers it moved."""
+    now = now or timezone.now()
+    moved = 0
+    for worker in Worker.objects.filter(status=WorkerStatus.DRAINING).select_related("tenant").order_by("pk"):
+        overdue = worker.drain_deadline is not None and worker.drain_deadline <= now
+        holds = RunLease.objects.filter(worker_id=worker.pk, owner_id__isnull=False, expires_at__gt=now).exists()
+        if holds and not overdue:
+            continue
+        reason = "drain deadline passed" if holds else "drained: no lease left"
+        try:
+            with transaction.atomic():
+                _change_status(
+                    worker=worker,
+                    allowed_from=(WorkerStatus.DRAINING,),
+                    status=WorkerStatus.QUIESCED,
+                    actor=SYSTEM_DRAIN,
+                    reason=reason,
+                    event="WORKER_QUIESCED",
+                    end_leases=True,
+                )
+        except WrongPhase:
+            continue  # resumed or quarantined meanwhile: nothing to enforce
+        moved += 1
+    return moved
+
+
+def admin_action_record(
+    *, tenant: Tenant, actor: str, action: str, subject: str, reason: str, fields: dict | None = None, now=None
+) -> AdminAction:
+    return AdminAction.objects.create(
+        tenant=tenant,
+        occurred_at=now or timezone.now(),
+        actor=actor,
+        action=action,
+        subject=subject[:300],
+        reason=reason,
+        fields=fields or {},
+    )
