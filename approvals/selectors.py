@@ -41,13 +41,17 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID] | None:
         return None
 
 
-def keyset_page(queryset, *, order_field: str, cursor: str | None, size: int = PAGE_SIZE):
-    """One page ordered by (order_field, id) after ``cursor``; returns (rows, next_cursor)."""
-    queryset = queryset.order_by(order_field, "id")
+def keyset_page(queryset, *, order_field: str, cursor: str | None, size: int = PAGE_SIZE, descending: bool = False):
+    """One page ordered by (order_field, id) after ``cursor`` (newest first when
+    ``descending``); returns (rows, next_cursor)."""
+    sign, after_op = ("-", "lt") if descending else ("", "gt")
+    queryset = queryset.order_by(f"{sign}{order_field}", f"{sign}id")
     after = decode_cursor(cursor) if cursor else None
     if after is not None:
         moment, pk = after
-        queryset = queryset.filter(Q(**{f"{order_field}__gt": moment}) | Q(**{order_field: moment, "id__gt": pk}))
+        queryset = queryset.filter(
+            Q(**{f"{order_field}__{after_op}": moment}) | Q(**{order_field: moment, f"id__{after_op}": pk})
+        )
     rows = list(queryset[: size + 1])
     if len(rows) > size:
         rows = rows[:size]

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from console.views import approvals, cases, dashboard, runs
+from console.views import approvals, cases, credentials, dashboard, runs, tenants, workers
 from ledger.api import api
 
 urlpatterns = [
@@ -15,6 +15,17 @@ urlpatterns = [
     path("cases/<uuid:case_id>/escalate", cases.escalate, name="case-escalate"),
     path("approvals/", approvals.queue, name="approvals"),
     path("approvals/<uuid:approval_id>/decide", approvals.decide, name="approval-decide"),
+    path("credentials/", credentials.lease_list, name="credentials"),
+    path("credentials/revoke", credentials.revoke_preview, name="credential-revoke-preview"),
+    path("credentials/revoke/confirm", credentials.revoke, name="credential-revoke"),
+    path("credentials/rotate", credentials.rotate, name="credential-rotate"),
+    path("workers/", workers.worker_list, name="workers"),
+    path("workers/<int:worker_id>/", workers.worker_detail, name="worker_detail"),
+    path("workers/<int:worker_id>/act", workers.worker_act, name="worker-act"),
+    path("tenants/", tenants.tenant_list, name="tenants"),
+    path("tenants/<slug:slug>/", tenants.tenant_detail, name="tenant_detail"),
+    path("tenants/<slug:slug>/policy", tenants.change_policy, name="tenant-policy"),
+    path("tenants/<slug:slug>/grant", tenants.grant_role, name="tenant-grant"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", api.urls),
     path("admin/", admin.site.urls),

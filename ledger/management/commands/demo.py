@@ -26,7 +26,7 @@ from ledger.services.operations import Intent
 from ledger.services.policy import policy_change
 from ledger.services.roles import role_grant
 from ledger.services.verification import ledger_verify
-from ledger.services.workers import tenant_ensure, worker_create, worker_rotate_token
+from ledger.services.workers import tenant_ensure, worker_create, worker_drain, worker_quarantine, worker_rotate_token
 
 TENANT = "demo"
 WORKER = "demo-worker"
@@ -170,6 +170,32 @@ class Command(BaseCommand):
         notes.event_append(worker=worker, run_id=run.pk, fencing_token=token, type="NOTE", fields={"step": "checked"})
         forged = build_event(Run.objects.get(pk=run.pk), type="NOTE", actor="worker:intruder/x", fields={"step": "forged"}, occurred_at=timezone.now())
         Event.objects.bulk_create([forged])  # INSERT is what the trigger allows; the head does not move
+
+        # Active credential leases for an admin to preview and revoke in the console; one
+        # operation is authorized under them and not yet dispatched.
+        credential_create(tenant=tenant, principal="deploy-bot", secret_ref="vault:kv/deploy-bot")
+        run, token = leased("demo-deploy")
+        issued = [
+            credential_lease_issue(
+                worker=worker, run_id=run.pk, fencing_token=token, principal="deploy-bot",
+                actions=["release"], resources=[resource], ttl_s=3600,
+            )
+            for resource in ("service:web", "service:api")
+        ]
+        op = intend(run, token, "demo:release:9", tool="deploy", action="release", resource="service:web")
+        operations.operation_authorize(worker=worker, operation_id=op.pk, fencing_token=token, credential_lease_id=issued[0].pk)
+
+        # A worker that lost its lease (a restart episode), then was quarantined; another draining.
+        flaky, _ = worker_create(tenant=tenant, name="flaky-worker")
+        run, _ = runs.run_create(worker=flaky, schema_version=1, external_id="demo-flaky")
+        leases.lease_acquire(worker=flaky, run_id=run.pk, owner_id="flaky-1", ttl_s=60)
+        RunLease.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))  # the demo's clock
+        leases.lease_acquire(worker=worker, run_id=run.pk, owner_id="agent-rescue", ttl_s=3600)
+        worker_quarantine(worker_id=flaky.pk, reason="lost its lease and kept writing", name="admin")
+        batch, _ = worker_create(tenant=tenant, name="batch-worker")
+        run, _ = runs.run_create(worker=batch, schema_version=1, external_id="demo-batch")
+        leases.lease_acquire(worker=batch, run_id=run.pk, owner_id="batch-1", ttl_s=3600)
+        worker_drain(worker_id=batch.pk, reason="host maintenance tonight", deadline_s=3600, name="admin")
 
     def seed_other_tenants(self) -> None:
         # Another tenant: the demo users see nothing of it.

@@ -1,0 +1,165 @@
+"""Credential leases: the list (filter by tenant, principal, state, lease-id prefix), a
+preview of what a revocation touches (leases, runs, operations in flight), revoke one,
+by principal or by prefix, and rotate a credential. Writes go through
+ledger.services.credentials, which re-checks the admin role."""
+
+from urllib.parse import urlencode
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.vary import vary_on_headers
+
+from console.views.common import done, form_errors, tenant_for_action
+from ledger import admin_selectors
+from ledger.roles import ADMINISTER, VIEW, tenants_for
+from ledger.services.credentials import credential_lease_revoke, credential_leases_revoke, credential_rotate
+from ledger.services.errors import DomainError
+
+TEMPLATE = "console/credentials.html"
+PREVIEW_TEMPLATE = "console/revoke_preview.html"
+
+
+class SelectionForm(forms.Form):
+    """Which leases a revocation names: one lease, or the active ones by principal and/or prefix."""
+
+    tenant = forms.SlugField(max_length=64)
+    lease = forms.CharField(max_length=36, required=False, strip=True)
+    principal = forms.CharField(max_length=200, required=False, strip=True)
+    prefix = forms.CharField(max_length=36, required=False, strip=True)
+
+    def clean(self):
+        data = super().clean()
+        if not (data.get("lease") or data.get("principal") or data.get("prefix")):
+            raise forms.ValidationError("Name a lease, a principal or a lease-id prefix.")
+        if data.get("lease") and (data.get("principal") or data.get("prefix")):
+            raise forms.ValidationError("Revoke one lease, or revoke by principal and/or prefix, not both.")
+        return data
+
+
+class RevokeForm(SelectionForm):
+    reason = forms.CharField(max_length=500, strip=True)
+
+
+class RotateForm(forms.Form):
+    tenant = forms.SlugField(max_length=64)
+    principal = forms.CharField(max_length=200, strip=True)
+    reason = forms.CharField(max_length=500, strip=True)
+
+
+def _filters(request) -> dict:
+    params = request.GET
+    state = params.get("state", "active")
+    return {
+        "tenant": params.get("tenant", "").strip(),
+        "principal": params.get("principal", "").strip(),
+        "state": state if state in admin_selectors.LEASE_STATES else "active",
+        "prefix": params.get("prefix", "").strip(),
+    }
+
+
+def _page_context(request, **extra) -> dict:
+    filters = _filters(request)
+    errors = list(extra.pop("errors", []))
+    try:
+        rows, next_cursor = admin_selectors.credential_lease_list(
+            user=request.user, cursor=request.GET.get("after"), **filters
+        )
+    except DomainError as exc:
+        rows, next_cursor = [], None
+        errors.append(exc.detail)
+    query = urlencode({k: v for k, v in filters.items() if v})
+    return {
+        "rows": rows,
+        "next_cursor": next_cursor,
+        "filters": filters,
+        "query": query,
+        "states": admin_selectors.LEASE_STATES,
+        "tenants": list(tenants_for(request.user, VIEW).order_by("slug")),
+        "credentials": admin_selectors.credentials_list(user=request.user, tenant=filters["tenant"]),
+        "administrable": set(tenants_for(request.user, ADMINISTER).values_list("pk", flat=True)),
+        "errors": errors,
+        **extra,
+    }
+
+
+@require_GET
+@login_required
+@vary_on_headers("HX-Request")
+def lease_list(request):
+    context = _page_context(request)
+    if request.htmx and not request.htmx.history_restore_request and request.htmx.target == "leases-table":
+        return render(request, f"{TEMPLATE}#table", context)
+    return render(request, TEMPLATE, context)
+
+
+def _selection(form) -> dict:
+    data = form.cleaned_data
+    return {"lease_id": data.get("lease", ""), "principal": data.get("principal", ""), "prefix": data.get("prefix", "")}
+
+
+@require_GET
+@login_required
+def revoke_preview(request):
+    """What a revocation would touch, read-only; the confirm form posts to ``revoke``."""
+    form = SelectionForm(request.GET)
+    if not form.is_valid():
+        return render(request, TEMPLATE, _page_context(request, errors=[form_errors(form)]), status=400)
+    tenant = tenant_for_action(request, form.cleaned_data["tenant"], ADMINISTER)
+    try:
+        preview = admin_selectors.revocation_preview(tenant=tenant, **_selection(form))
+    except DomainError as exc:
+        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=exc_status(exc))
+    context = {"tenant": tenant, "selection": form.cleaned_data, "preview": preview}
+    return render(request, PREVIEW_TEMPLATE, context)
+
+
+def exc_status(exc: DomainError) -> int:
+    return 404 if exc.code == "NOT_FOUND" else (400 if exc.code in ("VALIDATION_ERROR", "FORBIDDEN_FIELD") else 409)
+
+
+@require_POST
+@login_required
+def revoke(request):
+    form = RevokeForm(request.POST)
+    if not form.is_valid():
+        return render(request, TEMPLATE, _page_context(request, errors=[form_errors(form)]), status=400)
+    tenant = tenant_for_action(request, form.cleaned_data["tenant"], ADMINISTER)
+    selection, reason = _selection(form), form.cleaned_data["reason"]
+    try:
+        if selection["lease_id"]:
+            lease = credential_lease_revoke(tenant=tenant, lease_id=selection["lease_id"], reason=reason, user=request.user)
+            message = f"Lease {str(lease.pk)[:8]} revoked." if lease.revoked_now else f"Lease {str(lease.pk)[:8]} was already revoked."
+        else:
+            revoked = credential_leases_revoke(
+                tenant=tenant,
+                principal=selection["principal"] or None,
+                prefix=selection["prefix"] or None,
+                reason=reason,
+                user=request.user,
+            )
+            message = f"{len(revoked)} lease(s) revoked."
+    except DomainError as exc:
+        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=exc_status(exc))
+    return done(request, message, f"/credentials/?tenant={tenant.slug}&state=revoked")
+
+
+@require_POST
+@login_required
+def rotate(request):
+    form = RotateForm(request.POST)
+    if not form.is_valid():
+        return render(request, TEMPLATE, _page_context(request, errors=[form_errors(form)]), status=400)
+    tenant = tenant_for_action(request, form.cleaned_data["tenant"], ADMINISTER)
+    try:
+        credential = credential_rotate(
+            tenant=tenant, principal=form.cleaned_data["principal"], reason=form.cleaned_data["reason"], user=request.user
+        )
+    except DomainError as exc:
+        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=exc_status(exc))
+    message = (
+        f"{credential.principal} rotated to version {credential.version}; "
+        f"{len(credential.affected_run_ids)} run(s) holding older leases were told."
+    )
+    return done(request, message, f"/credentials/?tenant={tenant.slug}")

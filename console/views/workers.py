@@ -1,0 +1,88 @@
+"""Workers: their status, leases held and lost (restart episodes); drain with a deadline,
+quarantine (held leases end now), resume. Writes go through ledger.services.workers,
+which re-checks the admin role."""
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404, render
+from django.views.decorators.http import require_GET, require_POST
+
+from console.views.common import done, form_errors
+from ledger import admin_selectors
+from ledger.roles import ADMINISTER, VIEW, can, tenants_for
+from ledger.services.errors import DomainError
+from ledger.services.workers import DEFAULT_DRAIN_S, MAX_DRAIN_S, worker_drain, worker_quarantine, worker_resume
+from ledger.states import WorkerStatus
+
+TEMPLATE = "console/workers.html"
+DETAIL_TEMPLATE = "console/worker_detail.html"
+ACTIONS = {"drain": worker_drain, "quarantine": worker_quarantine, "resume": worker_resume}
+
+
+class ActionForm(forms.Form):
+    action = forms.ChoiceField(choices=[(a, a) for a in ACTIONS])
+    reason = forms.CharField(max_length=500, strip=True)
+    deadline_min = forms.IntegerField(min_value=1, max_value=MAX_DRAIN_S // 60, required=False)
+
+
+def _list_context(request, **extra) -> dict:
+    tenant, status = request.GET.get("tenant", "").strip(), request.GET.get("status", "").strip()
+    return {
+        "rows": admin_selectors.worker_list(user=request.user, tenant=tenant, status=status),
+        "filters": {"tenant": tenant, "status": status},
+        "statuses": WorkerStatus.values,
+        "tenants": list(tenants_for(request.user, VIEW).order_by("slug")),
+        "administrable": set(tenants_for(request.user, ADMINISTER).values_list("pk", flat=True)),
+        "default_drain_min": DEFAULT_DRAIN_S // 60,
+        **extra,
+    }
+
+
+@require_GET
+@login_required
+def worker_list(request):
+    context = _list_context(request)
+    if request.htmx and not request.htmx.history_restore_request and request.htmx.target == "workers-table":
+        return render(request, f"{TEMPLATE}#table", context)
+    return render(request, TEMPLATE, context)
+
+
+@require_GET
+@login_required
+def worker_detail(request, worker_id: int):
+    worker = get_object_or_404(admin_selectors.workers_for(user=request.user), pk=worker_id)
+    context = {
+        "worker": worker,
+        "can_administer": can(request.user, worker.tenant, ADMINISTER),
+        "default_drain_min": DEFAULT_DRAIN_S // 60,
+        **admin_selectors.worker_detail_parts(worker=worker),
+    }
+    return render(request, DETAIL_TEMPLATE, context)
+
+
+@require_POST
+@login_required
+def worker_act(request, worker_id: int):
+    """Another tenant's worker is a 404; one the user sees but may not administer, 403."""
+    worker = get_object_or_404(admin_selectors.workers_for(user=request.user), pk=worker_id)
+    if not can(request.user, worker.tenant, ADMINISTER):
+        raise PermissionDenied("your role on this tenant does not allow this action")
+    form = ActionForm(request.POST)
+    if not form.is_valid():
+        return render(request, TEMPLATE, _list_context(request, errors=[form_errors(form)]), status=400)
+    action, reason = form.cleaned_data["action"], form.cleaned_data["reason"]
+    kwargs = {"worker_id": worker.pk, "reason": reason, "user": request.user}
+    if action == "drain":
+        kwargs["deadline_s"] = (form.cleaned_data["deadline_min"] or DEFAULT_DRAIN_S // 60) * 60
+    try:
+        changed = ACTIONS[action](**kwargs)
+    except DomainError as exc:
+        return render(request, TEMPLATE, _list_context(request, errors=[exc.detail]), status=409)
+    held = len(changed.affected_run_ids)
+    message = f"{worker.name} is {changed.status}."
+    if action == "quarantine" and held:
+        message += f" {held} lease(s) it held were revoked; their dispatched effects are now UNKNOWN."
+    elif action == "drain":
+        message += f" It may finish its {held} run(s) until {changed.drain_deadline:%H:%M:%S} UTC."
+    return done(request, message, request.POST.get("next") or "/workers/")
