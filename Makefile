@@ -1,12 +1,15 @@
 # The two commands of README.md:
 #   make demo   the console and API with a seeded tenant and worker, on the embedded default
 #   make test   the whole test suite (PostgreSQL at 127.0.0.1:5432, Redis at 127.0.0.1:6379)
+# Benchmarks (docs/performance.md): make bench, make bench-ledger, make bench-console
 
 DATABASE_URL_TEST ?= postgres://postgres@127.0.0.1:5432/fenceline
 REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
+# The console benchmark's own database: seeded once (~1M runs, 20M events), kept between runs.
+DATABASE_URL_SCALE ?= postgres://postgres@127.0.0.1:5432/fl_scale
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test bench bench-ledger
+.PHONY: demo test bench bench-ledger bench-console
 
 demo:
 	@.ci/bootstrap
@@ -25,3 +28,7 @@ bench:
 bench-ledger:
 	@.ci/bootstrap
 	DATABASE_URL=$(DATABASE_URL_TEST) .venv/bin/python tests/bench/ledger_verifier.py $(BENCH_ARGS)
+
+bench-console:
+	@.ci/bootstrap
+	DATABASE_URL=$(DATABASE_URL_SCALE) .venv/bin/python tests/bench/console_pages.py $(BENCH_ARGS)

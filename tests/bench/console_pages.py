@@ -39,7 +39,6 @@ import argparse
 import bisect
 import hashlib
 import html
-import io
 import json
 import math
 import os
@@ -55,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.bench.fenced_transitions import BenchError, Server  # noqa: E402
+from tests.bench.fenced_transitions import BenchError, Server
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/fl_scale"
 MARKER = "fenceline console bench data set "  # the database comment: this + JSON of the sizes
@@ -828,7 +827,7 @@ def measure(args, info: dict, database: str) -> int:
         ("runs ?q=<external id>", f"/runs/?q={probes['external_id']}", {}),
         ("runs ?q=<run id>", f"/runs/?q={probes['search_run']}", {}),
         ("runs ?q=<worker name>", f"/runs/?q={probes['worker']}", {}),
-        (f"runs ?q=<tool, 1 run in 1,000>", f"/runs/?q={RARE_TOOL}", {}),
+        ("runs ?q=<tool, 1 run in 1,000>", f"/runs/?q={RARE_TOOL}", {}),
         ("run detail (typical, UNKNOWN op)", f"/runs/{probes['typical_run']}/", {}),
         (f"run detail ({info['big_run_events']:,} events)", f"/runs/{probes['big_run']}/", {}),
         ("run timeline, htmx, deep page", f"/runs/{probes['big_run']}/?after={info['big_run_events'] // 2}", htmx),
@@ -934,13 +933,22 @@ def report(args, info: dict, results: list[dict], slow: dict[str, dict], databas
     say()
     say(f"statements over {args.slow_ms:.0f} ms (slowest first, each once):")
     for sql, hit in sorted(slow.items(), key=lambda kv: -kv[1]["ms"]):
-        shown = sql if len(sql) <= args.sql_chars else sql[: args.sql_chars] + " ..."
+        shown = condensed(sql)
+        shown = shown if len(shown) <= args.sql_chars else shown[: args.sql_chars] + " ..."
         say(f"\n[{hit['ms']:.1f} ms] {hit['page']} ({hit['user']})\n{shown}")
         if hit["ms"] >= args.explain_ms:
             with connection.cursor() as cursor:
                 cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql)
                 plan = "\n".join("    " + row[0] for row in cursor.fetchall())
             say(plan)
+
+
+def condensed(sql: str) -> str:
+    """The statement with its select list shortened to a column count (for reading only)."""
+    match = re.match(r"SELECT (.*?) FROM ", sql, re.DOTALL)
+    if match and match.group(1).count('"') > 8:
+        return f"SELECT <{match.group(1).count(',') + 1} columns> FROM " + sql[match.end():]
+    return sql
 
 
 def find_probes(info: dict) -> dict:

@@ -84,8 +84,8 @@ class Browser:
         assert page.status_code == 200
         self.csrf = self.client.cookies["csrftoken"].value
 
-    def get(self, url, **kwargs):
-        return self.client.get(url, **kwargs)
+    def get(self, url, data=None, **kwargs):
+        return self.client.get(url, data, **kwargs)
 
     def post(self, url, data=None, **kwargs):
         return self.client.post(url, {**(data or {}), "csrfmiddlewaretoken": self.csrf}, **kwargs)

@@ -1,0 +1,46 @@
+"""Builders for the admin-page tests, over the real services: credentials with active
+leases held by runs, and workers in each lifecycle state."""
+
+from ledger.models import Credential, CredentialLease
+from ledger.services import credentials
+from ledger.services.workers import worker_create, worker_drain, worker_quarantine
+from tests.ledger.factories import leased_run
+
+SECRET_REF = "vault:kv/github-bot"
+
+
+def credential(tenant, principal: str = "github-bot") -> Credential:
+    found = Credential.objects.filter(tenant=tenant, principal=principal).first()
+    return found or credentials.credential_create(tenant=tenant, principal=principal, secret_ref=SECRET_REF)
+
+
+def active_leases(identity, count: int, *, principal: str = "github-bot", runs: int = 1) -> list[CredentialLease]:
+    """``count`` active leases of ``principal`` spread over ``runs`` leased runs."""
+    credential(identity.tenant, principal)
+    holders = [leased_run(identity.worker, owner=f"holder-{i}", ttl_s=600) for i in range(runs)]
+    issued = []
+    for i in range(count):
+        run, token = holders[i % runs]
+        issued.append(
+            credentials.credential_lease_issue(
+                worker=identity.worker,
+                run_id=run.pk,
+                fencing_token=token,
+                principal=principal,
+                actions=["read"],
+                resources=["repo:acme/widgets"],
+                ttl_s=600,
+            )
+        )
+    return issued
+
+
+def worker_in(tenant, status: str, name: str):
+    """A worker of ``tenant`` brought to ``status`` through the services."""
+    worker, _ = worker_create(tenant=tenant, name=name)
+    if status == "DRAINING":
+        worker_drain(worker_id=worker.pk, reason="maintenance", name="setup")
+    elif status == "QUARANTINED":
+        worker_quarantine(worker_id=worker.pk, reason="suspicious", name="setup")
+    worker.refresh_from_db()
+    return worker
