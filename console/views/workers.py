@@ -82,7 +82,7 @@ def worker_act(request, worker_id: int):
     held = len(changed.affected_run_ids)
     message = f"{worker.name} is {changed.status}."
     if action == "quarantine" and held:
-        message += f" {held} lease(s) it held were revoked; their dispatched effects are now UNKNOWN."
+        message += f" {held} lease(s) it held were revoked; anything dispatched under them is now UNKNOWN."
     elif action == "drain":
         message += f" It may finish its {held} run(s) until {changed.drain_deadline:%H:%M:%S} UTC."
     return done(request, message, request.POST.get("next") or "/workers/")
