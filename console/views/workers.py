@@ -12,16 +12,15 @@ from console.views.common import done, form_errors
 from ledger import admin_selectors
 from ledger.roles import ADMINISTER, VIEW, can, tenants_for
 from ledger.services.errors import DomainError
-from ledger.services.workers import DEFAULT_DRAIN_S, MAX_DRAIN_S, worker_drain, worker_quarantine, worker_resume
+from ledger.services.workers import DEFAULT_DRAIN_S, MAX_DRAIN_S, TRANSITIONS, worker_change
 from ledger.states import WorkerStatus
 
 TEMPLATE = "console/workers.html"
 DETAIL_TEMPLATE = "console/worker_detail.html"
-ACTIONS = {"drain": worker_drain, "quarantine": worker_quarantine, "resume": worker_resume}
 
 
 class ActionForm(forms.Form):
-    action = forms.ChoiceField(choices=[(a, a) for a in ACTIONS])
+    action = forms.ChoiceField(choices=[(a, a) for a in TRANSITIONS])
     reason = forms.CharField(max_length=500, strip=True)
     deadline_min = forms.IntegerField(min_value=1, max_value=MAX_DRAIN_S // 60, required=False)
 
@@ -72,11 +71,9 @@ def worker_act(request, worker_id: int):
     if not form.is_valid():
         return render(request, TEMPLATE, _list_context(request, errors=[form_errors(form)]), status=400)
     action, reason = form.cleaned_data["action"], form.cleaned_data["reason"]
-    kwargs = {"worker_id": worker.pk, "reason": reason, "user": request.user}
-    if action == "drain":
-        kwargs["deadline_s"] = (form.cleaned_data["deadline_min"] or DEFAULT_DRAIN_S // 60) * 60
+    deadline_s = (form.cleaned_data["deadline_min"] or DEFAULT_DRAIN_S // 60) * 60
     try:
-        changed = ACTIONS[action](**kwargs)
+        changed = worker_change(worker_id=worker.pk, action=action, reason=reason, deadline_s=deadline_s, user=request.user)
     except DomainError as exc:
         return render(request, TEMPLATE, _list_context(request, errors=[exc.detail]), status=409)
     held = len(changed.affected_run_ids)

@@ -3,6 +3,7 @@ only its SHA-256 is stored."""
 
 import hashlib
 import secrets
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
@@ -143,68 +144,65 @@ def _decided(*, worker_id: object, user, name: str, reason: object) -> tuple[Wor
     return worker, f"user:{name}", reason
 
 
-def worker_drain(*, worker_id: object, reason: str, deadline_s: int = DEFAULT_DRAIN_S, user=None, name: str = "") -> Worker:
-    """ACCEPTING -> DRAINING: no new leases; the ones held may finish until the deadline."""
-    if type(deadline_s) is not int or not 1 <= deadline_s <= MAX_DRAIN_S:
+@dataclass(frozen=True)
+class Transition:
+    allowed_from: tuple[str, ...]
+    status: str
+    event: str
+    end_leases: bool
+
+
+TRANSITIONS = {
+    # No new leases; the held ones may finish until the deadline.
+    "drain": Transition(DRAIN_FROM, WorkerStatus.DRAINING, "WORKER_DRAINING", end_leases=False),
+    # Its leases end now (their DISPATCHED effects become UNKNOWN), its tokens are stale, it
+    # gets no lease and no credential until resumed.
+    "quarantine": Transition(QUARANTINE_FROM, WorkerStatus.QUARANTINED, "WORKER_QUARANTINED", end_leases=True),
+    "resume": Transition(RESUME_FROM, WorkerStatus.ACCEPTING, "WORKER_RESUMED", end_leases=False),
+}
+
+
+def worker_change(
+    *, worker_id: object, action: str, reason: str, user=None, name: str = "", deadline_s: int = DEFAULT_DRAIN_S
+) -> Worker:
+    """A person's decision about a worker: ``action`` is drain, quarantine or resume (see
+    TRANSITIONS). The result carries ``affected_run_ids``: the runs the worker held."""
+    transition = TRANSITIONS.get(action)
+    if transition is None:
+        raise InvalidInput(f"action must be one of {', '.join(TRANSITIONS)}")
+    if action == "drain" and (type(deadline_s) is not int or not 1 <= deadline_s <= MAX_DRAIN_S):
         raise InvalidInput(f"deadline_s must be an integer from 1 to {MAX_DRAIN_S}")
     worker, actor, reason = _decided(worker_id=worker_id, user=user, name=name, reason=reason)
     with transaction.atomic():
         now = timezone.now()
         worker = _change_status(
             worker=worker,
-            allowed_from=DRAIN_FROM,
-            status=WorkerStatus.DRAINING,
+            allowed_from=transition.allowed_from,
+            status=transition.status,
             actor=actor,
             reason=reason,
-            event="WORKER_DRAINING",
-            end_leases=False,
-            drain_deadline=now + timedelta(seconds=deadline_s),
+            event=transition.event,
+            end_leases=transition.end_leases,
+            drain_deadline=now + timedelta(seconds=deadline_s) if action == "drain" else None,
             now=now,
         )
-        admin_action_record(tenant=worker.tenant, actor=actor, action="worker.drain", subject=worker.name, reason=reason, now=now)
+        fields = {"leases_revoked": len(worker.affected_run_ids)} if transition.end_leases else {}
+        admin_action_record(
+            tenant=worker.tenant, actor=actor, action=f"worker.{action}", subject=worker.name, reason=reason, fields=fields, now=now
+        )
     return worker
+
+
+def worker_drain(*, worker_id: object, reason: str, deadline_s: int = DEFAULT_DRAIN_S, user=None, name: str = "") -> Worker:
+    return worker_change(worker_id=worker_id, action="drain", reason=reason, deadline_s=deadline_s, user=user, name=name)
 
 
 def worker_quarantine(*, worker_id: object, reason: str, user=None, name: str = "") -> Worker:
-    """-> QUARANTINED: its leases end now (their DISPATCHED effects become UNKNOWN), its
-    tokens are stale, it gets no lease and no credential until resumed."""
-    worker, actor, reason = _decided(worker_id=worker_id, user=user, name=name, reason=reason)
-    with transaction.atomic():
-        worker = _change_status(
-            worker=worker,
-            allowed_from=QUARANTINE_FROM,
-            status=WorkerStatus.QUARANTINED,
-            actor=actor,
-            reason=reason,
-            event="WORKER_QUARANTINED",
-            end_leases=True,
-        )
-        admin_action_record(
-            tenant=worker.tenant,
-            actor=actor,
-            action="worker.quarantine",
-            subject=worker.name,
-            reason=reason,
-            fields={"leases_revoked": len(worker.affected_run_ids)},
-        )
-    return worker
+    return worker_change(worker_id=worker_id, action="quarantine", reason=reason, user=user, name=name)
 
 
 def worker_resume(*, worker_id: object, reason: str, user=None, name: str = "") -> Worker:
-    """DRAINING, QUIESCED or QUARANTINED -> ACCEPTING."""
-    worker, actor, reason = _decided(worker_id=worker_id, user=user, name=name, reason=reason)
-    with transaction.atomic():
-        worker = _change_status(
-            worker=worker,
-            allowed_from=RESUME_FROM,
-            status=WorkerStatus.ACCEPTING,
-            actor=actor,
-            reason=reason,
-            event="WORKER_RESUMED",
-            end_leases=False,
-        )
-        admin_action_record(tenant=worker.tenant, actor=actor, action="worker.resume", subject=worker.name, reason=reason)
-    return worker
+    return worker_change(worker_id=worker_id, action="resume", reason=reason, user=user, name=name)
 
 
 def workers_drain_enforce(*, now=None) -> int:
