@@ -92,7 +92,7 @@ class Command(BaseCommand):
         return token
 
     def show_users(self) -> None:
-        self.stdout.write("Console users (password = <user>-demo), all on tenant 'demo':")
+        self.stdout.write("Console users (password = <user>-demo), on tenants 'demo' and 'initech':")
         for username, role in DEMO_USERS:
             self.stdout.write(f"  {username:<9} {role}")
         self.stdout.write("  globex-admin admin on tenant 'globex' only (sees nothing of 'demo')")
@@ -213,6 +213,8 @@ class Command(BaseCommand):
             changed_by="demo",
             reason="a small spend cap",
         )
+        for username, role in DEMO_USERS:  # the demo users work on initech too, in the same roles
+            role_grant(username=username, tenant=initech, role=role)
         spender, _ = worker_create(tenant=initech, name="initech-worker")
         run, _ = runs.run_create(worker=spender, schema_version=1, external_id="initech-spend")
         token = leases.lease_acquire(worker=spender, run_id=run.pk, owner_id="i-agent", ttl_s=3600).fencing_token
