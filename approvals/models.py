@@ -41,6 +41,9 @@ class ReconciliationCase(Versioned):
     unverified_evidence = models.JSONField(default=list)
     claimed_by = models.CharField(max_length=150, blank=True, default="")
     claimed_at = models.DateTimeField(null=True, blank=True)
+    # Who handed the case up, and why (also in the CASE_ESCALATED event).
+    escalated_by = models.CharField(max_length=150, blank=True, default="")
+    escalation_reason = models.CharField(max_length=500, blank=True, default="")
     # HAPPENED (with the provider's request id), DID_NOT_HAPPEN, or COMPENSATED.
     resolution = models.CharField(max_length=16, blank=True, default="")
     resolution_reason = models.CharField(max_length=500, blank=True, default="")

@@ -162,6 +162,8 @@ def _case_move(
         (run,) = locked_runs({"run_id": case.run_id})
         now = timezone.now()
         values = {"status": target, **({"claimed_by": name, "claimed_at": now} if claim else {})}
+        if target == CaseStatus.ESCALATED:
+            values.update(escalated_by=name, escalation_reason=reason)
         won = ReconciliationCase.objects.filter(pk=case.pk, status__in=sources).update(**values)
         if won != 1:
             case.refresh_from_db()

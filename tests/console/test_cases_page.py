@@ -236,3 +236,13 @@ def test_keyset_pages_cover_every_case_once(acme):
         cursor = page.context["next_cursor"]
         url = f"{URL}?status=open&after={cursor}" if cursor else None
     assert seen == [c.pk for c in cases]
+
+
+def test_an_escalated_case_shows_who_escalated_it_and_why(acme):
+    case = unknown_case(acme.worker)
+    browser = Browser(user_with("operator", acme.tenant, name="oli"))
+    assert browser.post(reverse("case-escalate", args=[case.pk]), {"reason": "provider support ticket 4411"}).status_code == 302
+    case.refresh_from_db()
+    assert (case.status, case.escalated_by, case.escalation_reason) == ("ESCALATED", "oli", "provider support ticket 4411")
+    body = browser.get(URL + "?status=ESCALATED").content.decode()
+    assert "escalated by oli: provider support ticket 4411" in body
