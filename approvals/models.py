@@ -60,6 +60,9 @@ class ReconciliationCase(Versioned):
         ]
         indexes = [
             models.Index(fields=["tenant", "status", "opened_at"], name="case_queue"),
+            # The queue across a user's tenants, oldest first, and the dashboard's open counts.
+            models.Index(fields=["opened_at", "id"], condition=Q(status__in=OPEN_CASE_STATUSES), name="case_open_queue"),
+            models.Index(fields=["tenant"], condition=Q(status__in=OPEN_CASE_STATUSES), name="case_open_tenant"),
         ]
 
     def __str__(self) -> str:
@@ -106,5 +109,8 @@ class ApprovalRequest(Versioned):
 
     class Meta:
         constraints = [models.CheckConstraint(condition=Q(status__in=ApprovalStatus.values), name="approval_status_valid")]
-        indexes = [models.Index(fields=["tenant", "status", "expires_at"], name="approval_queue")]
+        indexes = [
+            models.Index(fields=["tenant", "status", "expires_at"], name="approval_queue"),
+            models.Index(fields=["status", "expires_at", "id"], name="approval_status_queue"),
+        ]
 

@@ -5,6 +5,7 @@ import uuid
 
 from django.db import models
 from django.db.models import F, Q
+from django.db.models.functions import Upper
 from django.utils import timezone
 
 from ledger.chain import GENESIS_HASH
@@ -120,7 +121,20 @@ class Run(Versioned):
             ),
             models.CheckConstraint(condition=Q(last_seq__gte=0), name="run_last_seq_non_negative"),
         ]
-        indexes = [models.Index(fields=["tenant", "-created_at"], name="run_tenant_recent")]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"], name="run_tenant_recent"),
+            # The runs list, newest first across a user's tenants, and its rare filters: each
+            # walks an index in page order instead of sorting a million rows.
+            models.Index(fields=["-created_at", "-id"], name="run_recent"),
+            models.Index(fields=["-created_at", "-id"], condition=~Q(broken_reason=""), name="run_broken_recent"),
+            models.Index(fields=["-created_at", "-id"], condition=Q(authorization_mismatches__gt=0), name="run_mismatch_recent"),
+            models.Index(
+                fields=["-created_at", "-id"], condition=Q(n_unknown__gt=0) | Q(n_dispatched__gt=0), name="run_uncertain_recent"
+            ),
+            # The dashboard's per-tenant figures, read from these small indexes only.
+            models.Index(fields=["tenant", "stale_rejections"], condition=Q(stale_rejections__gt=0), name="run_stale"),
+            models.Index(fields=["tenant", "verified_at"], condition=Q(verified_checkpoint_seq__isnull=False), name="run_verified"),
+        ]
 
     def __str__(self) -> str:
         return str(self.id)
@@ -171,6 +185,7 @@ class LeaseGrant(Versioned):
             models.CheckConstraint(condition=Q(fencing_token__gte=1), name="grant_token_positive"),
         ]
         ordering = ["run", "fencing_token"]
+        indexes = [models.Index(fields=["owner_id"], name="grant_owner")]  # runs search by owner id
 
 
 class Operation(Versioned):
@@ -228,6 +243,7 @@ class Operation(Versioned):
         indexes = [
             models.Index(fields=["run", "phase"], name="operation_run_phase"),
             models.Index(fields=["tenant", "phase"], name="operation_tenant_phase"),
+            models.Index(Upper("tool"), "run", name="operation_tool"),  # runs search by tool
         ]
 
     def __str__(self) -> str:
@@ -253,6 +269,8 @@ class Event(Versioned):
             models.CheckConstraint(condition=Q(seq__gte=1), name="event_seq_positive"),
         ]
         ordering = ["run", "seq"]
+        # A run page's stale-write refusals without reading the rest of a long chain.
+        indexes = [models.Index(fields=["run", "seq"], condition=Q(type="STALE_TOKEN_REJECTED"), name="event_stale_refusals")]
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq} {self.type}"
