@@ -3,7 +3,7 @@
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from django.db.models import F, OuterRef, Q, Subquery
+from django.db.models import Exists, F, OuterRef, Q, Subquery
 
 from ledger.models import Run, Tenant, Worker
 from ledger.services.errors import NotFound
@@ -139,16 +139,17 @@ def runs_for_user(*, user):
     return Run.objects.filter(tenant_id__in=list(tenants_for(user).values_list("pk", flat=True)))
 
 
-def _search_run_ids(q: str):
-    """The ids of runs matching ``q`` as one UNION subquery, each branch on its own index:
-    run id, external id (substring; a trigram index on PostgreSQL), owner id or worker
-    name of any lease it had, tool of any operation it has (case-insensitive)."""
+def _search_condition(q: str) -> Q:
+    """Runs matching ``q``: by run id, external id (substring; a trigram index on
+    PostgreSQL), owner id of any lease it had, or tool of any operation it has
+    (case-insensitive) as one UNION of indexed lookups, which suits matches that are rare;
+    and by worker name (case-insensitive) as a per-run EXISTS, which suits the many runs a
+    worker holds: the page walks the newest-first index and stops after one page."""
     from ledger.models import LeaseGrant, Operation
 
     branches = [
         Run.objects.filter(external_id__icontains=q).values("id"),
         LeaseGrant.objects.filter(owner_id=q).values("run_id"),
-        LeaseGrant.objects.filter(worker__in=Worker.objects.filter(name__iexact=q)).values("run_id"),
         Operation.objects.filter(tool__iexact=q).values("run_id"),
     ]
     try:
@@ -156,7 +157,11 @@ def _search_run_ids(q: str):
     except ValueError:
         pass
     first, *rest = branches
-    return first.union(*rest)
+    condition = Q(pk__in=first.union(*rest))
+    worker_ids = list(Worker.objects.filter(name__iexact=q).values_list("pk", flat=True))
+    if worker_ids:
+        condition |= Q(Exists(LeaseGrant.objects.filter(run_id=OuterRef("pk"), worker_id__in=worker_ids)))
+    return condition
 
 
 def runs_search(*, user, q: str = "", status: str = "", indicators: dict[str, str] | None = None):
@@ -165,7 +170,7 @@ def runs_search(*, user, q: str = "", status: str = "", indicators: dict[str, st
     qs = runs_for_user(user=user)
     q = q.strip()
     if q:
-        qs = qs.filter(pk__in=_search_run_ids(q))
+        qs = qs.filter(_search_condition(q))
     if status:
         qs = qs.filter(status=status)
     for name, value in (indicators or {}).items():
