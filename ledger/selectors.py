@@ -140,27 +140,32 @@ def runs_for_user(*, user):
 
 
 def _search_condition(q: str) -> Q:
-    """Runs matching ``q``: by run id, external id (substring; a trigram index on
-    PostgreSQL), owner id of any lease it had, or tool of any operation it has
-    (case-insensitive) as one UNION of indexed lookups, which suits matches that are rare;
-    and by worker name (case-insensitive) as a per-run EXISTS, which suits the many runs a
-    worker holds: the page walks the newest-first index and stops after one page."""
+    """Runs matching ``q``: a run id; or any of external id (substring; a trigram index on
+    PostgreSQL), worker name (case-insensitive), lease owner id, tool of an operation
+    (case-insensitive). Cheap probes first find which kinds ``q`` matches at all; only
+    those become conditions, each a per-run check the newest-first page walk can stop
+    early on, so a term that matches a quarter of all runs costs as little as a rare one."""
     from ledger.models import LeaseGrant, Operation
 
-    branches = [
-        Run.objects.filter(external_id__icontains=q).values("id"),
-        LeaseGrant.objects.filter(owner_id=q).values("run_id"),
-        Operation.objects.filter(tool__iexact=q).values("run_id"),
-    ]
     try:
-        branches.append(Run.objects.filter(pk=uuid.UUID(q)).values("id"))
+        return Q(pk=uuid.UUID(q))
     except ValueError:
         pass
-    first, *rest = branches
-    condition = Q(pk__in=first.union(*rest))
+    conditions = []
+    if Run.objects.filter(external_id__icontains=q).exists():
+        conditions.append(Q(external_id__icontains=q))
     worker_ids = list(Worker.objects.filter(name__iexact=q).values_list("pk", flat=True))
     if worker_ids:
-        condition |= Q(Exists(LeaseGrant.objects.filter(run_id=OuterRef("pk"), worker_id__in=worker_ids)))
+        conditions.append(Q(Exists(LeaseGrant.objects.filter(run_id=OuterRef("pk"), worker_id__in=worker_ids))))
+    if LeaseGrant.objects.filter(owner_id=q).exists():
+        conditions.append(Q(Exists(LeaseGrant.objects.filter(run_id=OuterRef("pk"), owner_id=q))))
+    if Operation.objects.filter(tool__iexact=q).exists():
+        conditions.append(Q(Exists(Operation.objects.filter(run_id=OuterRef("pk"), tool__iexact=q))))
+    if not conditions:
+        return Q(pk__in=[])
+    condition = conditions[0]
+    for more in conditions[1:]:
+        condition |= more
     return condition
 
 
