@@ -1,8 +1,9 @@
 """Benchmark: console pages at scale (server time and queries per page).
 
     python tests/bench/console_pages.py [--runs N] [--events-per-run E] [--cases C] [--reseed]
-    make bench-console
-    make bench-console BENCH_ARGS="--runs 10000 --events-per-run 20 --cases 1000"
+    make bench-console                       # 1M runs, 20M events, 100k open UNKNOWN in fl_scale
+    make bench-console DATABASE_URL_SCALE=postgres://postgres@127.0.0.1:5432/fl_scale_small \
+        BENCH_ARGS="--runs 10000 --events-per-run 20 --cases 1000 --big-run-events 20000"
 
 A benchmark, not a test (pytest never collects it). Two steps:
 
@@ -31,6 +32,10 @@ A benchmark, not a test (pytest never collects it). Two steps:
 
 The test client never closes the database connection between requests, so every request
 runs on one warm connection (as with persistent connections, DB_CONN_MAX_AGE > 0).
+
+--try-sql FILE measures a change that is not made: the statements of FILE (candidate
+indexes, ``SET LOCAL jit = off``, ...) run in a transaction around the whole measurement,
+which is rolled back at the end, so the database is left as it was.
 """
 
 from __future__ import annotations
@@ -58,12 +63,13 @@ from tests.bench.fenced_transitions import BenchError, Server
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/fl_scale"
 MARKER = "fenceline console bench data set "  # the database comment: this + JSON of the sizes
-SHAPE_VERSION = 1  # bump when the generated data changes shape: a different version reseeds
+SHAPE_VERSION = 2  # bump when the generated data changes shape (the sizes then differ: --reseed)
 DAYS = 90  # runs are spread over this many days, the newest a minute before the seed
 COPY_BYTES = 8 << 20  # one COPY write every ~8 MB of text
 PROGRESS_EVERY_S = 1.0
 
-# Tenants: slug and share of the runs (tenant of run i is TENANT_OF[i % 10]).
+# Tenants: slug and share of the runs. Run i's tenant is TENANT_OF[a hash of i], so that the
+# runs picked by i % k (UNKNOWN, broken, ...) are spread over the tenants too.
 TENANTS = ("scale-acme", "scale-globex", "scale-initech")
 TENANT_OF = (0, 0, 0, 0, 0, 1, 1, 1, 2, 2)  # 50 % / 30 % / 20 %
 USER_TENANTS = (0, 1)  # the benchmark user is admin on acme and globex: 80 % of the data
@@ -188,7 +194,7 @@ class Plan:
         found: list[int] = []
         i = self.runs - self.n_active - 1
         while len(found) < count and i > 0:
-            if TENANT_OF[i % 10] == USER_TENANTS[0] and i % self.stride != 0 and not self.is_special(i):
+            if self.tenant(i) == USER_TENANTS[0] and i % self.stride != 0 and not self.is_special(i):
                 found.append(i)
                 i -= max(1, self.runs // 1000)
             else:
@@ -198,7 +204,7 @@ class Plan:
     # attributes of run i
 
     def tenant(self, i: int) -> int:
-        return TENANT_OF[i % 10]
+        return TENANT_OF[((i * 2654435761) & 0xFFFFFFFF) * 10 >> 32]  # Knuth's multiplicative hash
 
     def active(self, i: int) -> bool:
         return i >= self.runs - self.n_active
@@ -746,6 +752,16 @@ def database_holds_data(server: Server, database: str) -> bool:
         return conn.execute("SELECT EXISTS (SELECT 1 FROM ledger_run)").fetchone()[0]
 
 
+def migrations_applied() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if "django_migrations" not in connection.introspection.table_names(cursor):
+            return 0
+        cursor.execute("SELECT count(*) FROM django_migrations")
+        return cursor.fetchone()[0]
+
+
 def prepare_database(server: Server, database: str, reseed: bool) -> None:
     from psycopg import sql
 
@@ -828,6 +844,7 @@ def measure(args, info: dict, database: str) -> int:
         ("runs ?q=<run id>", f"/runs/?q={probes['search_run']}", {}),
         ("runs ?q=<worker name>", f"/runs/?q={probes['worker']}", {}),
         ("runs ?q=<tool, 1 run in 1,000>", f"/runs/?q={RARE_TOOL}", {}),
+        ("runs ?q=<tool, 1 run in 4>", f"/runs/?q={TOOLS[0]}", {}),
         ("run detail (typical, UNKNOWN op)", f"/runs/{probes['typical_run']}/", {}),
         (f"run detail ({info['big_run_events']:,} events)", f"/runs/{probes['big_run']}/", {}),
         ("run timeline, htmx, deep page", f"/runs/{probes['big_run']}/?after={info['big_run_events'] // 2}", htmx),
@@ -847,7 +864,7 @@ def measure(args, info: dict, database: str) -> int:
     say(f"measuring: {args.warmups} warm-up + {args.requests} timed requests per page, then 1 with the SQL captured")
     with connection.execute_wrapper(meter):
         for who, user in users.items():
-            client = Client()
+            client = Client(raise_request_exception=False)  # a failing page is reported, not fatal
             client.force_login(user)
             next_links: dict[str, str] = {}
             for name, path, headers in pages:
@@ -893,6 +910,28 @@ def measure(args, info: dict, database: str) -> int:
     return 0
 
 
+def measure_what_if(args, info: dict, database: str) -> int:
+    """The measurement inside one transaction that first runs the statements of --try-sql
+    (candidate indexes, settings) and is rolled back at the end: figures for a change that
+    is never kept. The views' own transactions become savepoints of this one."""
+    from django.db import connection, transaction
+
+    text = Path(args.try_sql).read_text()
+    lines = [line for line in text.splitlines() if not line.strip().startswith("--")]
+    statements = [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+    with transaction.atomic():
+        say(f"what-if: {len(statements)} statements from {args.try_sql}, rolled back after the measurement:")
+        with connection.cursor() as cursor:
+            for statement in statements:
+                t0 = time.monotonic()
+                cursor.execute(statement)
+                say(f"  {time.monotonic() - t0:5.1f}s  {' '.join(statement.split())[:150]}")
+        try:
+            return measure(args, info, database)
+        finally:
+            transaction.set_rollback(True)
+
+
 def report(args, info: dict, results: list[dict], slow: dict[str, dict], database: str) -> None:
     from django.db import connection
 
@@ -913,6 +952,8 @@ def report(args, info: dict, results: list[dict], slow: dict[str, dict], databas
         f"{info['big_runs']} runs of {info['big_run_events']:,} events; seeded {info['seeded_at'][:16]} "
         f"in {info['seed_seconds']:,.0f}s")
     say(f"times: wall clock of Client.get, {args.requests} requests after {args.warmups} warm-ups")
+    if args.try_sql:
+        say(f"what-if: with the statements of {args.try_sql} (rolled back afterwards)")
     say()
     width = max(len(r["page"]) for r in results) + 2
     head = f"{'page':<{width}} {'user':<20} {'median ms':>10} {'p95 ms':>8} {'SQL ms':>8} {'queries':>8} {'KB':>6}"
@@ -1010,6 +1051,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow-ms", type=float, default=10.0, help="print statements slower than this")
     parser.add_argument("--explain-ms", type=float, default=50.0, help="EXPLAIN ANALYZE statements slower than this")
     parser.add_argument("--sql-chars", type=int, default=3000)
+    parser.add_argument("--try-sql", metavar="FILE", help="run these statements (e.g. CREATE INDEX, SET LOCAL jit = off) "
+                        "in a transaction around the measurement, then roll it back: what-if figures, nothing kept")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_URL))
     args = parser.parse_args(argv)
 
@@ -1021,7 +1064,13 @@ def main(argv: list[str] | None = None) -> int:
         from django.core.management import call_command
 
         say(f"migrating {database} ...")
+        applied = migrations_applied()
         call_command("migrate", verbosity=0)
+        if migrations_applied() != applied and database_holds_data(server, database):
+            # New indexes (e.g. on expressions) need statistics, and autovacuum may be off.
+            with server.connect(database) as conn:
+                for table in SEEDED_TABLES:
+                    timed(conn, f"ANALYZE {table} (new migrations)", f"ANALYZE {table}")
         plan = Plan(runs=args.runs, events_per_run=args.events_per_run, cases=args.cases, ops_per_run=args.ops_per_run,
                     big_runs=args.big_runs, big_run_events=args.big_run_events, seeded_at=datetime.now(UTC))
         info = read_marker(server, database)
@@ -1030,6 +1079,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{info['seed_seconds']:,.0f}s); --reseed to seed it again")
         elif info or database_holds_data(server, database):
             held = f"{info['runs']:,} runs, {info['events']:,} events" if info else "an unknown data set"
+            if info and info.get("version") != SHAPE_VERSION:
+                held += f" of generator version {info.get('version')} (this script writes version {SHAPE_VERSION})"
             raise BenchError(f"{database} holds {held}, not the one asked for: pass --reseed to replace it")
         else:
             say(f"seeding {database}: {plan.runs:,} runs, {plan.total_events:,} events, {plan.cases:,} open UNKNOWN "
@@ -1040,6 +1091,8 @@ def main(argv: list[str] | None = None) -> int:
             say(f"seeded in {info['seed_seconds']:,.1f}s: " + ", ".join(f"{k} {v:,.0f}s" for k, v in info["steps"].items()))
         if args.seed_only:
             return 0
+        if args.try_sql:
+            return measure_what_if(args, info, database)
         return measure(args, info, database)
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
