@@ -26,7 +26,7 @@ from ledger.models import (
     Worker,
 )
 from ledger.roles import ROLES, VIEW, tenants_for
-from ledger.services.credentials import _prefix_range, credential_lease_get, credential_leases_matching
+from ledger.services.credentials import credential_lease_get, credential_leases_matching, lease_id_prefix_range
 from ledger.states import CapabilityStatus, LeaseEnd, Phase, WorkerStatus
 
 LEASE_STATES = ("active", "revoked", "expired", "all")
@@ -62,7 +62,7 @@ def credential_lease_list(
     elif state == "expired":
         leases = leases.filter(revoked_at__isnull=True, expires_at__lte=now)
     if prefix:
-        low, high = _prefix_range(prefix)
+        low, high = lease_id_prefix_range(prefix)
         leases = leases.filter(pk__gte=low, pk__lte=high)
     rows, next_cursor = keyset_page(leases, order_field="issued_at", cursor=cursor, descending=True)
     for lease in rows:

@@ -11,7 +11,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from console.views.common import done, form_errors, tenant_for_action
+from console.views.common import done, form_errors, refusal_status, tenant_for_action
 from ledger import admin_selectors
 from ledger.roles import ADMINISTER, VIEW, tenants_for
 from ledger.services.credentials import credential_lease_revoke, credential_leases_revoke, credential_rotate
@@ -110,13 +110,9 @@ def revoke_preview(request):
     try:
         preview = admin_selectors.revocation_preview(tenant=tenant, **_selection(form))
     except DomainError as exc:
-        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=exc_status(exc))
+        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=refusal_status(exc))
     context = {"tenant": tenant, "selection": form.cleaned_data, "preview": preview}
     return render(request, PREVIEW_TEMPLATE, context)
-
-
-def exc_status(exc: DomainError) -> int:
-    return 404 if exc.code == "NOT_FOUND" else (400 if exc.code in ("VALIDATION_ERROR", "FORBIDDEN_FIELD") else 409)
 
 
 @require_POST
@@ -141,7 +137,7 @@ def revoke(request):
             )
             message = f"{len(revoked)} lease(s) revoked."
     except DomainError as exc:
-        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=exc_status(exc))
+        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=refusal_status(exc))
     return done(request, message, f"/credentials/?tenant={tenant.slug}&state=revoked")
 
 
@@ -157,7 +153,7 @@ def rotate(request):
             tenant=tenant, principal=form.cleaned_data["principal"], reason=form.cleaned_data["reason"], user=request.user
         )
     except DomainError as exc:
-        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=exc_status(exc))
+        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=refusal_status(exc))
     message = (
         f"{credential.principal} rotated to version {credential.version}; "
         f"{len(credential.affected_run_ids)} run(s) holding older leases were told."

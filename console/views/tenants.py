@@ -9,7 +9,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET, require_POST
 
-from console.views.common import done, form_errors, tenant_for_action
+from console.views.common import done, form_errors, refusal_status, tenant_for_action
 from ledger import admin_selectors
 from ledger.roles import ADMINISTER, ROLES, can
 from ledger.services.errors import DomainError
@@ -83,7 +83,7 @@ def change_policy(request, slug: str):
             tenant=tenant, document=form.cleaned_data["document"], reason=form.cleaned_data["reason"], user=request.user
         )
     except DomainError as exc:
-        return _refused(request, tenant, exc.detail, 400, draft=request.POST.get("document", ""))
+        return _refused(request, tenant, exc.detail, refusal_status(exc), draft=request.POST.get("document", ""))
     return done(request, f"Policy version {row.version} is now current for {tenant.slug}.", f"/tenants/{tenant.slug}/")
 
 
@@ -105,6 +105,6 @@ def grant_role(request, slug: str):
             reason=data["reason"],
         )
     except DomainError as exc:
-        return _refused(request, tenant, exc.detail, 400)
+        return _refused(request, tenant, exc.detail, refusal_status(exc))
     who = f"New user {data['username']}" if created else data["username"]
     return done(request, f"{who} is now {data['role']} on {tenant.slug}.", f"/tenants/{tenant.slug}/#roles")

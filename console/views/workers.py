@@ -8,7 +8,7 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET, require_POST
 
-from console.views.common import done, form_errors
+from console.views.common import done, form_errors, refusal_status
 from ledger import admin_selectors
 from ledger.roles import ADMINISTER, VIEW, can, tenants_for
 from ledger.services.errors import DomainError
@@ -75,7 +75,7 @@ def worker_act(request, worker_id: int):
     try:
         changed = worker_change(worker_id=worker.pk, action=action, reason=reason, deadline_s=deadline_s, user=request.user)
     except DomainError as exc:
-        return render(request, TEMPLATE, _list_context(request, errors=[exc.detail]), status=409)
+        return render(request, TEMPLATE, _list_context(request, errors=[exc.detail]), status=refusal_status(exc))
     held = len(changed.affected_run_ids)
     message = f"{worker.name} is {changed.status}."
     if action == "quarantine" and held:

@@ -32,6 +32,11 @@ STATUS = {
 }
 
 
+def status_for(exc: domain.DomainError) -> int:
+    """The HTTP status of a domain error (the one table above; 400 for any other)."""
+    return next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 400)
+
+
 class MalformedBody(ValueError):
     """The request body is not a JSON object."""
 
@@ -49,7 +54,7 @@ def _field_path(loc: tuple) -> str:
 def install(api: NinjaAPI) -> None:
     @api.exception_handler(domain.DomainError)
     def on_domain_error(request, exc: domain.DomainError):
-        status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 400)
+        status = status_for(exc)
         extra = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in exc.extra.items()}
         if isinstance(exc, domain.ApprovalRequired):  # 202: a decision, not an error
             return api.create_response(request, {"decision": "APPROVAL_REQUIRED", "approval_id": extra["approval_id"]}, status=202)

@@ -64,8 +64,7 @@ from ledger.services.errors import (
 from ledger.services.events import ChainBatch
 from ledger.services.fencing import Fenced, fenced, locked_runs, parse_id
 from ledger.services.policy import policy_current
-from ledger.services.roles import acting_name
-from ledger.services.workers import admin_action_record
+from ledger.services.roles import acting_name, admin_action_record, decision_reason
 from ledger.states import WorkerStatus
 
 MAX_PRINCIPAL_LENGTH = 200
@@ -78,7 +77,6 @@ MAX_LEASE_RESOURCES = 50
 MAX_LEASE_TTL_S = 366 * 86400
 MIN_PREFIX_HEX_DIGITS = 4
 MAX_USERNAME_LENGTH = 150  # CredentialLease.revoked_by, Django's username
-MAX_REASON_LENGTH = 500  # CredentialLease.revoke_reason
 
 DENIED_DETAIL = "the tenant policy does not allow this credential lease"
 
@@ -118,13 +116,7 @@ def _decision(user: object, reason: object) -> tuple[str, str]:
     if not isinstance(user, str) or not user.strip() or len(user) > MAX_USERNAME_LENGTH or user != user.strip():
         raise InvalidInput(f"a decision names its user: 1 to {MAX_USERNAME_LENGTH} characters without surrounding spaces")
     check_text(user, path="user")
-    if not isinstance(reason, str) or not reason.strip():
-        raise InvalidInput("a decision gives its reason")
-    reason = reason.strip()
-    if len(reason) > MAX_REASON_LENGTH:
-        raise InvalidInput(f"reason must be at most {MAX_REASON_LENGTH} characters")
-    check_text(reason, path="reason")
-    return user, reason
+    return user, decision_reason(reason)
 
 
 def user_actor(user: str) -> str:
@@ -339,7 +331,7 @@ def credential_lease_issue(
 # --- leases: find and revoke --------------------------------------------------------------
 
 
-def _prefix_range(prefix: object) -> tuple[uuid.UUID, uuid.UUID]:
+def lease_id_prefix_range(prefix: object) -> tuple[uuid.UUID, uuid.UUID]:
     """The lease ids starting with ``prefix`` (text form, dashes optional) as a range of
     UUIDs, so the primary key index finds them."""
     if not isinstance(prefix, str):
@@ -370,7 +362,7 @@ def credential_leases_matching(
     if principal is not None:
         leases = leases.filter(credential=credential_get(tenant=tenant, principal=principal))
     if prefix is not None:
-        low, high = _prefix_range(prefix)
+        low, high = lease_id_prefix_range(prefix)
         leases = leases.filter(pk__gte=low, pk__lte=high)
     return leases.select_related("credential").order_by("issued_at", "id")
 

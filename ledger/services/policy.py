@@ -4,10 +4,11 @@ Every change is a new immutable version; decisions record the version they were 
 from django.db import transaction
 from django.db.models import F
 
-from ledger.boundary import check_text
 from ledger.models import Tenant, TenantPolicy
 from ledger.policy import starter_policy, validate_policy
 from ledger.roles import ADMINISTER
+from ledger.services.errors import InvalidInput
+from ledger.services.roles import acting_name, admin_action_record, decision_reason
 
 
 def policy_create_starter(*, tenant: Tenant) -> TenantPolicy:
@@ -26,19 +27,15 @@ def policy_current(*, tenant: Tenant) -> tuple[int, dict]:
 def policy_change(*, tenant: Tenant, document: dict, reason: str, changed_by: str = "", user=None) -> TenantPolicy:
     """A new policy version, made current. Who made it and why are required; given a
     console ``user``, their admin role on the tenant is checked and they are named."""
-    from ledger.services.errors import InvalidInput
-    from ledger.services.roles import acting_name
-    from ledger.services.workers import admin_action_record
-
     changed_by = acting_name(user=user, name=changed_by, tenant_id=tenant.pk, perm=ADMINISTER)
-    if not changed_by or not isinstance(reason, str) or not reason.strip():
+    if not changed_by:
         raise InvalidInput("a policy change names who made it and why")
-    check_text(reason, path="reason")
+    reason = decision_reason(reason)
     validated = validate_policy(document)
     locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
     version = locked.policy_version + 1
     row = TenantPolicy.objects.create(
-        tenant=locked, version=version, document=validated, created_by=changed_by, reason=reason.strip()
+        tenant=locked, version=version, document=validated, created_by=changed_by, reason=reason
     )
     Tenant.objects.filter(pk=locked.pk).update(policy_version=F("policy_version") + 1)
     admin_action_record(
@@ -46,13 +43,9 @@ def policy_change(*, tenant: Tenant, document: dict, reason: str, changed_by: st
         actor=f"user:{changed_by}",
         action="policy.change",
         subject=f"version {version}",
-        reason=reason.strip(),
+        reason=reason,
         now=row.created_at,
     )
     tenant.policy_version = version
     return row
 
-
-def policy_is_starter(*, tenant: Tenant) -> bool:
-    """True while the tenant still runs on the starter policy nobody has changed."""
-    return tenant.policy_version == 1

@@ -7,18 +7,19 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django.utils.text import slugify
 
 from ledger.boundary import check_text
-from ledger.models import AdminAction, RunLease, Tenant, Worker
+from ledger.models import RunLease, Tenant, Worker
 from ledger.roles import ADMINISTER
 from ledger.services.errors import InvalidInput, NotFound, WrongPhase
 from ledger.services.events import ChainBatch
 from ledger.services.fencing import locked_runs
 from ledger.services.leases import leases_end
 from ledger.services.policy import policy_create_starter
-from ledger.services.roles import acting_name
+from ledger.services.roles import acting_name, admin_action_record, decision_reason
 from ledger.states import LeaseEnd, WorkerStatus
 
 TOKEN_PREFIX = "flw_"
@@ -131,12 +132,7 @@ def _change_status(
 
 
 def _decided(*, worker_id: object, user, name: str, reason: object) -> tuple[Worker, str, str]:
-    if not isinstance(reason, str) or not reason.strip():
-        raise InvalidInput("a decision gives its reason")
-    reason = reason.strip()
-    if len(reason) > 500:
-        raise InvalidInput("reason must be at most 500 characters")
-    check_text(reason, path="reason")
+    reason = decision_reason(reason)
     worker = worker_get(worker_id=worker_id)
     name = acting_name(user=user, name=name, tenant_id=worker.tenant_id, perm=ADMINISTER)
     if not name:
@@ -211,9 +207,11 @@ def workers_drain_enforce(*, now=None) -> int:
     workers it moved."""
     now = now or timezone.now()
     moved = 0
-    for worker in Worker.objects.filter(status=WorkerStatus.DRAINING).select_related("tenant").order_by("pk"):
+    live = RunLease.objects.filter(worker_id=OuterRef("pk"), owner_id__isnull=False, expires_at__gt=now)
+    draining = Worker.objects.filter(status=WorkerStatus.DRAINING).annotate(holds=Exists(live)).order_by("pk")
+    for worker in draining.select_related("tenant"):
         overdue = worker.drain_deadline is not None and worker.drain_deadline <= now
-        holds = RunLease.objects.filter(worker_id=worker.pk, owner_id__isnull=False, expires_at__gt=now).exists()
+        holds = worker.holds
         if holds and not overdue:
             continue
         reason = "drain deadline passed" if holds else "drained: no lease left"
@@ -233,16 +231,3 @@ def workers_drain_enforce(*, now=None) -> int:
         moved += 1
     return moved
 
-
-def admin_action_record(
-    *, tenant: Tenant, actor: str, action: str, subject: str, reason: str, fields: dict | None = None, now=None
-) -> AdminAction:
-    return AdminAction.objects.create(
-        tenant=tenant,
-        occurred_at=now or timezone.now(),
-        actor=actor,
-        action=action,
-        subject=subject[:300],
-        reason=reason,
-        fields=fields or {},
-    )

@@ -12,9 +12,10 @@ from tests.console.queues_fixtures import pending_approvals, snapshot, user_with
 @pytest.mark.parametrize("role", ["viewer", "operator", None])
 def test_the_service_refuses_a_user_without_the_approver_role(acme, role):
     (approval,) = pending_approvals(acme.worker)
+    person = user_with(role, acme.tenant)
     before = snapshot()
     with pytest.raises(Forbidden):
-        approval_decide(approval_id=approval.pk, approve=True, user=user_with(role, acme.tenant), reason="fine")
+        approval_decide(approval_id=approval.pk, approve=True, user=person, reason="fine")
     assert snapshot() == before
 
 

@@ -92,11 +92,22 @@ class Browser:
 
 
 def snapshot() -> dict:
-    """Every row an action here could change."""
+    """Every row a console action could change."""
+    from guardian.models import UserObjectPermission
+
+    from ledger.models import AdminAction, Credential, CredentialLease, RunLease, TenantPolicy, Worker
+
     return {
         "cases": list(ReconciliationCase.objects.order_by("id").values()),
         "approvals": list(ApprovalRequest.objects.order_by("id").values()),
         "operations": list(Operation.objects.order_by("id").values("id", "phase", "reconciliation", "provider_request_id")),
         "runs": list(Run.objects.order_by("id").values("id", "last_seq", "last_hash")),
+        "leases": list(CredentialLease.objects.order_by("id").values()),
+        "credentials": list(Credential.objects.order_by("id").values()),
+        "workers": list(Worker.objects.order_by("id").values()),
+        "run_leases": list(RunLease.objects.order_by("run_id").values()),
+        "policies": TenantPolicy.objects.count(),
+        "admin_actions": AdminAction.objects.count(),
+        "perms": sorted(UserObjectPermission.objects.values_list("user_id", "object_pk", "permission_id")),
         "events": Event.objects.count(),
     }

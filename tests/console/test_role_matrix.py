@@ -9,12 +9,10 @@ import json
 
 import pytest
 from django.urls import reverse
-from guardian.models import UserObjectPermission
 
-from approvals.models import ApprovalRequest, ReconciliationCase
-from ledger.models import AdminAction, Credential, CredentialLease, Event, RunLease, TenantPolicy, Worker
+from ledger.models import AdminAction, Event
 from tests.console.admin_fixtures import active_leases, worker_in
-from tests.console.queues_fixtures import ROLES, Browser, pending_approvals, unknown_case, user_with
+from tests.console.queues_fixtures import ROLES, Browser, pending_approvals, snapshot, unknown_case, user_with
 from tests.ledger.factories import leased_run
 
 REASON = "checked with the provider console"
@@ -36,22 +34,6 @@ MAY = {
     **{a: {"approver", "admin"} for a in APPROVER_ACTIONS},
     **{a: {"admin"} for a in ADMIN_ACTIONS},
 }
-
-
-def snapshot() -> dict:
-    """Every row an action here could change."""
-    return {
-        "cases": list(ReconciliationCase.objects.order_by("id").values()),
-        "approvals": list(ApprovalRequest.objects.order_by("id").values()),
-        "leases": list(CredentialLease.objects.order_by("id").values()),
-        "credentials": list(Credential.objects.order_by("id").values()),
-        "workers": list(Worker.objects.order_by("id").values()),
-        "run_leases": list(RunLease.objects.order_by("run_id").values()),
-        "policies": TenantPolicy.objects.count(),
-        "admin_actions": AdminAction.objects.count(),
-        "perms": sorted(UserObjectPermission.objects.values_list("user_id", "object_pk", "permission_id")),
-        "events": Event.objects.count(),
-    }
 
 
 class Target:
