@@ -4,3 +4,11 @@ from django.apps import AppConfig
 class ApprovalsConfig(AppConfig):
     name = "approvals"
     verbose_name = "Fenceline approvals"
+
+    def ready(self) -> None:
+        # The fence and the authority checks hand work to people through this interface
+        # (ledger.services.core.handoff); the approvals app implements it.
+        from approvals.services import handoff
+        from ledger.services.core.handoff import register
+
+        register(handoff)

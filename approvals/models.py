@@ -7,6 +7,7 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+from ledger.states import ApprovalKind, CaseReason
 from ledger.versioning import Versioned
 
 
@@ -15,13 +16,6 @@ class CaseStatus(models.TextChoices):
     CLAIMED = "CLAIMED"
     ESCALATED = "ESCALATED"
     RESOLVED = "RESOLVED"
-
-
-class CaseReason(models.TextChoices):
-    LEASE_LOST = "LEASE_LOST"
-    LEASE_RELEASED = "LEASE_RELEASED"
-    LEASE_REVOKED = "LEASE_REVOKED"
-    WORKER_REPORTED_UNKNOWN = "WORKER_REPORTED_UNKNOWN"
 
 
 OPEN_CASE_STATUSES = (CaseStatus.OPEN, CaseStatus.CLAIMED, CaseStatus.ESCALATED)
@@ -61,18 +55,14 @@ class ReconciliationCase(Versioned):
         indexes = [
             models.Index(fields=["tenant", "status", "opened_at"], name="case_queue"),
             # The queue across a user's tenants, oldest first, and the dashboard's open counts.
-            models.Index(fields=["opened_at", "id"], condition=Q(status__in=OPEN_CASE_STATUSES), name="case_open_queue"),
+            models.Index(
+                fields=["opened_at", "id"], condition=Q(status__in=OPEN_CASE_STATUSES), name="case_open_queue"
+            ),
             models.Index(fields=["tenant"], condition=Q(status__in=OPEN_CASE_STATUSES), name="case_open_tenant"),
         ]
 
     def __str__(self) -> str:
         return f"case {self.id} ({self.status})"
-
-
-class ApprovalKind(models.TextChoices):
-    OPERATION = "OPERATION"  # a tool the policy always puts before a person
-    RETRY = "RETRY"  # another attempt of a NON_RETRYABLE (or spent) operation
-    CAPABILITY = "CAPABILITY"  # a capability budget asked with approval "human"
 
 
 class ApprovalStatus(models.TextChoices):
@@ -92,7 +82,9 @@ class ApprovalRequest(Versioned):
     tenant = models.ForeignKey("ledger.Tenant", on_delete=models.PROTECT, related_name="approvals")
     run = models.ForeignKey("ledger.Run", on_delete=models.PROTECT, related_name="approvals")
     kind = models.CharField(max_length=16, choices=ApprovalKind.choices)
-    operation = models.ForeignKey("ledger.Operation", on_delete=models.PROTECT, null=True, blank=True, related_name="approvals")
+    operation = models.ForeignKey(
+        "ledger.Operation", on_delete=models.PROTECT, null=True, blank=True, related_name="approvals"
+    )
     capability = models.ForeignKey(
         "ledger.CapabilityBudget", on_delete=models.PROTECT, null=True, blank=True, related_name="approvals"
     )
@@ -108,9 +100,10 @@ class ApprovalRequest(Versioned):
     used_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.CheckConstraint(condition=Q(status__in=ApprovalStatus.values), name="approval_status_valid")]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=ApprovalStatus.values), name="approval_status_valid")
+        ]
         indexes = [
             models.Index(fields=["tenant", "status", "expires_at"], name="approval_queue"),
             models.Index(fields=["status", "expires_at", "id"], name="approval_status_queue"),
         ]
-

@@ -1,11 +1,11 @@
-"""Celery tasks of the approvals app: thin, idempotent, bounded."""
-
-from celery import shared_task
+"""Celery tasks of the approvals app: thin, idempotent, bounded (the retry policy of
+``ledger.tasks.job``)."""
 
 from approvals.services.approvals import approvals_expire
+from ledger.tasks import job
 
 
-@shared_task(acks_late=True, autoretry_for=(ConnectionError,), retry_backoff=True, max_retries=5)
-def expire_approvals_task() -> dict:
+@job()
+def expire_approvals_task() -> dict[str, int]:
     """PENDING or APPROVED requests past their expiry become EXPIRED (never APPROVED)."""
     return {"expired": approvals_expire()}

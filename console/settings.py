@@ -71,7 +71,9 @@ def _local_secret_key() -> str:
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 SECRET_KEY = env("DJANGO_SECRET_KEY") or _local_secret_key()
-ALLOWED_HOSTS = [h.strip() for h in (env("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]") or "").split(",") if h.strip()]
+ALLOWED_HOSTS = [
+    h.strip() for h in (env("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]") or "").split(",") if h.strip()
+]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -176,7 +178,6 @@ WHITENOISE_USE_FINDERS = True
 # --- Fenceline --------------------------------------------------------------------------
 
 
-
 def _checkpoint_keys() -> dict[str, bytes]:
     """FENCELINE_CHECKPOINT_KEYS="id1:base64key,id2:base64key" (or _FILE). Without it, one
     key derived from SECRET_KEY, for development and tests."""
@@ -201,21 +202,27 @@ def _checkpoint_keys() -> dict[str, bytes]:
 _CHECKPOINT_KEYS = _checkpoint_keys()
 _SIGNING_KEY_ID = env("FENCELINE_CHECKPOINT_SIGNING_KEY_ID") or list(_CHECKPOINT_KEYS)[-1]
 if _SIGNING_KEY_ID not in _CHECKPOINT_KEYS:
-    raise ImproperlyConfigured(f"FENCELINE_CHECKPOINT_SIGNING_KEY_ID={_SIGNING_KEY_ID!r} is not among the checkpoint keys")
+    raise ImproperlyConfigured(
+        f"FENCELINE_CHECKPOINT_SIGNING_KEY_ID={_SIGNING_KEY_ID!r} is not among the checkpoint keys"
+    )
 
 FENCELINE = {
-    # Maximum number of rows the lease reaper claims in one transaction.
-    "REAPER_BATCH_SIZE": env_int("FENCELINE_REAPER_BATCH_SIZE", 500, minimum=1),
-    # How often Celery beat runs the lease reaper.
-    "REAPER_INTERVAL_S": env_int("FENCELINE_REAPER_INTERVAL_S", 5, minimum=1),
     # Checkpoint keys by id (old ones stay to verify old checkpoints) and the one that signs.
     "CHECKPOINT_KEYS": _CHECKPOINT_KEYS,
     "CHECKPOINT_SIGNING_KEY_ID": _SIGNING_KEY_ID,
     # The verifier seals a checkpoint every this many events (and at a run's completion).
     "CHECKPOINT_EVERY": env_int("FENCELINE_CHECKPOINT_EVERY", 1000, minimum=1),
-    # How often Celery beat runs the ledger verifier, and how many runs one pass checks.
+    # The periodic jobs: how often beat runs each one, and how much one transaction of it
+    # takes at most. Each is also a management command (docs/operations.md).
+    "REAPER_INTERVAL_S": env_int("FENCELINE_REAPER_INTERVAL_S", 5, minimum=1),
+    "REAPER_BATCH_SIZE": env_int("FENCELINE_REAPER_BATCH_SIZE", 500, minimum=1),
     "VERIFIER_INTERVAL_S": env_int("FENCELINE_VERIFIER_INTERVAL_S", 30, minimum=1),
     "VERIFIER_BATCH_RUNS": env_int("FENCELINE_VERIFIER_BATCH_RUNS", 200, minimum=1),
+    "APPROVAL_EXPIRY_INTERVAL_S": env_int("FENCELINE_APPROVAL_EXPIRY_INTERVAL_S", 15, minimum=1),
+    "APPROVAL_EXPIRY_BATCH_SIZE": env_int("FENCELINE_APPROVAL_EXPIRY_BATCH_SIZE", 500, minimum=1),
+    "RESERVATION_EXPIRY_INTERVAL_S": env_int("FENCELINE_RESERVATION_EXPIRY_INTERVAL_S", 30, minimum=1),
+    "RESERVATION_EXPIRY_BATCH_SIZE": env_int("FENCELINE_RESERVATION_EXPIRY_BATCH_SIZE", 500, minimum=1),
+    "DRAIN_INTERVAL_S": env_int("FENCELINE_DRAIN_INTERVAL_S", 15, minimum=1),
 }
 
 # --- Celery -----------------------------------------------------------------------------
@@ -238,29 +245,23 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Keep Django's LOGGING (and its filter that withholds exception messages) in the worker.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+
+def _every(task: str, interval_key: str) -> dict:
+    """A beat entry that runs ``task`` every FENCELINE[interval_key] seconds; a run not
+    picked up within one interval expires instead of piling up behind an outage."""
+    interval = float(FENCELINE[interval_key])
+    return {"task": task, "schedule": interval, "options": {"expires": interval}}
+
+
 CELERY_BEAT_SCHEDULE = {
-    "reap-leases": {
-        "task": "ledger.tasks.reap_leases_task",
-        "schedule": float(FENCELINE["REAPER_INTERVAL_S"]),
-    },
-    "verify-ledger": {
-        "task": "ledger.tasks.verify_ledger_task",
-        "schedule": float(FENCELINE["VERIFIER_INTERVAL_S"]),
-    },
-    "expire-approvals": {
-        "task": "approvals.tasks.expire_approvals_task",
-        "schedule": 15.0,
-    },
+    "reap-leases": _every("ledger.tasks.reap_leases_task", "REAPER_INTERVAL_S"),
+    "verify-ledger": _every("ledger.tasks.verify_ledger_task", "VERIFIER_INTERVAL_S"),
+    "expire-approvals": _every("approvals.tasks.expire_approvals_task", "APPROVAL_EXPIRY_INTERVAL_S"),
     # Cost reservations past their TTL (policy reservation_ttl_s, 900 s by default) -> UNKNOWN.
-    "expire-reservations": {
-        "task": "ledger.tasks.expire_reservations_task",
-        "schedule": 30.0,
-    },
+    "expire-reservations": _every("ledger.tasks.expire_reservations_task", "RESERVATION_EXPIRY_INTERVAL_S"),
     # DRAINING workers with no lease left, or past their drain deadline -> QUIESCED.
-    "enforce-drains": {
-        "task": "ledger.tasks.enforce_drains_task",
-        "schedule": 15.0,
-    },
+    "enforce-drains": _every("ledger.tasks.enforce_drains_task", "DRAIN_INTERVAL_S"),
 }
 
 # --- logging ----------------------------------------------------------------------------

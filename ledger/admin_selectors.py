@@ -11,7 +11,6 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from guardian.models import UserObjectPermission
 
-from approvals.selectors import keyset_page
 from ledger.models import (
     AdminAction,
     CapabilityBudget,
@@ -25,8 +24,13 @@ from ledger.models import (
     TenantPolicy,
     Worker,
 )
+from ledger.pagination import keyset_page
 from ledger.roles import ROLES, VIEW, tenants_for
-from ledger.services.credentials import credential_lease_get, credential_leases_matching, lease_id_prefix_range
+from ledger.services.authority.credential_leases import (
+    credential_lease_get,
+    credential_leases_matching,
+    lease_id_prefix_range,
+)
 from ledger.states import CapabilityStatus, LeaseEnd, Phase, WorkerStatus
 
 LEASE_STATES = ("active", "revoked", "expired", "all")
@@ -50,7 +54,9 @@ def credential_lease_list(
 ):
     """Leases visible to ``user``, newest first, filtered; a bad prefix raises InvalidInput."""
     now = timezone.now()
-    leases = CredentialLease.objects.filter(tenant__in=visible_tenants(user=user)).select_related("credential", "tenant")
+    leases = CredentialLease.objects.filter(tenant__in=visible_tenants(user=user)).select_related(
+        "credential", "tenant"
+    )
     if tenant:
         leases = leases.filter(tenant__slug=tenant)
     if principal:
@@ -142,7 +148,9 @@ def worker_list(*, user, tenant: str = "", status: str = ""):
     return list(
         workers.annotate(
             held=_count(RunLease.objects.filter(owner_id__isnull=False, expires_at__gt=now), "worker_id"),
-            episodes=_count(LeaseGrant.objects.filter(end_reason__in=(LeaseEnd.EXPIRED, LeaseEnd.REVOKED)), "worker_id"),
+            episodes=_count(
+                LeaseGrant.objects.filter(end_reason__in=(LeaseEnd.EXPIRED, LeaseEnd.REVOKED)), "worker_id"
+            ),
         ).order_by("tenant__slug", "name")[:WORKER_LIMIT]
     )
 
@@ -165,7 +173,9 @@ def worker_detail_parts(*, worker: Worker) -> dict:
         .order_by("-acquired_at", "-id")[:RECENT]
     )
     held = list(
-        RunLease.objects.filter(worker=worker, owner_id__isnull=False).select_related("run").order_by("expires_at")[:RECENT]
+        RunLease.objects.filter(worker=worker, owner_id__isnull=False)
+        .select_related("run")
+        .order_by("expires_at")[:RECENT]
     )
     return {"grants": grants, "held": held, "now": timezone.now()}
 

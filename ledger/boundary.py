@@ -1,7 +1,7 @@
 """The secret boundary (invariant 6): what may never become an event field or a stored value.
 
 A value that crosses the boundary is *refused*, never redacted: :func:`check_fields` and
-:func:`check_text` raise :class:`~ledger.services.errors.ForbiddenField`, which names the
+:func:`check_text` raise :class:`~ledger.errors.ForbiddenField`, which names the
 path of the offending field and the rule it broke, and never the value. Callers check
 before they serialize or write anything, so a refusal leaves nothing behind.
 
@@ -35,12 +35,14 @@ Two kinds of rule, each kept in one list below:
 The rules fail closed: an innocent ``{"error": "timeout"}`` or "the bearer of this note"
 is refused too, and the worker renames the field (``error_code``) or rewords the text.
 
-Standard library only, so the rules can be read, reused (for instance by a log scanner)
-and tested without Django.
+Standard library only (``ledger.errors`` is too), so the rules can be read, reused (for
+instance by a log scanner) and tested without Django.
 """
 
 import functools
 import re
+
+from ledger.errors import ForbiddenField
 
 # --- forbidden keys ---------------------------------------------------------------------
 # Every name is written with "_" between words; keys are compared in the same form and in
@@ -269,10 +271,7 @@ def _join(path: str, segment: str) -> str:
     return f"{path}.{segment}" if path else segment
 
 
-def _refuse(path: str, rule: str, detail: str):
-    # Imported here so that the rules above stay importable without Django.
-    from ledger.services.errors import ForbiddenField
-
+def _refuse(path: str, rule: str, detail: str) -> ForbiddenField:
     return ForbiddenField(detail, path=path or "(top level)", rule=rule)
 
 

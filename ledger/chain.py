@@ -1,14 +1,18 @@
-"""The evidence chain's exact form: canonical bytes and hashes.
+"""The evidence chain's exact form: canonical bytes and hashes, and an event as a document.
 
 The one definition lives in :mod:`ledger.evidence_verifier`, a standard-library-only
 module that can be copied to a clean host to verify an exported chain without Fenceline;
-this module re-exports its names for the rest of the project.
+this module re-exports its names for the rest of the project and turns a stored event
+into the document that export, the verifier and the tests all read.
 
 canonical(event) = JSON of {run_id, seq, event_id, type, schema_version, actor,
 occurred_at, fields, prev_hash}, keys sorted, separators (",", ":"), UTF-8,
 ensure_ascii false; occurred_at in UTC, ISO-8601 with microseconds and a trailing Z.
 hash = "sha256:" + hex(SHA-256(canonical bytes)).
 """
+
+from collections.abc import Mapping
+from typing import Any
 
 from ledger.evidence_verifier import (
     GENESIS_HASH,
@@ -21,12 +25,35 @@ from ledger.evidence_verifier import (
     hash_bytes,
 )
 
+# The stored columns of an event that its document is made of (run_id aside).
+EVENT_COLUMNS = ("seq", "event_id", "type", "schema_version", "actor", "occurred_at", "fields", "prev_hash", "hash")
+
+
+def event_document(event: Any, run_id: object = None) -> dict[str, Any]:
+    """A stored event as the chain's document: every field of the canonical form with ids
+    as strings and ``occurred_at`` formatted, plus its ``hash``. ``event`` is an Event row
+    or a mapping of EVENT_COLUMNS (the verifier streams ``values()`` rows); ``run_id``
+    defaults to the row's own."""
+    if isinstance(event, Mapping):
+        values = {name: event[name] for name in EVENT_COLUMNS}
+        run = run_id if run_id is not None else event["run_id"]
+    else:
+        values = {name: getattr(event, name) for name in EVENT_COLUMNS}
+        run = run_id if run_id is not None else event.run_id
+    values["run_id"] = str(run)
+    values["event_id"] = str(values["event_id"])
+    values["occurred_at"] = format_time(values["occurred_at"])
+    return values
+
+
 __all__ = [
+    "EVENT_COLUMNS",
     "GENESIS_HASH",
     "HASH_PREFIX",
     "VERIFIER_VERSION",
     "canonical_bytes",
     "checkpoint_mac",
+    "event_document",
     "event_hash",
     "format_time",
     "hash_bytes",

@@ -211,7 +211,18 @@ REASONS = (
 # How many previous event ids a repeated event_id is looked for among.
 DUPLICATE_WINDOW = 1024
 
-EVENT_KEYS = ("run_id", "seq", "event_id", "type", "schema_version", "actor", "occurred_at", "fields", "prev_hash", "hash")
+EVENT_KEYS = (
+    "run_id",
+    "seq",
+    "event_id",
+    "type",
+    "schema_version",
+    "actor",
+    "occurred_at",
+    "fields",
+    "prev_hash",
+    "hash",
+)
 _EVENT_TYPES = {
     "run_id": str,
     "event_id": str,
@@ -422,10 +433,9 @@ class _Verifier:
             return False
         if event.get("prev_hash") == following.get("hash"):
             return True
-        return (
-            _recompute(event, event["seq"] + 1) == event.get("hash")
-            and _recompute(following, event["seq"]) == following.get("hash")
-        )
+        return _recompute(event, event["seq"] + 1) == event.get("hash") and _recompute(
+            following, event["seq"]
+        ) == following.get("hash")
 
     def _transition(self, event: Mapping) -> tuple[object, str] | None:
         """For an OPERATION_* event, the (operation_id, new phase) it records; raises a
@@ -551,7 +561,9 @@ class _Verifier:
         head = self.head_seq
         if self.expected_head is not None and head < self.expected_head[0]:
             last = self.expected_head[0]
-            raise _Stop(Finding(GAP, head + 1, last, f"the chain ends at seq {head}, the run's recorded head is {last}"))
+            raise _Stop(
+                Finding(GAP, head + 1, last, f"the chain ends at seq {head}, the run's recorded head is {last}")
+            )
         # Checkpoints beyond the end of the chain: sealed evidence that is no longer there.
         rolled_back_to = None
         first_bad = None
@@ -743,8 +755,7 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, str]:
     """Returns (exit status, text to print)."""
     parser = _ArgumentParser(
         prog="evidence_verifier.py",
-        description="Verify an exported Fenceline evidence chain. "
-        "Exit 0 VERIFIED, 1 UNSEALED, 2 BROKEN, 3 bad input.",
+        description="Verify an exported Fenceline evidence chain. Exit 0 VERIFIED, 1 UNSEALED, 2 BROKEN, 3 bad input.",
     )
     parser.add_argument("export", help="the export: {run_id, events, checkpoints?, head?}")
     parser.add_argument("--keys", required=True, help="JSON {key_id: 'hex:...' | 'base64:...'}")

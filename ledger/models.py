@@ -127,13 +127,21 @@ class Run(Versioned):
             # walks an index in page order instead of sorting a million rows.
             models.Index(fields=["-created_at", "-id"], name="run_recent"),
             models.Index(fields=["-created_at", "-id"], condition=~Q(broken_reason=""), name="run_broken_recent"),
-            models.Index(fields=["-created_at", "-id"], condition=Q(authorization_mismatches__gt=0), name="run_mismatch_recent"),
             models.Index(
-                fields=["-created_at", "-id"], condition=Q(n_unknown__gt=0) | Q(n_dispatched__gt=0), name="run_uncertain_recent"
+                fields=["-created_at", "-id"], condition=Q(authorization_mismatches__gt=0), name="run_mismatch_recent"
+            ),
+            models.Index(
+                fields=["-created_at", "-id"],
+                condition=Q(n_unknown__gt=0) | Q(n_dispatched__gt=0),
+                name="run_uncertain_recent",
             ),
             # The dashboard's per-tenant figures, read from these small indexes only.
             models.Index(fields=["tenant", "stale_rejections"], condition=Q(stale_rejections__gt=0), name="run_stale"),
-            models.Index(fields=["tenant", "verified_at"], condition=Q(verified_checkpoint_seq__isnull=False), name="run_verified"),
+            models.Index(
+                fields=["tenant", "verified_at"],
+                condition=Q(verified_checkpoint_seq__isnull=False),
+                name="run_verified",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -270,7 +278,9 @@ class Event(Versioned):
         ]
         ordering = ["run", "seq"]
         # A run page's stale-write refusals without reading the rest of a long chain.
-        indexes = [models.Index(fields=["run", "seq"], condition=Q(type="STALE_TOKEN_REJECTED"), name="event_stale_refusals")]
+        indexes = [
+            models.Index(fields=["run", "seq"], condition=Q(type="STALE_TOKEN_REJECTED"), name="event_stale_refusals")
+        ]
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq} {self.type}"
@@ -431,4 +441,3 @@ class CostReservation(Versioned):
             models.UniqueConstraint(fields=["operation", "attempt"], name="reservation_one_per_attempt"),
         ]
         indexes = [models.Index(fields=["state", "expires_at"], name="reservation_open")]
-

@@ -33,7 +33,7 @@ scopes are matched exactly at dispatch; policy rules bound what may be requested
 import copy
 from fnmatch import fnmatchcase
 
-from ledger.services.errors import InvalidInput
+from ledger.errors import InvalidInput
 
 STARTER_POLICY: dict = {
     "starter": True,
@@ -81,7 +81,11 @@ def validate_policy(document: object) -> dict:
     if not isinstance(merged["rules"], list):
         raise InvalidInput("policy.rules must be a list")
     for index, rule in enumerate(merged["rules"]):
-        if not isinstance(rule, dict) or set(rule) != {"tool", "actions", "resources"} or not isinstance(rule["tool"], str):
+        if (
+            not isinstance(rule, dict)
+            or set(rule) != {"tool", "actions", "resources"}
+            or not isinstance(rule["tool"], str)
+        ):
             raise InvalidInput(f"policy.rules.{index} must be {{tool, actions, resources}}")
         _strings(rule["actions"], f"policy.rules.{index}.actions")
         _strings(rule["resources"], f"policy.rules.{index}.resources")
@@ -99,13 +103,18 @@ def validate_policy(document: object) -> dict:
     for key in ("run", "tenant", "retry"):
         if limits[key] is not None and (type(limits[key]) is not int or limits[key] < 0):
             raise InvalidInput(f"policy.cost_limits_cents.{key} must be cents (an integer >= 0) or null")
-    if not isinstance(limits["provider"], dict) or any(type(v) is not int or v < 0 for v in limits["provider"].values()):
+    if not isinstance(limits["provider"], dict) or any(
+        type(v) is not int or v < 0 for v in limits["provider"].values()
+    ):
         raise InvalidInput("policy.cost_limits_cents.provider must map provider names to cents")
     breaker = merged["breaker"]
     if not isinstance(breaker, dict) or set(breaker) != set(STARTER_POLICY["breaker"]):
         raise InvalidInput("policy.breaker must have throttled_at, degraded_at, open_at, throttled_max_dispatched")
     shares = [breaker["throttled_at"], breaker["degraded_at"], breaker["open_at"]]
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in shares) or not 0 < shares[0] <= shares[1] <= shares[2] <= 1:
+    if (
+        not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in shares)
+        or not 0 < shares[0] <= shares[1] <= shares[2] <= 1
+    ):
         raise InvalidInput("policy.breaker thresholds must satisfy 0 < throttled_at <= degraded_at <= open_at <= 1")
     if type(breaker["throttled_max_dispatched"]) is not int or breaker["throttled_max_dispatched"] < 1:
         raise InvalidInput("policy.breaker.throttled_max_dispatched must be a positive integer")

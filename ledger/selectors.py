@@ -1,14 +1,14 @@
 """Reads, scoped to a tenant (worker API) or a user (console)."""
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from django.db.models import Exists, F, OuterRef, Q, Subquery
 
+from ledger.errors import NotFound, parse_id
 from ledger.models import Run, Tenant, Worker
-from ledger.services.errors import NotFound
-from ledger.services.fencing import parse_id
-from ledger.services.workers import token_digest
+from ledger.pagination import keyset_page
+from ledger.services.fleet.workers import token_digest
 
 
 def worker_for_token(token: str) -> Worker | None:
@@ -64,7 +64,11 @@ def run_indicators(run: Run) -> dict[str, dict]:
         }
 
     if run.authorization_mismatches:
-        authorization = {"value": "MISMATCH", "mismatches": run.authorization_mismatches, "reason": run.authorization_detail}
+        authorization = {
+            "value": "MISMATCH",
+            "mismatches": run.authorization_mismatches,
+            "reason": run.authorization_detail,
+        }
     else:
         authorization = {"value": "OK", "mismatches": 0, "reason": None}
 
@@ -84,7 +88,12 @@ def run_indicators(run: Run) -> dict[str, dict]:
         }
     else:
         certainty = {"value": "CERTAIN", "counts": counts, "reason": None}
-    return {"completeness": completeness, "integrity": integrity, "authorization": authorization, "certainty": certainty}
+    return {
+        "completeness": completeness,
+        "integrity": integrity,
+        "authorization": authorization,
+        "certainty": certainty,
+    }
 
 
 def approval_get(*, tenant: Tenant, approval_id: object):
@@ -96,10 +105,8 @@ def approval_get(*, tenant: Tenant, approval_id: object):
     return approval
 
 
-
 # --- console reads, scoped to a user (every queryset is restricted to tenants_for(user)) ---
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 RUN_PAGE = 50
 EVENT_PAGE = 50
 EXPIRING_WITHIN_S = 60
@@ -112,8 +119,9 @@ INDICATOR_FILTERS = {
     "integrity": {
         "BROKEN": lambda: ~Q(broken_reason=""),
         "VERIFIED": lambda: Q(broken_reason="", verified_checkpoint_seq=F("last_seq")),
-        "UNSEALED": lambda: Q(broken_reason="")
-        & (Q(verified_checkpoint_seq__isnull=True) | ~Q(verified_checkpoint_seq=F("last_seq"))),
+        "UNSEALED": lambda: (
+            Q(broken_reason="") & (Q(verified_checkpoint_seq__isnull=True) | ~Q(verified_checkpoint_seq=F("last_seq")))
+        ),
     },
     "authorization": {
         "OK": lambda: Q(authorization_mismatches=0),
@@ -185,30 +193,10 @@ def runs_search(*, user, q: str = "", status: str = "", indicators: dict[str, st
     return qs
 
 
-def run_cursor(run: Run) -> str:
-    """Keyset cursor for (-created_at, -id): microseconds since the epoch and the id."""
-    micros = (run.created_at - _EPOCH) // timedelta(microseconds=1)
-    return f"{micros}_{run.pk}"
-
-
 def runs_page(qs, *, before: str = "", size: int = RUN_PAGE) -> tuple[list[Run], str | None]:
     """One page of ``qs`` newest first, after the cursor ``before``; and the next cursor."""
-    qs = qs.select_related("tenant", "lease", "lease__worker").order_by("-created_at", "-id")
-    if before:
-        try:
-            micros, _, run_id = before.partition("_")
-            created_at = _EPOCH + timedelta(microseconds=int(micros))
-            run_uuid = uuid.UUID(run_id)
-        except (ValueError, OverflowError):
-            created_at = run_uuid = None
-        if created_at is not None:
-            # The first condition bounds the index range; the second is the exact keyset.
-            qs = qs.filter(created_at__lte=created_at).filter(
-                Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=run_uuid)
-            )
-    rows = list(qs[: size + 1])
-    next_cursor = run_cursor(rows[size - 1]) if len(rows) > size else None
-    return rows[:size], next_cursor
+    qs = qs.select_related("tenant", "lease", "lease__worker")
+    return keyset_page(qs, order_field="created_at", cursor=before, size=size, descending=True)
 
 
 def run_events_page(*, run: Run, after: int = 0, size: int = EVENT_PAGE):
@@ -233,10 +221,16 @@ def run_detail_parts(*, run: Run, limit: int = 100) -> dict:
         "grants": list(LeaseGrant.objects.filter(run=run).select_related("worker").order_by("-fencing_token")[:limit]),
         "refusals": list(Event.objects.filter(run=run, type="STALE_TOKEN_REJECTED").order_by("-seq")[:limit]),
         "operations": list(
-            Operation.objects.filter(run=run).order_by("created_at", "id").prefetch_related(Prefetch("cases", queryset=cases))[:limit]
+            Operation.objects.filter(run=run)
+            .order_by("created_at", "id")
+            .prefetch_related(Prefetch("cases", queryset=cases))[:limit]
         ),
         "capabilities": list(CapabilityBudget.objects.filter(run=run).order_by("created_at")[:limit]),
-        "cost_windows": list(CostWindow.objects.filter(tenant_id=run.tenant_id, kind="RUN", key=str(run.pk)).order_by("-starts_at")[:limit]),
+        "cost_windows": list(
+            CostWindow.objects.filter(tenant_id=run.tenant_id, kind="RUN", key=str(run.pk)).order_by("-starts_at")[
+                :limit
+            ]
+        ),
     }
 
 
@@ -245,12 +239,7 @@ def dashboard_counts(*, user) -> dict:
     from django.db.models import Count, Sum
     from django.utils import timezone
 
-    from approvals.models import (
-        OPEN_CASE_STATUSES,
-        ApprovalRequest,
-        ApprovalStatus,
-        ReconciliationCase,
-    )
+    from approvals.models import OPEN_CASE_STATUSES, ApprovalRequest, ApprovalStatus, ReconciliationCase
     from ledger.models import RunLease
     from ledger.roles import tenants_for
 
@@ -286,7 +275,9 @@ def dashboard_counts(*, user) -> dict:
             rows[r["tenant_id"]]["pending_approvals"] = r["n"]
         for r in (
             RunLease.objects.filter(
-                run__tenant_id__in=ids, owner_id__isnull=False, expires_at__lte=now + timedelta(seconds=EXPIRING_WITHIN_S)
+                run__tenant_id__in=ids,
+                owner_id__isnull=False,
+                expires_at__lte=now + timedelta(seconds=EXPIRING_WITHIN_S),
             )
             .values("run__tenant_id")
             .annotate(n=Count("run_id"))
@@ -301,7 +292,8 @@ def dashboard_counts(*, user) -> dict:
         ):
             rows[r["tenant_id"]]["stale_rejections"] = r["n"]
         for r in (
-            Run.objects.filter(tenant_id__in=ids).filter(~Q(broken_reason=""))  # index run_broken_recent
+            Run.objects.filter(tenant_id__in=ids)
+            .filter(~Q(broken_reason=""))  # index run_broken_recent
             .values("tenant_id")
             .annotate(n=Count("id"))
             .order_by()
@@ -313,7 +305,9 @@ def dashboard_counts(*, user) -> dict:
             tenant_id=OuterRef("pk"), verified_checkpoint_seq__isnull=False, verified_at__isnull=False
         ).order_by("-verified_at")
         for tenant_id, verified in (
-            Tenant.objects.filter(pk__in=ids).annotate(v=Subquery(newest.values("verified_at")[:1])).values_list("pk", "v")
+            Tenant.objects.filter(pk__in=ids)
+            .annotate(v=Subquery(newest.values("verified_at")[:1]))
+            .values_list("pk", "v")
         ):
             rows[tenant_id]["last_verified_at"] = verified
     per_tenant = list(rows.values())

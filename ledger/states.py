@@ -113,3 +113,20 @@ class ReservationState(models.TextChoices):
     RELEASED = "RELEASED"
     UNKNOWN = "UNKNOWN"
 
+
+# --- what the fence hands to people (the approvals app owns the queues) ------------------
+
+
+class CaseReason(models.TextChoices):
+    """Why an operation's outcome became UNKNOWN and a reconciliation case was opened."""
+
+    LEASE_LOST = "LEASE_LOST"
+    LEASE_RELEASED = "LEASE_RELEASED"
+    LEASE_REVOKED = "LEASE_REVOKED"
+    WORKER_REPORTED_UNKNOWN = "WORKER_REPORTED_UNKNOWN"
+
+
+class ApprovalKind(models.TextChoices):
+    OPERATION = "OPERATION"  # a tool the policy always puts before a person
+    RETRY = "RETRY"  # another attempt of a NON_RETRYABLE (or spent) operation
+    CAPABILITY = "CAPABILITY"  # a capability budget asked with approval "human"

@@ -1,35 +1,66 @@
-"""Celery tasks: thin wrappers around one service each, safe to run twice at once."""
+"""Celery tasks: thin wrappers around one service each, safe to run twice at once.
+
+Every periodic job is also a management command; its batch size and interval are settings
+(``FENCELINE`` in ``console/settings.py``), and its beat entry expires after one interval,
+so a backlog of missed runs is never replayed at once.
+"""
+
+from typing import Any
 
 from celery import shared_task
+from django.db import InterfaceError, OperationalError
+from kombu.exceptions import OperationalError as BrokerUnavailable
 
-from ledger.services.leases import leases_reap
-from ledger.services.verification import ledger_verify
+from ledger.services.authority.reservations import reservations_expire
+from ledger.services.evidence.verification import ledger_verify
+from ledger.services.fence.leases import leases_reap
+from ledger.services.fleet.lifecycle import workers_drain_enforce
+
+# The one retry policy of every job: what a passing outage raises — the database going
+# away or refusing connections (Django's OperationalError / InterfaceError), the broker,
+# or the network — is retried with backoff and jitter; anything else is a bug and fails.
+RETRYABLE: tuple[type[BaseException], ...] = (
+    OperationalError,
+    InterfaceError,
+    BrokerUnavailable,
+    ConnectionError,
+    TimeoutError,
+)
 
 
-@shared_task(acks_late=True, autoretry_for=(ConnectionError,), retry_backoff=True, max_retries=5)
-def reap_leases_task() -> dict:
+def job(**options: Any) -> Any:
+    """``shared_task`` with the one retry policy and late acknowledgement."""
+    return shared_task(
+        acks_late=True,
+        autoretry_for=RETRYABLE,
+        retry_backoff=True,
+        retry_backoff_max=60,
+        retry_jitter=True,
+        max_retries=5,
+        **options,
+    )
+
+
+@job()
+def reap_leases_task() -> dict[str, int]:
     result = leases_reap()
     return {"leases": result.leases, "operations": result.operations, "batches": result.batches}
 
 
-@shared_task(acks_late=True, autoretry_for=(ConnectionError,), retry_backoff=True, max_retries=5)
-def verify_ledger_task(run_id: str | None = None) -> dict:
+@job()
+def verify_ledger_task(run_id: str | None = None) -> dict[str, int]:
     """Verify runs whose chain moved (bounded batch), or one run; seals checkpoints."""
     result = ledger_verify(run_ids=[run_id] if run_id else None)
     return {"runs": result.runs, "events": result.events, "broken": result.broken}
 
 
-@shared_task(acks_late=True, autoretry_for=(ConnectionError,), retry_backoff=True, max_retries=5)
-def expire_reservations_task() -> dict:
+@job()
+def expire_reservations_task() -> dict[str, int]:
     """Cost reservations past their TTL become UNKNOWN (bounded batches, SKIP LOCKED)."""
-    from ledger.services.costs import reservations_expire
-
     return {"reservations": reservations_expire()}
 
 
-@shared_task(acks_late=True, autoretry_for=(ConnectionError,), retry_backoff=True, max_retries=5)
-def enforce_drains_task() -> dict:
+@job()
+def enforce_drains_task() -> dict[str, int]:
     """DRAINING workers with no lease left, or past their deadline, become QUIESCED."""
-    from ledger.services.workers import workers_drain_enforce
-
     return {"workers": workers_drain_enforce()}

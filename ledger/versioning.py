@@ -6,26 +6,17 @@ know refuses the row with :class:`UnknownSchemaVersion` instead of guessing what
 
 from django.db import models
 
+from ledger.errors import UnknownSchemaVersion
+
 CURRENT_SCHEMA_VERSION = 1
 KNOWN_SCHEMA_VERSIONS = frozenset({1})
 
 
-class UnknownSchemaVersion(Exception):
-    """A record or request names a schema version this build cannot read."""
-
-    code = "UNKNOWN_SCHEMA_VERSION"
-
-    def __init__(self, version: object, what: str = "record", *, stored: bool = False) -> None:
-        known = ", ".join(str(v) for v in sorted(KNOWN_SCHEMA_VERSIONS))
-        self.detail = f"{what} has schema_version {version!r}; this build reads only {known}"
-        # True when the version came from a stored row (written by a newer build), not a request.
-        self.stored = stored
-        super().__init__(self.detail)
-
-
 def require_known(version: object, what: str = "record", *, stored: bool = False) -> int:
+    """``version`` if this build can read it; else UnknownSchemaVersion (``stored``: the
+    version came from a row written by a newer build, not from a request)."""
     if type(version) is not int or version not in KNOWN_SCHEMA_VERSIONS:
-        raise UnknownSchemaVersion(version, what, stored=stored)
+        raise UnknownSchemaVersion(version, what, known=KNOWN_SCHEMA_VERSIONS, stored=stored)
     return version
 
 

@@ -9,7 +9,8 @@ import pytest
 import requests
 from django.db import connection, connections
 
-from ledger.services.workers import tenant_ensure, worker_create
+from ledger.services.fleet.workers import worker_create
+from ledger.services.tenancy.tenants import tenant_ensure
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
@@ -103,7 +104,9 @@ class WorkerAPI:
     def post(self, path: str, body: object = None, *, raw: bytes | None = None, timeout: float = 30) -> Response:
         data = raw if raw is not None else json.dumps(body if body is not None else {})
         return Response(
-            self.session.post(self.base + path, data=data, headers={"Content-Type": "application/json"}, timeout=timeout)
+            self.session.post(
+                self.base + path, data=data, headers={"Content-Type": "application/json"}, timeout=timeout
+            )
         )
 
     def get(self, path: str, *, timeout: float = 30) -> Response:

@@ -1,59 +1,22 @@
-"""Reconciliation cases: opened when an operation's outcome becomes UNKNOWN."""
+"""Reconciliation cases, opened when an operation's outcome becomes UNKNOWN
+(``approvals.services.handoff.cases_open``), and the people's decisions on them: claim,
+escalate, resolve (UNKNOWN -> RECONCILED with a named person and evidence), bulk resolve."""
 
-from datetime import datetime
+from django.db import transaction
+from django.utils import timezone
 
-from approvals.models import (
-    OPEN_CASE_STATUSES,
-    CaseReason,
-    CaseStatus,
-    ReconciliationCase,
-)
+from approvals.models import OPEN_CASE_STATUSES, CaseStatus, ReconciliationCase
+from ledger.actors import user_actor
 from ledger.boundary import check_text
+from ledger.errors import Forbidden, InvalidInput, NotFound, WrongPhase, parse_id
 from ledger.models import Operation
-from ledger.roles import OPERATE, can
-from ledger.services.errors import Forbidden, InvalidInput, NotFound, WrongPhase
-from ledger.services.events import ChainBatch
-from ledger.services.fencing import locked_runs, parse_id
-from ledger.services.roles import acting_name
-
-
-def cases_open(*, operations: list[Operation], reason: CaseReason, now: datetime) -> dict:
-    """One case per (operation, attempt), in one INSERT. Returns {operation_id: case}.
-
-    Called inside the transaction that moves the operations to UNKNOWN, with their runs
-    locked, so the cases and the phase change commit together or not at all.
-    """
-    cases = [
-        ReconciliationCase(
-            tenant_id=op.tenant_id,
-            run_id=op.run_id,
-            operation=op,
-            attempt=op.attempt,
-            reason=reason,
-            opened_at=now,
-        )
-        for op in operations
-    ]
-    ReconciliationCase.objects.bulk_create(cases)
-    return {case.operation_id: case for case in cases}
-
-
-def open_case_for(operation_id) -> ReconciliationCase | None:
-    return (
-        ReconciliationCase.objects.filter(operation_id=operation_id, status__in=OPEN_CASE_STATUSES)
-        .order_by("-opened_at")
-        .first()
-    )
-
-
-def case_attach_unverified_evidence(*, case: ReconciliationCase, evidence: dict) -> None:
-    """Add evidence nobody has verified (for instance a fenced worker's provider request
-    id) to an open case. The caller holds the run lock."""
-    case.unverified_evidence = [*case.unverified_evidence, evidence]
-    ReconciliationCase.objects.filter(pk=case.pk, status__in=OPEN_CASE_STATUSES).update(
-        unverified_evidence=case.unverified_evidence
-    )
-
+from ledger.roles import OPERATE, can, tenants_for
+from ledger.services.authority.reservations import cost_resolve
+from ledger.services.core.decisions import acting_name
+from ledger.services.core.fencing import Fenced, locked_runs
+from ledger.services.core.phases import transition
+from ledger.services.evidence.append import ChainBatch
+from ledger.states import Phase
 
 RESOLUTIONS = ("HAPPENED", "DID_NOT_HAPPEN", "COMPENSATED")
 
@@ -74,17 +37,6 @@ def case_resolve(
     HAPPENED needs the provider's request id; every resolution needs a reason. Given a
     console ``user``, their OPERATE role on the case's tenant is checked and their
     username is the actor."""
-    from django.db import transaction
-    from django.utils import timezone
-
-    from ledger.boundary import check_text
-    from ledger.models import Operation
-    from ledger.services.errors import InvalidInput, NotFound, WrongPhase
-    from ledger.services.events import ChainBatch
-    from ledger.services.fencing import Fenced, locked_runs
-    from ledger.services.operations import transition
-    from ledger.states import Phase
-
     if resolution not in RESOLUTIONS:
         raise InvalidInput(f"resolution must be one of {', '.join(RESOLUTIONS)}")
     if not (resolved_by or user is not None) or not reason or not reason.strip():
@@ -94,14 +46,14 @@ def case_resolve(
     check_text(reason, path="reason")
     if provider_request_id:
         check_text(provider_request_id, path="provider_request_id")
-    case = ReconciliationCase.objects.filter(pk=case_id).first()
-    if case is None:
-        raise NotFound("case not found")
+    case = _case_for(case_id)
     resolved_by = acting_name(user=user, name=resolved_by, tenant_id=case.tenant_id, perm=OPERATE)
     with transaction.atomic():
         (run,) = locked_runs({"run_id": case.run_id})
         now = timezone.now()
-        ctx = Fenced(run=run, batch=ChainBatch(now), now=now, actor=f"user:{resolved_by}", token=run.lease.fencing_token)
+        ctx = Fenced(
+            run=run, batch=ChainBatch(now), now=now, actor=user_actor(resolved_by), token=run.lease.fencing_token
+        )
         won = ReconciliationCase.objects.filter(pk=case.pk, status__in=OPEN_CASE_STATUSES).update(
             status=CaseStatus.RESOLVED,
             resolution=resolution,
@@ -125,8 +77,6 @@ def case_resolve(
             actual_cost_cents=actual_cost_cents if actual_cost_cents is not None else op.actual_cost_cents,
             event_fields={"case_id": case.pk, "resolution": resolution},
         )
-        from ledger.services.costs import cost_resolve
-
         cost_resolve(
             op=op,
             run=run,
@@ -153,9 +103,6 @@ def _case_move(
     """One case transition by a console user: the role is checked on the case's tenant, the
     run is locked, the conditional UPDATE on the current status decides, and exactly one
     event naming the user (and reason) is appended in the same transaction."""
-    from django.db import transaction
-    from django.utils import timezone
-
     case = _case_for(case_id)
     name = acting_name(user=user, name="", tenant_id=case.tenant_id, perm=OPERATE)
     with transaction.atomic():
@@ -172,7 +119,7 @@ def _case_move(
         fields = {"case_id": case.pk, "operation_id": case.operation_id, "attempt": case.attempt}
         if reason:
             fields["reason"] = reason
-        batch.append(run, event, actor=f"user:{name}", fields=fields)
+        batch.append(run, event, actor=user_actor(name), fields=fields)
         batch.commit()
     case.refresh_from_db()
     return case
@@ -181,7 +128,12 @@ def _case_move(
 def case_claim(*, case_id: object, user) -> ReconciliationCase:
     """An operator takes an OPEN case: OPEN -> CLAIMED, with a CASE_CLAIMED event."""
     return _case_move(
-        case_id=case_id, user=user, sources=(CaseStatus.OPEN,), target=CaseStatus.CLAIMED, event="CASE_CLAIMED", claim=True
+        case_id=case_id,
+        user=user,
+        sources=(CaseStatus.OPEN,),
+        target=CaseStatus.CLAIMED,
+        event="CASE_CLAIMED",
+        claim=True,
     )
 
 
@@ -206,8 +158,6 @@ BULK_RESOLUTIONS = ("DID_NOT_HAPPEN", "COMPENSATED")  # HAPPENED needs each case
 def cases_preview(*, case_ids, user) -> list[ReconciliationCase]:
     """Exactly the cases a bulk action by ``user`` on ``case_ids`` will touch: those still
     open, on tenants where the user may operate, in the order they will be resolved."""
-    from ledger.roles import tenants_for
-
     ids = set()
     for raw in case_ids:
         try:
@@ -226,8 +176,6 @@ def cases_preview(*, case_ids, user) -> list[ReconciliationCase]:
 def cases_resolve_bulk(*, case_ids, user, resolution: str, reason: str) -> list[ReconciliationCase]:
     """Resolve several cases with one resolution and reason, all or none: every case must
     still be open and on a tenant where ``user`` may operate, or nothing changes."""
-    from django.db import transaction
-
     if resolution not in BULK_RESOLUTIONS:
         raise InvalidInput(f"bulk resolution must be one of {', '.join(BULK_RESOLUTIONS)}")
     if not reason or not reason.strip():
@@ -244,7 +192,4 @@ def cases_resolve_bulk(*, case_ids, user, resolution: str, reason: str) -> list[
         if case.status not in OPEN_CASE_STATUSES:
             raise WrongPhase(phase=f"case {case.status}", wanted="an open case")
     with transaction.atomic():
-        return [
-            case_resolve(case_id=case.pk, user=user, resolution=resolution, reason=reason)
-            for case in found
-        ]
+        return [case_resolve(case_id=case.pk, user=user, resolution=resolution, reason=reason) for case in found]

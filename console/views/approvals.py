@@ -5,14 +5,15 @@ Decisions go through approvals.services.approvals.approval_decide."""
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals.selectors import APPROVAL_FILTERS, approval_queue, approvals_for
 from approvals.services.approvals import approval_decide
+from console.views.common import BAD_INPUT, form_errors, queue_answer
+from ledger.errors import DomainError
 from ledger.roles import APPROVE, can, tenants_for
-from ledger.services.errors import DomainError
 
 TEMPLATE = "console/approvals.html"
 
@@ -32,7 +33,9 @@ def _queue_context(request) -> dict:
         # A PENDING request past its expiry is EXPIRED whether or not the expiry job ran.
         row.shown_status = "EXPIRED" if row.status == "PENDING" and row.expires_at <= now else row.status
         row.policy_version = (
-            row.capability.policy_version if row.capability_id else (row.operation.decision_policy_version if row.operation_id else None)
+            row.capability.policy_version
+            if row.capability_id
+            else (row.operation.decision_policy_version if row.operation_id else None)
         )
     approvable = set(tenants_for(request.user, APPROVE).values_list("pk", flat=True))
     return {
@@ -55,15 +58,15 @@ def queue(request):
 
 
 def _done(request, message: str, *, error: bool = False, status: int = 200):
-    if request.htmx:
-        context = {**_queue_context(request), "toast": message, "toast_error": error}
-        response = render(request, f"{TEMPLATE}#action-response", context)
-        if error:
-            response["HX-Reswap"] = "none"
-        return response
-    if error:
-        return render(request, TEMPLATE, {**_queue_context(request), "errors": [message]}, status=status)
-    return redirect("approvals")
+    return queue_answer(
+        request,
+        template=TEMPLATE,
+        context=lambda: _queue_context(request),
+        message=message,
+        back_to="approvals",
+        error=error,
+        status=status,
+    )
 
 
 @require_POST
@@ -75,11 +78,10 @@ def decide(request, approval_id):
         raise PermissionDenied("your role on this tenant does not allow this action")
     form = DecideForm(request.POST)
     if not form.is_valid():
-        message = "; ".join(f"{name}: {' '.join(errs)}" for name, errs in form.errors.items())
-        return _done(request, message, error=True, status=400)
+        return _done(request, form_errors(form), error=True, status=BAD_INPUT)
     approve = form.cleaned_data["decision"] == "approve"
     try:
         approval_decide(approval_id=approval.pk, approve=approve, user=request.user, reason=form.cleaned_data["reason"])
     except DomainError as exc:
-        return _done(request, exc.detail, error=True, status=409)
+        return _done(request, exc.detail, error=True, status=exc.status)
     return _done(request, f"Request {str(approval.pk)[:8]} {'approved' if approve else 'denied'}.")

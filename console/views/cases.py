@@ -8,7 +8,7 @@ from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals.selectors import CASE_FILTERS, case_queue, cases_for
@@ -21,8 +21,9 @@ from approvals.services.cases import (
     cases_preview,
     cases_resolve_bulk,
 )
+from console.views.common import BAD_INPUT, form_errors, queue_answer
+from ledger.errors import DomainError
 from ledger.roles import OPERATE, can, tenants_for
-from ledger.services.errors import DomainError
 
 TEMPLATE = "console/cases.html"
 
@@ -48,7 +49,9 @@ class EscalateForm(forms.Form):
 
 
 class BulkForm(forms.Form):
-    case = forms.TypedMultipleChoiceField(coerce=str, choices=(), error_messages={"required": "Choose at least one case."})
+    case = forms.TypedMultipleChoiceField(
+        coerce=str, choices=(), error_messages={"required": "Choose at least one case."}
+    )
     resolution = forms.ChoiceField(choices=[(r, _label(r)) for r in BULK_RESOLUTIONS])
     reason = forms.CharField(max_length=500, strip=True)
     confirm = forms.BooleanField(required=False)
@@ -95,22 +98,15 @@ def _case_to_act_on(request, case_id):
 
 
 def _done(request, message: str, *, error: bool = False, status: int = 200):
-    """After an action: htmx gets the refreshed table and one out-of-band toast; a plain
-    form post is redirected back to the queue (or shown the error)."""
-    if request.htmx:
-        context = {**_queue_context(request), "toast": message, "toast_error": error}
-        response = render(request, f"{TEMPLATE}#action-response", context, status=200)
-        if error:
-            response["HX-Reswap"] = "none"
-        return response
-    if error:
-        context = {**_queue_context(request), "errors": [message]}
-        return render(request, TEMPLATE, context, status=status)
-    return redirect("cases")
-
-
-def _form_error(request, form) -> str:
-    return "; ".join(f"{'' if name == '__all__' else name.replace('_', ' ') + ': '}{' '.join(errs)}" for name, errs in form.errors.items())
+    return queue_answer(
+        request,
+        template=TEMPLATE,
+        context=lambda: _queue_context(request),
+        message=message,
+        back_to="cases",
+        error=error,
+        status=status,
+    )
 
 
 @require_POST
@@ -120,7 +116,7 @@ def claim(request, case_id):
     try:
         case_claim(case_id=case.pk, user=request.user)
     except DomainError as exc:
-        return _done(request, exc.detail, error=True, status=409)
+        return _done(request, exc.detail, error=True, status=exc.status)
     return _done(request, f"Case {str(case.pk)[:8]} claimed.")
 
 
@@ -130,7 +126,7 @@ def resolve(request, case_id):
     case = _case_to_act_on(request, case_id)
     form = ResolveForm(request.POST)
     if not form.is_valid():
-        return _done(request, _form_error(request, form), error=True, status=400)
+        return _done(request, form_errors(form), error=True, status=BAD_INPUT)
     try:
         case_resolve(
             case_id=case.pk,
@@ -140,7 +136,7 @@ def resolve(request, case_id):
             provider_request_id=form.cleaned_data["provider_request_id"],
         )
     except DomainError as exc:
-        return _done(request, exc.detail, error=True, status=409)
+        return _done(request, exc.detail, error=True, status=exc.status)
     return _done(request, f"Case {str(case.pk)[:8]} resolved as {form.cleaned_data['resolution']}.")
 
 
@@ -150,11 +146,11 @@ def escalate(request, case_id):
     case = _case_to_act_on(request, case_id)
     form = EscalateForm(request.POST)
     if not form.is_valid():
-        return _done(request, _form_error(request, form), error=True, status=400)
+        return _done(request, form_errors(form), error=True, status=BAD_INPUT)
     try:
         case_escalate(case_id=case.pk, user=request.user, reason=form.cleaned_data["reason"])
     except DomainError as exc:
-        return _done(request, exc.detail, error=True, status=409)
+        return _done(request, exc.detail, error=True, status=exc.status)
     return _done(request, f"Case {str(case.pk)[:8]} escalated.")
 
 
@@ -165,7 +161,7 @@ def bulk(request):
     ``confirm``: resolve exactly those, all or none."""
     form = BulkForm(request.POST)
     if not form.is_valid():
-        return _done(request, _form_error(request, form), error=True, status=400)
+        return _done(request, form_errors(form), error=True, status=BAD_INPUT)
     ids = form.cleaned_data["case"]
     visible = list(cases_for(request.user).filter(pk__in=_uuids(ids)).select_related("tenant"))
     if len(visible) != len(set(ids)):
@@ -186,10 +182,13 @@ def bulk(request):
         return render(request, template, context)
     try:
         resolved = cases_resolve_bulk(
-            case_ids=ids, user=request.user, resolution=form.cleaned_data["resolution"], reason=form.cleaned_data["reason"]
+            case_ids=ids,
+            user=request.user,
+            resolution=form.cleaned_data["resolution"],
+            reason=form.cleaned_data["reason"],
         )
     except DomainError as exc:
-        return _done(request, f"Nothing changed: {exc.detail}", error=True, status=409)
+        return _done(request, f"Nothing changed: {exc.detail}", error=True, status=exc.status)
     return _done(request, f"{len(resolved)} case(s) resolved as {form.cleaned_data['resolution']}.")
 
 

@@ -1,17 +1,27 @@
-"""What the admin pages share: the tenant an action names (visible, else 404; the role,
-else 403), and the one way an action answers (a toast, then back to the page)."""
+"""What the console's views share: the tenant an action names (visible, else 404; the role,
+else 403), and the two ways an action answers — on an admin page a toast and back to the
+page, on a decision queue the refreshed table with one out-of-band toast. A refusal answers
+with the status its domain error carries (``ledger.errors``), as the worker API does; a
+form's own errors are bad input too and answer like ``InvalidInput``."""
 
+from collections.abc import Callable
+from typing import Any
+
+from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.shortcuts import get_object_or_404, redirect
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
 
 from ledger.admin_selectors import visible_tenants
-from ledger.api.errors import status_for
+from ledger.errors import InvalidInput
+from ledger.models import Tenant
 from ledger.roles import can
-from ledger.services.errors import DomainError, ForbiddenField, InvalidInput
+
+BAD_INPUT = InvalidInput.status  # a form that does not validate is refused like the service would
 
 
-def tenant_for_action(request, slug: str, perm: str):
+def tenant_for_action(request: HttpRequest, slug: str, perm: str) -> Tenant:
     """The tenant named by ``slug``: 404 unless the user sees it, 403 without ``perm``."""
     tenant = get_object_or_404(visible_tenants(user=request.user), slug=slug or "")
     if not can(request.user, tenant, perm):
@@ -19,17 +29,38 @@ def tenant_for_action(request, slug: str, perm: str):
     return tenant
 
 
-def form_errors(form) -> str:
-    return "; ".join(f"{name}: {' '.join(errs)}" if name != "__all__" else " ".join(errs) for name, errs in form.errors.items())
+def form_errors(form: forms.Form) -> str:
+    """A form's errors as one line: ``field name: message; ...``."""
+    return "; ".join(
+        " ".join(errs) if name == "__all__" else f"{name.replace('_', ' ')}: {' '.join(errs)}"
+        for name, errs in form.errors.items()
+    )
 
 
-def done(request, message: str, to: str, *, error: bool = False):
+def done(request: HttpRequest, message: str, to: str, *, error: bool = False) -> HttpResponse:
     """After a POST: a toast, and back to ``to`` (POST/redirect/GET, with or without htmx)."""
     (messages.error if error else messages.success)(request, message)
     return redirect(to)
 
 
-def refusal_status(exc: DomainError) -> int:
-    """A refused console action: bad input is 400, like the form's own errors (the API says
-    422); everything else has the API's status (404, 403, 409)."""
-    return 400 if isinstance(exc, InvalidInput | ForbiddenField) else status_for(exc)
+def queue_answer(
+    request: HttpRequest,
+    *,
+    template: str,
+    context: Callable[[], dict[str, Any]],
+    message: str,
+    back_to: str,
+    error: bool = False,
+    status: int = 200,
+) -> HttpResponse:
+    """After an action on a decision queue: htmx gets the refreshed table and one
+    out-of-band toast (an error swaps nothing else); a plain form post is redirected back
+    to ``back_to``, or shown the page with the error and its ``status``."""
+    if request.htmx:  # type: ignore[attr-defined]
+        response = render(request, f"{template}#action-response", {**context(), "toast": message, "toast_error": error})
+        if error:
+            response["HX-Reswap"] = "none"
+        return response
+    if error:
+        return render(request, template, {**context(), "errors": [message]}, status=status)
+    return redirect(back_to)

@@ -11,11 +11,12 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from console.views.common import done, form_errors, refusal_status, tenant_for_action
+from console.views.common import BAD_INPUT, done, form_errors, tenant_for_action
 from ledger import admin_selectors
+from ledger.errors import DomainError
 from ledger.roles import ADMINISTER, VIEW, tenants_for
-from ledger.services.credentials import credential_lease_revoke, credential_leases_revoke, credential_rotate
-from ledger.services.errors import DomainError
+from ledger.services.authority.credential_leases import credential_lease_revoke, credential_leases_revoke
+from ledger.services.authority.credentials import credential_rotate
 
 TEMPLATE = "console/credentials.html"
 PREVIEW_TEMPLATE = "console/revoke_preview.html"
@@ -105,12 +106,12 @@ def revoke_preview(request):
     """What a revocation would touch, read-only; the confirm form posts to ``revoke``."""
     form = SelectionForm(request.GET)
     if not form.is_valid():
-        return render(request, TEMPLATE, _page_context(request, errors=[form_errors(form)]), status=400)
+        return render(request, TEMPLATE, _page_context(request, errors=[form_errors(form)]), status=BAD_INPUT)
     tenant = tenant_for_action(request, form.cleaned_data["tenant"], ADMINISTER)
     try:
         preview = admin_selectors.revocation_preview(tenant=tenant, **_selection(form))
     except DomainError as exc:
-        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=refusal_status(exc))
+        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=exc.status)
     context = {"tenant": tenant, "selection": form.cleaned_data, "preview": preview}
     return render(request, PREVIEW_TEMPLATE, context)
 
@@ -120,13 +121,19 @@ def revoke_preview(request):
 def revoke(request):
     form = RevokeForm(request.POST)
     if not form.is_valid():
-        return render(request, TEMPLATE, _page_context(request, errors=[form_errors(form)]), status=400)
+        return render(request, TEMPLATE, _page_context(request, errors=[form_errors(form)]), status=BAD_INPUT)
     tenant = tenant_for_action(request, form.cleaned_data["tenant"], ADMINISTER)
     selection, reason = _selection(form), form.cleaned_data["reason"]
     try:
         if selection["lease_id"]:
-            lease = credential_lease_revoke(tenant=tenant, lease_id=selection["lease_id"], reason=reason, user=request.user)
-            message = f"Lease {str(lease.pk)[:8]} revoked." if lease.revoked_now else f"Lease {str(lease.pk)[:8]} was already revoked."
+            lease = credential_lease_revoke(
+                tenant=tenant, lease_id=selection["lease_id"], reason=reason, user=request.user
+            )
+            message = (
+                f"Lease {str(lease.pk)[:8]} revoked."
+                if lease.revoked_now
+                else f"Lease {str(lease.pk)[:8]} was already revoked."
+            )
         else:
             revoked = credential_leases_revoke(
                 tenant=tenant,
@@ -137,7 +144,7 @@ def revoke(request):
             )
             message = f"{len(revoked)} lease(s) revoked."
     except DomainError as exc:
-        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=refusal_status(exc))
+        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=exc.status)
     return done(request, message, f"/credentials/?tenant={tenant.slug}&state=revoked")
 
 
@@ -146,14 +153,17 @@ def revoke(request):
 def rotate(request):
     form = RotateForm(request.POST)
     if not form.is_valid():
-        return render(request, TEMPLATE, _page_context(request, errors=[form_errors(form)]), status=400)
+        return render(request, TEMPLATE, _page_context(request, errors=[form_errors(form)]), status=BAD_INPUT)
     tenant = tenant_for_action(request, form.cleaned_data["tenant"], ADMINISTER)
     try:
         credential = credential_rotate(
-            tenant=tenant, principal=form.cleaned_data["principal"], reason=form.cleaned_data["reason"], user=request.user
+            tenant=tenant,
+            principal=form.cleaned_data["principal"],
+            reason=form.cleaned_data["reason"],
+            user=request.user,
         )
     except DomainError as exc:
-        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=refusal_status(exc))
+        return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=exc.status)
     message = (
         f"{credential.principal} rotated to version {credential.version}; "
         f"{len(credential.affected_run_ids)} run(s) holding older leases were told."

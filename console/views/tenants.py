@@ -9,12 +9,12 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET, require_POST
 
-from console.views.common import done, form_errors, refusal_status, tenant_for_action
+from console.views.common import BAD_INPUT, done, form_errors, tenant_for_action
 from ledger import admin_selectors
+from ledger.errors import DomainError
 from ledger.roles import ADMINISTER, ROLES, can
-from ledger.services.errors import DomainError
-from ledger.services.policy import policy_change, policy_current
-from ledger.services.roles import role_grant
+from ledger.services.authority.policy import policy_change, policy_current
+from ledger.services.tenancy.roles import role_grant
 
 TEMPLATE = "console/tenant_detail.html"
 MAX_POLICY_BYTES = 64 * 1024
@@ -77,13 +77,13 @@ def change_policy(request, slug: str):
     tenant = tenant_for_action(request, slug, ADMINISTER)
     form = PolicyForm(request.POST)
     if not form.is_valid():
-        return _refused(request, tenant, form_errors(form), 400, draft=request.POST.get("document", ""))
+        return _refused(request, tenant, form_errors(form), BAD_INPUT, draft=request.POST.get("document", ""))
     try:
         row = policy_change(
             tenant=tenant, document=form.cleaned_data["document"], reason=form.cleaned_data["reason"], user=request.user
         )
     except DomainError as exc:
-        return _refused(request, tenant, exc.detail, refusal_status(exc), draft=request.POST.get("document", ""))
+        return _refused(request, tenant, exc.detail, exc.status, draft=request.POST.get("document", ""))
     return done(request, f"Policy version {row.version} is now current for {tenant.slug}.", f"/tenants/{tenant.slug}/")
 
 
@@ -93,7 +93,7 @@ def grant_role(request, slug: str):
     tenant = tenant_for_action(request, slug, ADMINISTER)
     form = GrantForm(request.POST)
     if not form.is_valid():
-        return _refused(request, tenant, form_errors(form), 400)
+        return _refused(request, tenant, form_errors(form), BAD_INPUT)
     data = form.cleaned_data
     try:
         _, created = role_grant(
@@ -105,6 +105,6 @@ def grant_role(request, slug: str):
             reason=data["reason"],
         )
     except DomainError as exc:
-        return _refused(request, tenant, exc.detail, refusal_status(exc))
+        return _refused(request, tenant, exc.detail, exc.status)
     who = f"New user {data['username']}" if created else data["username"]
     return done(request, f"{who} is now {data['role']} on {tenant.slug}.", f"/tenants/{tenant.slug}/#roles")

@@ -8,11 +8,11 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET, require_POST
 
-from console.views.common import done, form_errors, refusal_status
+from console.views.common import BAD_INPUT, done, form_errors
 from ledger import admin_selectors
+from ledger.errors import DomainError
 from ledger.roles import ADMINISTER, VIEW, can, tenants_for
-from ledger.services.errors import DomainError
-from ledger.services.workers import DEFAULT_DRAIN_S, MAX_DRAIN_S, TRANSITIONS, worker_change
+from ledger.services.fleet.lifecycle import DEFAULT_DRAIN_S, MAX_DRAIN_S, TRANSITIONS, worker_change
 from ledger.states import WorkerStatus
 
 TEMPLATE = "console/workers.html"
@@ -69,13 +69,15 @@ def worker_act(request, worker_id: int):
         raise PermissionDenied("your role on this tenant does not allow this action")
     form = ActionForm(request.POST)
     if not form.is_valid():
-        return render(request, TEMPLATE, _list_context(request, errors=[form_errors(form)]), status=400)
+        return render(request, TEMPLATE, _list_context(request, errors=[form_errors(form)]), status=BAD_INPUT)
     action, reason = form.cleaned_data["action"], form.cleaned_data["reason"]
     deadline_s = (form.cleaned_data["deadline_min"] or DEFAULT_DRAIN_S // 60) * 60
     try:
-        changed = worker_change(worker_id=worker.pk, action=action, reason=reason, deadline_s=deadline_s, user=request.user)
+        changed = worker_change(
+            worker_id=worker.pk, action=action, reason=reason, deadline_s=deadline_s, user=request.user
+        )
     except DomainError as exc:
-        return render(request, TEMPLATE, _list_context(request, errors=[exc.detail]), status=refusal_status(exc))
+        return render(request, TEMPLATE, _list_context(request, errors=[exc.detail]), status=exc.status)
     held = len(changed.affected_run_ids)
     message = f"{worker.name} is {changed.status}."
     if action == "quarantine" and held:

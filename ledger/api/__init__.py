@@ -46,11 +46,11 @@ from ledger.api.schemas import (
 )
 from ledger.chain import format_time
 from ledger.models import Checkpoint, Event
-from ledger.services import capabilities, leases, notes, operations, retry, runs
-from ledger.services import credentials as credential_services
-from ledger.services.events import phase_count_field
-from ledger.services.fencing import fence_check
-from ledger.services.operations import Intent
+from ledger.services.authority import capabilities, credential_leases
+from ledger.services.core.fencing import fence_check
+from ledger.services.evidence.append import phase_count_field
+from ledger.services.fence import leases, notes, operations, outcomes, retry, runs
+from ledger.services.fence.operations import Intent
 from ledger.states import Phase
 
 
@@ -236,7 +236,15 @@ def get_operation(request, operation_id: str):
 
 @api.post(
     "/operations/{operation_id}/authorize",
-    response={200: AuthorizedOut, 202: ApprovalRequiredOut, 401: E, 403: DecisionError, 404: E, 409: PhaseError | Error, 422: E},
+    response={
+        200: AuthorizedOut,
+        202: ApprovalRequiredOut,
+        401: E,
+        403: DecisionError,
+        404: E,
+        409: PhaseError | Error,
+        422: E,
+    },
     tags=["operations"],
 )
 def authorize_operation(request, operation_id: str, body: AuthorizeIn):
@@ -261,19 +269,29 @@ def dispatch_operation(request, operation_id: str, body: TokenIn):
     """AUTHORIZED -> DISPATCHED after every check of authorize passes again under the current
     policy, and one capability call and the worst-case cost are reserved. Only after a 200
     here may the worker call the provider. 403 when authorization no longer holds."""
-    op = operations.operation_dispatch(worker=request.worker, operation_id=operation_id, fencing_token=body.fencing_token)
+    op = operations.operation_dispatch(
+        worker=request.worker, operation_id=operation_id, fencing_token=body.fencing_token
+    )
     return {"phase": op.phase}
 
 
 @api.post(
     "/operations/{operation_id}/retry",
-    response={200: RetryOut, 202: ApprovalRequiredOut, 401: E, 403: DecisionError, 404: E, 409: PhaseError | Error, 422: E},
+    response={
+        200: RetryOut,
+        202: ApprovalRequiredOut,
+        401: E,
+        403: DecisionError,
+        404: E,
+        409: PhaseError | Error,
+        422: E,
+    },
     tags=["operations"],
 )
 def retry_operation(request, operation_id: str, body: TokenIn):
     """Start the next attempt as the retry decision allows. 409 RECONCILE_FIRST while the
     outcome is UNKNOWN; 202 APPROVAL_REQUIRED for an operation that needs a person."""
-    op = operations.operation_retry(worker=request.worker, operation_id=operation_id, fencing_token=body.fencing_token)
+    op = retry.operation_retry(worker=request.worker, operation_id=operation_id, fencing_token=body.fencing_token)
     return {"attempt": op.attempt, "phase": op.phase}
 
 
@@ -285,13 +303,15 @@ def retry_operation(request, operation_id: str, body: TokenIn):
 def request_capability(request, run_id: str, body: CapabilityIn):
     """A capability budget for one tool on this run: ACTIVE, or PENDING_APPROVAL when
     approval is `human` (or the policy puts the tool before a person)."""
-    capability = capabilities.capability_request(
-        worker=request.worker, run_id=run_id, **body.model_dump()
-    )
+    capability = capabilities.capability_request(worker=request.worker, run_id=run_id, **body.model_dump())
     approval = getattr(capability, "approval_request", None)
     return Status(
         201,
-        {"capability_id": str(capability.pk), "status": capability.status, "approval_id": str(approval.pk) if approval else None},
+        {
+            "capability_id": str(capability.pk),
+            "status": capability.status,
+            "approval_id": str(approval.pk) if approval else None,
+        },
     )
 
 
@@ -319,7 +339,7 @@ def report_outcome(request, operation_id: str, body: OutcomeIn):
     """Report CONFIRMED, FAILED or UNKNOWN for a DISPATCHED operation. UNKNOWN opens a
     reconciliation case. A report under a fenced token is refused (409 STALE_TOKEN); its
     provider_request_id is kept on the case as unverified evidence."""
-    op = operations.operation_report_outcome(
+    op = outcomes.operation_report_outcome(
         worker=request.worker,
         operation_id=operation_id,
         fencing_token=body.fencing_token,
@@ -339,7 +359,13 @@ def report_outcome(request, operation_id: str, body: OutcomeIn):
 def retry_decision(request, operation_id: str):
     op = operations.operation_get(tenant=request.worker.tenant, operation_id=operation_id)
     decision, reason = retry.operation_retry_decision(op)
-    return {"decision": decision, "reason": reason, "phase": op.phase, "attempt": op.attempt, "effect_class": op.effect_class}
+    return {
+        "decision": decision,
+        "reason": reason,
+        "phase": op.phase,
+        "attempt": op.attempt,
+        "effect_class": op.effect_class,
+    }
 
 
 # --- events -----------------------------------------------------------------------------
@@ -420,7 +446,7 @@ def issue_credential_lease(request, run_id: str, body: CredentialLeaseIn):
     to where the secret is kept, never the secret. 403 DENY_POLICY when the tenant policy
     does not allow some action on some resource, or the principal is unknown; 409
     STALE_TOKEN under a fencing token that is not current."""
-    lease = credential_services.credential_lease_issue(worker=request.worker, run_id=run_id, **body.model_dump())
+    lease = credential_leases.credential_lease_issue(worker=request.worker, run_id=run_id, **body.model_dump())
     return Status(
         201,
         {

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 from ninja import Schema
 from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
-from ledger.services import credentials as creds
-from ledger.services.leases import MAX_TTL_S, MIN_TTL_S
+from ledger.services.authority import credential_leases, credentials
+from ledger.services.fence.leases import MAX_TTL_S, MIN_TTL_S
 from ledger.states import EffectClass, Outcome, Phase
 
 
@@ -197,17 +197,17 @@ class FenceCheckOut(Schema):
 
 class CredentialLeaseIn(In):
     fencing_token: Token
-    principal: Annotated[StrictStr, Field(min_length=1, max_length=creds.MAX_PRINCIPAL_LENGTH)]
+    principal: Annotated[StrictStr, Field(min_length=1, max_length=credentials.MAX_PRINCIPAL_LENGTH)]
     actions: Annotated[
-        list[Annotated[StrictStr, Field(min_length=1, max_length=creds.MAX_ACTION_LENGTH)]],
-        Field(min_length=1, max_length=creds.MAX_LEASE_ACTIONS),
+        list[Annotated[StrictStr, Field(min_length=1, max_length=credential_leases.MAX_ACTION_LENGTH)]],
+        Field(min_length=1, max_length=credential_leases.MAX_LEASE_ACTIONS),
     ]
     resources: Annotated[
-        list[Annotated[StrictStr, Field(min_length=1, max_length=creds.MAX_RESOURCE_LENGTH)]],
-        Field(min_length=1, max_length=creds.MAX_LEASE_RESOURCES),
+        list[Annotated[StrictStr, Field(min_length=1, max_length=credential_leases.MAX_RESOURCE_LENGTH)]],
+        Field(min_length=1, max_length=credential_leases.MAX_LEASE_RESOURCES),
     ]
     # Bounded again by the tenant policy's max_ttl_s (422 naming the maximum).
-    ttl_s: Annotated[StrictInt, Field(ge=1, le=creds.MAX_LEASE_TTL_S)]
+    ttl_s: Annotated[StrictInt, Field(ge=1, le=credential_leases.MAX_LEASE_TTL_S)]
 
 
 class CredentialLeaseOut(Schema):
@@ -231,7 +231,9 @@ class CapabilityIn(In):
     fencing_token: Token
     tool: Name
     actions: Annotated[list[Name], Field(min_length=1, max_length=50)]
-    resources: Annotated[list[Annotated[StrictStr, Field(min_length=1, max_length=500)]], Field(min_length=1, max_length=50)]
+    resources: Annotated[
+        list[Annotated[StrictStr, Field(min_length=1, max_length=500)]], Field(min_length=1, max_length=50)
+    ]
     max_calls: Annotated[StrictInt, Field(ge=1)]
     max_bytes: Annotated[StrictInt, Field(ge=1)] | None = None
     ttl_s: Ttl
@@ -258,4 +260,3 @@ class ApprovalOut(Schema):
     attempt: int | None
     expires_at: datetime
     reason: str | None = None
-

@@ -91,7 +91,11 @@ def test_malformed_json_is_refused_on_every_post(leased, raw):
         ("operations", {**OP, "fencing_token": 1, "effect_class": "SAFE"}, "effect_class"),
         ("operations", {**OP, "fencing_token": 1, "tool": ""}, "tool"),
         ("operations", {**OP, "fencing_token": 1, "estimated_cost_cents": -5}, "estimated_cost_cents"),
-        ("operations", {k: v for k, v in OP.items() if k != "idempotency_key"} | {"fencing_token": 1}, "idempotency_key"),
+        (
+            "operations",
+            {k: v for k, v in OP.items() if k != "idempotency_key"} | {"fencing_token": 1},
+            "idempotency_key",
+        ),
         ("outcome", {"fencing_token": 1, "outcome": "PROBABLY_FINE"}, "outcome"),
         ("events", {"fencing_token": 1, "type": "NOTE", "fields": [1, 2]}, "fields"),
         ("fence", {"run_id": "x"}, "fencing_token"),

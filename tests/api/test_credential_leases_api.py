@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from ledger.boundary import check_fields
 from ledger.models import CredentialLease, Event, RunLease
-from ledger.services.credentials import credential_create, credential_rotate
-from ledger.services.policy import policy_change
+from ledger.services.authority.credentials import credential_create, credential_rotate
+from ledger.services.authority.policy import policy_change
 
 SECRET_REF = "vault:kv/github-bot"
 GITHUB_PAT = "ghp_" + "Z9y8X7w6V5u4T3s2R1q0" * 2

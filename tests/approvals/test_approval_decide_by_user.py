@@ -4,8 +4,8 @@ tenant and records the user's name; the existing decided_by= callers keep workin
 import pytest
 
 from approvals.services.approvals import approval_decide
+from ledger.errors import Forbidden
 from ledger.models import Event
-from ledger.services.errors import Forbidden
 from tests.console.queues_fixtures import pending_approvals, snapshot, user_with
 
 
@@ -27,7 +27,9 @@ def test_an_approver_of_another_tenant_is_refused_by_the_service(acme, outsider)
 
 def test_the_users_name_is_the_actor(acme):
     (approval,) = pending_approvals(acme.worker)
-    decided = approval_decide(approval_id=approval.pk, approve=False, user=user_with("admin", acme.tenant, name="ann"), reason="dup")
+    decided = approval_decide(
+        approval_id=approval.pk, approve=False, user=user_with("admin", acme.tenant, name="ann"), reason="dup"
+    )
     assert (decided.status, decided.decided_by) == ("DENIED", "ann")
     event = Event.objects.get(run_id=approval.run_id, type="APPROVAL_DENIED")
     assert (event.actor, event.fields["reason"]) == ("user:ann", "dup")

@@ -5,15 +5,9 @@ conditional UPDATE on the status decides who wins."""
 import pytest
 
 from approvals.models import ReconciliationCase
-from approvals.services.cases import (
-    case_claim,
-    case_escalate,
-    case_resolve,
-    cases_preview,
-    cases_resolve_bulk,
-)
+from approvals.services.cases import case_claim, case_escalate, case_resolve, cases_preview, cases_resolve_bulk
+from ledger.errors import Forbidden, InvalidInput, WrongPhase
 from ledger.models import Event, Run
-from ledger.services.errors import Forbidden, InvalidInput, WrongPhase
 from tests.console.queues_fixtures import (
     snapshot,
     unknown_case,
@@ -76,6 +70,8 @@ def test_bulk_resolves_all_or_none(acme):
         cases_resolve_bulk(case_ids=[c.pk for c in cases], user=olivia, resolution="COMPENSATED", reason="refunded")
     assert snapshot() == before
     assert cases_preview(case_ids=[c.pk for c in cases], user=olivia) == cases[1:]
-    done = cases_resolve_bulk(case_ids=[c.pk for c in cases[1:]], user=olivia, resolution="COMPENSATED", reason="refunded")
+    done = cases_resolve_bulk(
+        case_ids=[c.pk for c in cases[1:]], user=olivia, resolution="COMPENSATED", reason="refunded"
+    )
     assert [c.resolved_by for c in done] == ["olivia", "olivia"]
     assert set(ReconciliationCase.objects.values_list("status", flat=True)) == {"RESOLVED"}

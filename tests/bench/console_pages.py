@@ -94,38 +94,136 @@ SEEDED_TABLES = (
 
 COLUMNS = {
     "ledger_run": (
-        "schema_version", "id", "tenant_id", "parent_id", "external_id", "status", "created_at", "completed_at",
-        "last_seq", "last_hash", "stale_rejections", "n_planned", "n_pending_approval", "n_authorized", "n_denied",
-        "n_dispatched", "n_confirmed", "n_failed", "n_unknown", "n_reconciled", "verified_at", "verified_head_seq",
-        "verified_checkpoint_seq", "trusted_seq", "trusted_hash", "broken_first_seq", "broken_last_seq",
-        "broken_reason", "broken_detail", "authorization_mismatches", "authorization_detail",
+        "schema_version",
+        "id",
+        "tenant_id",
+        "parent_id",
+        "external_id",
+        "status",
+        "created_at",
+        "completed_at",
+        "last_seq",
+        "last_hash",
+        "stale_rejections",
+        "n_planned",
+        "n_pending_approval",
+        "n_authorized",
+        "n_denied",
+        "n_dispatched",
+        "n_confirmed",
+        "n_failed",
+        "n_unknown",
+        "n_reconciled",
+        "verified_at",
+        "verified_head_seq",
+        "verified_checkpoint_seq",
+        "trusted_seq",
+        "trusted_hash",
+        "broken_first_seq",
+        "broken_last_seq",
+        "broken_reason",
+        "broken_detail",
+        "authorization_mismatches",
+        "authorization_detail",
     ),
     "ledger_runlease": (
-        "schema_version", "run_id", "owner_id", "worker_id", "fencing_token", "acquired_at", "expires_at",
-        "last_renewed_at", "end_reason",
+        "schema_version",
+        "run_id",
+        "owner_id",
+        "worker_id",
+        "fencing_token",
+        "acquired_at",
+        "expires_at",
+        "last_renewed_at",
+        "end_reason",
     ),
     "ledger_leasegrant": (
-        "id", "schema_version", "run_id", "fencing_token", "owner_id", "worker_id", "acquired_at",
-        "previous_owner_id", "ended_at", "end_reason",
+        "id",
+        "schema_version",
+        "run_id",
+        "fencing_token",
+        "owner_id",
+        "worker_id",
+        "acquired_at",
+        "previous_owner_id",
+        "ended_at",
+        "end_reason",
     ),
     "ledger_operation": (
-        "schema_version", "id", "tenant_id", "run_id", "idempotency_key", "tool", "action", "resource",
-        "effect_class", "args_digest", "provider", "estimated_cost_cents", "phase", "attempt", "created_at",
-        "updated_at", "dispatched_at", "dispatch_token", "dispatch_owner_id", "policy_version_at_dispatch",
-        "provider_request_id", "error_code", "decision_policy_version", "decision_code", "reconciliation",
+        "schema_version",
+        "id",
+        "tenant_id",
+        "run_id",
+        "idempotency_key",
+        "tool",
+        "action",
+        "resource",
+        "effect_class",
+        "args_digest",
+        "provider",
+        "estimated_cost_cents",
+        "phase",
+        "attempt",
+        "created_at",
+        "updated_at",
+        "dispatched_at",
+        "dispatch_token",
+        "dispatch_owner_id",
+        "policy_version_at_dispatch",
+        "provider_request_id",
+        "error_code",
+        "decision_policy_version",
+        "decision_code",
+        "reconciliation",
     ),
     "ledger_event": (
-        "id", "schema_version", "run_id", "seq", "event_id", "type", "actor", "occurred_at", "fields",
-        "prev_hash", "hash",
+        "id",
+        "schema_version",
+        "run_id",
+        "seq",
+        "event_id",
+        "type",
+        "actor",
+        "occurred_at",
+        "fields",
+        "prev_hash",
+        "hash",
     ),
     "approvals_reconciliationcase": (
-        "schema_version", "id", "tenant_id", "run_id", "operation_id", "attempt", "status", "reason", "opened_at",
-        "unverified_evidence", "claimed_by", "claimed_at", "resolution", "resolution_reason", "resolved_by",
+        "schema_version",
+        "id",
+        "tenant_id",
+        "run_id",
+        "operation_id",
+        "attempt",
+        "status",
+        "reason",
+        "opened_at",
+        "unverified_evidence",
+        "claimed_by",
+        "claimed_at",
+        "resolution",
+        "resolution_reason",
+        "resolved_by",
         "resolved_at",
     ),
     "approvals_approvalrequest": (
-        "schema_version", "id", "tenant_id", "run_id", "kind", "operation_id", "capability_id", "attempt",
-        "args_digest", "fencing_token", "status", "requested_at", "expires_at", "decided_by", "decided_at", "reason",
+        "schema_version",
+        "id",
+        "tenant_id",
+        "run_id",
+        "kind",
+        "operation_id",
+        "capability_id",
+        "attempt",
+        "args_digest",
+        "fencing_token",
+        "status",
+        "requested_at",
+        "expires_at",
+        "decided_by",
+        "decided_at",
+        "reason",
         "used_at",
     ),
 }
@@ -165,8 +263,17 @@ class Plan:
     in a list; an operation's, case's or approval's id is its run's id with the last four
     hex digits replaced, so it needs no memory."""
 
-    def __init__(self, *, runs: int, events_per_run: int, cases: int, ops_per_run: int, big_runs: int,
-                 big_run_events: int, seeded_at: datetime) -> None:
+    def __init__(
+        self,
+        *,
+        runs: int,
+        events_per_run: int,
+        cases: int,
+        ops_per_run: int,
+        big_runs: int,
+        big_run_events: int,
+        seeded_at: datetime,
+    ) -> None:
         if runs < 100:
             raise BenchError("--runs must be at least 100")
         if ops_per_run < 2:
@@ -376,7 +483,9 @@ class Copier:
         result = self.copy_cm.__exit__(exc_type, exc, tb)
         if exc_type is None:
             elapsed = time.monotonic() - self.started
-            print(f"\r  {self.label}: {self.count:,} rows in {elapsed:.1f}s ({self.count / max(elapsed, 1e-9):,.0f}/s)   ")
+            print(
+                f"\r  {self.label}: {self.count:,} rows in {elapsed:.1f}s ({self.count / max(elapsed, 1e-9):,.0f}/s)   "
+            )
         return result
 
 
@@ -417,8 +526,20 @@ def copy_runs(conn, plan: Plan, run_ids: list[str], tenant_ids: list[int]) -> No
     with Copier(conn, "ledger_run", plan.runs, "runs") as out:
         for i, run_id in enumerate(run_ids):
             phases = plan.phases(i)
-            count = {p: 0 for p in ("PLANNED", "PENDING_APPROVAL", "AUTHORIZED", "DENIED", "DISPATCHED", "CONFIRMED",
-                                    "FAILED", "UNKNOWN", "RECONCILED")}
+            count = {
+                p: 0
+                for p in (
+                    "PLANNED",
+                    "PENDING_APPROVAL",
+                    "AUTHORIZED",
+                    "DENIED",
+                    "DISPATCHED",
+                    "CONFIRMED",
+                    "FAILED",
+                    "UNKNOWN",
+                    "RECONCILED",
+                )
+            }
             for p in phases:
                 count[p] += 1
             created = plan.created_us(i)
@@ -432,26 +553,63 @@ def copy_runs(conn, plan: Plan, run_ids: list[str], tenant_ids: list[int]) -> No
             if broken:
                 first = last_seq // 2
                 last = first + 2 if broken == "gap" else first
-                verified = (ts(min(created + (last_seq + 65) * 1_000_000, checked)), str(last_seq), N, str(first - 1), g)
+                verified = (
+                    ts(min(created + (last_seq + 65) * 1_000_000, checked)),
+                    str(last_seq),
+                    N,
+                    str(first - 1),
+                    g,
+                )
                 broken_cols = (str(first), str(last), broken, f"{broken} at seq {first}")
             elif active or i % 20 == 9:  # unsealed: the verifier has not caught up
                 sealed = max(1, last_seq - 3)
-                verified = (ts(min(created + (sealed + 65) * 1_000_000, checked)), str(sealed), str(sealed), str(sealed), g)
+                verified = (
+                    ts(min(created + (sealed + 65) * 1_000_000, checked)),
+                    str(sealed),
+                    str(sealed),
+                    str(sealed),
+                    g,
+                )
                 broken_cols = (N, N, "", "")
             else:
-                verified = (ts(min(created + (last_seq + 65) * 1_000_000, checked)), str(last_seq), str(last_seq), str(last_seq),
-                            tail)
+                verified = (
+                    ts(min(created + (last_seq + 65) * 1_000_000, checked)),
+                    str(last_seq),
+                    str(last_seq),
+                    str(last_seq),
+                    tail,
+                )
                 broken_cols = (N, N, "", "")
             mismatch = ("1", "dispatched under a revoked credential lease") if plan.mismatched(i) else ("0", "")
             external = plan.external_id(i) or N
             out.add(
-                "\t".join((
-                    "1", run_id, str(tenant_ids[plan.tenant(i)]), N, external, "ACTIVE" if active else "COMPLETED",
-                    ts(created), completed, str(last_seq), tail, str(plan.stale(i)),
-                    str(count["PLANNED"]), str(count["PENDING_APPROVAL"]), str(count["AUTHORIZED"]), str(count["DENIED"]),
-                    str(count["DISPATCHED"]), str(count["CONFIRMED"]), str(count["FAILED"]), str(count["UNKNOWN"]),
-                    str(count["RECONCILED"]), *verified, *broken_cols, *mismatch,
-                ))
+                "\t".join(
+                    (
+                        "1",
+                        run_id,
+                        str(tenant_ids[plan.tenant(i)]),
+                        N,
+                        external,
+                        "ACTIVE" if active else "COMPLETED",
+                        ts(created),
+                        completed,
+                        str(last_seq),
+                        tail,
+                        str(plan.stale(i)),
+                        str(count["PLANNED"]),
+                        str(count["PENDING_APPROVAL"]),
+                        str(count["AUTHORIZED"]),
+                        str(count["DENIED"]),
+                        str(count["DISPATCHED"]),
+                        str(count["CONFIRMED"]),
+                        str(count["FAILED"]),
+                        str(count["UNKNOWN"]),
+                        str(count["RECONCILED"]),
+                        *verified,
+                        *broken_cols,
+                        *mismatch,
+                    )
+                )
             )
 
 
@@ -464,8 +622,21 @@ def copy_leases(conn, plan: Plan, run_ids: list[str], worker_ids: list[list[int]
                 # Held; one in a hundred overdue (the reaper has not run), the rest far ahead.
                 expires = now_us - 300_000_000 if i % 100 == 1 else now_us + 365 * 86_400_000_000
                 worker = str(worker_ids[plan.tenant(i)][plan.worker(i)])
-                out.add("\t".join(("1", run_id, plan.owner(i), worker, "1", ts(created + 1_000_000), ts(expires),
-                                   ts(created + 2_000_000), N)))
+                out.add(
+                    "\t".join(
+                        (
+                            "1",
+                            run_id,
+                            plan.owner(i),
+                            worker,
+                            "1",
+                            ts(created + 1_000_000),
+                            ts(expires),
+                            ts(created + 2_000_000),
+                            N,
+                        )
+                    )
+                )
             else:
                 ended = ts(created + (plan.events(i) + 4) * 1_000_000)
                 out.add("\t".join(("1", run_id, N, N, "1", ts(created + 1_000_000), ended, N, "RELEASED")))
@@ -477,16 +648,27 @@ def copy_leases(conn, plan: Plan, run_ids: list[str], worker_ids: list[list[int]
                 ended, reason = N, N
             else:
                 ended, reason = ts(created + (plan.events(i) + 4) * 1_000_000), "RELEASED"
-            out.add("\t".join((str(i + 1), "1", run_id, "1", plan.owner(i), worker, ts(created + 1_000_000), N,
-                               ended, reason)))
+            out.add(
+                "\t".join(
+                    (str(i + 1), "1", run_id, "1", plan.owner(i), worker, ts(created + 1_000_000), N, ended, reason)
+                )
+            )
 
 
 def copy_operations(conn, plan: Plan, run_ids: list[str], tenant_ids: list[int]) -> None:
     total = sum(plan.ops(i) for i in plan.big) + (plan.runs - len(plan.big)) * plan.ops_per_run
     effect = ("IDEMPOTENT", "REPLAYABLE", "NON_RETRYABLE", "IDEMPOTENT", "PURE")
-    action = {"stripe": "charge", "github": "create_issue", "slack": "post_message", "s3": "put_object",
-              "sendgrid": "send_email", "jira": "create_ticket", "postgres": "execute", "openai": "complete",
-              RARE_TOOL: "trigger_incident"}
+    action = {
+        "stripe": "charge",
+        "github": "create_issue",
+        "slack": "post_message",
+        "s3": "put_object",
+        "sendgrid": "send_email",
+        "jira": "create_ticket",
+        "postgres": "execute",
+        "openai": "complete",
+        RARE_TOOL: "trigger_incident",
+    }
     dispatched_phases = {"DISPATCHED", "CONFIRMED", "FAILED", "UNKNOWN", "RECONCILED"}
     with Copier(conn, "ledger_operation", total, "operations") as out:
         for i, run_id in enumerate(run_ids):
@@ -507,14 +689,37 @@ def copy_operations(conn, plan: Plan, run_ids: list[str], tenant_ids: list[int])
                 else:
                     provider_id, error = "", ""
                 decision = {"PENDING_APPROVAL": "APPROVAL_REQUIRED", "DENIED": "DENY_EXPIRED"}.get(phase, "ALLOW")
-                out.add("\t".join((
-                    "1", plan.child_id(run_id, f"{slot:04x}"), tenant, run_id, f"run{i}-op{slot}", tool, action[tool],
-                    f"{tool}://acct-{i % 113}/{action[tool]}/{i}-{slot}", effect[(i + slot) % 5], "sha256:" + digest * 2,
-                    "" if tool not in {"openai", "stripe"} else tool, N, phase, "1", ts(at), ts(at + 2_000_000),
-                    ts(at + 1_000_000) if dispatched else N, "1" if dispatched else N, owner if dispatched else N,
-                    "1" if dispatched else N, provider_id, error, "1", decision,
-                    ("HAPPENED" if i % 2 else "DID_NOT_HAPPEN") if phase == "RECONCILED" else "",
-                )))
+                out.add(
+                    "\t".join(
+                        (
+                            "1",
+                            plan.child_id(run_id, f"{slot:04x}"),
+                            tenant,
+                            run_id,
+                            f"run{i}-op{slot}",
+                            tool,
+                            action[tool],
+                            f"{tool}://acct-{i % 113}/{action[tool]}/{i}-{slot}",
+                            effect[(i + slot) % 5],
+                            "sha256:" + digest * 2,
+                            "" if tool not in {"openai", "stripe"} else tool,
+                            N,
+                            phase,
+                            "1",
+                            ts(at),
+                            ts(at + 2_000_000),
+                            ts(at + 1_000_000) if dispatched else N,
+                            "1" if dispatched else N,
+                            owner if dispatched else N,
+                            "1" if dispatched else N,
+                            provider_id,
+                            error,
+                            "1",
+                            decision,
+                            ("HAPPENED" if i % 2 else "DID_NOT_HAPPEN") if phase == "RECONCILED" else "",
+                        )
+                    )
+                )
 
 
 def copy_cases(conn, plan: Plan, run_ids: list[str], tenant_ids: list[int]) -> int:
@@ -529,9 +734,17 @@ def copy_cases(conn, plan: Plan, run_ids: list[str], tenant_ids: list[int]) -> i
             reason = "WORKER_REPORTED_UNKNOWN" if h in (5, 11) else "LEASE_LOST"
             evidence = "[]"
             if h == 7:
-                evidence = json.dumps([{"provider_request_id": f"req_late_{i}", "fencing_token": 1,
-                                        "owner_id": plan.owner(i), "reported_at": ts(opened + 60_000_000),
-                                        "reported_outcome": "CONFIRMED"}])
+                evidence = json.dumps(
+                    [
+                        {
+                            "provider_request_id": f"req_late_{i}",
+                            "fencing_token": 1,
+                            "owner_id": plan.owner(i),
+                            "reported_at": ts(opened + 60_000_000),
+                            "reported_outcome": "CONFIRMED",
+                        }
+                    ]
+                )
             if unknown:
                 status = "OPEN" if h < 16 else ("CLAIMED" if h < 19 else "ESCALATED")
                 claimed = ("ops-alice", ts(opened + 600_000_000)) if status != "OPEN" else ("", N)
@@ -539,13 +752,33 @@ def copy_cases(conn, plan: Plan, run_ids: list[str], tenant_ids: list[int]) -> i
             else:
                 status = "RESOLVED"
                 claimed = ("ops-bob", ts(opened + 600_000_000))
-                resolution = ("HAPPENED" if i % 2 else "DID_NOT_HAPPEN", "checked the provider's dashboard", "ops-bob",
-                              ts(opened + 900_000_000))
-            out.add("\t".join((
-                "1", plan.child_id(run_id, "c000"), str(tenant_ids[plan.tenant(i)]), run_id,
-                plan.child_id(run_id, "0000"), "1", status, reason, ts(opened), evidence, *claimed, resolution[0],
-                resolution[1], resolution[2], resolution[3],
-            )))
+                resolution = (
+                    "HAPPENED" if i % 2 else "DID_NOT_HAPPEN",
+                    "checked the provider's dashboard",
+                    "ops-bob",
+                    ts(opened + 900_000_000),
+                )
+            out.add(
+                "\t".join(
+                    (
+                        "1",
+                        plan.child_id(run_id, "c000"),
+                        str(tenant_ids[plan.tenant(i)]),
+                        run_id,
+                        plan.child_id(run_id, "0000"),
+                        "1",
+                        status,
+                        reason,
+                        ts(opened),
+                        evidence,
+                        *claimed,
+                        resolution[0],
+                        resolution[1],
+                        resolution[2],
+                        resolution[3],
+                    )
+                )
+            )
     return resolved
 
 
@@ -573,11 +806,29 @@ def copy_approvals(conn, plan: Plan, run_ids: list[str], tenant_ids: list[int]) 
                 expires = asked + 3_600_000_000
                 decided = ("USED", "ops-carol", ts(asked + 120_000_000), "expected charge", ts(asked + 180_000_000))
             digest = hashlib.md5(b"%d/1" % i).hexdigest()
-            out.add("\t".join((
-                "1", plan.child_id(run_id, "a001"), str(tenant_ids[plan.tenant(i)]), run_id, "OPERATION",
-                plan.child_id(run_id, "0001"), N, "1", "sha256:" + digest * 2, "1", decided[0], ts(asked), ts(expires),
-                decided[1], decided[2], decided[3], decided[4],
-            )))
+            out.add(
+                "\t".join(
+                    (
+                        "1",
+                        plan.child_id(run_id, "a001"),
+                        str(tenant_ids[plan.tenant(i)]),
+                        run_id,
+                        "OPERATION",
+                        plan.child_id(run_id, "0001"),
+                        N,
+                        "1",
+                        "sha256:" + digest * 2,
+                        "1",
+                        decided[0],
+                        ts(asked),
+                        ts(expires),
+                        decided[1],
+                        decided[2],
+                        decided[3],
+                        decided[4],
+                    )
+                )
+            )
     return counts
 
 
@@ -586,10 +837,16 @@ def copy_events(conn, plan: Plan, run_ids: list[str], worker_names: list[str]) -
     run (the last one is the run's last_hash), random event ids, realistic types and fields."""
     genesis = "sha256:" + "0" * 64
     cycle = ("OPERATION_PLANNED", "OPERATION_AUTHORIZED", "OPERATION_DISPATCHED", "OPERATION_CONFIRMED", "NOTE")
-    moves = {"OPERATION_PLANNED": ("null", "PLANNED"), "OPERATION_AUTHORIZED": ('"PLANNED"', "AUTHORIZED"),
-             "OPERATION_DISPATCHED": ('"AUTHORIZED"', "DISPATCHED"), "OPERATION_CONFIRMED": ('"DISPATCHED"', "CONFIRMED")}
-    stale_fields = ('{"attempted": "operation_dispatch", "presented_token": 1, "current_token": 2, '
-                    '"reason": "token superseded by a newer lease"}')
+    moves = {
+        "OPERATION_PLANNED": ("null", "PLANNED"),
+        "OPERATION_AUTHORIZED": ('"PLANNED"', "AUTHORIZED"),
+        "OPERATION_DISPATCHED": ('"AUTHORIZED"', "DISPATCHED"),
+        "OPERATION_CONFIRMED": ('"DISPATCHED"', "CONFIRMED"),
+    }
+    stale_fields = (
+        '{"attempted": "operation_dispatch", "presented_token": 1, "current_token": 2, '
+        '"reason": "token superseded by a newer lease"}'
+    )
     event_id = 0
     with Copier(conn, "ledger_event", plan.total_events, "events") as out:
         for i, run_id in enumerate(run_ids):
@@ -609,8 +866,8 @@ def copy_events(conn, plan: Plan, run_ids: list[str], worker_names: list[str]) -
             prefix = run_id[:-4]
             for seq in range(1, n + 1):
                 o = 96 * (seq - 1)
-                digest = tail if seq == n else "sha256:" + rnd[o:o + 64]
-                e = rnd[o + 64:o + 96]
+                digest = tail if seq == n else "sha256:" + rnd[o : o + 64]
+                e = rnd[o + 64 : o + 96]
                 if seq in stale_seqs:
                     kind, fields = "STALE_TOKEN_REJECTED", stale_fields
                 elif seq == 1:
@@ -628,10 +885,14 @@ def copy_events(conn, plan: Plan, run_ids: list[str], worker_names: list[str]) -
                         fields = f'{{"note": "step {seq} checked", "step": {seq}}}'
                     else:
                         src, dst = moves[kind]
-                        fields = (f'{{"operation_id": "{prefix}{(k // 5) % n_ops:04x}", "from": {src}, "to": "{dst}", '
-                                  f'"attempt": 1}}')
-                out.add(f"{event_id + seq}\t1\t{run_id}\t{seq}\t{e[:8]}-{e[8:12]}-4{e[13:16]}-a{e[17:20]}-{e[20:32]}\t"
-                        f"{kind}\t{actor}\t{ts(created + seq * 1_000_000)}\t{fields}\t{prev}\t{digest}")
+                        fields = (
+                            f'{{"operation_id": "{prefix}{(k // 5) % n_ops:04x}", "from": {src}, "to": "{dst}", '
+                            f'"attempt": 1}}'
+                        )
+                out.add(
+                    f"{event_id + seq}\t1\t{run_id}\t{seq}\t{e[:8]}-{e[8:12]}-4{e[13:16]}-a{e[17:20]}-{e[20:32]}\t"
+                    f"{kind}\t{actor}\t{ts(created + seq * 1_000_000)}\t{fields}\t{prev}\t{digest}"
+                )
                 prev = digest
             event_id += n
 
@@ -639,7 +900,8 @@ def copy_events(conn, plan: Plan, run_ids: list[str], worker_names: list[str]) -
 def seed(server: Server, database: str, plan: Plan) -> dict:
     """Tenants, workers and users through the services; the rest by COPY in one transaction."""
     from ledger.models import Worker
-    from ledger.services.workers import tenant_ensure, worker_create
+    from ledger.services.fleet.workers import worker_create
+    from ledger.services.tenancy.tenants import tenant_ensure
 
     started = time.monotonic()
     tenants = [tenant_ensure(slug=slug)[0] for slug in TENANTS]
@@ -652,8 +914,10 @@ def seed(server: Server, database: str, plan: Plan) -> dict:
         worker_ids.append(ids)
     tenant_ids = [t.pk for t in tenants]
     say(f"  run ids: {plan.runs:,} random uuids ...")
-    run_ids = [f"{h[:8]}-{h[8:12]}-4{h[13:16]}-8{h[17:20]}-{h[20:32]}" for h in
-               (os.urandom(16).hex() for _ in range(plan.runs))]
+    run_ids = [
+        f"{h[:8]}-{h[8:12]}-4{h[13:16]}-8{h[17:20]}-{h[20:32]}"
+        for h in (os.urandom(16).hex() for _ in range(plan.runs))
+    ]
 
     conn = server.connect(database)
     conn.autocommit = False
@@ -663,8 +927,10 @@ def seed(server: Server, database: str, plan: Plan) -> dict:
         conn.execute("SET work_mem = '256MB'")
         conn.execute("SET synchronous_commit = off")
         fks, keys, indexes = saved_schema(conn)
-        say(f"  dropping {len(fks)} foreign keys, {len(keys)} primary/unique keys and {len(indexes)} indexes "
-            "(recreated after the COPY, in the same transaction)")
+        say(
+            f"  dropping {len(fks)} foreign keys, {len(keys)} primary/unique keys and {len(indexes)} indexes "
+            "(recreated after the COPY, in the same transaction)"
+        )
         for table, name, _ in fks:
             conn.execute(f'ALTER TABLE {table} DROP CONSTRAINT "{name}"')
         for table, name, _ in keys:
@@ -734,7 +1000,7 @@ def read_marker(server: Server, database: str) -> dict | None:
     if not comment or not comment.startswith(MARKER):
         return None
     try:
-        return json.loads(comment[len(MARKER):])
+        return json.loads(comment[len(MARKER) :])
     except ValueError:
         return None
 
@@ -743,8 +1009,11 @@ def write_marker(server: Server, database: str, info: dict) -> None:
     from psycopg import sql
 
     with server.connect(database) as conn:
-        conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(
-            sql.Identifier(database), sql.Literal(MARKER + json.dumps(info))))
+        conn.execute(
+            sql.SQL("COMMENT ON DATABASE {} IS {}").format(
+                sql.Identifier(database), sql.Literal(MARKER + json.dumps(info))
+            )
+        )
 
 
 def database_holds_data(server: Server, database: str) -> bool:
@@ -814,7 +1083,7 @@ def measure(args, info: dict, database: str) -> int:
     from django.test.utils import CaptureQueriesContext
 
     from ledger.models import Tenant
-    from ledger.services.roles import role_grant
+    from ledger.services.tenancy.roles import role_grant
 
     tenants = {t.slug: t for t in Tenant.objects.filter(slug__in=TENANTS)}
     for k in USER_TENANTS:
@@ -897,14 +1166,23 @@ def measure(args, info: dict, database: str) -> int:
                     ms = float(q["time"]) * 1000
                     if ms >= args.slow_ms and ms > slow.get(q["sql"], {}).get("ms", -1):
                         slow[q["sql"]] = {"ms": ms, "page": name, "user": who}
-                results.append({
-                    "page": name, "user": who, "path": path, "median": statistics.median(times),
-                    "p95": percentile(times, 0.95), "sql": statistics.median(sql_times),
-                    "queries": "/".join(str(c) for c in sorted(counts)), "kb": size / 1024,
-                })
+                results.append(
+                    {
+                        "page": name,
+                        "user": who,
+                        "path": path,
+                        "median": statistics.median(times),
+                        "p95": percentile(times, 0.95),
+                        "sql": statistics.median(sql_times),
+                        "queries": "/".join(str(c) for c in sorted(counts)),
+                        "kb": size / 1024,
+                    }
+                )
                 r = results[-1]
-                say(f"  {who:<20} {name:<36} {r['median']:8.1f} ms  (p95 {r['p95']:.1f}, SQL {r['sql']:.1f}, "
-                    f"{r['queries']} queries)")
+                say(
+                    f"  {who:<20} {name:<36} {r['median']:8.1f} ms  (p95 {r['p95']:.1f}, SQL {r['sql']:.1f}, "
+                    f"{r['queries']} queries)"
+                )
 
     report(args, info, results, slow, database)
     return 0
@@ -938,19 +1216,25 @@ def report(args, info: dict, results: list[dict], slow: dict[str, dict], databas
     with connection.cursor() as cursor:
         cursor.execute("SELECT version()")
         version = cursor.fetchone()[0].split(" on ")[0]
-        cursor.execute("SELECT current_setting('shared_buffers'), current_setting('work_mem'), "
-                       "current_setting('random_page_cost'), current_setting('jit')")
+        cursor.execute(
+            "SELECT current_setting('shared_buffers'), current_setting('work_mem'), "
+            "current_setting('random_page_cost'), current_setting('jit')"
+        )
         shared, work_mem, rpc, jit = cursor.fetchone()
         cursor.execute("SELECT pg_size_pretty(pg_database_size(current_database()))")
         size = cursor.fetchone()[0]
     say()
-    say(f"machine: {os.cpu_count()} cores; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; load {os.getloadavg()[0]:.2f}; "
-        f"{version} (shared_buffers {shared}, work_mem {work_mem}, random_page_cost {rpc}, jit {jit})")
-    say(f"data set ({database}, {size}): {info['runs']:,} runs, {info['events']:,} events, "
+    say(
+        f"machine: {os.cpu_count()} cores; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; load {os.getloadavg()[0]:.2f}; "
+        f"{version} (shared_buffers {shared}, work_mem {work_mem}, random_page_cost {rpc}, jit {jit})"
+    )
+    say(
+        f"data set ({database}, {size}): {info['runs']:,} runs, {info['events']:,} events, "
         f"{info['cases_open']:,} open UNKNOWN cases (+{info['cases_resolved']:,} resolved), "
         f"{info['ops_per_run']} operations per run, approvals {info['approvals']}; "
         f"{info['big_runs']} runs of {info['big_run_events']:,} events; seeded {info['seeded_at'][:16]} "
-        f"in {info['seed_seconds']:,.0f}s")
+        f"in {info['seed_seconds']:,.0f}s"
+    )
     say(f"times: wall clock of Client.get, {args.requests} requests after {args.warmups} warm-ups")
     if args.try_sql:
         say(f"what-if: with the statements of {args.try_sql} (rolled back afterwards)")
@@ -964,8 +1248,10 @@ def report(args, info: dict, results: list[dict], slow: dict[str, dict], databas
             say(f"{r['page']:<{width}} {r['user']:<20} {r['error']}")
             continue
         flag = "  *" if r["median"] > args.target_ms else ""
-        say(f"{r['page']:<{width}} {r['user']:<20} {r['median']:>10.1f} {r['p95']:>8.1f} {r['sql']:>8.1f} "
-            f"{r['queries']:>8} {r['kb']:>6.0f}{flag}")
+        say(
+            f"{r['page']:<{width}} {r['user']:<20} {r['median']:>10.1f} {r['p95']:>8.1f} {r['sql']:>8.1f} "
+            f"{r['queries']:>8} {r['kb']:>6.0f}{flag}"
+        )
     over = [r for r in results if "error" not in r and r["median"] > args.target_ms]
     say()
     say(f"{len(over)} of {len(results)} page measurements over {args.target_ms:.0f} ms (marked *)")
@@ -988,7 +1274,7 @@ def condensed(sql: str) -> str:
     """The statement with its select list shortened to a column count (for reading only)."""
     match = re.match(r"SELECT (.*?) FROM ", sql, re.DOTALL)
     if match and match.group(1).count('"') > 8:
-        return f"SELECT <{match.group(1).count(',') + 1} columns> FROM " + sql[match.end():]
+        return f"SELECT <{match.group(1).count(',') + 1} columns> FROM " + sql[match.end() :]
     return sql
 
 
@@ -1017,8 +1303,13 @@ def find_probes(info: dict) -> dict:
             [user_tenants, f"job-{middle:07d}"],
         )
         search_run, external = cursor.fetchone()
-    return {"big_run": str(big), "typical_run": str(typical), "search_run": str(search_run),
-            "external_id": external, "worker": Plan.worker_name(2)}
+    return {
+        "big_run": str(big),
+        "typical_run": str(typical),
+        "search_run": str(search_run),
+        "external_id": external,
+        "worker": Plan.worker_name(2),
+    }
 
 
 def django_setup(database_url: str) -> None:
@@ -1051,8 +1342,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow-ms", type=float, default=10.0, help="print statements slower than this")
     parser.add_argument("--explain-ms", type=float, default=50.0, help="EXPLAIN ANALYZE statements slower than this")
     parser.add_argument("--sql-chars", type=int, default=3000)
-    parser.add_argument("--try-sql", metavar="FILE", help="run these statements (e.g. CREATE INDEX, SET LOCAL jit = off) "
-                        "in a transaction around the measurement, then roll it back: what-if figures, nothing kept")
+    parser.add_argument(
+        "--try-sql",
+        metavar="FILE",
+        help="run these statements (e.g. CREATE INDEX, SET LOCAL jit = off) "
+        "in a transaction around the measurement, then roll it back: what-if figures, nothing kept",
+    )
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_URL))
     args = parser.parse_args(argv)
 
@@ -1071,24 +1366,38 @@ def main(argv: list[str] | None = None) -> int:
             with server.connect(database) as conn:
                 for table in SEEDED_TABLES:
                     timed(conn, f"ANALYZE {table} (new migrations)", f"ANALYZE {table}")
-        plan = Plan(runs=args.runs, events_per_run=args.events_per_run, cases=args.cases, ops_per_run=args.ops_per_run,
-                    big_runs=args.big_runs, big_run_events=args.big_run_events, seeded_at=datetime.now(UTC))
+        plan = Plan(
+            runs=args.runs,
+            events_per_run=args.events_per_run,
+            cases=args.cases,
+            ops_per_run=args.ops_per_run,
+            big_runs=args.big_runs,
+            big_run_events=args.big_run_events,
+            seeded_at=datetime.now(UTC),
+        )
         info = read_marker(server, database)
         if info and {k: info.get(k) for k in plan.shape()} == plan.shape():
-            say(f"{database} already holds this data set (seeded {info['seeded_at'][:16]} in "
-                f"{info['seed_seconds']:,.0f}s); --reseed to seed it again")
+            say(
+                f"{database} already holds this data set (seeded {info['seeded_at'][:16]} in "
+                f"{info['seed_seconds']:,.0f}s); --reseed to seed it again"
+            )
         elif info or database_holds_data(server, database):
             held = f"{info['runs']:,} runs, {info['events']:,} events" if info else "an unknown data set"
             if info and info.get("version") != SHAPE_VERSION:
                 held += f" of generator version {info.get('version')} (this script writes version {SHAPE_VERSION})"
             raise BenchError(f"{database} holds {held}, not the one asked for: pass --reseed to replace it")
         else:
-            say(f"seeding {database}: {plan.runs:,} runs, {plan.total_events:,} events, {plan.cases:,} open UNKNOWN "
-                f"cases, {plan.ops_per_run} operations per run, {len(plan.big)} runs of {plan.big_events:,} events")
+            say(
+                f"seeding {database}: {plan.runs:,} runs, {plan.total_events:,} events, {plan.cases:,} open UNKNOWN "
+                f"cases, {plan.ops_per_run} operations per run, {len(plan.big)} runs of {plan.big_events:,} events"
+            )
             info = seed(server, database, plan)
             info["probes"] = find_probes(info)
             write_marker(server, database, info)
-            say(f"seeded in {info['seed_seconds']:,.1f}s: " + ", ".join(f"{k} {v:,.0f}s" for k, v in info["steps"].items()))
+            say(
+                f"seeded in {info['seed_seconds']:,.1f}s: "
+                + ", ".join(f"{k} {v:,.0f}s" for k, v in info["steps"].items())
+            )
         if args.seed_only:
             return 0
         if args.try_sql:

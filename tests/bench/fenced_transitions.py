@@ -362,17 +362,12 @@ def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_
     fn, **kwargs)`` makes each counted service call; ``stop`` is checked before each.
     With ``authority``, each run also takes a credential lease and a capability scoped to
     its operations' resources, and each operation carries a provider and a cost."""
-    from ledger.services.capabilities import capability_request
-    from ledger.services.credentials import credential_lease_issue
-    from ledger.services.leases import lease_acquire, lease_release
-    from ledger.services.operations import (
-        Intent,
-        operation_authorize,
-        operation_dispatch,
-        operation_intend,
-        operation_report_outcome,
-    )
-    from ledger.services.runs import run_create
+    from ledger.services.authority.capabilities import capability_request
+    from ledger.services.authority.credential_leases import credential_lease_issue
+    from ledger.services.fence.leases import lease_acquire, lease_release
+    from ledger.services.fence.operations import Intent, operation_authorize, operation_dispatch, operation_intend
+    from ledger.services.fence.outcomes import operation_report_outcome
+    from ledger.services.fence.runs import run_create
     from ledger.states import EffectClass, Outcome
     from ledger.versioning import CURRENT_SCHEMA_VERSION
 
@@ -394,7 +389,12 @@ def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_
             if stop():
                 return
             credential_lease = call(
-                "credential", credential_lease_issue, **scope, principal=AUTH_PRINCIPAL, resources=resources, ttl_s=LEASE_TTL_S
+                "credential",
+                credential_lease_issue,
+                **scope,
+                principal=AUTH_PRINCIPAL,
+                resources=resources,
+                ttl_s=LEASE_TTL_S,
             )
             if stop():
                 return
@@ -416,7 +416,9 @@ def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_
             )
             if stop():
                 return
-            op, created = call("intend", operation_intend, worker=worker, run_id=run.pk, fencing_token=token, intent=intent)
+            op, created = call(
+                "intend", operation_intend, worker=worker, run_id=run.pk, fencing_token=token, intent=intent
+            )
             if not created:
                 raise RuntimeError(f"idempotency key {intent.idempotency_key} was not fresh")
             for kind, fn, extra in (
@@ -547,21 +549,24 @@ def prepare_fenced_db(
     call_command("migrate", verbosity=0, interactive=False)
     if connection.vendor != "postgresql" or connection.settings_dict["NAME"] != database:
         raise BenchError(f"Django is not connected to PostgreSQL database {database}")
-    from ledger.services.workers import tenant_ensure, worker_create
+    from ledger.services.fleet.workers import worker_create
+    from ledger.services.tenancy.tenants import tenant_ensure
 
     tenant, _ = tenant_ensure(slug=TENANT_SLUG)
     stamp = uuid.uuid4().hex[:8]
     pks = [worker_create(tenant=tenant, name=f"bench-{stamp}-{i}")[0].pk for i in range(workers)]
     say(f"[setup] migrated; created tenant {TENANT_SLUG!r} and {workers} worker identities")
     if authority:
-        from ledger.services.credentials import credential_create
-        from ledger.services.policy import policy_change
+        from ledger.services.authority.credentials import credential_create
+        from ledger.services.authority.policy import policy_change
 
         version = policy_change(
             tenant=tenant, document=authority_policy(ops_per_lease), changed_by="bench", reason="authority benchmark"
         ).version
         credential_create(tenant=tenant, principal=AUTH_PRINCIPAL, secret_ref=AUTH_SECRET_REF)
-        say(f"[setup] authority: policy v{version} (credential, capability, cost limits), credential {AUTH_PRINCIPAL!r}")
+        say(
+            f"[setup] authority: policy v{version} (credential, capability, cost limits), credential {AUTH_PRINCIPAL!r}"
+        )
     from django.apps import apps
 
     from ledger.models import Worker
@@ -589,7 +594,9 @@ def prepare_fenced_db(
         with connection.cursor() as cursor:
             for table in tables:
                 cursor.execute(f"ANALYZE {connection.ops.quote_name(table)}")
-    say(f"[setup] warm-up: {WARMUP_RUNS} runs x 20 operations, unmeasured; {'ANALYZE done' if analyze else 'no ANALYZE'}")
+    say(
+        f"[setup] warm-up: {WARMUP_RUNS} runs x 20 operations, unmeasured; {'ANALYZE done' if analyze else 'no ANALYZE'}"
+    )
     connection.close()
     return pks
 
@@ -601,7 +608,9 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[index]
 
 
-def run_fenced(server: Server, database: str, worker_pks: list[int], args, *, authority: bool = False, profile=None) -> dict:
+def run_fenced(
+    server: Server, database: str, worker_pks: list[int], args, *, authority: bool = False, profile=None
+) -> dict:
     ctx = mp.get_context("spawn")
     n = args.workers
     counters = ctx.Array("q", n, lock=False)
@@ -615,8 +624,19 @@ def run_fenced(server: Server, database: str, worker_pks: list[int], args, *, au
         ctx.Process(
             target=worker_main,
             args=(
-                i, url, worker_pks[i], args.ops_per_lease, args.seconds, key_prefix,
-                counters, ready, go, start_at, results, profile, authority,
+                i,
+                url,
+                worker_pks[i],
+                args.ops_per_lease,
+                args.seconds,
+                key_prefix,
+                counters,
+                ready,
+                go,
+                start_at,
+                results,
+                profile,
+                authority,
             ),  # fmt: skip
             name=f"bench-worker-{i}",
         )
@@ -659,7 +679,9 @@ def run_fenced(server: Server, database: str, worker_pks: list[int], args, *, au
                 elapsed = now - start_at.value
                 total = sum(counters[:])
                 left = max(0.0, args.seconds - elapsed)
-                say(f"{tag} {elapsed:5.1f} s elapsed, {left:4.1f} s left: {total} transitions ({total / elapsed:,.0f}/s)")
+                say(
+                    f"{tag} {elapsed:5.1f} s elapsed, {left:4.1f} s left: {total} transitions ({total / elapsed:,.0f}/s)"
+                )
                 next_report += PROGRESS_EVERY_S
             if now > start_at.value + args.seconds + 120:
                 raise BenchError("workers did not finish within 120 s after the deadline")
@@ -748,7 +770,7 @@ def run_pgbench(server: Server, database: str, pgbench: str, args) -> dict:
     backends.start()
     cpu_before = cpu_busy()
     rusage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    say(f"[pgbench] {' '.join(command[:command.index('-h')])} -h {server.host} ... {database}")
+    say(f"[pgbench] {' '.join(command[: command.index('-h')])} -h {server.host} ... {database}")
     proc = subprocess.Popen(command, env=server.pg_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = []
     for line in proc.stdout:
@@ -816,7 +838,9 @@ def machine_context(server: Server) -> dict:
             timeout=10,
         ).stdout
         # The digest tells runs on different uncommitted states of the code apart.
-        changes = f" + uncommitted changes in ledger/ or approvals/ (diff sha256 {hashlib.sha256(dirty).hexdigest()[:8]})"
+        changes = (
+            f" + uncommitted changes in ledger/ or approvals/ (diff sha256 {hashlib.sha256(dirty).hexdigest()[:8]})"
+        )
         code = f"{head}{changes if dirty.strip() else ''}" if head else "unknown"
     except (OSError, subprocess.SubprocessError):
         code = "unknown"
@@ -857,7 +881,9 @@ def report(context: dict, args, fenced_phases: list[dict], pg: dict) -> None:
         f"shared_buffers={pgs['shared_buffers']}, autovacuum={pgs['autovacuum']}); Python {context['python']}, Django {django.get_version()}"
     )
     say(f"code: git {context['code']}")
-    say(f"N = {args.workers} processes/clients, S = {args.seconds:g} s per phase, {args.ops_per_lease} operations per lease")
+    say(
+        f"N = {args.workers} processes/clients, S = {args.seconds:g} s per phase, {args.ops_per_lease} operations per lease"
+    )
     say("-" * 72)
     pg = {**pg, "total": pg["transactions"]}
     phases = [*fenced_phases, pg]
@@ -901,8 +927,14 @@ def report(context: dict, args, fenced_phases: list[dict], pg: dict) -> None:
     row("client CPU (cores busy)", cores("client_cpu_s"))
     row("server backends CPU (cores busy)", cores("server_cpu_s"))
     row("rest of machine (cores busy)", rest)
-    row("whole machine (cores busy)", lambda ph, n: f"{ph['machine_busy_cores']:.2f}" if ph.get("machine_busy_cores") is not None else None)
-    row("hypervisor steal (cores)", lambda ph, n: f"{ph['steal_cores']:.2f}" if ph.get("steal_cores") is not None else None)
+    row(
+        "whole machine (cores busy)",
+        lambda ph, n: f"{ph['machine_busy_cores']:.2f}" if ph.get("machine_busy_cores") is not None else None,
+    )
+    row(
+        "hypervisor steal (cores)",
+        lambda ph, n: f"{ph['steal_cores']:.2f}" if ph.get("steal_cores") is not None else None,
+    )
     row("client CPU per transition", cpu_per("client_cpu_s"))
     row("  of which kernel (sys)", cpu_per("client_sys_s"))
     row("server backend CPU per transition", cpu_per("server_cpu_s"))
@@ -933,7 +965,9 @@ def report(context: dict, args, fenced_phases: list[dict], pg: dict) -> None:
         if fenced.get("profile"):
             import pstats
 
-            say(f"cProfile of worker 0 ({fenced['mode']}) written to {fenced['profile']}; top functions by internal time:")
+            say(
+                f"cProfile of worker 0 ({fenced['mode']}) written to {fenced['profile']}; top functions by internal time:"
+            )
             pstats.Stats(fenced["profile"]).sort_stats("tottime").print_stats(15)
 
 
@@ -942,7 +976,11 @@ def shorten_sql(sql: str) -> str:
     sql = " ".join(sql.split())
     sql = re.sub(r"^SELECT (?:DISTINCT )?(.{50,}?) FROM ", "SELECT … FROM ", sql)
     sql = re.sub(r"^INSERT INTO (\S+) \(.*?\) VALUES .*?( RETURNING .*)?$", r"INSERT INTO \1 (…) VALUES (…)\2", sql)
-    sql = re.sub(r"^INSERT INTO (\S+) \(.*?\) SELECT \* FROM UNNEST.*?( RETURNING .*)?$", r"INSERT INTO \1 (…) SELECT * FROM UNNEST(…)\2", sql)
+    sql = re.sub(
+        r"^INSERT INTO (\S+) \(.*?\) SELECT \* FROM UNNEST.*?( RETURNING .*)?$",
+        r"INSERT INTO \1 (…) SELECT * FROM UNNEST(…)\2",
+        sql,
+    )
     sql = re.sub(r" RETURNING .{40,}$", " RETURNING …", sql)
     return sql if len(sql) <= 200 else sql[:197] + "…"
 
@@ -972,10 +1010,14 @@ def show_sql(worker_pk: int, *, authority: bool, ops_per_lease: int) -> None:
         captured[kind] = list(current)
         return value
 
-    fenced_cycles(worker, "sql", uuid.uuid4().hex, ops_per_lease, traced, lambda: calls["release"] >= 1, authority=authority)
+    fenced_cycles(
+        worker, "sql", uuid.uuid4().hex, ops_per_lease, traced, lambda: calls["release"] >= 1, authority=authority
+    )
     for kind in KINDS:
         if kind in captured:
-            say(f"--- {kind} ({'authority' if authority else 'plain'} mode): {len(captured[kind])} statements + BEGIN/COMMIT")
+            say(
+                f"--- {kind} ({'authority' if authority else 'plain'} mode): {len(captured[kind])} statements + BEGIN/COMMIT"
+            )
             for line in captured[kind]:
                 say(f"    {line}")
     connection.close()
@@ -1001,7 +1043,9 @@ def main(argv: list[str] | None = None) -> int:
         "the benchmark uses its own databases on that server",
     )
     parser.add_argument("--scale", type=int, default=10, help="pgbench -i scale factor (default %(default)s)")
-    parser.add_argument("--ops-per-lease", type=int, default=20, help="operations per lease before release (default 20)")
+    parser.add_argument(
+        "--ops-per-lease", type=int, default=20, help="operations per lease before release (default 20)"
+    )
     parser.add_argument(
         "--pgbench",
         default=shutil.which("pgbench") or "/usr/bin/pgbench",
@@ -1026,7 +1070,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers, --seconds and --ops-per-lease must be at least 1")
     modes = list(MODES) if args.mode == "both" else [args.mode]
     if "authority" in modes and args.ops_per_lease > AUTH_MAX_OPS_PER_LEASE:
-        parser.error(f"authority mode: --ops-per-lease may be at most {AUTH_MAX_OPS_PER_LEASE} (resources per credential lease)")
+        parser.error(
+            f"authority mode: --ops-per-lease may be at most {AUTH_MAX_OPS_PER_LEASE} (resources per credential lease)"
+        )
     if args.profile:
         args.profile = str(Path(args.profile).resolve())
 

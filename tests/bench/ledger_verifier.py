@@ -74,12 +74,32 @@ def seed_chain(run, events: int, actor: str) -> None:
                 fields = {"step": seq, "note": "checked the deployment status"}
                 digest = hash_bytes(
                     canonical_bytes(
-                        run_id=run_id, seq=seq, event_id=event_id, type="NOTE", schema_version=1, actor=actor,
-                        occurred_at=format_time(occurred), fields=fields, prev_hash=prev,
+                        run_id=run_id,
+                        seq=seq,
+                        event_id=event_id,
+                        type="NOTE",
+                        schema_version=1,
+                        actor=actor,
+                        occurred_at=format_time(occurred),
+                        fields=fields,
+                        prev_hash=prev,
                     )
                 )
                 buffer.write(
-                    "\t".join([run_id, str(seq), event_id, "NOTE", actor, occurred.isoformat(), json.dumps(fields), prev, digest, "1"])
+                    "\t".join(
+                        [
+                            run_id,
+                            str(seq),
+                            event_id,
+                            "NOTE",
+                            actor,
+                            occurred.isoformat(),
+                            json.dumps(fields),
+                            prev,
+                            digest,
+                            "1",
+                        ]
+                    )
                     + "\n"
                 )
                 prev = digest
@@ -117,8 +137,15 @@ def bare_hash_seconds(run) -> tuple[float, int]:
     for seq, event_id, type_, version, actor, occurred, fields, prev in rows:
         chunk.append(
             canonical_bytes(
-                run_id=run_id, seq=seq, event_id=str(event_id), type=type_, schema_version=version, actor=actor,
-                occurred_at=format_time(occurred), fields=fields, prev_hash=prev,
+                run_id=run_id,
+                seq=seq,
+                event_id=str(event_id),
+                type=type_,
+                schema_version=version,
+                actor=actor,
+                occurred_at=format_time(occurred),
+                fields=fields,
+                prev_hash=prev,
             )
         )
         if len(chunk) == 50_000:
@@ -133,7 +160,7 @@ def bare_hash_seconds(run) -> tuple[float, int]:
 def append_loop(database_url: str, worker_pk: int, run_id: str, seconds: float, start_at: float, results) -> None:
     django_setup(database_url)
     from ledger.models import Worker
-    from ledger.services.notes import event_append
+    from ledger.services.fence.notes import event_append
 
     worker = Worker.objects.select_related("tenant").get(pk=worker_pk)
     while time.time() < start_at:
@@ -153,7 +180,9 @@ def append_rate(database_url: str, worker, runs: list[str], seconds: float) -> f
     results: mp.Queue = mp.Queue()
     start_at = time.time() + 1.0
     procs = [
-        mp.get_context("fork").Process(target=append_loop, args=(database_url, worker.pk, run_id, seconds, start_at, results))
+        mp.get_context("fork").Process(
+            target=append_loop, args=(database_url, worker.pk, run_id, seconds, start_at, results)
+        )
         for run_id in runs
     ]
     for proc in procs:
@@ -169,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--append-seconds", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument(
+        "--database-url", default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+    )
     args = parser.parse_args(argv)
     try:
         server = Server(args.database_url)
@@ -181,9 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     django_setup(url)
     from django.core.management import call_command
 
-    from ledger.services import leases, runs
-    from ledger.services.verification import run_verify
-    from ledger.services.workers import tenant_ensure, worker_create
+    from ledger.services.evidence.verification import run_verify
+    from ledger.services.fence import leases, runs
+    from ledger.services.fleet.workers import worker_create
+    from ledger.services.tenancy.tenants import tenant_ensure
 
     say(f"migrating {DATABASE} ...")
     call_command("migrate", verbosity=0)

@@ -46,4 +46,3 @@ def screenshot(page):
 @pytest.fixture(autouse=True)
 def _patient_page(page):
     page.set_default_timeout(30_000)
-

@@ -9,14 +9,18 @@ from tests.browser.test_queues import sign_in
 from tests.console.admin_fixtures import active_leases
 
 
-def test_an_admin_previews_and_revokes_a_lease_and_the_next_dispatch_is_refused(live_server, page, screenshot, acme, api_for):
+def test_an_admin_previews_and_revokes_a_lease_and_the_next_dispatch_is_refused(
+    live_server, page, screenshot, acme, api_for
+):
     (lease,) = active_leases(acme, 1)
     token = lease.run.lease.fencing_token
     worker = api_for(acme)
-    op_id = worker.intend(str(lease.run_id), token, "git:read:1", tool="git", action="read", resource="repo:acme/widgets").body[
-        "operation_id"
-    ]
-    granted = worker.post(f"/operations/{op_id}/authorize", {"fencing_token": token, "credential_lease_id": str(lease.pk)})
+    op_id = worker.intend(
+        str(lease.run_id), token, "git:read:1", tool="git", action="read", resource="repo:acme/widgets"
+    ).body["operation_id"]
+    granted = worker.post(
+        f"/operations/{op_id}/authorize", {"fencing_token": token, "credential_lease_id": str(lease.pk)}
+    )
     assert granted.body["decision"] == "ALLOW", granted
 
     sign_in(page, live_server, acme.tenant, "adele", "admin")

@@ -4,7 +4,7 @@ live table and show one toast; bulk resolve previews exactly the selected cases 
 from playwright.sync_api import expect
 
 from approvals.models import ReconciliationCase
-from ledger.services.roles import role_grant
+from ledger.services.tenancy.roles import role_grant
 from tests.console.queues_fixtures import pending_approvals, unknown_cases
 
 

@@ -3,7 +3,7 @@
 import pytest
 from playwright.sync_api import expect
 
-from ledger.services.roles import role_grant
+from ledger.services.tenancy.roles import role_grant
 
 
 @pytest.fixture

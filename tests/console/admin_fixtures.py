@@ -2,8 +2,9 @@
 leases held by runs, and workers in each lifecycle state."""
 
 from ledger.models import Credential, CredentialLease
-from ledger.services import credentials
-from ledger.services.workers import worker_create, worker_drain, worker_quarantine
+from ledger.services.authority import credential_leases, credentials
+from ledger.services.fleet.lifecycle import worker_drain, worker_quarantine
+from ledger.services.fleet.workers import worker_create
 from tests.ledger.factories import leased_run
 
 SECRET_REF = "vault:kv/github-bot"
@@ -22,7 +23,7 @@ def active_leases(identity, count: int, *, principal: str = "github-bot", runs: 
     for i in range(count):
         run, token = holders[i % runs]
         issued.append(
-            credentials.credential_lease_issue(
+            credential_leases.credential_lease_issue(
                 worker=identity.worker,
                 run_id=run.pk,
                 fencing_token=token,

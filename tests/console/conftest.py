@@ -9,7 +9,7 @@ from django.test import Client
 from django.utils import timezone
 
 from ledger.models import Run, RunLease
-from ledger.services.roles import role_grant
+from ledger.services.tenancy.roles import role_grant
 
 
 def logged_in(user) -> Client:

@@ -5,12 +5,12 @@ from django.test import Client
 from django.urls import reverse
 
 from approvals.models import ApprovalRequest, ReconciliationCase
+from ledger.errors import ApprovalRequired
 from ledger.models import Event, Operation, Run
-from ledger.services import leases, operations
-from ledger.services.errors import ApprovalRequired
-from ledger.services.operations import Intent
-from ledger.services.policy import policy_change
-from ledger.services.roles import role_grant
+from ledger.services.authority.policy import policy_change
+from ledger.services.fence import leases, operations, outcomes
+from ledger.services.fence.operations import Intent
+from ledger.services.tenancy.roles import role_grant
 from tests.ledger.factories import dispatched_operation, leased_run
 
 ROLES = ("viewer", "operator", "approver", "admin")
@@ -30,7 +30,7 @@ def unknown_case(worker, key: str = "timeout-1") -> ReconciliationCase:
     """One effect the worker reported as UNKNOWN (the provider timed out)."""
     run, token = leased_run(worker)
     op = dispatched_operation(worker, run, token, key)
-    operations.operation_report_outcome(
+    outcomes.operation_report_outcome(
         worker=worker, operation_id=op.pk, fencing_token=token, outcome="UNKNOWN", error_code="READ_TIMEOUT"
     )
     return ReconciliationCase.objects.get(operation=op)
@@ -52,8 +52,12 @@ def pending_approvals(worker, count: int = 1, *, prefix: str = "charge") -> list
             run_id=run.pk,
             fencing_token=token,
             intent=Intent(
-                tool="payments", action="charge", resource="customer:881", effect_class="NON_RETRYABLE",
-                idempotency_key=f"{prefix}-{i}", args_digest="sha256:abc123",
+                tool="payments",
+                action="charge",
+                resource="customer:881",
+                effect_class="NON_RETRYABLE",
+                idempotency_key=f"{prefix}-{i}",
+                args_digest="sha256:abc123",
             ),
         )
         try:
@@ -100,7 +104,9 @@ def snapshot() -> dict:
     return {
         "cases": list(ReconciliationCase.objects.order_by("id").values()),
         "approvals": list(ApprovalRequest.objects.order_by("id").values()),
-        "operations": list(Operation.objects.order_by("id").values("id", "phase", "reconciliation", "provider_request_id")),
+        "operations": list(
+            Operation.objects.order_by("id").values("id", "phase", "reconciliation", "provider_request_id")
+        ),
         "runs": list(Run.objects.order_by("id").values("id", "last_seq", "last_hash")),
         "leases": list(CredentialLease.objects.order_by("id").values()),
         "credentials": list(Credential.objects.order_by("id").values()),

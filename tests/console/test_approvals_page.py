@@ -58,7 +58,10 @@ def test_another_tenants_requests_are_not_listed_and_deciding_them_is_404(acme, 
     approver = Browser(user_with("approver", acme.tenant))
     assert str(theirs.run_id)[:8] not in approver.get(URL).content.decode()
     before = snapshot()
-    assert approver.post(reverse("approval-decide", args=[theirs.pk]), {"decision": "approve", "reason": "x"}).status_code == 404
+    assert (
+        approver.post(reverse("approval-decide", args=[theirs.pk]), {"decision": "approve", "reason": "x"}).status_code
+        == 404
+    )
     assert snapshot() == before
 
 
@@ -83,7 +86,7 @@ def test_a_decision_without_a_reason_is_refused_and_changes_nothing(acme):
     browser = Browser(user_with("approver", acme.tenant))
     before = snapshot()
     response = browser.post(reverse("approval-decide", args=[approval.pk]), {"decision": "approve", "reason": "  "})
-    assert response.status_code == 400
+    assert response.status_code == 422
     assert "reason: This field is required." in response.content.decode()
     assert snapshot() == before
 
@@ -95,7 +98,9 @@ def test_an_expired_request_is_shown_expired_and_a_late_yes_approves_nothing(acm
     body = browser.get(URL).content.decode()
     assert "EXPIRED" in body
     assert reverse("approval-decide", args=[approval.pk]) not in body
-    response = browser.post(reverse("approval-decide", args=[approval.pk]), {"decision": "approve", "reason": "sorry, late"})
+    response = browser.post(
+        reverse("approval-decide", args=[approval.pk]), {"decision": "approve", "reason": "sorry, late"}
+    )
     assert response.status_code == 409
     approval.refresh_from_db()
     assert approval.status == "EXPIRED"

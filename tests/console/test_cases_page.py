@@ -9,9 +9,9 @@ from django.urls import reverse
 
 from approvals.models import ReconciliationCase
 from approvals.services.cases import case_resolve
+from ledger.errors import StaleToken
 from ledger.models import Event
-from ledger.services import leases, operations
-from ledger.services.errors import StaleToken
+from ledger.services.fence import leases, outcomes
 from tests.console.queues_fixtures import (
     Browser,
     snapshot,
@@ -32,7 +32,7 @@ def fenced_late_report(worker) -> ReconciliationCase:
     expire(run)
     leases.lease_acquire(worker=worker, run_id=run.pk, owner_id="worker-b", ttl_s=30)
     with pytest.raises(StaleToken):
-        operations.operation_report_outcome(
+        outcomes.operation_report_outcome(
             worker=worker, operation_id=op.pk, fencing_token=token, outcome="CONFIRMED", provider_request_id="msg-0042"
         )
     return ReconciliationCase.objects.get(operation=op)
@@ -71,7 +71,11 @@ def test_a_viewer_sees_everything_known_about_a_case_but_no_action(acme):
 def test_an_operator_sees_the_actions(acme):
     case = unknown_case(acme.worker)
     body = Browser(user_with("operator", acme.tenant)).get(URL).content.decode()
-    for url in (reverse("case-claim", args=[case.pk]), reverse("case-resolve", args=[case.pk]), reverse("case-escalate", args=[case.pk])):
+    for url in (
+        reverse("case-claim", args=[case.pk]),
+        reverse("case-resolve", args=[case.pk]),
+        reverse("case-escalate", args=[case.pk]),
+    ):
         assert url in body
     assert 'id="bulk-form"' in body
 
@@ -101,7 +105,9 @@ def test_the_table_is_a_partial_polled_every_ten_seconds(acme):
 def test_an_htmx_claim_returns_the_table_and_one_toast(acme):
     case = unknown_case(acme.worker)
     browser = Browser(user_with("operator", acme.tenant, name="olivia"))
-    response = browser.post(reverse("case-claim", args=[case.pk]), headers={"HX-Request": "true", "HX-Target": "cases-table"})
+    response = browser.post(
+        reverse("case-claim", args=[case.pk]), headers={"HX-Request": "true", "HX-Target": "cases-table"}
+    )
     body = response.content.decode()
     assert response.status_code == 200
     assert body.count('hx-swap-oob="beforeend:#toasts"') == 1
@@ -139,7 +145,7 @@ def test_a_resolution_without_its_evidence_or_reason_is_refused_and_changes_noth
     browser = Browser(user_with("operator", acme.tenant))
     before = snapshot()
     response = browser.post(reverse("case-resolve", args=[case.pk]), data)
-    assert response.status_code == 400
+    assert response.status_code == 422
     assert message in response.content.decode()
     assert snapshot() == before
 
@@ -153,7 +159,9 @@ def test_happened_with_the_provider_id_reconciles_the_operation(acme):
     assert (case.status, case.resolution, case.resolved_by) == ("RESOLVED", "HAPPENED", "olivia")
     event = Event.objects.get(run_id=case.run_id, type="OPERATION_RECONCILED")
     assert (event.actor, event.fields["reason"], event.fields["provider_request_id"]) == (
-        "user:olivia", "lookup by key found it", "gh-issue-991"
+        "user:olivia",
+        "lookup by key found it",
+        "gh-issue-991",
     )
 
 
@@ -165,7 +173,11 @@ def test_bulk_preview_lists_exactly_the_selected_open_cases_and_changes_nothing(
     chosen, others = cases[:3], cases[3:]
     case_resolve(case_id=chosen[2].pk, resolved_by="someone", resolution="DID_NOT_HAPPEN", reason="already handled")
     browser = Browser(user_with("operator", acme.tenant, name="olivia"))
-    data = {"case": [str(c.pk) for c in chosen], "resolution": "DID_NOT_HAPPEN", "reason": "provider outage, nothing sent"}
+    data = {
+        "case": [str(c.pk) for c in chosen],
+        "resolution": "DID_NOT_HAPPEN",
+        "reason": "provider outage, nothing sent",
+    }
     before = snapshot()
     preview = browser.post(reverse("cases-bulk"), data, headers={"HX-Request": "true"})
     body = preview.content.decode()
@@ -176,7 +188,12 @@ def test_bulk_preview_lists_exactly_the_selected_open_cases_and_changes_nothing(
     assert all(str(c.pk) not in body for c in others)
     assert "2 case(s) will be resolved" in body and "1 selected case(s)" in body
 
-    confirm = {"case": [str(c.pk) for c in will_touch], "resolution": "DID_NOT_HAPPEN", "reason": data["reason"], "confirm": "1"}
+    confirm = {
+        "case": [str(c.pk) for c in will_touch],
+        "resolution": "DID_NOT_HAPPEN",
+        "reason": data["reason"],
+        "confirm": "1",
+    }
     assert browser.post(reverse("cases-bulk"), confirm).status_code == 302
     statuses = dict(ReconciliationCase.objects.values_list("pk", "status"))
     assert [statuses[c.pk] for c in cases] == ["RESOLVED", "RESOLVED", "RESOLVED", "OPEN", "OPEN"]
@@ -190,7 +207,12 @@ def test_bulk_confirm_is_all_or_none(acme):
     case_resolve(case_id=cases[1].pk, resolved_by="someone", resolution="COMPENSATED", reason="refunded")
     browser = Browser(user_with("operator", acme.tenant))
     before = snapshot()
-    confirm = {"case": [str(c.pk) for c in cases], "resolution": "COMPENSATED", "reason": "refunded all", "confirm": "1"}
+    confirm = {
+        "case": [str(c.pk) for c in cases],
+        "resolution": "COMPENSATED",
+        "reason": "refunded all",
+        "confirm": "1",
+    }
     response = browser.post(reverse("cases-bulk"), confirm)
     assert response.status_code == 409
     assert "Nothing changed" in response.content.decode()
@@ -202,7 +224,7 @@ def test_bulk_cannot_mark_cases_as_happened(acme):
     browser = Browser(user_with("operator", acme.tenant))
     before = snapshot()
     data = {"case": [str(c.pk) for c in cases], "resolution": "HAPPENED", "reason": "sure", "confirm": "1"}
-    assert browser.post(reverse("cases-bulk"), data).status_code == 400
+    assert browser.post(reverse("cases-bulk"), data).status_code == 422
     assert snapshot() == before
 
 
@@ -241,8 +263,15 @@ def test_keyset_pages_cover_every_case_once(acme):
 def test_an_escalated_case_shows_who_escalated_it_and_why(acme):
     case = unknown_case(acme.worker)
     browser = Browser(user_with("operator", acme.tenant, name="oli"))
-    assert browser.post(reverse("case-escalate", args=[case.pk]), {"reason": "provider support ticket 4411"}).status_code == 302
+    assert (
+        browser.post(reverse("case-escalate", args=[case.pk]), {"reason": "provider support ticket 4411"}).status_code
+        == 302
+    )
     case.refresh_from_db()
-    assert (case.status, case.escalated_by, case.escalation_reason) == ("ESCALATED", "oli", "provider support ticket 4411")
+    assert (case.status, case.escalated_by, case.escalation_reason) == (
+        "ESCALATED",
+        "oli",
+        "provider support ticket 4411",
+    )
     body = browser.get(URL + "?status=ESCALATED").content.decode()
     assert "escalated by oli: provider support ticket 4411" in body

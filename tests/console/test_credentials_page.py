@@ -6,10 +6,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from ledger.errors import Denied
 from ledger.models import CredentialLease, Event
-from ledger.services import credentials, operations
-from ledger.services.errors import Denied
-from ledger.services.operations import Intent
+from ledger.services.authority import credential_leases
+from ledger.services.fence import operations
+from ledger.services.fence.operations import Intent
 from tests.console.admin_fixtures import active_leases
 from tests.console.queues_fixtures import Browser, user_with
 
@@ -59,7 +60,7 @@ def test_another_tenants_leases_are_not_listed_and_its_preview_is_404(acme, outs
 def test_filters_by_principal_state_and_prefix(acme):
     mine = active_leases(acme, 2, principal="github-bot")
     other = active_leases(acme, 1, principal="deploy-bot")
-    credentials.credential_lease_revoke(tenant=acme.tenant, lease_id=mine[0].pk, revoked_by="ann", reason="done")
+    credential_leases.credential_lease_revoke(tenant=acme.tenant, lease_id=mine[0].pk, revoked_by="ann", reason="done")
     browser = Browser(user_with("viewer", acme.tenant))
 
     def ids(**params):
@@ -94,10 +95,15 @@ def authorized_under(identity, lease, key="push-1"):
         worker=identity.worker,
         run_id=lease.run_id,
         fencing_token=lease.run.lease.fencing_token,
-        intent=Intent(tool="git", action="read", resource="repo:acme/widgets", effect_class="IDEMPOTENT", idempotency_key=key),
+        intent=Intent(
+            tool="git", action="read", resource="repo:acme/widgets", effect_class="IDEMPOTENT", idempotency_key=key
+        ),
     )
     operations.operation_authorize(
-        worker=identity.worker, operation_id=op.pk, fencing_token=lease.run.lease.fencing_token, credential_lease_id=lease.pk
+        worker=identity.worker,
+        operation_id=op.pk,
+        fencing_token=lease.run.lease.fencing_token,
+        credential_lease_id=lease.pk,
     )
     return op
 
@@ -130,7 +136,9 @@ def test_revoking_by_principal_revokes_exactly_the_previewed_leases_and_dispatch
     assert {(lease.revoked_by, lease.revoke_reason) for lease in revoked} == {("ann", "leaked in a log")}
     assert CredentialLease.objects.get(pk=untouched[0].pk).revoked_at is None
     try:
-        operations.operation_dispatch(worker=acme.worker, operation_id=op.pk, fencing_token=leases[0].run.lease.fencing_token)
+        operations.operation_dispatch(
+            worker=acme.worker, operation_id=op.pk, fencing_token=leases[0].run.lease.fencing_token
+        )
     except Denied as refused:
         assert refused.code == "DENY_REVOKED"
     else:
@@ -140,16 +148,21 @@ def test_revoking_by_principal_revokes_exactly_the_previewed_leases_and_dispatch
 def test_a_revocation_without_a_reason_or_selection_is_refused_and_changes_nothing(acme):
     (lease,) = active_leases(acme, 1)
     browser = Browser(user_with("admin", acme.tenant))
-    assert browser.post(REVOKE, {"tenant": "acme", "lease": str(lease.pk), "reason": " "}).status_code == 400
-    assert browser.post(REVOKE, {"tenant": "acme", "reason": "why"}).status_code == 400
-    assert browser.post(REVOKE, {"tenant": "acme", "prefix": "ab", "reason": "why"}).status_code == 400
+    assert browser.post(REVOKE, {"tenant": "acme", "lease": str(lease.pk), "reason": " "}).status_code == 422
+    assert browser.post(REVOKE, {"tenant": "acme", "reason": "why"}).status_code == 422
+    assert browser.post(REVOKE, {"tenant": "acme", "prefix": "ab", "reason": "why"}).status_code == 422
     assert CredentialLease.objects.get(pk=lease.pk).revoked_at is None
 
 
 def test_rotation_from_the_console_makes_older_leases_stale(acme):
     (lease,) = active_leases(acme, 1)
     browser = Browser(user_with("admin", acme.tenant))
-    assert browser.post(reverse("credential-rotate"), {"tenant": "acme", "principal": "github-bot", "reason": "yearly"}).status_code == 302
+    assert (
+        browser.post(
+            reverse("credential-rotate"), {"tenant": "acme", "principal": "github-bot", "reason": "yearly"}
+        ).status_code
+        == 302
+    )
     lease.refresh_from_db()
     assert lease.credential.version == 2 and lease.version == 1
     assert Event.objects.filter(run_id=lease.run_id, type="CREDENTIAL_ROTATED").count() == 1

@@ -9,8 +9,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from ledger.models import Run, Tenant
-from ledger.services import operations, runs
-from ledger.services.verification import run_verify
+from ledger.services.evidence.verification import run_verify
+from ledger.services.fence import outcomes, runs
 from tests.console.conftest import bulk_runs, logged_in
 from tests.ledger.factories import dispatched_operation, leased_run
 
@@ -21,7 +21,9 @@ def trouble(identity) -> None:
     """One open UNKNOWN case, one lease expiring within 60 s, one BROKEN run, an open breaker."""
     run, token = leased_run(identity.worker, ttl_s=30)
     op = dispatched_operation(identity.worker, run, token, f"{identity.tenant.slug}-k")
-    operations.operation_report_outcome(worker=identity.worker, operation_id=op.pk, fencing_token=token, outcome="UNKNOWN")
+    outcomes.operation_report_outcome(
+        worker=identity.worker, operation_id=op.pk, fencing_token=token, outcome="UNKNOWN"
+    )
     broken, _ = leased_run(identity.worker, ttl_s=3600)
     Run.objects.filter(pk=broken.pk).update(broken_reason="mutated", stale_rejections=2)
     Tenant.objects.filter(pk=identity.tenant.pk).update(breaker_state="OPEN")

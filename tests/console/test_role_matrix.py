@@ -47,7 +47,9 @@ class Target:
         if action in OPERATOR_ACTIONS:
             self.case = unknown_case(identity.worker)
             self.run_id = self.case.run_id
-            self.event_type = {"claim": "CASE_CLAIMED", "escalate": "CASE_ESCALATED"}.get(action, "OPERATION_RECONCILED")
+            self.event_type = {"claim": "CASE_CLAIMED", "escalate": "CASE_ESCALATED"}.get(
+                action, "OPERATION_RECONCILED"
+            )
         elif action in APPROVER_ACTIONS:
             self.approval = pending_approvals(identity.worker)[0]
             self.run_id = self.approval.run_id
@@ -105,7 +107,9 @@ def perform(browser: Browser, action: str, t: Target):
         document = json.dumps({"human_approval_tools": ["payments"]})
         return browser.post(reverse("tenant-policy", args=[slug]), {"document": document, "reason": REASON})
     if action == "grant_role":
-        return browser.post(reverse("tenant-grant", args=[slug]), {"username": "newcomer", "role": "viewer", "reason": REASON})
+        return browser.post(
+            reverse("tenant-grant", args=[slug]), {"username": "newcomer", "role": "viewer", "reason": REASON}
+        )
     return browser.post(reverse("worker-act", args=[t.worker.pk]), {"action": action, "reason": REASON})
 
 

@@ -10,11 +10,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from approvals.services.cases import case_resolve, open_case_for
+from approvals.services.cases import case_resolve
+from approvals.services.handoff import open_case_for
+from ledger.errors import StaleToken
 from ledger.models import Run
-from ledger.services import leases, operations
-from ledger.services.errors import StaleToken
-from ledger.services.notes import event_append
+from ledger.services.fence import leases, outcomes
+from ledger.services.fence.notes import event_append
 from tests.console.conftest import logged_in
 from tests.ledger.factories import dispatched_operation, expire, leased_run, new_run
 
@@ -58,7 +59,10 @@ def test_lease_history_shows_owners_tokens_and_the_stale_write_refused(viewer_cl
         event_append(worker=acme.worker, run_id=run.pk, fencing_token=old_token, type="NOTE", fields={"text": "late"})
     page = viewer_client.get(url(run))
     body = page.content.decode()
-    assert [(g.fencing_token, g.owner_id) for g in page.context["grants"]] == [(taken.fencing_token, "owner-b"), (old_token, "owner-a")]
+    assert [(g.fencing_token, g.owner_id) for g in page.context["grants"]] == [
+        (taken.fencing_token, "owner-b"),
+        (old_token, "owner-a"),
+    ]
     [refusal] = page.context["refusals"]
     assert refusal.fields["presented_token"] == old_token and refusal.fields["current_token"] == taken.fencing_token
     assert "Stale-write refusals" in body and "event.append" in body
@@ -68,9 +72,13 @@ def test_lease_history_shows_owners_tokens_and_the_stale_write_refused(viewer_cl
 def test_reconciled_is_shown_apart_from_confirmed_with_who_and_why(viewer_client, acme):
     run, token = leased_run(acme.worker)
     confirmed = dispatched_operation(acme.worker, run, token, "k-ok")
-    operations.operation_report_outcome(worker=acme.worker, operation_id=confirmed.pk, fencing_token=token, outcome="CONFIRMED")
+    outcomes.operation_report_outcome(
+        worker=acme.worker, operation_id=confirmed.pk, fencing_token=token, outcome="CONFIRMED"
+    )
     unknown = dispatched_operation(acme.worker, run, token, "k-unknown")
-    operations.operation_report_outcome(worker=acme.worker, operation_id=unknown.pk, fencing_token=token, outcome="UNKNOWN")
+    outcomes.operation_report_outcome(
+        worker=acme.worker, operation_id=unknown.pk, fencing_token=token, outcome="UNKNOWN"
+    )
     case_resolve(
         case_id=open_case_for(unknown.pk).pk,
         resolution="HAPPENED",
@@ -100,8 +108,12 @@ def test_timeline_pages_by_seq_with_a_cursor(viewer_client, acme):
 
 def test_breaker_state_and_broken_integrity_are_spelled_out(viewer_client, acme):
     run = new_run(acme.worker)
-    Run.objects.filter(pk=run.pk).update(broken_reason="mutated", broken_first_seq=1, broken_last_seq=1, broken_detail="hash differs")
-    type(acme.tenant).objects.filter(pk=acme.tenant.pk).update(breaker_state="OPEN", breaker_reason="tenant spend limit")
+    Run.objects.filter(pk=run.pk).update(
+        broken_reason="mutated", broken_first_seq=1, broken_last_seq=1, broken_detail="hash differs"
+    )
+    type(acme.tenant).objects.filter(pk=acme.tenant.pk).update(
+        breaker_state="OPEN", breaker_reason="tenant spend limit"
+    )
     body = viewer_client.get(url(run)).content.decode()
     assert ">BROKEN</span>" in body and "mutated at seq 1..1: hash differs" in body
     assert ">OPEN</span>" in body and "tenant spend limit" in body
@@ -120,7 +132,9 @@ def test_the_number_of_queries_does_not_grow_with_events_and_operations(viewer, 
     for run, token, n in ((small, small_token, 10), (big, big_token, 200)):
         for i in range(n // 10):
             op = dispatched_operation(acme.worker, run, token, f"{run.pk}-{i}")
-            operations.operation_report_outcome(worker=acme.worker, operation_id=op.pk, fencing_token=token, outcome="UNKNOWN")
+            outcomes.operation_report_outcome(
+                worker=acme.worker, operation_id=op.pk, fencing_token=token, outcome="UNKNOWN"
+            )
         for i in range(n):
             event_append(worker=acme.worker, run_id=run.pk, fencing_token=token, type="NOTE", fields={"i": i})
     assert count_queries(client, small) == count_queries(client, big)

@@ -7,7 +7,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from ledger.models import Run
-from ledger.services import leases, runs
+from ledger.services.fence import leases, runs
 from tests.console.conftest import bulk_runs, logged_in
 from tests.ledger.factories import dispatched_operation, leased_run, new_run
 
@@ -28,7 +28,12 @@ def test_a_viewer_sees_the_runs_of_their_tenant_with_four_badges(viewer_client, 
     body = page.content.decode()
     assert page.status_code == 200
     assert reverse("run_detail", args=[run.pk]) in body
-    for label in ("completeness</span> COMPLETE", "integrity</span> UNSEALED", "authorization</span> OK", "certainty</span> CERTAIN"):
+    for label in (
+        "completeness</span> COMPLETE",
+        "integrity</span> UNSEALED",
+        "authorization</span> OK",
+        "certainty</span> CERTAIN",
+    ):
         assert label in body
 
 

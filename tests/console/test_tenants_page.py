@@ -9,8 +9,8 @@ from django.urls import reverse
 
 from ledger.models import TenantPolicy
 from ledger.roles import VIEW, can
-from ledger.services.policy import policy_change
-from ledger.services.workers import tenant_ensure
+from ledger.services.authority.policy import policy_change
+from ledger.services.tenancy.tenants import tenant_ensure
 from tests.console.queues_fixtures import Browser, user_with
 
 URL = reverse("tenants")
@@ -38,7 +38,12 @@ def test_a_viewer_reads_the_policy_and_roles_but_gets_no_form(acme):
     body = page.content.decode()
     assert page.status_code == 200 and "starter policy" in body and "vic" in body
     assert "Save as version" not in body and "Grant a role" not in body
-    assert browser.post(reverse("tenant-grant", args=["acme"]), {"username": "x", "role": "admin", "reason": "r"}).status_code == 403
+    assert (
+        browser.post(
+            reverse("tenant-grant", args=["acme"]), {"username": "x", "role": "admin", "reason": "r"}
+        ).status_code
+        == 403
+    )
 
 
 def test_another_tenant_is_not_listed_and_its_page_and_actions_are_404(acme, outsider):
@@ -51,7 +56,7 @@ def test_another_tenant_is_not_listed_and_its_page_and_actions_are_404(acme, out
 def test_tenants_still_on_the_starter_policy_are_marked(acme, outsider):
     policy_change(tenant=acme.tenant, document={"human_approval_tools": ["payments"]}, changed_by="t", reason="r")
     admin = user_with("admin", acme.tenant)
-    from ledger.services.roles import role_grant
+    from ledger.services.tenancy.roles import role_grant
 
     role_grant(username=admin.username, tenant=outsider.tenant, role="viewer")
     rows = {t.slug: t for t in Browser(admin).get(URL).context["rows"]}
@@ -64,7 +69,12 @@ def test_tenants_still_on_the_starter_policy_are_marked(acme, outsider):
 def test_a_policy_change_from_the_console_is_a_new_version_naming_its_author(acme):
     browser = Browser(user_with("admin", acme.tenant, name="ann"))
     document = {"human_approval_tools": ["payments"], "max_ttl_s": 600}
-    assert browser.post(reverse("tenant-policy", args=["acme"]), {"document": json.dumps(document), "reason": "tighter"}).status_code == 302
+    assert (
+        browser.post(
+            reverse("tenant-policy", args=["acme"]), {"document": json.dumps(document), "reason": "tighter"}
+        ).status_code
+        == 302
+    )
     row = TenantPolicy.objects.get(tenant=acme.tenant, version=2)
     assert (row.created_by, row.reason, row.document["max_ttl_s"]) == ("ann", "tighter", 600)
 
@@ -72,10 +82,10 @@ def test_a_policy_change_from_the_console_is_a_new_version_naming_its_author(acm
 def test_a_bad_policy_is_refused_with_its_reason_and_the_draft_kept(acme):
     browser = Browser(user_with("admin", acme.tenant))
     bad = browser.post(reverse("tenant-policy", args=["acme"]), {"document": '{"max_ttl_s": ', "reason": "r"})
-    assert bad.status_code == 400 and "not valid JSON" in bad.content.decode()
+    assert bad.status_code == 422 and "not valid JSON" in bad.content.decode()
     assert bad.context["draft"] == '{"max_ttl_s": '  # the draft is kept in the form, escaped in the page
     wrong = browser.post(reverse("tenant-policy", args=["acme"]), {"document": '{"no_such_key": 1}', "reason": "r"})
-    assert wrong.status_code == 400
+    assert wrong.status_code == 422
     assert TenantPolicy.objects.filter(tenant=acme.tenant).count() == 1
 
 
@@ -85,23 +95,27 @@ def test_granting_a_role_creates_the_user_with_exactly_that_role(acme, django_us
     assert browser.post(reverse("tenant-grant", args=["acme"]), data).status_code == 302
     newbie = django_user_model.objects.get(username="newbie")
     assert newbie.check_password("newbie-pass-1")
-    assert can(newbie, acme.tenant, VIEW) and {r["role"] for r in browser.get(detail()).context["roles"] if r["user"] == newbie} == {"operator"}
+    assert can(newbie, acme.tenant, VIEW) and {
+        r["role"] for r in browser.get(detail()).context["roles"] if r["user"] == newbie
+    } == {"operator"}
     page = browser.get(detail()).content.decode()
     assert "newbie-pass-1" not in page and "on call this week" in page
     own = browser.post(reverse("tenant-grant", args=["acme"]), {"username": "ann", "role": "viewer", "reason": "oops"})
-    assert own.status_code == 400
+    assert own.status_code == 422
 
 
 def test_the_pages_cost_the_same_queries_with_10_and_200_rows(acme):
     admin = user_with("admin", acme.tenant)
     browser = Browser(admin)
-    from ledger.services.roles import role_grant
+    from ledger.services.tenancy.roles import role_grant
 
     def grow(n, prefix):
         for i in range(n):
             tenant, _ = tenant_ensure(slug=f"{prefix}-{i}")
             role_grant(username=admin.username, tenant=tenant, role="viewer")
-            policy_change(tenant=acme.tenant, document={"max_ttl_s": 600 + i}, user=admin, reason=f"change {prefix} {i}")
+            policy_change(
+                tenant=acme.tenant, document={"max_ttl_s": 600 + i}, user=admin, reason=f"change {prefix} {i}"
+            )
             role_grant(username=f"{prefix}-user-{i}", tenant=acme.tenant, role="viewer", user=admin, reason="team")
 
     grow(10, "a")

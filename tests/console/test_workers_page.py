@@ -6,7 +6,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from ledger.models import Worker
-from ledger.services import leases
+from ledger.services.fence import leases
 from tests.console.admin_fixtures import worker_in
 from tests.console.queues_fixtures import Browser, user_with
 from tests.ledger.factories import expire, leased_run
@@ -58,7 +58,10 @@ def test_a_lost_lease_is_a_restart_episode_with_its_takeover(acme):
 
 def test_draining_from_the_console_sets_the_deadline_and_refuses_new_leases(acme):
     browser = Browser(user_with("admin", acme.tenant))
-    response = browser.post(reverse("worker-act", args=[acme.worker.pk]), {"action": "drain", "reason": "host patching", "deadline_min": "5"})
+    response = browser.post(
+        reverse("worker-act", args=[acme.worker.pk]),
+        {"action": "drain", "reason": "host patching", "deadline_min": "5"},
+    )
     assert response.status_code == 302
     worker = Worker.objects.get(pk=acme.worker.pk)
     assert worker.status == "DRAINING" and worker.status_reason == "host patching"
@@ -69,12 +72,15 @@ def test_draining_from_the_console_sets_the_deadline_and_refuses_new_leases(acme
 
 def test_an_action_without_a_reason_is_refused(acme):
     browser = Browser(user_with("admin", acme.tenant))
-    assert browser.post(reverse("worker-act", args=[acme.worker.pk]), {"action": "quarantine", "reason": ""}).status_code == 400
+    assert (
+        browser.post(reverse("worker-act", args=[acme.worker.pk]), {"action": "quarantine", "reason": ""}).status_code
+        == 422
+    )
     assert Worker.objects.get(pk=acme.worker.pk).status == "ACCEPTING"
 
 
 def test_the_list_and_the_detail_cost_the_same_queries_with_10_and_200_rows(acme):
-    from ledger.services.workers import worker_create
+    from ledger.services.fleet.workers import worker_create
 
     browser = Browser(user_with("admin", acme.tenant))
     detail = reverse("worker_detail", args=[acme.worker.pk])

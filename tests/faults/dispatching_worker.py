@@ -12,7 +12,9 @@ import requests
 def main(run_id: str) -> None:
     base = os.environ["FENCELINE_URL"].rstrip("/") + "/api/v1"
     session = requests.Session()
-    session.headers.update({"Authorization": f"Bearer {os.environ['FENCELINE_TOKEN']}", "Content-Type": "application/json"})
+    session.headers.update(
+        {"Authorization": f"Bearer {os.environ['FENCELINE_TOKEN']}", "Content-Type": "application/json"}
+    )
 
     def post(path: str, body: dict) -> dict:
         response = session.post(base + path, data=json.dumps(body), timeout=10)

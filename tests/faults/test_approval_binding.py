@@ -9,9 +9,9 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from approvals.services.approvals import approval_decide, approvals_expire
+from ledger.errors import WrongPhase
 from ledger.models import Event, Operation
-from ledger.services.errors import WrongPhase
-from ledger.services.policy import policy_change
+from ledger.services.authority.policy import policy_change
 from tests.faults.test_races import expire_lease
 
 
@@ -27,7 +27,13 @@ def payments_need_a_person(acme):
 
 def charge(client, run_id, key, token=1, effect_class="NON_RETRYABLE"):
     return client.intend(
-        run_id, token, key, tool="payments", action="charge", resource="customer:881", effect_class=effect_class,
+        run_id,
+        token,
+        key,
+        tool="payments",
+        action="charge",
+        resource="customer:881",
+        effect_class=effect_class,
         args_digest="sha256:abc123",
     ).body["operation_id"]
 
@@ -83,7 +89,9 @@ def test_an_approval_is_used_once_even_for_a_retry(api_for, acme):
     client.outcome(op, 1, "FAILED", error_code="CARD_DECLINED")
     asked = client.post(f"/operations/{op}/retry", {"fencing_token": 1})
     assert asked.status == 202
-    approval_decide(approval_id=asked.body["approval_id"], approve=True, decided_by="bob", reason="customer updated card")
+    approval_decide(
+        approval_id=asked.body["approval_id"], approve=True, decided_by="bob", reason="customer updated card"
+    )
     assert client.post(f"/operations/{op}/retry", {"fencing_token": 1}).body == {"attempt": 2, "phase": "PLANNED"}
     assert ApprovalRequest.objects.get(pk=asked.body["approval_id"]).status == "USED"
 
@@ -135,7 +143,6 @@ def test_a_late_yes_on_a_request_past_its_expiry_marks_it_expired(api_for, acme,
         approval_decide(approval_id=approval_id, approve=True, decided_by="alice", reason="late")
     assert ApprovalRequest.objects.get(pk=approval_id).status == "EXPIRED"
     assert client.authorize(op, 1).status == 202
-
 
 
 def test_the_expiry_job_and_command_are_safe_to_repeat(api_for, acme, payments_need_a_person, capsys):

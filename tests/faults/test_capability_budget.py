@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from approvals.models import ReconciliationCase
 from ledger.models import CapabilityBudget, Operation
-from ledger.services.policy import policy_change
+from ledger.services.authority.policy import policy_change
 from tests.faults.test_races import expire_lease
 
 RESOURCE = "repo:acme/api:pull:481"
@@ -175,7 +175,9 @@ def test_sixteen_processes_racing_for_the_last_calls_get_exactly_the_limit(api_f
     # and PostgreSQL transaction.
     context = mp.get_context("fork")
     results = context.Queue()
-    procs = [context.Process(target=_dispatch_in_process, args=(live_server.url, acme.token, op, 1, results)) for op in ops]
+    procs = [
+        context.Process(target=_dispatch_in_process, args=(live_server.url, acme.token, op, 1, results)) for op in ops
+    ]
     for proc in procs:
         proc.start()
     outcomes = [results.get(timeout=120) for _ in procs]

@@ -1,7 +1,7 @@
 """Concurrent appends to one run never fork the chain; appends to other runs go on."""
 
 from ledger.models import Event
-from ledger.services.verification import run_verify
+from ledger.services.evidence.verification import run_verify
 from tests.conftest import run_concurrently
 from tests.helpers import assert_chain_intact
 
@@ -17,7 +17,9 @@ def test_sixteen_threads_appending_to_one_run_make_one_contiguous_chain(api_for,
 
     def append(i: int):
         return [
-            clients[i].post(f"/runs/{run_id}/events", {"fencing_token": 1, "type": "x.step", "fields": {"thread": i, "n": n}})
+            clients[i].post(
+                f"/runs/{run_id}/events", {"fencing_token": 1, "type": "x.step", "fields": {"thread": i, "n": n}}
+            )
             for n in range(PER_THREAD)
         ]
 
@@ -42,7 +44,10 @@ def test_appends_to_different_runs_in_parallel_each_stay_contiguous(api_for, acm
 
     def append(i: int):
         run_id = runs[i % len(runs)]
-        return [clients[i].post(f"/runs/{run_id}/events", {"fencing_token": 1, "type": "NOTE", "fields": {"n": n}}) for n in range(PER_THREAD)]
+        return [
+            clients[i].post(f"/runs/{run_id}/events", {"fencing_token": 1, "type": "NOTE", "fields": {"n": n}})
+            for n in range(PER_THREAD)
+        ]
 
     results = [r for batch in run_concurrently(append, THREADS) for r in batch]
 

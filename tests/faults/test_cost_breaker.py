@@ -31,11 +31,12 @@ from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
+from ledger.actors import SYSTEM_RESERVATION_EXPIRY
+from ledger.errors import Denied
 from ledger.models import CostReservation, CostWindow, Event, Operation, Run, Tenant
-from ledger.services import costs
-from ledger.services.errors import Denied
-from ledger.services.events import ChainBatch
-from ledger.services.policy import policy_current
+from ledger.services.authority import reservations, windows
+from ledger.services.authority.policy import policy_current
+from ledger.services.evidence.append import ChainBatch
 from ledger.states import BreakerState, BudgetKind, ReservationState
 from tests.conftest import run_concurrently
 from tests.helpers import assert_chain_intact
@@ -82,6 +83,7 @@ def process(entry: str, *args) -> multiprocessing.Process:
     child = SPAWN.Process(target=exec, args=(CHILD, {"db_name": db_name, "entry": entry, "args": args}))
     child.start()
     return child
+
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -176,7 +178,7 @@ def test_late_or_missing_usage_never_frees_the_budget_early(acme):
 
     settle(acme.tenant, missing, None)  # CONFIRMED without usage
     CostReservation.objects.filter(operation=late).update(expires_at=timezone.now() - timedelta(seconds=1))
-    assert costs.reservations_expire() == 1  # the report is late: the reservation times out
+    assert reservations.reservations_expire() == 1  # the report is late: the reservation times out
 
     states = dict(CostReservation.objects.values_list("operation_id", "state"))
     assert states == {missing.pk: "UNKNOWN", late.pk: "UNKNOWN"}
@@ -268,7 +270,7 @@ def test_a_crash_after_reservation_leaves_an_unknown_reservation_not_a_lost_one(
     assert CostReservation.objects.get(pk=reservation.pk).state == ReservationState.UNKNOWN
     assert window(acme.tenant, BudgetKind.TENANT, "acme").reserved_cents == 300
     [event] = events_of(run, "COST_UNKNOWN")
-    assert event.actor == costs.SYSTEM_RESERVATION_EXPIRY
+    assert event.actor == SYSTEM_RESERVATION_EXPIRY
     assert breaker(acme.tenant) == BreakerState.UNKNOWN
     assert_invariants(acme.tenant)
 
@@ -280,7 +282,7 @@ def _settle_then_die(tenant_id, op_id, settled_event):
     tenant = Tenant.objects.get(pk=tenant_id)
     op = Operation.objects.get(pk=op_id)
     with under_lock(tenant, op.run_id) as (run, batch):
-        costs.cost_settle(op=op, run=run, actual_cents=120, batch=batch, actor=ACTOR, now=batch.now)
+        reservations.cost_settle(op=op, run=run, actual_cents=120, batch=batch, actor=ACTOR, now=batch.now)
         batch.commit()
         settled_event.set()
         time.sleep(0.5)
@@ -323,7 +325,7 @@ def test_a_crash_after_settlement_leaves_no_half_settled_reservation(acme):
 def test_a_window_boundary_opens_a_fresh_window_and_leaves_the_old_one_alone(acme):
     set_policy(acme.tenant, tenant_limit=1000, window_s=3600)
     run, token = leased_run(acme.worker)
-    boundary, _ = costs.window_bounds(timezone.now(), 3600)
+    boundary, _ = windows.window_bounds(timezone.now(), 3600)
     before, after = boundary - timedelta(seconds=1), boundary + timedelta(seconds=1)
     old = planned_op(acme, run, token, "before", estimate=900)
     new = planned_op(acme, run, token, "after", estimate=900)
@@ -373,7 +375,7 @@ def test_a_duplicate_message_to_two_workers_is_reserved_once(acme):
             locked = Run.objects.get(pk=run.pk)
             _, policy = policy_current(tenant=acme.tenant)
             batch = ChainBatch(timezone.now())
-            results["first"] = costs.cost_reserve(
+            results["first"] = reservations.cost_reserve(
                 op=Operation.objects.get(pk=op.pk), run=locked, policy=policy, batch=batch, actor=ACTOR, now=batch.now
             )
             batch.commit()
@@ -385,7 +387,7 @@ def test_a_duplicate_message_to_two_workers_is_reserved_once(acme):
         assert first_reserved.wait(30)
         with transaction.atomic():
             _, policy = policy_current(tenant=acme.tenant)
-            results["second"] = costs.cost_reserve(
+            results["second"] = reservations.cost_reserve(
                 op=Operation.objects.get(pk=op.pk),
                 run=Run.objects.get(pk=run.pk),
                 policy=policy,
@@ -427,7 +429,7 @@ def _race(tenant_id, op_id, barrier, results):
         barrier.wait(60)
         with under_lock(tenant, op.run_id) as (run, batch):
             _, policy = policy_current(tenant=tenant)
-            costs.cost_reserve(op=op, run=run, policy=policy, batch=batch, actor=ACTOR, now=batch.now)
+            reservations.cost_reserve(op=op, run=run, policy=policy, batch=batch, actor=ACTOR, now=batch.now)
         results.put((str(op_id), "granted"))
     except Denied as refused:
         results.put((str(op_id), refused.extra["budget"]))

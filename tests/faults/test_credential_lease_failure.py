@@ -7,12 +7,9 @@ import pytest
 from approvals.models import ReconciliationCase
 from approvals.services.cases import case_resolve
 from ledger.models import Event, Operation
-from ledger.services.credentials import (
-    credential_create,
-    credential_lease_revoke,
-    credential_rotate,
-)
-from ledger.services.policy import policy_change
+from ledger.services.authority.credential_leases import credential_lease_revoke
+from ledger.services.authority.credentials import credential_create, credential_rotate
+from ledger.services.authority.policy import policy_change
 
 PRINCIPAL = "github-bot"
 RESOURCE = "repo:acme/api"
@@ -20,7 +17,9 @@ RESOURCE = "repo:acme/api"
 
 @pytest.fixture
 def credentialed(api_for, acme):
-    policy_change(tenant=acme.tenant, document={"require_credential": True}, changed_by="admin", reason="leases for all")
+    policy_change(
+        tenant=acme.tenant, document={"require_credential": True}, changed_by="admin", reason="leases for all"
+    )
     credential_create(tenant=acme.tenant, principal=PRINCIPAL, secret_ref="vault:kv/github-bot")
     client = api_for(acme)
     run_id = client.create_run()
@@ -29,14 +28,22 @@ def credentialed(api_for, acme):
 
 
 def lease(client, run_id, token=1):
-    body = {"fencing_token": token, "principal": PRINCIPAL, "actions": ["create_issue"], "resources": [RESOURCE], "ttl_s": 600}
+    body = {
+        "fencing_token": token,
+        "principal": PRINCIPAL,
+        "actions": ["create_issue"],
+        "resources": [RESOURCE],
+        "ttl_s": 600,
+    }
     issued = client.post(f"/runs/{run_id}/credential-leases", body)
     assert issued.status == 201, issued
     return issued.body
 
 
 def queued_call(client, run_id, key, lease_id):
-    op = client.intend(run_id, 1, key, tool="github", action="create_issue", resource=RESOURCE, effect_class="IDEMPOTENT")
+    op = client.intend(
+        run_id, 1, key, tool="github", action="create_issue", resource=RESOURCE, effect_class="IDEMPOTENT"
+    )
     op_id = op.body["operation_id"]
     allowed = client.post(f"/operations/{op_id}/authorize", {"fencing_token": 1, "credential_lease_id": lease_id})
     assert allowed.body == {"decision": "ALLOW", "phase": "AUTHORIZED"}, allowed
@@ -51,7 +58,9 @@ def test_revoked_and_rotated_while_paused_the_dispatch_is_denied(credentialed, a
 
     # The worker pauses before dispatch; an admin rotates the credential and revokes the lease.
     credential_rotate(tenant=acme.tenant, principal=PRINCIPAL, rotated_by="admin-ann", reason="leaked in a log")
-    credential_lease_revoke(tenant=acme.tenant, lease_id=issued["lease_id"], revoked_by="admin-ann", reason="leaked in a log")
+    credential_lease_revoke(
+        tenant=acme.tenant, lease_id=issued["lease_id"], revoked_by="admin-ann", reason="leaked in a log"
+    )
 
     resumed = client.dispatch(op_id, 1)
     assert resumed.status == 403 and resumed.body["error"] in ("DENY_REVOKED", "DENY_STALE_VERSION")

@@ -30,17 +30,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from approvals.models import ReconciliationCase
+from ledger.actors import SYSTEM_REAPER
 from ledger.chain import GENESIS_HASH, canonical_bytes, format_time, hash_bytes
 from ledger.models import Event, LeaseGrant, Operation, Run, RunLease
-from ledger.services.events import SYSTEM_REAPER
-from ledger.services.leases import lease_acquire, lease_release, leases_reap
-from ledger.services.operations import (
-    Intent,
-    operation_authorize,
-    operation_dispatch,
-    operation_intend,
-)
-from ledger.services.runs import run_create
+from ledger.services.fence.leases import lease_acquire, lease_release, leases_reap
+from ledger.services.fence.operations import Intent, operation_authorize, operation_dispatch, operation_intend
+from ledger.services.fence.runs import run_create
 from ledger.states import EffectClass
 from ledger.tasks import reap_leases_task
 from ledger.versioning import CURRENT_SCHEMA_VERSION
@@ -203,7 +198,6 @@ def subprocess_database_url() -> str:
     return f"postgres://{credentials}{host}{port}/{quote(db['NAME'], safe='')}"
 
 
-
 def subprocess_env(**extra: str) -> dict:
     return {
         **os.environ,
@@ -263,8 +257,18 @@ def test_celery_beat_runs_the_reaper_against_redis(acme, tmp_path):
     with log.open("w") as out:
         worker = subprocess.Popen(
             [
-                sys.executable, "-m", "celery", "-A", "console", "worker", "--beat",
-                "--pool=solo", "--concurrency=1", "-s", str(tmp_path / "beat-schedule"), "--loglevel=INFO",
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "console",
+                "worker",
+                "--beat",
+                "--pool=solo",
+                "--concurrency=1",
+                "-s",
+                str(tmp_path / "beat-schedule"),
+                "--loglevel=INFO",
             ],
             cwd=settings.BASE_DIR,
             env=subprocess_env(CELERY_BROKER_URL=REDIS_URL, FENCELINE_REAPER_INTERVAL_S="1"),

@@ -15,7 +15,7 @@ import pytest
 from approvals.models import ReconciliationCase
 from ledger.chain import canonical_bytes, format_time, hash_bytes
 from ledger.models import Checkpoint, Event, Operation, Run
-from ledger.services.verification import run_verify
+from ledger.services.evidence.verification import run_verify
 from tests.faults.test_races import expire_lease
 from tests.helpers import tampering
 
@@ -79,7 +79,10 @@ def scenario(api_for, acme, keys):
     assert list(Event.objects.filter(run_id=run_id).order_by("seq").values_list("type", flat=True)) == CHAIN
     # Completion queued the verifier, which sealed every 5 events and the terminal head.
     assert list(Checkpoint.objects.filter(run_id=run_id).values_list("seq", "key_id")) == [
-        (5, "k1"), (10, "k1"), (15, "k1"), (17, "k1")
+        (5, "k1"),
+        (10, "k1"),
+        (15, "k1"),
+        (17, "k1"),
     ]
     assert verify_in_app(run_id) == ("VERIFIED", None, 17)
     return {"run_id": run_id, "client": b, "op2": op2}
@@ -101,15 +104,29 @@ def verify_standalone(client, run_id, tmp_path, keys=None):
     assert export.status == 200
     (tmp_path / "export.json").write_bytes(export.raw.content)
     keyring = keys or {"k1": K1}
-    (tmp_path / "keys.json").write_text(json.dumps({k: "base64:" + base64.b64encode(v).decode() for k, v in keyring.items()}))
+    (tmp_path / "keys.json").write_text(
+        json.dumps({k: "base64:" + base64.b64encode(v).decode() for k, v in keyring.items()})
+    )
     run = Run.objects.get(pk=run_id)
-    args = [sys.executable, "-I", str(STANDALONE), str(tmp_path / "export.json"), "--keys", str(tmp_path / "keys.json"), "--json"]
+    args = [
+        sys.executable,
+        "-I",
+        str(STANDALONE),
+        str(tmp_path / "export.json"),
+        "--keys",
+        str(tmp_path / "keys.json"),
+        "--json",
+    ]
     if run.trusted_seq:
         args += ["--trusted", f"{run.trusted_seq}:{run.trusted_hash}"]
     done = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert done.returncode in (0, 1, 2), done.stderr
     report = json.loads(done.stdout)
-    finding = report["finding"] and (report["finding"]["reason"], report["finding"]["first_seq"], report["finding"]["last_seq"])
+    finding = report["finding"] and (
+        report["finding"]["reason"],
+        report["finding"]["first_seq"],
+        report["finding"]["last_seq"],
+    )
     return report["status"], finding, report["last_trusted_checkpoint"]
 
 
@@ -157,7 +174,9 @@ def event_id_not_unique(db):
         cursor.execute(f"ALTER TABLE ledger_event DROP CONSTRAINT {name}")
     yield
     with tampering() as cursor:
-        cursor.execute("DELETE FROM ledger_event WHERE id IN (SELECT max(id) FROM ledger_event GROUP BY event_id HAVING count(*) > 1)")
+        cursor.execute(
+            "DELETE FROM ledger_event WHERE id IN (SELECT max(id) FROM ledger_event GROUP BY event_id HAVING count(*) > 1)"
+        )
         cursor.execute(f"ALTER TABLE ledger_event ADD CONSTRAINT {name} UNIQUE (event_id)")
 
 
@@ -168,8 +187,15 @@ def _forge(run_id: str, seq: int, *, event_id: str, type: str, fields: dict, pre
     occurred_at = format_time(template.occurred_at)
     digest = hash_bytes(
         canonical_bytes(
-            run_id=run_id, seq=seq, event_id=event_id, type=type, schema_version=1,
-            actor=template.actor, occurred_at=occurred_at, fields=fields, prev_hash=prev_hash,
+            run_id=run_id,
+            seq=seq,
+            event_id=event_id,
+            type=type,
+            schema_version=1,
+            actor=template.actor,
+            occurred_at=occurred_at,
+            fields=fields,
+            prev_hash=prev_hash,
         )
     )
     sql(
@@ -185,7 +211,14 @@ def test_duplicate_event_id_is_reported_not_counted_twice(scenario, tmp_path, ev
     run_id = scenario["run_id"]
     original = Event.objects.get(run_id=run_id, seq=14)
     head = Event.objects.get(run_id=run_id, seq=HEAD)
-    _forge(run_id, HEAD + 1, event_id=str(original.event_id), type=original.type, fields=original.fields, prev_hash=head.hash)
+    _forge(
+        run_id,
+        HEAD + 1,
+        event_id=str(original.event_id),
+        type=original.type,
+        fields=original.fields,
+        prev_hash=head.hash,
+    )
     assert_both(scenario, tmp_path, "BROKEN", ("duplicate", 18, 18), 17)
 
 
@@ -193,7 +226,14 @@ def test_fake_confirmation_of_an_unknown_effect_is_an_illegal_transition(scenari
     run_id, op2 = scenario["run_id"], scenario["op2"]
     head = Event.objects.get(run_id=run_id, seq=HEAD)
     fields = {"operation_id": op2, "from": "UNKNOWN", "to": "CONFIRMED", "attempt": 1, "provider_request_id": "fake-1"}
-    _forge(run_id, HEAD + 1, event_id="00000000-0000-4000-8000-000000000018", type="OPERATION_CONFIRMED", fields=fields, prev_hash=head.hash)
+    _forge(
+        run_id,
+        HEAD + 1,
+        event_id="00000000-0000-4000-8000-000000000018",
+        type="OPERATION_CONFIRMED",
+        fields=fields,
+        prev_hash=head.hash,
+    )
     assert_both(scenario, tmp_path, "BROKEN", ("illegal_transition", 18, 18), 17)
     assert Operation.objects.get(pk=op2).phase == "UNKNOWN"
 
@@ -215,7 +255,10 @@ def test_restored_older_checkpoint_is_a_rollback(scenario, tmp_path):
 
 
 def test_checkpoint_with_a_forged_mac_is_a_mismatch(scenario, tmp_path):
-    sql("UPDATE ledger_checkpoint SET mac = %s WHERE run_id = %s AND seq = 10", ["hmac-sha256:" + "0" * 64, scenario["run_id"]])
+    sql(
+        "UPDATE ledger_checkpoint SET mac = %s WHERE run_id = %s AND seq = 10",
+        ["hmac-sha256:" + "0" * 64, scenario["run_id"]],
+    )
     assert_both(scenario, tmp_path, "BROKEN", ("checkpoint_mismatch", 10, 10), 5)
 
 
@@ -244,14 +287,20 @@ def test_key_rotation_old_checkpoints_verify_and_new_ones_use_the_new_key(api_fo
     for n in range(5):
         client.post(f"/runs/{run_id}/events", {"fencing_token": 1, "type": "NOTE", "fields": {"n": n}})
     run_verify(run_id=run_id)  # seals 15 with k2
-    assert list(Checkpoint.objects.filter(run_id=run_id).values_list("seq", "key_id")) == [(5, "k1"), (10, "k1"), (15, "k2")]
+    assert list(Checkpoint.objects.filter(run_id=run_id).values_list("seq", "key_id")) == [
+        (5, "k1"),
+        (10, "k1"),
+        (15, "k2"),
+    ]
     assert verify_in_app(run_id) == ("VERIFIED", None, 15)
     assert verify_standalone(client, run_id, tmp_path, {"k1": K1, "k2": K2}) == ("VERIFIED", None, 15)
     # Without the old key the old checkpoints cannot be trusted.
     assert verify_standalone(client, run_id, tmp_path, {"k2": K2})[:2] == ("BROKEN", ("checkpoint_mismatch", 5, 5))
 
 
-def test_forged_dispatch_under_a_token_that_never_held_the_lease_is_an_authorization_mismatch(api_for, acme, keys, tmp_path):
+def test_forged_dispatch_under_a_token_that_never_held_the_lease_is_an_authorization_mismatch(
+    api_for, acme, keys, tmp_path
+):
     client = api_for(acme)
     run_id = client.create_run()
     client.acquire(run_id, "worker-a")
@@ -259,7 +308,14 @@ def test_forged_dispatch_under_a_token_that_never_held_the_lease_is_an_authoriza
     client.authorize(op, 1)
     head = Event.objects.filter(run_id=run_id).order_by("-seq").first()
     fields = {"operation_id": op, "from": "AUTHORIZED", "to": "DISPATCHED", "attempt": 1, "dispatch_token": 7}
-    _forge(run_id, head.seq + 1, event_id="00000000-0000-4000-8000-0000000000aa", type="OPERATION_DISPATCHED", fields=fields, prev_hash=head.hash)
+    _forge(
+        run_id,
+        head.seq + 1,
+        event_id="00000000-0000-4000-8000-0000000000aa",
+        type="OPERATION_DISPATCHED",
+        fields=fields,
+        prev_hash=head.hash,
+    )
 
     status, finding, _ = verify_in_app(run_id)
     assert (status, finding) == ("UNSEALED", None)  # hashed and linked like the real thing...
@@ -269,8 +325,8 @@ def test_forged_dispatch_under_a_token_that_never_held_the_lease_is_an_authoriza
 
 
 def test_forged_dispatch_with_a_rotated_credential_version_is_an_authorization_mismatch(api_for, acme, keys):
-    from ledger.services.credentials import credential_create, credential_rotate
-    from ledger.services.policy import policy_change
+    from ledger.services.authority.credentials import credential_create, credential_rotate
+    from ledger.services.authority.policy import policy_change
 
     policy_change(tenant=acme.tenant, document={"require_credential": True}, changed_by="admin", reason="leases")
     credential_create(tenant=acme.tenant, principal="github-bot", secret_ref="vault:kv/github-bot")
@@ -282,16 +338,35 @@ def test_forged_dispatch_with_a_rotated_credential_version_is_an_authorization_m
         {"fencing_token": 1, "principal": "github-bot", "actions": ["push"], "resources": ["repo:a"], "ttl_s": 600},
     ).body
     op = client.intend(run_id, 1, "push:1", tool="git", action="push", resource="repo:a").body["operation_id"]
-    assert client.post(f"/operations/{op}/authorize", {"fencing_token": 1, "credential_lease_id": lease["lease_id"]}).status == 200
+    assert (
+        client.post(
+            f"/operations/{op}/authorize", {"fencing_token": 1, "credential_lease_id": lease["lease_id"]}
+        ).status
+        == 200
+    )
     credential_rotate(tenant=acme.tenant, principal="github-bot", rotated_by="admin", reason="scheduled")
     assert client.dispatch(op, 1).body["error"] == "DENY_STALE_VERSION"  # the service refuses...
 
     # ...so an attacker writes the dispatch into the chain directly, hashed and linked.
     head = Event.objects.filter(run_id=run_id).order_by("-seq").first()
-    fields = {"operation_id": op, "from": "AUTHORIZED", "to": "DISPATCHED", "attempt": 1, "dispatch_token": 1, "credential_version": 1}
+    fields = {
+        "operation_id": op,
+        "from": "AUTHORIZED",
+        "to": "DISPATCHED",
+        "attempt": 1,
+        "dispatch_token": 1,
+        "credential_version": 1,
+    }
     sql("DELETE FROM ledger_event WHERE run_id = %s AND seq = %s", [run_id, head.seq])  # drop the DENIED event
     Run.objects.filter(pk=run_id).update(last_seq=head.seq - 1, last_hash=head.prev_hash)
-    _forge(run_id, head.seq, event_id="00000000-0000-4000-8000-0000000000bb", type="OPERATION_DISPATCHED", fields=fields, prev_hash=head.prev_hash)
+    _forge(
+        run_id,
+        head.seq,
+        event_id="00000000-0000-4000-8000-0000000000bb",
+        type="OPERATION_DISPATCHED",
+        fields=fields,
+        prev_hash=head.prev_hash,
+    )
 
     assert verify_in_app(run_id)[:2] == ("UNSEALED", None)
     authorization = client.get(f"/runs/{run_id}").body["indicators"]["authorization"]

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from approvals.models import ReconciliationCase
 from ledger.models import Event, LeaseGrant, Operation, Run, RunLease
-from ledger.services.leases import leases_reap
+from ledger.services.fence.leases import leases_reap
 
 WORKER_SCRIPT = Path(__file__).with_name("dispatching_worker.py")
 

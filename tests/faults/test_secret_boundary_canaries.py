@@ -17,7 +17,7 @@ import pytest
 from django.db import connection
 
 import console.views.dashboard
-from ledger.services import notes
+from ledger.services.fence import notes
 
 # --- where a canary could end up ----------------------------------------------------------
 

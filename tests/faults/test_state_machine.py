@@ -34,34 +34,18 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from approvals.models import CaseReason, ReconciliationCase
+from approvals.models import ReconciliationCase
 from ledger.chain import GENESIS_HASH, canonical_bytes, format_time, hash_bytes
+from ledger.errors import DomainError, IdempotencyMismatch, LeaseHeld, LeaseLost, StaleToken, WrongPhase
 from ledger.models import Event, LeaseGrant, Operation, Run, RunLease
-from ledger.services.errors import (
-    DomainError,
-    IdempotencyMismatch,
-    LeaseHeld,
-    LeaseLost,
-    StaleToken,
-    WrongPhase,
-)
-from ledger.services.fencing import fence_check
-from ledger.services.leases import (
-    lease_acquire,
-    lease_release,
-    lease_renew,
-    leases_reap,
-)
-from ledger.services.operations import (
-    Intent,
-    operation_authorize,
-    operation_dispatch,
-    operation_intend,
-    operation_report_outcome,
-)
-from ledger.services.runs import run_create
-from ledger.services.workers import tenant_ensure, worker_create
-from ledger.states import EffectClass, LeaseEnd, Outcome, Phase, can_move
+from ledger.services.core.fencing import fence_check
+from ledger.services.fence.leases import lease_acquire, lease_release, lease_renew, leases_reap
+from ledger.services.fence.operations import Intent, operation_authorize, operation_dispatch, operation_intend
+from ledger.services.fence.outcomes import operation_report_outcome
+from ledger.services.fence.runs import run_create
+from ledger.services.fleet.workers import worker_create
+from ledger.services.tenancy.tenants import tenant_ensure
+from ledger.states import CaseReason, EffectClass, LeaseEnd, Outcome, Phase, can_move
 
 TTL_S = 600  # long enough that only the test's clock (back-dating) expires a lease
 RUN_COUNT = 2

@@ -5,7 +5,7 @@ acquire either committed before the quarantine (and its lease was revoked by it)
 the worker no longer ACCEPTING."""
 
 from ledger.models import Event, RunLease, Worker
-from ledger.services.workers import worker_quarantine
+from ledger.services.fleet.lifecycle import worker_quarantine
 from tests.conftest import run_concurrently
 from tests.helpers import assert_chain_intact
 

@@ -5,8 +5,8 @@ from datetime import timedelta
 from django.utils import timezone
 
 from ledger.models import RunLease
-from ledger.services import leases, operations, runs
-from ledger.services.operations import Intent
+from ledger.services.fence import leases, operations, runs
+from ledger.services.fence.operations import Intent
 
 
 def new_run(worker):
@@ -24,7 +24,9 @@ def dispatched_operation(worker, run, token: int, key: str, effect_class: str = 
         worker=worker,
         run_id=run.pk,
         fencing_token=token,
-        intent=Intent(tool="email", action="send", resource="mailto:x@example.com", effect_class=effect_class, idempotency_key=key),
+        intent=Intent(
+            tool="email", action="send", resource="mailto:x@example.com", effect_class=effect_class, idempotency_key=key
+        ),
     )
     operations.operation_authorize(worker=worker, operation_id=op.pk, fencing_token=token)
     return operations.operation_dispatch(worker=worker, operation_id=op.pk, fencing_token=token)

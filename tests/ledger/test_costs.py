@@ -16,13 +16,15 @@ from django.core.management import call_command
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from ledger.actors import SYSTEM_RESERVATION_EXPIRY
+from ledger.errors import Denied, InvalidInput
 from ledger.models import CostReservation, CostWindow, Event, Operation, Tenant
-from ledger.services import costs
-from ledger.services.errors import Denied, InvalidInput
-from ledger.services.events import ChainBatch
-from ledger.services.fencing import lock_run
-from ledger.services.operations import Intent, operation_intend
-from ledger.services.policy import policy_change, policy_current
+from ledger.services.authority import reservations, windows
+from ledger.services.authority.breaker import OVERAGE_REASON, breaker_allows
+from ledger.services.authority.policy import policy_change, policy_current
+from ledger.services.core.fencing import lock_run
+from ledger.services.evidence.append import ChainBatch
+from ledger.services.fence.operations import Intent, operation_intend
 from ledger.states import BreakerState, BudgetKind, ReservationState
 from tests.helpers import assert_chain_intact
 from tests.ledger.factories import dispatched_operation, leased_run
@@ -94,25 +96,27 @@ def reserve(tenant, op, *, now=None):
     with under_lock(tenant, op.run_id, now) as (run, batch):
         _, policy = policy_current(tenant=tenant)
         op = Operation.objects.get(pk=op.pk)
-        return costs.cost_reserve(op=op, run=run, policy=policy, batch=batch, actor=ACTOR, now=batch.now)
+        return reservations.cost_reserve(op=op, run=run, policy=policy, batch=batch, actor=ACTOR, now=batch.now)
 
 
 def settle(tenant, op, actual, *, now=None):
     with under_lock(tenant, op.run_id, now) as (run, batch):
         op = Operation.objects.get(pk=op.pk)
-        costs.cost_settle(op=op, run=run, actual_cents=actual, batch=batch, actor=ACTOR, now=batch.now)
+        reservations.cost_settle(op=op, run=run, actual_cents=actual, batch=batch, actor=ACTOR, now=batch.now)
 
 
 def resolve(tenant, op, actual, *, now=None):
     with under_lock(tenant, op.run_id, now) as (run, batch):
         op = Operation.objects.get(pk=op.pk)
-        return costs.cost_resolve(op=op, run=run, actual_cents=actual, batch=batch, actor="user:olga", now=batch.now)
+        return reservations.cost_resolve(
+            op=op, run=run, actual_cents=actual, batch=batch, actor="user:olga", now=batch.now
+        )
 
 
 def mark_unknown(tenant, ops, reason="provider timeout"):
     with under_lock(tenant, ops[0].run_id) as (run, batch):
         ops = [Operation.objects.get(pk=op.pk) for op in ops]
-        return costs.cost_mark_unknown(
+        return reservations.cost_mark_unknown(
             ops=ops, runs={run.pk: run}, batch=batch, actor=ACTOR, now=batch.now, reason=reason
         )
 
@@ -120,11 +124,11 @@ def mark_unknown(tenant, ops, reason="provider timeout"):
 def allows(tenant, op, *, retry=False):
     _, policy = policy_current(tenant=tenant)
     op = Operation.objects.get(pk=op.pk)
-    return costs.breaker_allows(tenant=tenant, op=op, policy=policy, attempt_is_retry=retry)
+    return breaker_allows(tenant=tenant, op=op, policy=policy, attempt_is_retry=retry)
 
 
 def window(tenant, kind, key, *, now=None, window_s=86400) -> CostWindow:
-    starts_at, _ = costs.window_bounds(now or timezone.now(), window_s)
+    starts_at, _ = windows.window_bounds(now or timezone.now(), window_s)
     return CostWindow.objects.get(tenant=tenant, kind=kind, key=key, starts_at=starts_at)
 
 
@@ -136,7 +140,7 @@ def assert_ledger_reconciles(tenant) -> None:
     """The article's invariant: each window's reserved cents are exactly the estimates of
     its open reservations, and no window holds more than its limit."""
     for w in CostWindow.objects.filter(tenant=tenant):
-        assert costs.window_reconciles(w), f"{w.kind}:{w.key} does not reconcile"
+        assert reservations.window_reconciles(w), f"{w.kind}:{w.key} does not reconcile"
         assert w.reserved_cents + w.settled_cents <= w.limit_cents
 
 
@@ -149,11 +153,11 @@ def events_of(run, type_):
 
 def test_windows_are_aligned_to_the_epoch():
     now = datetime(2026, 8, 14, 2, 4, 55, 123456, tzinfo=UTC)
-    assert costs.window_bounds(now, 86400) == (datetime(2026, 8, 14, tzinfo=UTC), datetime(2026, 8, 15, tzinfo=UTC))
-    assert costs.window_bounds(now, 3600)[0] == datetime(2026, 8, 14, 2, tzinfo=UTC)
+    assert windows.window_bounds(now, 86400) == (datetime(2026, 8, 14, tzinfo=UTC), datetime(2026, 8, 15, tzinfo=UTC))
+    assert windows.window_bounds(now, 3600)[0] == datetime(2026, 8, 14, 2, tzinfo=UTC)
     boundary = datetime(2026, 8, 14, 3, tzinfo=UTC)
-    assert costs.window_bounds(boundary, 3600)[0] == boundary
-    assert costs.window_bounds(boundary - timedelta(microseconds=1), 3600)[0] == datetime(2026, 8, 14, 2, tzinfo=UTC)
+    assert windows.window_bounds(boundary, 3600)[0] == boundary
+    assert windows.window_bounds(boundary - timedelta(microseconds=1), 3600)[0] == datetime(2026, 8, 14, 2, tzinfo=UTC)
 
 
 def test_no_estimate_and_no_limit_reserves_nothing(acme):
@@ -265,7 +269,7 @@ def test_a_refusal_inside_a_callers_transaction_leaves_the_caller_free_to_go_on(
     with under_lock(acme.tenant, run.pk) as (locked, batch):
         _, policy = policy_current(tenant=acme.tenant)
         with pytest.raises(Denied):
-            costs.cost_reserve(op=op, run=locked, policy=policy, batch=batch, actor=ACTOR, now=batch.now)
+            reservations.cost_reserve(op=op, run=locked, policy=policy, batch=batch, actor=ACTOR, now=batch.now)
         batch.append(locked, "NOTE", actor=ACTOR, fields={"text": "denied, recorded by the caller"})
     assert [e.type for e in assert_chain_intact(run.pk)][-1] == "NOTE"
     assert window(acme.tenant, BudgetKind.TENANT, "acme").reserved_cents == 0
@@ -292,8 +296,13 @@ def test_the_database_refuses_a_window_over_its_limit(acme):
         CostWindow.objects.filter(pk=w.pk).update(settled_cents=200)
     with pytest.raises(IntegrityError), transaction.atomic():
         CostReservation.objects.create(
-            tenant=acme.tenant, run=run, operation=Operation.objects.get(idempotency_key="k1"), attempt=1,
-            estimated_cents=1, created_at=timezone.now(), expires_at=timezone.now(),
+            tenant=acme.tenant,
+            run=run,
+            operation=Operation.objects.get(idempotency_key="k1"),
+            attempt=1,
+            estimated_cents=1,
+            created_at=timezone.now(),
+            expires_at=timezone.now(),
         )
 
 
@@ -390,7 +399,7 @@ def test_an_overage_is_settled_within_the_limit_recorded_and_opens_the_breaker(a
     assert event.fields["overage_cents"] == 150
     assert event.fields["overage_keys"] == ["provider:llm"]
     assert breaker(acme.tenant) == BreakerState.OPEN
-    assert Tenant.objects.get(pk=acme.tenant.pk).breaker_reason.startswith(costs.OVERAGE_REASON)
+    assert Tenant.objects.get(pk=acme.tenant.pk).breaker_reason.startswith(OVERAGE_REASON)
     changed = events_of(run, "BREAKER_CHANGED")[-1]
     assert (changed.fields["from"], changed.fields["to"]) == ("NORMAL", "OPEN")
     assert isinstance(allows(acme.tenant, other), Denied)
@@ -603,10 +612,10 @@ def test_expired_reservations_become_unknown_once_by_command(acme):
     assert [states[op.pk] for op in stale] == ["UNKNOWN"] * 3 and states[fresh.pk] == "RESERVED"
     unknown = events_of(run, "COST_UNKNOWN")
     assert len(unknown) == 3
-    assert {e.actor for e in unknown} == {costs.SYSTEM_RESERVATION_EXPIRY}
+    assert {e.actor for e in unknown} == {SYSTEM_RESERVATION_EXPIRY}
     assert {e.fields["reason"] for e in unknown} == {"reservation expired"}
     assert breaker(acme.tenant) == BreakerState.UNKNOWN
-    assert costs.reservations_expire() == 0  # idempotent
+    assert reservations.reservations_expire() == 0  # idempotent
     assert window(acme.tenant, BudgetKind.TENANT, "acme").reserved_cents == 400
     assert_ledger_reconciles(acme.tenant)
     assert_chain_intact(run.pk)

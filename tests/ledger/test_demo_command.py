@@ -12,7 +12,12 @@ def test_demo_seeds_on_sqlite_and_prints_a_working_token(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     env["FENCELINE_STATE_DIR"] = str(tmp_path)
     done = subprocess.run(
-        [sys.executable, "manage.py", "demo", "--no-serve"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "manage.py", "demo", "--no-serve"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "fenceline.sqlite3").exists()
@@ -21,7 +26,12 @@ def test_demo_seeds_on_sqlite_and_prints_a_working_token(tmp_path):
     assert token.startswith("flw_")
     # A second start keeps the data and issues a fresh token.
     again = subprocess.run(
-        [sys.executable, "manage.py", "demo", "--no-serve"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "manage.py", "demo", "--no-serve"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert again.returncode == 0, again.stderr[-2000:]
     assert token not in again.stdout

@@ -1,9 +1,9 @@
 import pytest
 
 from approvals.models import ReconciliationCase
+from ledger.errors import LeaseHeld, WorkerNotAccepting
 from ledger.models import Event, LeaseGrant, Operation, Worker
-from ledger.services import leases
-from ledger.services.errors import LeaseHeld, WorkerNotAccepting
+from ledger.services.fence import leases
 from ledger.states import WorkerStatus
 from tests.helpers import assert_chain_intact
 from tests.ledger.factories import dispatched_operation, expire, leased_run, new_run
@@ -35,7 +35,9 @@ def test_takeover_of_an_expired_lease_issues_previous_token_plus_one_and_orphans
     assert Operation.objects.get(pk=op.pk).phase == "UNKNOWN"
     case = ReconciliationCase.objects.get(operation=op)
     assert (case.reason, case.status, case.attempt) == ("LEASE_LOST", "OPEN", 1)
-    grants = list(LeaseGrant.objects.filter(run=run).values_list("fencing_token", "owner_id", "end_reason", "previous_owner_id"))
+    grants = list(
+        LeaseGrant.objects.filter(run=run).values_list("fencing_token", "owner_id", "end_reason", "previous_owner_id")
+    )
     assert grants == [(1, "a", "EXPIRED", None), (2, "b", None, "a")]
     types = [e.type for e in assert_chain_intact(run.pk)]
     assert types[-3:] == ["LEASE_EXPIRED", "OPERATION_UNKNOWN", "LEASE_ACQUIRED"]
@@ -51,7 +53,9 @@ def test_tokens_keep_growing_over_release_and_reacquire(acme):
     assert tokens == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("status", [WorkerStatus.DRAINING, WorkerStatus.QUIESCED, WorkerStatus.STOPPED, WorkerStatus.QUARANTINED])
+@pytest.mark.parametrize(
+    "status", [WorkerStatus.DRAINING, WorkerStatus.QUIESCED, WorkerStatus.STOPPED, WorkerStatus.QUARANTINED]
+)
 def test_a_worker_that_is_not_accepting_cannot_take_a_lease(acme, status):
     run = new_run(acme.worker)
     Worker.objects.filter(pk=acme.worker.pk).update(status=status)

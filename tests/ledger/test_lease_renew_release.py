@@ -1,9 +1,9 @@
 import pytest
 
 from approvals.models import ReconciliationCase
+from ledger.errors import InvalidInput, LeaseLost
 from ledger.models import Event, LeaseGrant, Operation, Run
-from ledger.services import leases
-from ledger.services.errors import InvalidInput, LeaseLost
+from ledger.services.fence import leases
 from tests.ledger.factories import dispatched_operation, expire, leased_run
 
 
@@ -28,7 +28,9 @@ def test_renew_refusals_say_why_and_are_counted(acme, owner, token_delta, expire
     if expire_first:
         expire(run)
     with pytest.raises(LeaseLost) as refused:
-        leases.lease_renew(worker=acme.worker, run_id=run.pk, owner_id=owner, fencing_token=token + token_delta, ttl_s=30)
+        leases.lease_renew(
+            worker=acme.worker, run_id=run.pk, owner_id=owner, fencing_token=token + token_delta, ttl_s=30
+        )
     assert refused.value.reason == reason
     run.refresh_from_db()
     assert run.stale_rejections == 1
@@ -41,7 +43,10 @@ def test_an_expired_lease_cannot_be_renewed_back_to_life(acme):
     expire(run)
     with pytest.raises(LeaseLost):
         leases.lease_renew(worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token, ttl_s=30)
-    assert Run.objects.select_related("lease").get(pk=run.pk).lease.expires_at < Event.objects.filter(run=run).last().occurred_at
+    assert (
+        Run.objects.select_related("lease").get(pk=run.pk).lease.expires_at
+        < Event.objects.filter(run=run).last().occurred_at
+    )
 
 
 def test_release_frees_the_lease_and_makes_in_flight_effects_unknown(acme):

@@ -1,14 +1,16 @@
 import pytest
 
 from approvals.models import ReconciliationCase
+from ledger.errors import StaleToken, WrongPhase
 from ledger.models import Event, Operation
-from ledger.services import operations
-from ledger.services.errors import StaleToken, WrongPhase
+from ledger.services.fence import operations, outcomes
 from tests.ledger.factories import dispatched_operation, expire, leased_run
 
 
 def report(acme, op, token, outcome, **extra):
-    return operations.operation_report_outcome(worker=acme.worker, operation_id=op.pk, fencing_token=token, outcome=outcome, **extra)
+    return outcomes.operation_report_outcome(
+        worker=acme.worker, operation_id=op.pk, fencing_token=token, outcome=outcome, **extra
+    )
 
 
 @pytest.mark.parametrize("outcome", ["CONFIRMED", "FAILED"])
@@ -70,7 +72,7 @@ def test_stale_outcome_of_an_expired_dispatch_turns_it_unknown_with_its_evidence
 
 def test_usage_reported_after_a_failure_without_it_settles_the_reservation(acme):
     from ledger.models import CostReservation, Tenant
-    from ledger.services.policy import policy_change
+    from ledger.services.authority.policy import policy_change
 
     policy_change(
         tenant=acme.tenant,
@@ -84,7 +86,12 @@ def test_usage_reported_after_a_failure_without_it_settles_the_reservation(acme)
         run_id=run.pk,
         fencing_token=token,
         intent=operations.Intent(
-            tool="llm", action="complete", resource="model:small", effect_class="PURE", idempotency_key="k", estimated_cost_cents=100
+            tool="llm",
+            action="complete",
+            resource="model:small",
+            effect_class="PURE",
+            idempotency_key="k",
+            estimated_cost_cents=100,
         ),
     )
     operations.operation_authorize(worker=acme.worker, operation_id=op.pk, fencing_token=token)

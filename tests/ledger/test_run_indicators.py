@@ -6,8 +6,8 @@ from django.test.utils import CaptureQueriesContext
 
 from ledger import selectors
 from ledger.models import Run
-from ledger.services import operations, runs
-from ledger.services.verification import run_verify
+from ledger.services.evidence.verification import run_verify
+from ledger.services.fence import outcomes, runs
 from tests.ledger.factories import dispatched_operation, leased_run
 
 
@@ -31,13 +31,24 @@ def test_a_fresh_run_is_complete_unsealed_ok_and_certain(acme):
 def test_unknown_effects_make_the_run_uncertain_with_counts(acme):
     run, token = leased_run(acme.worker)
     confirmed = dispatched_operation(acme.worker, run, token, "k-1")
-    operations.operation_report_outcome(worker=acme.worker, operation_id=confirmed.pk, fencing_token=token, outcome="CONFIRMED")
+    outcomes.operation_report_outcome(
+        worker=acme.worker, operation_id=confirmed.pk, fencing_token=token, outcome="CONFIRMED"
+    )
     unknown = dispatched_operation(acme.worker, run, token, "k-2")
-    operations.operation_report_outcome(worker=acme.worker, operation_id=unknown.pk, fencing_token=token, outcome="UNKNOWN")
+    outcomes.operation_report_outcome(
+        worker=acme.worker, operation_id=unknown.pk, fencing_token=token, outcome="UNKNOWN"
+    )
     dispatched_operation(acme.worker, run, token, "k-3")
     ind = indicators(run)["certainty"]
     assert ind["value"] == "UNCERTAIN"
-    assert ind["counts"] == {"confirmed": 1, "unknown": 1, "reconciled": 0, "failed": 0, "in_flight": 1, "intended_only": 0}
+    assert ind["counts"] == {
+        "confirmed": 1,
+        "unknown": 1,
+        "reconciled": 0,
+        "failed": 0,
+        "in_flight": 1,
+        "intended_only": 0,
+    }
     assert ind["reason"] == "1 UNKNOWN, 1 dispatched without an outcome yet"
 
 

@@ -2,7 +2,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from ledger.models import Checkpoint, Run
-from ledger.services import runs
+from ledger.services.fence import runs
 from tests.helpers import tampering
 from tests.ledger.factories import leased_run
 

@@ -10,12 +10,12 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from approvals.models import ReconciliationCase
+from ledger.errors import Forbidden, InvalidInput, NotFound, StaleToken, WorkerNotAccepting, WrongPhase
 from ledger.models import AdminAction, Event, Operation, RunLease, Worker
-from ledger.services import leases, operations
-from ledger.services.errors import Forbidden, InvalidInput, NotFound, StaleToken, WorkerNotAccepting, WrongPhase
-from ledger.services.roles import role_grant
-from ledger.services.verification import ledger_verify
-from ledger.services.workers import worker_drain, worker_quarantine, worker_resume, workers_drain_enforce
+from ledger.services.evidence.verification import ledger_verify
+from ledger.services.fence import leases, outcomes
+from ledger.services.fleet.lifecycle import worker_drain, worker_quarantine, worker_resume, workers_drain_enforce
+from ledger.services.tenancy.roles import role_grant
 from tests.helpers import assert_chain_intact
 from tests.ledger.factories import dispatched_operation, leased_run, new_run
 
@@ -51,7 +51,9 @@ def test_quarantine_ends_held_leases_now_and_makes_dispatched_effects_unknown(ac
     assert types[-3:] == ["WORKER_QUARANTINED", "LEASE_REVOKED", "OPERATION_UNKNOWN"]
     worker = Worker.objects.get(pk=acme.worker.pk)
     with pytest.raises(StaleToken):  # it wakes up believing it still owns the run
-        operations.operation_report_outcome(worker=worker, operation_id=op.pk, fencing_token=token, outcome="CONFIRMED", provider_request_id="p-1")
+        outcomes.operation_report_outcome(
+            worker=worker, operation_id=op.pk, fencing_token=token, outcome="CONFIRMED", provider_request_id="p-1"
+        )
     with pytest.raises(WorkerNotAccepting):
         leases.lease_acquire(worker=worker, run_id=run.pk, owner_id="o", ttl_s=30)
     record = AdminAction.objects.get(action="worker.quarantine")

@@ -10,7 +10,7 @@ from ledger.boundary import (
     key_words,
     path_segment,
 )
-from ledger.services.errors import DomainError, ForbiddenField
+from ledger.errors import DomainError, ForbiddenField
 
 SECRET = "CANARY_UNIT_7d2e"
 

@@ -39,6 +39,13 @@ def test_occurred_at_is_utc_with_microseconds_and_z():
 def test_nan_cannot_enter_the_chain():
     with pytest.raises(ValueError):
         canonical_bytes(
-            run_id="r", seq=1, event_id="e", type="NOTE", schema_version=1, actor="a",
-            occurred_at="t", fields={"x": float("nan")}, prev_hash=GENESIS_HASH,
+            run_id="r",
+            seq=1,
+            event_id="e",
+            type="NOTE",
+            schema_version=1,
+            actor="a",
+            occurred_at="t",
+            fields={"x": float("nan")},
+            prev_hash=GENESIS_HASH,
         )

@@ -29,26 +29,95 @@ ACTOR = "worker:w1/owner-a"
 
 # (type, fields) of the reference chain, seq 1..14
 SPECS = [
-    ("LEASE_ACQUIRED", {"owner_id": "owner-a", "fencing_token": 1, "previous_token": 0, "expires_at": "2026-12-02T10:05:00.000000Z"}),
-    ("OPERATION_PLANNED", {"operation_id": OP_A, "to": "PLANNED", "attempt": 1, "tool": "github", "action": "create_issue",
-                           "resource": "repo:acme/api", "effect_class": "IDEMPOTENT", "idempotency_key": "ik-a",
-                           "args_digest": "", "fencing_token": 1}),
-    ("OPERATION_AUTHORIZED", {"operation_id": OP_A, "from": "PLANNED", "to": "AUTHORIZED", "attempt": 1,
-                              "reason": "placeholder policy: allow"}),
-    ("OPERATION_DISPATCHED", {"operation_id": OP_A, "from": "AUTHORIZED", "to": "DISPATCHED", "attempt": 1, "dispatch_token": 1}),
-    ("OPERATION_CONFIRMED", {"operation_id": OP_A, "from": "DISPATCHED", "to": "CONFIRMED", "attempt": 1,
-                             "provider_request_id": "issue_123"}),
-    ("OPERATION_PLANNED", {"operation_id": OP_B, "to": "PLANNED", "attempt": 1, "tool": "mail", "action": "send",
-                           "resource": "smtp:ops", "effect_class": "NON_RETRYABLE", "idempotency_key": "ik-b",
-                           "args_digest": "sha256:ab", "fencing_token": 1}),
-    ("OPERATION_AUTHORIZED", {"operation_id": OP_B, "from": "PLANNED", "to": "AUTHORIZED", "attempt": 1,
-                              "reason": "placeholder policy: allow"}),
+    (
+        "LEASE_ACQUIRED",
+        {"owner_id": "owner-a", "fencing_token": 1, "previous_token": 0, "expires_at": "2026-12-02T10:05:00.000000Z"},
+    ),
+    (
+        "OPERATION_PLANNED",
+        {
+            "operation_id": OP_A,
+            "to": "PLANNED",
+            "attempt": 1,
+            "tool": "github",
+            "action": "create_issue",
+            "resource": "repo:acme/api",
+            "effect_class": "IDEMPOTENT",
+            "idempotency_key": "ik-a",
+            "args_digest": "",
+            "fencing_token": 1,
+        },
+    ),
+    (
+        "OPERATION_AUTHORIZED",
+        {
+            "operation_id": OP_A,
+            "from": "PLANNED",
+            "to": "AUTHORIZED",
+            "attempt": 1,
+            "reason": "placeholder policy: allow",
+        },
+    ),
+    (
+        "OPERATION_DISPATCHED",
+        {"operation_id": OP_A, "from": "AUTHORIZED", "to": "DISPATCHED", "attempt": 1, "dispatch_token": 1},
+    ),
+    (
+        "OPERATION_CONFIRMED",
+        {
+            "operation_id": OP_A,
+            "from": "DISPATCHED",
+            "to": "CONFIRMED",
+            "attempt": 1,
+            "provider_request_id": "issue_123",
+        },
+    ),
+    (
+        "OPERATION_PLANNED",
+        {
+            "operation_id": OP_B,
+            "to": "PLANNED",
+            "attempt": 1,
+            "tool": "mail",
+            "action": "send",
+            "resource": "smtp:ops",
+            "effect_class": "NON_RETRYABLE",
+            "idempotency_key": "ik-b",
+            "args_digest": "sha256:ab",
+            "fencing_token": 1,
+        },
+    ),
+    (
+        "OPERATION_AUTHORIZED",
+        {
+            "operation_id": OP_B,
+            "from": "PLANNED",
+            "to": "AUTHORIZED",
+            "attempt": 1,
+            "reason": "placeholder policy: allow",
+        },
+    ),
     ("NOTE", {"text": "about to send ü"}),
-    ("OPERATION_DISPATCHED", {"operation_id": OP_B, "from": "AUTHORIZED", "to": "DISPATCHED", "attempt": 1, "dispatch_token": 1}),
+    (
+        "OPERATION_DISPATCHED",
+        {"operation_id": OP_B, "from": "AUTHORIZED", "to": "DISPATCHED", "attempt": 1, "dispatch_token": 1},
+    ),
     ("LEASE_EXPIRED", {"owner_id": "owner-a", "fencing_token": 1}),
-    ("OPERATION_UNKNOWN", {"operation_id": OP_B, "from": "DISPATCHED", "to": "UNKNOWN", "attempt": 1,
-                           "reason": "LEASE_LOST", "case_id": 7}),
-    ("LEASE_ACQUIRED", {"owner_id": "owner-b", "fencing_token": 2, "previous_token": 1, "expires_at": "2026-12-02T10:10:00.000000Z"}),
+    (
+        "OPERATION_UNKNOWN",
+        {
+            "operation_id": OP_B,
+            "from": "DISPATCHED",
+            "to": "UNKNOWN",
+            "attempt": 1,
+            "reason": "LEASE_LOST",
+            "case_id": 7,
+        },
+    ),
+    (
+        "LEASE_ACQUIRED",
+        {"owner_id": "owner-b", "fencing_token": 2, "previous_token": 1, "expires_at": "2026-12-02T10:10:00.000000Z"},
+    ),
     ("NOTE", {"text": "taking over"}),
     ("x.step", {"n": 3}),
 ]
@@ -272,16 +341,24 @@ def relink_prev_hash():
 def fake_confirmation_from_unknown():
     # After OPERATION_UNKNOWN (seq 11) insert a confirmation, then re-chain everything.
     events = copy.deepcopy(CHAIN)
-    fake = make_event(12, "OPERATION_CONFIRMED", {"operation_id": OP_B, "from": "UNKNOWN", "to": "CONFIRMED",
-                                                  "attempt": 1, "provider_request_id": "msg-1"}, HASH[11])
+    fake = make_event(
+        12,
+        "OPERATION_CONFIRMED",
+        {"operation_id": OP_B, "from": "UNKNOWN", "to": "CONFIRMED", "attempt": 1, "provider_request_id": "msg-1"},
+        HASH[11],
+    )
     events.insert(11, fake)
     return rechain(events, 12), checkpoints_for(CHAIN, (5, 10)), {}
 
 
 def fake_confirmation_stale_from():
     events = copy.deepcopy(CHAIN)
-    fake = make_event(12, "OPERATION_CONFIRMED", {"operation_id": OP_B, "from": "DISPATCHED", "to": "CONFIRMED",
-                                                  "attempt": 1}, HASH[11])
+    fake = make_event(
+        12,
+        "OPERATION_CONFIRMED",
+        {"operation_id": OP_B, "from": "DISPATCHED", "to": "CONFIRMED", "attempt": 1},
+        HASH[11],
+    )
     events.insert(11, fake)
     return rechain(events, 12), checkpoints_for(CHAIN, (5, 10)), {}
 
@@ -336,10 +413,14 @@ def checkpoint_for_other_hash():
 
 def rollback_restored_events():
     # An older backup of the events (and the run head) restored; the verifier trusted 14.
-    return without(CHAIN, 13, 14), checkpoints_for(CHAIN, (5, 10)), {
-        "expected_head": (12, HASH[12]),
-        "trusted": (HEAD, HASH[HEAD]),
-    }
+    return (
+        without(CHAIN, 13, 14),
+        checkpoints_for(CHAIN, (5, 10)),
+        {
+            "expected_head": (12, HASH[12]),
+            "trusted": (HEAD, HASH[HEAD]),
+        },
+    )
 
 
 def rollback_below_a_checkpoint():
@@ -575,7 +656,10 @@ def test_cli_verified_unsealed_broken_and_bad_input(tmp_path):
     (tmp_path / "broken.json").write_text("{not json", encoding="utf-8")
     done = subprocess.run(
         [sys.executable, str(MODULE_PATH), "broken.json", "--keys", "keys.json"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 3
     assert done.stdout == ""
@@ -598,7 +682,11 @@ def test_cli_does_not_need_django_or_the_project(tmp_path):
     (tmp_path / "keys.json").write_text(json.dumps({"k1": "hex:" + K1.hex()}), encoding="utf-8")
     done = subprocess.run(
         [sys.executable, "-I", "-S", str(lonely), "export.json", "--keys", "keys.json", "--json"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60, env={},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={},
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["status"] == "VERIFIED"

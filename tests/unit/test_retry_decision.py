@@ -3,7 +3,7 @@
 import pytest
 
 from ledger.models import Operation
-from ledger.services.retry import operation_retry_decision
+from ledger.services.fence.retry import operation_retry_decision
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,9 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from ledger.errors import InvalidInput
 from ledger.models import Tenant
 from ledger.roles import ROLES
-from ledger.services.errors import InvalidInput
-from ledger.services.roles import role_grant
+from ledger.services.tenancy.roles import role_grant
 
 
 class Command(BaseCommand):

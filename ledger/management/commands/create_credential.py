@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from ledger.errors import DomainError
 from ledger.models import Tenant
-from ledger.services.credentials import credential_create
-from ledger.services.errors import DomainError
+from ledger.services.authority.credentials import credential_create
 
 
 class Command(BaseCommand):

@@ -1,7 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.services.errors import ForbiddenField, InvalidInput
-from ledger.services.workers import tenant_ensure, worker_create
+from ledger.errors import ForbiddenField, InvalidInput
+from ledger.services.fleet.workers import worker_create
+from ledger.services.tenancy.tenants import tenant_ensure
 
 
 class Command(BaseCommand):

@@ -13,20 +13,19 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from approvals.services.approvals import approvals_expire
+from ledger.errors import ApprovalRequired, Denied, StaleToken
 from ledger.models import Event, Run, RunLease, Worker
-from ledger.services import leases, notes, operations, runs
-from ledger.services.credentials import (
-    credential_create,
-    credential_lease_issue,
-    credential_lease_revoke,
-)
-from ledger.services.errors import ApprovalRequired, Denied, StaleToken
-from ledger.services.events import build_event
-from ledger.services.operations import Intent
-from ledger.services.policy import policy_change
-from ledger.services.roles import role_grant
-from ledger.services.verification import ledger_verify
-from ledger.services.workers import tenant_ensure, worker_create, worker_drain, worker_quarantine, worker_rotate_token
+from ledger.services.authority.credential_leases import credential_lease_issue, credential_lease_revoke
+from ledger.services.authority.credentials import credential_create
+from ledger.services.authority.policy import policy_change
+from ledger.services.evidence.append import build_event
+from ledger.services.evidence.verification import ledger_verify
+from ledger.services.fence import leases, notes, operations, outcomes, runs
+from ledger.services.fence.operations import Intent
+from ledger.services.fleet.lifecycle import worker_drain, worker_quarantine
+from ledger.services.fleet.workers import worker_create, worker_rotate_token
+from ledger.services.tenancy.roles import role_grant
+from ledger.services.tenancy.tenants import tenant_ensure
 
 TENANT = "demo"
 WORKER = "demo-worker"
@@ -37,7 +36,9 @@ class Command(BaseCommand):
     help = "Seed a demo tenant and worker, then serve the console and API with background jobs."
 
     def add_arguments(self, parser):
-        parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000", help="where to serve (default 127.0.0.1:8000)")
+        parser.add_argument(
+            "addrport", nargs="?", default="127.0.0.1:8000", help="where to serve (default 127.0.0.1:8000)"
+        )
         parser.add_argument("--no-serve", action="store_true", help="seed and print the token, then exit")
         parser.add_argument("--no-jobs", action="store_true", help="do not start the Celery worker and beat")
 
@@ -105,7 +106,9 @@ class Command(BaseCommand):
             token = leases.lease_acquire(worker=worker, run_id=run.pk, owner_id=owner, ttl_s=ttl_s).fencing_token
             return run, token
 
-        def intend(run, token, key, *, tool="github", action="create_issue", resource="repo:acme/web", effect="IDEMPOTENT"):
+        def intend(
+            run, token, key, *, tool="github", action="create_issue", resource="repo:acme/web", effect="IDEMPOTENT"
+        ):
             intent = Intent(tool=tool, action=action, resource=resource, effect_class=effect, idempotency_key=key)
             return operations.operation_intend(worker=worker, run_id=run.pk, fencing_token=token, intent=intent)[0]
 
@@ -115,7 +118,9 @@ class Command(BaseCommand):
             return operations.operation_dispatch(worker=worker, operation_id=op.pk, fencing_token=token)
 
         def outcome(op, token, result, **kw):
-            return operations.operation_report_outcome(worker=worker, operation_id=op.pk, fencing_token=token, outcome=result, **kw)
+            return outcomes.operation_report_outcome(
+                worker=worker, operation_id=op.pk, fencing_token=token, outcome=result, **kw
+            )
 
         # Verified: an effect confirmed, the run completed and sealed.
         run, token = leased("demo-confirmed")
@@ -125,7 +130,15 @@ class Command(BaseCommand):
         # A stalled owner fenced: its in-flight effect is UNKNOWN with a case, and its late
         # report is kept as unverified evidence.
         run, token = leased("demo-takeover", owner="agent-stalled", ttl_s=60)
-        op = dispatch(run, token, "demo:email:7", tool="email", action="send", resource="mailto:ops@example.com", effect="NON_RETRYABLE")
+        op = dispatch(
+            run,
+            token,
+            "demo:email:7",
+            tool="email",
+            action="send",
+            resource="mailto:ops@example.com",
+            effect="NON_RETRYABLE",
+        )
         RunLease.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))  # the demo's clock
         leases.lease_acquire(worker=worker, run_id=run.pk, owner_id="agent-rescue", ttl_s=3600)
         try:
@@ -135,13 +148,39 @@ class Command(BaseCommand):
 
         # UNKNOWN without stale evidence: the provider timed out after accepting.
         run, token = leased("demo-timeout")
-        outcome(dispatch(run, token, "demo:deploy:3", tool="deploy", action="release", resource="service:web"), token, "UNKNOWN", error_code="READ_TIMEOUT")
+        outcome(
+            dispatch(run, token, "demo:deploy:3", tool="deploy", action="release", resource="service:web"),
+            token,
+            "UNKNOWN",
+            error_code="READ_TIMEOUT",
+        )
 
         # Approvals: payments always need a person. One pending, one expired.
-        policy_change(tenant=tenant, document={"human_approval_tools": ["payments"]}, changed_by="demo", reason="payments need a person")
+        policy_change(
+            tenant=tenant,
+            document={"human_approval_tools": ["payments"]},
+            changed_by="demo",
+            reason="payments need a person",
+        )
         run, token = leased("demo-approvals")
-        pending = intend(run, token, "demo:charge:17", tool="payments", action="charge", resource="customer:881", effect="NON_RETRYABLE")
-        expired = intend(run, token, "demo:charge:18", tool="payments", action="charge", resource="customer:882", effect="NON_RETRYABLE")
+        pending = intend(
+            run,
+            token,
+            "demo:charge:17",
+            tool="payments",
+            action="charge",
+            resource="customer:881",
+            effect="NON_RETRYABLE",
+        )
+        expired = intend(
+            run,
+            token,
+            "demo:charge:18",
+            tool="payments",
+            action="charge",
+            resource="customer:882",
+            effect="NON_RETRYABLE",
+        )
         for op in (pending, expired):
             try:
                 operations.operation_authorize(worker=worker, operation_id=op.pk, fencing_token=token)
@@ -154,12 +193,21 @@ class Command(BaseCommand):
         credential_create(tenant=tenant, principal="github-bot", secret_ref="vault:kv/github-bot")
         run, token = leased("demo-revoked")
         lease = credential_lease_issue(
-            worker=worker, run_id=run.pk, fencing_token=token, principal="github-bot",
-            actions=["push"], resources=["repo:acme/web"], ttl_s=3600,
+            worker=worker,
+            run_id=run.pk,
+            fencing_token=token,
+            principal="github-bot",
+            actions=["push"],
+            resources=["repo:acme/web"],
+            ttl_s=3600,
         )
         op = intend(run, token, "demo:push:5", tool="git", action="push", resource="repo:acme/web")
-        operations.operation_authorize(worker=worker, operation_id=op.pk, fencing_token=token, credential_lease_id=lease.pk)
-        credential_lease_revoke(tenant=tenant, lease_id=lease.pk, revoked_by="admin", reason="token seen in a build log")
+        operations.operation_authorize(
+            worker=worker, operation_id=op.pk, fencing_token=token, credential_lease_id=lease.pk
+        )
+        credential_lease_revoke(
+            tenant=tenant, lease_id=lease.pk, revoked_by="admin", reason="token seen in a build log"
+        )
         try:
             operations.operation_dispatch(worker=worker, operation_id=op.pk, fencing_token=token)
         except Denied:
@@ -168,7 +216,13 @@ class Command(BaseCommand):
         # A run whose chain is BROKEN: an event slipped in past the recorded head.
         run, token = leased("demo-broken")
         notes.event_append(worker=worker, run_id=run.pk, fencing_token=token, type="NOTE", fields={"step": "checked"})
-        forged = build_event(Run.objects.get(pk=run.pk), type="NOTE", actor="worker:intruder/x", fields={"step": "forged"}, occurred_at=timezone.now())
+        forged = build_event(
+            Run.objects.get(pk=run.pk),
+            type="NOTE",
+            actor="worker:intruder/x",
+            fields={"step": "forged"},
+            occurred_at=timezone.now(),
+        )
         Event.objects.bulk_create([forged])  # INSERT is what the trigger allows; the head does not move
 
         # Active credential leases for an admin to preview and revoke in the console; one
@@ -177,13 +231,20 @@ class Command(BaseCommand):
         run, token = leased("demo-deploy")
         issued = [
             credential_lease_issue(
-                worker=worker, run_id=run.pk, fencing_token=token, principal="deploy-bot",
-                actions=["release"], resources=[resource], ttl_s=3600,
+                worker=worker,
+                run_id=run.pk,
+                fencing_token=token,
+                principal="deploy-bot",
+                actions=["release"],
+                resources=[resource],
+                ttl_s=3600,
             )
             for resource in ("service:web", "service:api")
         ]
         op = intend(run, token, "demo:release:9", tool="deploy", action="release", resource="service:web")
-        operations.operation_authorize(worker=worker, operation_id=op.pk, fencing_token=token, credential_lease_id=issued[0].pk)
+        operations.operation_authorize(
+            worker=worker, operation_id=op.pk, fencing_token=token, credential_lease_id=issued[0].pk
+        )
 
         # A worker that lost its lease (a restart episode), then was quarantined; another draining.
         flaky, _ = worker_create(tenant=tenant, name="flaky-worker")
@@ -218,7 +279,14 @@ class Command(BaseCommand):
         spender, _ = worker_create(tenant=initech, name="initech-worker")
         run, _ = runs.run_create(worker=spender, schema_version=1, external_id="initech-spend")
         token = leases.lease_acquire(worker=spender, run_id=run.pk, owner_id="i-agent", ttl_s=3600).fencing_token
-        intent = Intent(tool="llm", action="complete", resource="model:large", effect_class="PURE", idempotency_key="i:1", estimated_cost_cents=900)
+        intent = Intent(
+            tool="llm",
+            action="complete",
+            resource="model:large",
+            effect_class="PURE",
+            idempotency_key="i:1",
+            estimated_cost_cents=900,
+        )
         op, _ = operations.operation_intend(worker=spender, run_id=run.pk, fencing_token=token, intent=intent)
         operations.operation_authorize(worker=spender, operation_id=op.pk, fencing_token=token)
         operations.operation_dispatch(worker=spender, operation_id=op.pk, fencing_token=token)
@@ -228,7 +296,16 @@ class Command(BaseCommand):
         self.stdout.write(f"starting background jobs (Celery worker with beat, broker {settings.CELERY_BROKER_URL})")
         return subprocess.Popen(
             [
-                sys.executable, "-m", "celery", "-A", "console", "worker", "--beat",
-                "--pool=solo", "--loglevel=WARNING", "-s", str(schedule),
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "console",
+                "worker",
+                "--beat",
+                "--pool=solo",
+                "--loglevel=WARNING",
+                "-s",
+                str(schedule),
             ]
         )

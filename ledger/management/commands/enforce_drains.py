@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from ledger.services.workers import workers_drain_enforce
+from ledger.services.fleet.lifecycle import workers_drain_enforce
 
 
 class Command(BaseCommand):

@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from ledger.services.costs import ExpiryResult, reservations_expire
+from ledger.services.authority.reservations import ExpiryResult, reservations_expire
 
 
 class Command(BaseCommand):

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from ledger.services.leases import ReapResult, leases_reap
+from ledger.services.fence.leases import ReapResult, leases_reap
 
 
 class Command(BaseCommand):
@@ -11,7 +11,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, batch_size=None, **options):
         def progress(result: ReapResult) -> None:
-            self.stderr.write(f"  batch {result.batches}: {result.leases} leases, {result.operations} operations so far")
+            self.stderr.write(
+                f"  batch {result.batches}: {result.leases} leases, {result.operations} operations so far"
+            )
 
         result = leases_reap(batch_size=batch_size, progress=progress)
         self.stdout.write(f"reaped {result.leases} expired leases; {result.operations} operations now UNKNOWN")

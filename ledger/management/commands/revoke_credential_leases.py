@@ -1,9 +1,9 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from ledger.chain import format_time
+from ledger.errors import DomainError
 from ledger.management.commands.create_credential import tenant_by_slug
-from ledger.services import credentials
-from ledger.services.errors import DomainError
+from ledger.services.authority import credential_leases
 
 
 class Command(BaseCommand):
@@ -30,10 +30,12 @@ class Command(BaseCommand):
             if dry_run:
                 leases = self.preview(tenant_obj, lease=lease, principal=principal, prefix=prefix)
             elif lease is not None:
-                one = credentials.credential_lease_revoke(tenant=tenant_obj, lease_id=lease, revoked_by=by, reason=reason)
+                one = credential_leases.credential_lease_revoke(
+                    tenant=tenant_obj, lease_id=lease, revoked_by=by, reason=reason
+                )
                 leases = [one] if one.revoked_now else []
             else:
-                leases = credentials.credential_leases_revoke(
+                leases = credential_leases.credential_leases_revoke(
                     tenant=tenant_obj, principal=principal, prefix=prefix, revoked_by=by, reason=reason
                 )
         except DomainError as exc:
@@ -49,6 +51,6 @@ class Command(BaseCommand):
     @staticmethod
     def preview(tenant, *, lease, principal, prefix) -> list:
         if lease is None:
-            return list(credentials.credential_leases_matching(tenant=tenant, principal=principal, prefix=prefix))
-        one = credentials.credential_lease_get(tenant=tenant, lease_id=lease)
+            return list(credential_leases.credential_leases_matching(tenant=tenant, principal=principal, prefix=prefix))
+        one = credential_leases.credential_lease_get(tenant=tenant, lease_id=lease)
         return [] if one.revoked_at is not None else [one]

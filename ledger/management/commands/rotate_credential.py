@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from ledger.errors import DomainError
 from ledger.management.commands.create_credential import tenant_by_slug
-from ledger.services.credentials import credential_rotate
-from ledger.services.errors import DomainError
+from ledger.services.authority.credentials import credential_rotate
 
 
 class Command(BaseCommand):

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ledger.evidence_verifier import Report
 from ledger.models import Run
-from ledger.services.verification import LedgerResult, ledger_verify, run_verify
+from ledger.services.evidence.verification import LedgerResult, ledger_verify, run_verify
 
 
 class Command(BaseCommand):

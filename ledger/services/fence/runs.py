@@ -3,11 +3,13 @@
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from ledger.actors import worker_actor
+from ledger.errors import NotFound, RunCompleted, parse_id
 from ledger.models import Run, RunLease, Worker
-from ledger.services.errors import NotFound, RunCompleted
-from ledger.services.events import ChainBatch, worker_actor
-from ledger.services.fencing import Fenced, fenced, parse_id
-from ledger.services.leases import leases_end
+from ledger.services.core.fencing import Fenced, fenced
+from ledger.services.evidence.append import ChainBatch
+from ledger.services.evidence.verification import verification_request
+from ledger.services.fence.leases import leases_end
 from ledger.states import LeaseEnd, RunStatus
 from ledger.versioning import CURRENT_SCHEMA_VERSION, require_known
 
@@ -78,11 +80,7 @@ def run_complete(*, worker: Worker, run_id: object, fencing_token: int) -> Run:
                 "without_terminal_outcome": run.n_dispatched + run.n_unknown,
             },
         )
-        from ledger.tasks import (
-            verify_ledger_task,  # tasks import services: import here
-        )
-
-        transaction.on_commit(lambda: verify_ledger_task.delay(str(run.pk)))
+        verification_request(run_id=run.pk)  # seals the chain once this commits
         return run
 
     return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="run.complete", write=write)

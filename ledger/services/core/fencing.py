@@ -7,7 +7,6 @@ transaction. A refused write is counted on the run and leaves a STALE_TOKEN_REJE
 event in its chain; the refusal is raised after that record has committed.
 """
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,18 +16,12 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from ledger.actors import worker_actor
+from ledger.errors import DomainError, NotFound, StaleToken, parse_id
 from ledger.models import Operation, Run, RunLease, Tenant, Worker
-from ledger.services.errors import DomainError, NotFound, StaleToken
-from ledger.services.events import ChainBatch, worker_actor
+from ledger.services.evidence.append import ChainBatch
 
 T = TypeVar("T")
-
-
-def parse_id(raw: object, what: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(str(raw))
-    except ValueError:
-        raise NotFound(f"{what} not found") from None
 
 
 def locked_runs(queryset_filter: dict, *, skip_locked: bool = False, limit: int | None = None) -> list[Run]:
@@ -170,6 +163,16 @@ def fenced(
             on_refused(ctx, reason)
         ctx.batch.commit()
     raise refusal(reason)
+
+
+def decided(result: tuple[T, DomainError | None]) -> T:
+    """For a write that records its own refusal (an operation DENIED, an approval asked)
+    and returns ``(value, refusal)``: ``fenced`` has committed that record; now raise the
+    refusal, or return the value."""
+    value, refusal = result
+    if refusal is not None:
+        raise refusal
+    return value
 
 
 def record_refusal(ctx: Fenced, *, attempted: str, reason: str) -> None:

@@ -1,13 +1,8 @@
-"""Credentials and credential leases: create, rotate, issue, revoke.
-
-A :class:`~ledger.models.Credential` is a principal whose secret lives elsewhere (a vault):
-Fenceline keeps only a reference to it (``secret_ref``, e.g. ``vault:kv/github-bot``) and
-a version. A :class:`~ledger.models.CredentialLease` lends one run an exact scope of one
-credential version until it expires or is revoked. This module writes leases; the checks
-that read them at authorize and dispatch (revoked, expired, stale version, action and
-resource) live in ``ledger.services.authority``.
-
-Rules
+"""Credential leases: one run borrows an exact scope of one credential version until the
+lease expires or is revoked (article "Your AI Agent Needs a Credential Lease, Not a
+Permanent API Key"). This module writes leases; the checks that read them at authorize
+and dispatch (revoked, expired, stale version, action and resource) are in
+``ledger.services.authority.evaluation``.
 
 * **Issue** (worker, under the fence): ``ttl_s`` from 1 to the policy's ``max_ttl_s``
   (else 422). ``actions`` and ``resources`` are non-empty lists of exact strings: no
@@ -21,9 +16,6 @@ Rules
   CREDENTIAL_LEASE_ISSUED. A stale token is 409 STALE_TOKEN before anything else is
   decided. A QUARANTINED or STOPPED worker gets no credential (409 WORKER_NOT_ACCEPTING);
   a DRAINING one may still finish its work.
-* **Rotate** (admin): version + 1 in one UPDATE; every lease on an older version is stale
-  from that moment. Each run holding an unrevoked, unexpired lease of the credential gets
-  one CREDENTIAL_ROTATED event.
 * **Revoke** (admin): a conditional UPDATE ``WHERE revoked_at IS NULL`` (one statement for
   a bulk revocation) and one CREDENTIAL_LEASE_REVOKED event per revoked lease in its run's
   chain. Revoking twice changes nothing and writes nothing. A single lease is revoked by
@@ -31,44 +23,30 @@ Rules
   four hex digits) take the *active* leases (unrevoked and unexpired): an expired lease
   can no longer be used, and revoking it would only add noise to finished runs' chains.
 
-Every human decision names its user (``user:<name>``) and a reason (invariant 8); names,
-reasons, principals, references and scopes pass the secret boundary (invariant 6).
-
-Lock order, the same everywhere: the credential row, then runs with their leases
-(``locked_runs``), then credential-lease rows. Issuing holds the credential ``FOR SHARE``
-before the fence locks the run; rotating takes it exclusively with its UPDATE before
-locking runs. So an issue and a rotation of the same credential serialize without a
-deadlock: a lease is either issued on the new version or is visible to the rotation,
-which then records CREDENTIAL_ROTATED in its run.
+The lock order is the one of ``ledger.services.authority.credentials``.
 """
 
 import re
 import uuid
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, connection, transaction
-from django.db.models import F, QuerySet
+from django.db import connection, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
+from ledger.actors import user_actor
 from ledger.boundary import check_text
+from ledger.errors import Denied, InvalidInput, NotFound, StaleToken, WorkerNotAccepting, parse_id
 from ledger.models import Credential, CredentialLease, Tenant, Worker
 from ledger.policy import allows
 from ledger.roles import ADMINISTER
-from ledger.services.errors import (
-    Denied,
-    InvalidInput,
-    NotFound,
-    StaleToken,
-    WorkerNotAccepting,
-)
-from ledger.services.events import ChainBatch
-from ledger.services.fencing import Fenced, fenced, locked_runs, parse_id
-from ledger.services.policy import policy_current
-from ledger.services.roles import acting_name, admin_action_record, decision_reason
+from ledger.services.authority.credentials import credential_get, human_decision, principal_check
+from ledger.services.authority.policy import policy_current
+from ledger.services.core.decisions import acting_name, admin_action_record
+from ledger.services.core.fencing import Fenced, fenced, locked_runs
+from ledger.services.evidence.append import ChainBatch
 from ledger.states import WorkerStatus
 
-MAX_PRINCIPAL_LENGTH = 200
-MAX_SECRET_REF_LENGTH = 300
 MAX_ACTION_LENGTH = 100  # as Operation.action
 MAX_RESOURCE_LENGTH = 500  # as Operation.resource
 MAX_LEASE_ACTIONS = 50  # as a capability request
@@ -76,51 +54,12 @@ MAX_LEASE_RESOURCES = 50
 # An absolute ceiling under any policy's max_ttl_s, so an expiry is always a valid date.
 MAX_LEASE_TTL_S = 366 * 86400
 MIN_PREFIX_HEX_DIGITS = 4
-MAX_USERNAME_LENGTH = 150  # CredentialLease.revoked_by, Django's username
 
 DENIED_DETAIL = "the tenant policy does not allow this credential lease"
-
-PRINCIPAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+\-]*")
-# A reference names where the secret lives: "<scheme>:<location>", e.g. vault:kv/github-bot,
-# aws-sm:prod/deployer, env:GITHUB_BOT. A bare value (no scheme) is refused: it may be the secret.
-SECRET_REF = re.compile(r"[a-z][a-z0-9+.\-]{0,31}:[A-Za-z0-9._~/:@+#?=&%\-]+")
 UUID_TEXT_DASHES = frozenset({8, 13, 18, 23})
 
 
 # --- checks -------------------------------------------------------------------------------
-
-
-def _principal(principal: object) -> str:
-    if not isinstance(principal, str) or not 1 <= len(principal) <= MAX_PRINCIPAL_LENGTH:
-        raise InvalidInput(f"principal must be 1 to {MAX_PRINCIPAL_LENGTH} characters")
-    check_text(principal, path="principal")
-    if not PRINCIPAL.fullmatch(principal):
-        raise InvalidInput("principal must start with a letter or digit and use only letters, digits and . _ : @ / + -")
-    return principal
-
-
-def _secret_ref(secret_ref: object) -> str:
-    if not isinstance(secret_ref, str) or not 1 <= len(secret_ref) <= MAX_SECRET_REF_LENGTH:
-        raise InvalidInput(f"secret_ref must be 1 to {MAX_SECRET_REF_LENGTH} characters")
-    check_text(secret_ref, path="secret_ref")
-    if not SECRET_REF.fullmatch(secret_ref):
-        raise InvalidInput(
-            "secret_ref must be a reference to where the secret is kept, '<scheme>:<location>' "
-            "such as vault:kv/github-bot, never the secret itself"
-        )
-    return secret_ref
-
-
-def _decision(user: object, reason: object) -> tuple[str, str]:
-    """The user and reason of a human decision (invariant 8), both through the boundary."""
-    if not isinstance(user, str) or not user.strip() or len(user) > MAX_USERNAME_LENGTH or user != user.strip():
-        raise InvalidInput(f"a decision names its user: 1 to {MAX_USERNAME_LENGTH} characters without surrounding spaces")
-    check_text(user, path="user")
-    return user, decision_reason(reason)
-
-
-def user_actor(user: str) -> str:
-    return f"user:{user}"
 
 
 def _scope(values: object, *, name: str, max_items: int, max_length: int) -> list[str]:
@@ -157,78 +96,7 @@ def _ttl(ttl_s: object, max_ttl_s: int) -> int:
     return ttl_s
 
 
-# --- credentials --------------------------------------------------------------------------
-
-
-def credential_get(*, tenant: Tenant, principal: str) -> Credential:
-    credential = Credential.objects.filter(tenant=tenant, principal=principal).first()
-    if credential is None:
-        raise NotFound("no credential with that principal in this tenant")
-    return credential
-
-
-def credential_create(*, tenant: Tenant, principal: str, secret_ref: str) -> Credential:
-    """A new credential at version 1. Only the reference is stored, never a secret; a
-    reference that looks like a secret is refused (422 FORBIDDEN_FIELD)."""
-    principal = _principal(principal)
-    secret_ref = _secret_ref(secret_ref)
-    try:
-        with transaction.atomic():
-            return Credential.objects.create(tenant=tenant, principal=principal, secret_ref=secret_ref, version=1)
-    except IntegrityError:
-        if Credential.objects.filter(tenant=tenant, principal=principal).exists():
-            raise InvalidInput(f"a credential for principal {principal!r} already exists in this tenant") from None
-        raise
-
-
-def credential_rotate(*, tenant: Tenant, principal: str, reason: str, rotated_by: str = "", user=None) -> Credential:
-    """Version + 1. Leases on older versions are stale from now on (the authority checks
-    deny them with DENY_STALE_VERSION). Every run holding an unrevoked, unexpired lease of
-    the credential gets a CREDENTIAL_ROTATED event, in the same transaction.
-
-    The returned credential carries ``affected_run_ids``: the runs that got the event.
-    Given a console ``user``, their admin role on the tenant is checked and they are named."""
-    rotated_by = acting_name(user=user, name=rotated_by, tenant_id=tenant.pk, perm=ADMINISTER)
-    rotated_by, reason = _decision(rotated_by, reason)
-    with transaction.atomic():
-        now = timezone.now()
-        # One conditional UPDATE: the increment happens in the database, under the row lock
-        # it takes, so concurrent rotations each get their own version.
-        updated = Credential.objects.filter(tenant=tenant, principal=principal).update(
-            version=F("version") + 1, rotated_at=now
-        )
-        if updated != 1:
-            raise NotFound("no credential with that principal in this tenant")
-        credential = Credential.objects.get(tenant=tenant, principal=principal)
-        run_ids = list(
-            CredentialLease.objects.filter(credential=credential, revoked_at__isnull=True, expires_at__gt=now)
-            .values_list("run_id", flat=True)
-            .distinct()
-        )
-        runs = locked_runs({"run__tenant": tenant, "run_id__in": run_ids}) if run_ids else []
-        batch = ChainBatch(now)
-        for run in sorted(runs, key=lambda r: str(r.pk)):
-            batch.append(
-                run,
-                "CREDENTIAL_ROTATED",
-                actor=user_actor(rotated_by),
-                fields={"principal": credential.principal, "version": credential.version, "reason": reason},
-            )
-        batch.commit()
-        admin_action_record(
-            tenant=tenant,
-            actor=user_actor(rotated_by),
-            action="credential.rotate",
-            subject=credential.principal,
-            reason=reason,
-            fields={"version": credential.version, "runs": len(runs)},
-            now=now,
-        )
-    credential.affected_run_ids = [run.pk for run in runs]
-    return credential
-
-
-# --- leases: issue ------------------------------------------------------------------------
+# --- issue --------------------------------------------------------------------------------
 
 
 def _credential_for_share(tenant: Tenant, principal: str) -> Credential | None:
@@ -259,7 +127,7 @@ def credential_lease_issue(
 ) -> CredentialLease:
     """Lend the run ``principal``'s current version for ``actions`` x ``resources`` until
     now + ``ttl_s``. See the module docstring for the rules."""
-    principal = _principal(principal)
+    principal = principal_check(principal)
     actions = _scope(actions, name="actions", max_items=MAX_LEASE_ACTIONS, max_length=MAX_ACTION_LENGTH)
     resources = _scope(resources, name="resources", max_items=MAX_LEASE_RESOURCES, max_length=MAX_RESOURCE_LENGTH)
     if worker.status in (WorkerStatus.QUARANTINED, WorkerStatus.STOPPED):
@@ -328,7 +196,7 @@ def credential_lease_issue(
     return lease
 
 
-# --- leases: find and revoke --------------------------------------------------------------
+# --- find and revoke ------------------------------------------------------------------------
 
 
 def lease_id_prefix_range(prefix: object) -> tuple[uuid.UUID, uuid.UUID]:
@@ -344,7 +212,9 @@ def lease_id_prefix_range(prefix: object) -> tuple[uuid.UUID, uuid.UUID]:
     if not re.fullmatch(r"[0-9a-f]*", text) or len(text) > 32:
         raise InvalidInput("prefix must be hex digits of a lease id")
     if len(text) < MIN_PREFIX_HEX_DIGITS:
-        raise InvalidInput(f"prefix must have at least {MIN_PREFIX_HEX_DIGITS} hex digits, to avoid revoking by accident")
+        raise InvalidInput(
+            f"prefix must have at least {MIN_PREFIX_HEX_DIGITS} hex digits, to avoid revoking by accident"
+        )
     return uuid.UUID(text.ljust(32, "0")), uuid.UUID(text.ljust(32, "f"))
 
 
@@ -378,10 +248,12 @@ def credential_lease_get(*, tenant: Tenant, lease_id: object) -> CredentialLease
     return lease
 
 
-def _revoke(leases: QuerySet[CredentialLease], *, tenant: Tenant, revoked_by: str, reason: str) -> list[CredentialLease]:
+def _revoke(
+    leases: QuerySet[CredentialLease], *, tenant: Tenant, revoked_by: str, reason: str
+) -> list[CredentialLease]:
     """Revoke the still-unrevoked leases of ``leases``: lock their runs, then the lease
     rows, one UPDATE, one event per lease in its run's chain, all in one transaction."""
-    revoked_by, reason = _decision(revoked_by, reason)
+    revoked_by, reason = human_decision(revoked_by, reason)
     with transaction.atomic():
         now = timezone.now()
         run_ids = list(leases.order_by().values_list("run_id", flat=True).distinct())
@@ -431,7 +303,7 @@ def credential_lease_revoke(
     and returns it as it is. ``revoked_now`` on the result says whether this call did it.
     Given a console ``user``, their admin role on the tenant is checked and they are named."""
     revoked_by = acting_name(user=user, name=revoked_by, tenant_id=tenant.pk, perm=ADMINISTER)
-    _decision(revoked_by, reason)  # refuse a bad decision before looking anything up
+    human_decision(revoked_by, reason)  # refuse a bad decision before looking anything up
     lease = credential_lease_get(tenant=tenant, lease_id=lease_id)
     revoked = _revoke(
         CredentialLease.objects.filter(tenant=tenant, pk=lease.pk).select_related("credential"),
@@ -455,15 +327,6 @@ def credential_leases_revoke(
 ) -> list[CredentialLease]:
     """Revoke every active lease :func:`credential_leases_matching` names; returns them."""
     revoked_by = acting_name(user=user, name=revoked_by, tenant_id=tenant.pk, perm=ADMINISTER)
-    _decision(revoked_by, reason)  # refuse a bad decision before looking anything up
+    human_decision(revoked_by, reason)  # refuse a bad decision before looking anything up
     leases = credential_leases_matching(tenant=tenant, principal=principal, prefix=prefix)
     return _revoke(leases, tenant=tenant, revoked_by=revoked_by, reason=reason)
-
-
-def credential_leases_revoke_by_principal(*, tenant: Tenant, principal: str, revoked_by: str, reason: str) -> int:
-    return len(credential_leases_revoke(tenant=tenant, principal=principal, revoked_by=revoked_by, reason=reason))
-
-
-def credential_leases_revoke_by_prefix(*, tenant: Tenant, prefix: str, revoked_by: str, reason: str) -> int:
-    return len(credential_leases_revoke(tenant=tenant, prefix=prefix, revoked_by=revoked_by, reason=reason))
-

@@ -16,18 +16,19 @@ reservation of that attempt.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db.models import F
 
-from approvals.models import ApprovalKind, ApprovalRequest
-from approvals.services.approvals import approval_usable, approval_use
+from ledger.errors import Denied, parse_id
 from ledger.models import CapabilityBudget, Credential, CredentialLease, Operation
 from ledger.policy import allows, needs_human
-from ledger.services.costs import breaker_allows, cost_reserve
-from ledger.services.errors import Denied
-from ledger.services.fencing import Fenced, parse_id
-from ledger.services.policy import policy_current
-from ledger.states import CapabilityStatus
+from ledger.services.authority.breaker import breaker_allows
+from ledger.services.authority.policy import policy_current
+from ledger.services.authority.reservations import cost_reserve
+from ledger.services.core.fencing import Fenced
+from ledger.services.core.handoff import Approval, queues
+from ledger.states import ApprovalKind, CapabilityStatus
 
 
 @dataclass
@@ -35,11 +36,11 @@ class Grounds:
     """What an ALLOW rests on."""
 
     policy_version: int
-    policy: dict
+    policy: dict[str, Any]
     lease: CredentialLease | None = None
     capability: CapabilityBudget | None = None
-    approval: ApprovalRequest | None = None
-    waiting_for: ApprovalRequest | None = None  # a capability approval still pending
+    approval: Approval | None = None
+    waiting_for: Approval | None = None  # a capability approval still pending
     needs_approval: bool = False
 
 
@@ -55,12 +56,16 @@ def evaluate(*, op: Operation, ctx: Fenced, lease_id: object = None, at_dispatch
     if refusal is not None:
         raise refusal
     if needs_human(policy, op.tool):
-        grounds.approval = approval_usable(operation=op, kind=ApprovalKind.OPERATION, token=ctx.token, now=ctx.now)
+        grounds.approval = queues().approval_usable(
+            operation=op, kind=ApprovalKind.OPERATION, token=ctx.token, now=ctx.now
+        )
         grounds.needs_approval = grounds.approval is None
     return grounds
 
 
-def _check_credential(op: Operation, ctx: Fenced, policy: dict, *, lease_id: object, at_dispatch: bool) -> CredentialLease | None:
+def _check_credential(
+    op: Operation, ctx: Fenced, policy: dict, *, lease_id: object, at_dispatch: bool
+) -> CredentialLease | None:
     if at_dispatch:
         lease = op.credential_lease
     elif lease_id is not None:
@@ -79,7 +84,9 @@ def _check_credential(op: Operation, ctx: Fenced, policy: dict, *, lease_id: obj
         raise Denied("DENY_EXPIRED", f"credential lease {lease.pk} expired")
     current = Credential.objects.filter(pk=lease.credential_id).values_list("version", flat=True).get()
     if lease.version != current:
-        raise Denied("DENY_STALE_VERSION", f"credential lease {lease.pk} is for version {lease.version}; current is {current}")
+        raise Denied(
+            "DENY_STALE_VERSION", f"credential lease {lease.pk} is for version {lease.version}; current is {current}"
+        )
     if op.action not in lease.actions:
         raise Denied("DENY_ACTION", f"credential lease {lease.pk} does not allow action {op.action!r}")
     if op.resource not in lease.resources:
@@ -128,7 +135,9 @@ def reserve(*, op: Operation, ctx: Fenced, grounds: Grounds) -> None:
         if capability.max_bytes is not None:
             spend = spend.filter(used_bytes__lte=F("max_bytes") - need)
         if spend.update(used_calls=F("used_calls") + 1, used_bytes=F("used_bytes") + need) != 1:
-            raise Denied("DENY_BUDGET", f"the run's capability for {op.tool} was spent meanwhile", budget="capability:calls")
+            raise Denied(
+                "DENY_BUDGET", f"the run's capability for {op.tool} was spent meanwhile", budget="capability:calls"
+            )
     cost_reserve(op=op, run=ctx.run, policy=grounds.policy, batch=ctx.batch, actor=ctx.actor, now=ctx.now)
     if grounds.approval is not None:
-        approval_use(approval=grounds.approval, run=ctx.run, batch=ctx.batch, actor=ctx.actor)
+        queues().approval_use(approval=grounds.approval, run=ctx.run, batch=ctx.batch, actor=ctx.actor)

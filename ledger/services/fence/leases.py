@@ -13,20 +13,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from approvals.models import CaseReason
-from approvals.services.approvals import approvals_void_for_runs
+from ledger.actors import SYSTEM_REAPER, worker_actor
+from ledger.errors import InvalidInput, LeaseHeld, LeaseLost, RunCompleted, WorkerNotAccepting
 from ledger.models import LeaseGrant, Run, RunLease, Worker
-from ledger.services.errors import (
-    InvalidInput,
-    LeaseHeld,
-    LeaseLost,
-    RunCompleted,
-    WorkerNotAccepting,
-)
-from ledger.services.events import SYSTEM_REAPER, ChainBatch, worker_actor
-from ledger.services.fencing import Fenced, fenced, lock_run, locked_runs
-from ledger.services.operations import operations_mark_unknown, operations_orphaned
-from ledger.states import LeaseEnd, RunStatus, WorkerStatus
+from ledger.services.core.fencing import Fenced, fenced, lock_run, locked_runs
+from ledger.services.core.handoff import queues
+from ledger.services.evidence.append import ChainBatch
+from ledger.services.fence.unknown import operations_mark_unknown, operations_orphaned
+from ledger.states import CaseReason, LeaseEnd, RunStatus, WorkerStatus
 
 MIN_TTL_S = 1
 END_EVENTS = {LeaseEnd.EXPIRED: "LEASE_EXPIRED", LeaseEnd.RELEASED: "LEASE_RELEASED", LeaseEnd.REVOKED: "LEASE_REVOKED"}
@@ -183,7 +177,7 @@ def leases_end(*, runs: list[Run], batch: ChainBatch, actor: str, end: LeaseEnd,
             },
         )
         run.lease.owner_id, run.lease.worker, run.lease.expires_at, run.lease.end_reason = None, None, batch.now, end
-    approvals_void_for_runs(runs=runs, batch=batch, actor=actor)
+    queues().approvals_void_for_runs(runs=runs, batch=batch, actor=actor)
     orphans = operations_orphaned(run_ids=run_ids)
     reason = END_CASE_REASONS[end]
     operations_mark_unknown(
@@ -212,9 +206,7 @@ def leases_reap(*, batch_size: int | None = None, progress: Callable[[ReapResult
     while True:
         with transaction.atomic():
             now = timezone.now()
-            runs = locked_runs(
-                {"owner_id__isnull": False, "expires_at__lte": now}, skip_locked=True, limit=batch_size
-            )
+            runs = locked_runs({"owner_id__isnull": False, "expires_at__lte": now}, skip_locked=True, limit=batch_size)
             if not runs:
                 break
             batch = ChainBatch(now)

@@ -1,92 +1,40 @@
-"""Tenants and worker identities. A worker's bearer token is shown once, at creation;
-only its SHA-256 is stored."""
+"""A worker's lifecycle, as people and the drain job change it (article "Your Agent Deploy Is
+Not Safe Until In-Flight Tools Quiesce").
 
-import hashlib
-import secrets
+ACCEPTING -> DRAINING -> QUIESCED, any of those -> QUARANTINED, and back to ACCEPTING.
+Only an ACCEPTING worker takes new leases (lease_acquire). A DRAINING worker keeps its
+leases until it releases them or its deadline passes; then the deadline job revokes
+them, exactly as a quarantine does at once: each held lease ends (LEASE_REVOKED), its
+DISPATCHED operations become UNKNOWN with a reconciliation case, and the worker's
+tokens are stale from then on. Every person's change names the user and the reason, in
+the worker row, in an AdminAction, and in the chain of every run the worker holds.
+
+Lock order, as lease_acquire: the worker row (the conditional UPDATE), then the runs.
+"""
+
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
-from django.utils.text import slugify
 
-from ledger.boundary import check_text
-from ledger.models import RunLease, Tenant, Worker
+from ledger.actors import SYSTEM_DRAIN, user_actor
+from ledger.errors import InvalidInput, WrongPhase
+from ledger.models import RunLease, Worker
 from ledger.roles import ADMINISTER
-from ledger.services.errors import InvalidInput, NotFound, WrongPhase
-from ledger.services.events import ChainBatch
-from ledger.services.fencing import locked_runs
-from ledger.services.leases import leases_end
-from ledger.services.policy import policy_create_starter
-from ledger.services.roles import acting_name, admin_action_record, decision_reason
+from ledger.services.core.decisions import acting_name, admin_action_record, decision_reason
+from ledger.services.core.fencing import locked_runs
+from ledger.services.evidence.append import ChainBatch
+from ledger.services.fence.leases import leases_end
+from ledger.services.fleet.workers import worker_get
 from ledger.states import LeaseEnd, WorkerStatus
-
-TOKEN_PREFIX = "flw_"
-
-
-def token_digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def tenant_ensure(*, slug: str, name: str | None = None) -> tuple[Tenant, bool]:
-    """The tenant with this slug, created on the starter policy when missing."""
-    clean = slugify(slug)
-    if not clean or clean != slug:
-        raise InvalidInput("tenant must be a slug: lowercase letters, digits and dashes")
-    with transaction.atomic():
-        tenant, created = Tenant.objects.get_or_create(slug=clean, defaults={"name": name or clean})
-        if created:
-            policy_create_starter(tenant=tenant)
-    return tenant, created
-
-
-@transaction.atomic
-def worker_create(*, tenant: Tenant, name: str) -> tuple[Worker, str]:
-    """A new worker with a fresh token. Returns ``(worker, token)``; the token is not kept."""
-    if not name or len(name) > 100:
-        raise InvalidInput("worker name must be 1 to 100 characters")
-    check_text(name, path="name")  # it becomes part of every event's actor
-    if Worker.objects.filter(tenant=tenant, name=name).exists():
-        raise InvalidInput(f"worker {name!r} already exists in tenant {tenant.slug!r}")
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    worker = Worker.objects.create(tenant=tenant, name=name, token_hash=token_digest(token))
-    return worker, token
-
-
-@transaction.atomic
-def worker_rotate_token(*, worker: Worker) -> str:
-    """Replace the worker's token; the old one stops working at once."""
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    Worker.objects.filter(pk=worker.pk).update(token_hash=token_digest(token))
-    return token
-
-
-# --- lifecycle: drain, quarantine, resume (admins), and the drain deadline (a job) ---------
-#
-# ACCEPTING -> DRAINING -> QUIESCED, any of those -> QUARANTINED, and back to ACCEPTING.
-# Only an ACCEPTING worker takes new leases (lease_acquire). A DRAINING worker keeps its
-# leases until it releases them or its deadline passes; then the deadline job revokes
-# them, exactly as a quarantine does at once: each held lease ends (LEASE_REVOKED), its
-# DISPATCHED operations become UNKNOWN with a reconciliation case, and the worker's
-# tokens are stale from then on. Every person's change names the user and the reason, in
-# the worker row, in an AdminAction, and in the chain of every run the worker holds.
-#
-# Lock order, as lease_acquire: the worker row (the conditional UPDATE), then the runs.
 
 DRAIN_FROM = (WorkerStatus.ACCEPTING,)
 QUARANTINE_FROM = (WorkerStatus.ACCEPTING, WorkerStatus.DRAINING, WorkerStatus.QUIESCED)
 RESUME_FROM = (WorkerStatus.DRAINING, WorkerStatus.QUIESCED, WorkerStatus.QUARANTINED)
 DEFAULT_DRAIN_S = 600
 MAX_DRAIN_S = 7 * 86400
-SYSTEM_DRAIN = "system:drain"
-
-
-def worker_get(*, worker_id: object) -> Worker:
-    worker = Worker.objects.select_related("tenant").filter(pk=worker_id).first() if str(worker_id).isdigit() else None
-    if worker is None:
-        raise NotFound("worker not found")
-    return worker
 
 
 def _change_status(
@@ -137,7 +85,7 @@ def _decided(*, worker_id: object, user, name: str, reason: object) -> tuple[Wor
     name = acting_name(user=user, name=name, tenant_id=worker.tenant_id, perm=ADMINISTER)
     if not name:
         raise InvalidInput("a decision names who made it")
-    return worker, f"user:{name}", reason
+    return worker, user_actor(name), reason
 
 
 @dataclass(frozen=True)
@@ -184,13 +132,23 @@ def worker_change(
         )
         fields = {"leases_revoked": len(worker.affected_run_ids)} if transition.end_leases else {}
         admin_action_record(
-            tenant=worker.tenant, actor=actor, action=f"worker.{action}", subject=worker.name, reason=reason, fields=fields, now=now
+            tenant=worker.tenant,
+            actor=actor,
+            action=f"worker.{action}",
+            subject=worker.name,
+            reason=reason,
+            fields=fields,
+            now=now,
         )
     return worker
 
 
-def worker_drain(*, worker_id: object, reason: str, deadline_s: int = DEFAULT_DRAIN_S, user=None, name: str = "") -> Worker:
-    return worker_change(worker_id=worker_id, action="drain", reason=reason, deadline_s=deadline_s, user=user, name=name)
+def worker_drain(
+    *, worker_id: object, reason: str, deadline_s: int = DEFAULT_DRAIN_S, user=None, name: str = ""
+) -> Worker:
+    return worker_change(
+        worker_id=worker_id, action="drain", reason=reason, deadline_s=deadline_s, user=user, name=name
+    )
 
 
 def worker_quarantine(*, worker_id: object, reason: str, user=None, name: str = "") -> Worker:
@@ -230,4 +188,3 @@ def workers_drain_enforce(*, now=None) -> int:
             continue  # resumed or quarantined meanwhile: nothing to enforce
         moved += 1
     return moved
-

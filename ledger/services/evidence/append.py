@@ -1,6 +1,6 @@
 """Appending to a run's evidence chain.
 
-A caller that holds the row lock on the run (see ``ledger.services.fencing``) collects the
+A caller that holds the row lock on the run (see ``ledger.services.core.fencing``) collects the
 events of its transition in a :class:`ChainBatch` and writes them with ``commit()`` inside
 the same transaction: one INSERT for the events and one UPDATE per run head.
 """
@@ -15,17 +15,10 @@ from django.db import transaction
 
 from ledger.boundary import check_fields, check_text
 from ledger.chain import canonical_bytes, format_time, hash_bytes
+from ledger.errors import InvalidInput
 from ledger.models import Event, Run
-from ledger.services.errors import InvalidInput
 from ledger.states import Phase
 from ledger.versioning import CURRENT_SCHEMA_VERSION
-
-SYSTEM_REAPER = "system:lease-reaper"
-
-
-def worker_actor(worker, owner_id: str) -> str:
-    check_text(owner_id, path="owner_id")  # the actor is stored with every event
-    return f"worker:{worker.name}/{owner_id}"
 
 
 def json_safe(fields: dict) -> dict:

@@ -9,11 +9,13 @@ It never holds a lock while it reads: it verifies the chain up to the head it re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from celery import current_app
 from django.conf import settings
+from django.db import transaction
 from django.db.models import F, Max, Q
 from django.utils import timezone
 
-from ledger.chain import format_time
+from ledger.chain import EVENT_COLUMNS, event_document
 from ledger.evidence_verifier import (
     VERIFIER_VERSION,
     Finding,
@@ -26,7 +28,6 @@ from ledger.states import RunStatus
 from ledger.versioning import require_known
 
 PROGRESS_EVERY = 50_000
-EVENT_COLUMNS = ("seq", "event_id", "type", "schema_version", "actor", "occurred_at", "fields", "prev_hash", "hash")
 
 
 @dataclass
@@ -87,7 +88,9 @@ class _Observer:
                     f"dispatched with {principal} version {version} after rotation to {self.rotated_to[principal]}"
                 )
             if "credential_version" in fields and fields["credential_version"] != version:
-                problems.append(f"dispatch names credential version {fields['credential_version']}, lease has {version}")
+                problems.append(
+                    f"dispatch names credential version {fields['credential_version']}, lease has {version}"
+                )
         if problems:
             self.mismatches += 1
             if not self.first_mismatch:
@@ -96,12 +99,9 @@ class _Observer:
 
 def _events(run: Run, upto: int, observer: _Observer) -> Iterator[dict]:
     run_id = str(run.pk)
-    rows = Event.objects.filter(run=run, seq__lte=upto).order_by("seq", "pk").values_list(*EVENT_COLUMNS)
+    rows = Event.objects.filter(run=run, seq__lte=upto).order_by("seq", "pk").values(*EVENT_COLUMNS)
     for row in rows.iterator(chunk_size=5000):
-        event = dict(zip(EVENT_COLUMNS, row, strict=True))
-        event["run_id"] = run_id
-        event["event_id"] = str(event["event_id"])
-        event["occurred_at"] = format_time(event["occurred_at"])
+        event = event_document(row, run_id)
         observer.see(event)
         yield event
 
@@ -127,13 +127,28 @@ def _seal(run: Run, points: list[tuple[int, str]]) -> None:
                 verifier_version=VERIFIER_VERSION,
                 key_id=key_id,
                 mac=checkpoint_mac(
-                    key, run_id=str(run.pk), seq=seq, last_hash=last_hash, verifier_version=VERIFIER_VERSION, key_id=key_id
+                    key,
+                    run_id=str(run.pk),
+                    seq=seq,
+                    last_hash=last_hash,
+                    verifier_version=VERIFIER_VERSION,
+                    key_id=key_id,
                 ),
             )
             for seq, last_hash in points
         ],
         ignore_conflicts=True,  # a concurrent verifier sealed the same point: same content
     )
+
+
+VERIFY_TASK = "ledger.tasks.verify_ledger_task"
+
+
+def verification_request(*, run_id: object) -> None:
+    """Verify (and seal) ``run_id``'s chain soon, once the caller's transaction commits.
+    The task is named, not imported: the task module calls these services."""
+    task = current_app.tasks[VERIFY_TASK]
+    transaction.on_commit(lambda: task.delay(str(run_id)))
 
 
 def run_verify(*, run_id: object, seal: bool = True, on_events: Callable[[int], None] | None = None) -> Report:
@@ -202,7 +217,9 @@ def _record(run: Run, report: Report, observer: _Observer, checkpoints: list[dic
         if seal and trusted_seq and trusted_seq > (run.trusted_seq or 0):
             trusted_hash = next((cp["last_hash"] for cp in checkpoints if cp["seq"] == trusted_seq), None)
             if trusted_hash is None:  # sealed in this pass
-                trusted_hash = Checkpoint.objects.filter(run=run, seq=trusted_seq).values_list("last_hash", flat=True).first()
+                trusted_hash = (
+                    Checkpoint.objects.filter(run=run, seq=trusted_seq).values_list("last_hash", flat=True).first()
+                )
             changes.update(trusted_seq=trusted_seq, trusted_hash=trusted_hash)
     else:
         changes.update(
@@ -223,14 +240,17 @@ class LedgerResult:
 
 
 def ledger_verify(
-    *, run_ids: list | None = None, limit: int | None = None, progress: Callable[[LedgerResult, Report], None] | None = None
+    *,
+    run_ids: list | None = None,
+    limit: int | None = None,
+    progress: Callable[[LedgerResult, Report], None] | None = None,
 ) -> LedgerResult:
     """Verify the given runs, or the runs whose chain moved since they were last verified
     (at most ``limit`` of them, least recently verified first)."""
     if run_ids is None:
-        pending = Run.objects.filter(Q(verified_head_seq__isnull=True) | Q(verified_head_seq__lt=F("last_seq"))).order_by(
-            F("verified_at").asc(nulls_first=True)
-        )
+        pending = Run.objects.filter(
+            Q(verified_head_seq__isnull=True) | Q(verified_head_seq__lt=F("last_seq"))
+        ).order_by(F("verified_at").asc(nulls_first=True))
         run_ids = list(pending.values_list("pk", flat=True)[: limit or settings.FENCELINE["VERIFIER_BATCH_RUNS"]])
     result = LedgerResult()
     for run_id in run_ids:

@@ -1,25 +1,6 @@
-"""Cost budgets and the tenant's cost circuit breaker (article "Your AI Agent Needs a Cost
-Circuit Breaker, Not a Monthly Budget").
-
-**Budgets.** An operation's worst-case estimate is reserved before dispatch on every
-budget key that applies to it, all or nothing:
-
-    RUN       key = the run id          policy cost_limits_cents.run
-    TENANT    key = the tenant slug     policy cost_limits_cents.tenant
-    PROVIDER  key = operation.provider  policy cost_limits_cents.provider[<provider>], if listed
-    RETRY     key = the operation id    policy cost_limits_cents.retry, from attempt 2 on
-
-A key whose limit is null is not limited and has no window. A limited key has one
-:class:`~ledger.models.CostWindow` per window of ``cost_window_s`` seconds, aligned to the
-Unix epoch, created on first use with the limit the policy has at that moment (a later
-policy change applies from the next window). Each window is charged with one conditional
-UPDATE (``reserved + settled + estimate <= limit``): the row count decides, nobody reads a
-balance and writes it back, and the check constraint ``costwindow_within_limit`` refuses
-anything that would still get past (invariant 7). A reservation is never shrunk to what
-is left: it is granted whole on every key or refused naming the key that refused.
-
-**Reservations** (one per operation and attempt, the unique constraint
-``reservation_one_per_attempt``) move along :data:`RESERVATION_TRANSITIONS`:
+"""Cost reservations: one per operation and attempt (the unique constraint
+``reservation_one_per_attempt``), charged on every budget window that applies
+(``ledger.services.authority.windows``), moving along :data:`RESERVATION_TRANSITIONS`:
 
     RESERVED -> SETTLED    usage reported (> 0): the estimate leaves ``reserved``, the
                            actual cost enters ``settled``, the difference is released
@@ -38,54 +19,34 @@ that did not fit is the overage: the reservation keeps the full ``actual_cents``
 charge stays attributable to its run and attempt), the COST_SETTLED event records
 ``overage_cents`` and the budgets it overran, each overrun window is left full (that
 budget refuses everything else until the window ends), and the tenant's breaker goes
-OPEN with a reason starting ``overage:``. That OPEN sticks until the window in which it
-was opened ends: an estimate proved wrong, so no new work starts on estimates of the
-same kind until somebody looks (or the window turns). Invariant 7 and the sum "settled
-== sum of settled actuals" differ exactly by the recorded overages.
+OPEN (``ledger.services.authority.breaker``). Invariant 7 and the sum "settled == sum of
+settled actuals" differ exactly by the recorded overages.
 
-**Breaker.** The tenant's state is computed from its current TENANT window,
-``(reserved + settled) / limit`` against the policy's thresholds, and from its UNKNOWN
-reservations. Precedence, strongest first (:data:`BREAKER_PRECEDENCE`):
-
-    OPEN       share >= open_at, a zero limit, or an overage in this window: new work refused
-    UNKNOWN    some reservation of the tenant is UNKNOWN: automatic retries refused until
-               reconciled; new work is still held to the spend level underneath
-    DEGRADED   share >= degraded_at: only PURE operations
-    THROTTLED  share >= throttled_at: at most throttled_max_dispatched in flight
-    NORMAL
-
-OPEN wins over UNKNOWN because it already refuses everything UNKNOWN refuses. Without a
-tenant limit the state is NORMAL, or UNKNOWN while reservations are UNKNOWN. The state is
-re-evaluated by every service here that changes spend or certainty, in the caller's
-transaction; a change is a conditional UPDATE of the tenant row and a BREAKER_CHANGED
-event in the chain of the run whose action caused it.
-
-Callers (authorize, dispatch, outcome, reconciliation, the lease reaper) hold the run and
-its lease row locked and pass their :class:`~ledger.services.events.ChainBatch`; nothing
-here commits. Windows are locked in primary-key order everywhere, so two reservations over
-the same keys queue instead of deadlocking.
+Callers (dispatch, outcome, reconciliation, the lease reaper) hold the run and its lease
+row locked and pass their :class:`~ledger.services.evidence.append.ChainBatch`; nothing
+here commits. The reservation timeout job (``reservations_expire``) is the exception: it
+claims its own runs.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import BigIntegerField, F, Q, Sum, Value
+from django.db.models import BigIntegerField, F, Sum, Value
 from django.db.models.functions import Least
-from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
+from ledger.actors import SYSTEM_RESERVATION_EXPIRY
+from ledger.errors import Denied, InvalidInput, WrongPhase
 from ledger.models import CostReservation, CostWindow, Operation, Run, Tenant
-from ledger.services.errors import Denied, InvalidInput, WrongPhase
-from ledger.services.events import ChainBatch
-from ledger.services.fencing import locked_runs
-from ledger.services.policy import policy_current
-from ledger.states import BreakerState, BudgetKind, EffectClass, Phase, ReservationState
-
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-SYSTEM_RESERVATION_EXPIRY = "system:reservation-expiry"
-OVERAGE_REASON = "overage: "  # breaker_reason prefix of an OPEN that holds to the window's end
+from ledger.services.authority.breaker import OVERAGE_REASON, breaker_update
+from ledger.services.authority.policy import policy_current
+from ledger.services.authority.windows import budget_refusal, budgets_for, window_charge, window_name, windows_ensure
+from ledger.services.core.fencing import locked_runs
+from ledger.services.evidence.append import ChainBatch
+from ledger.states import ReservationState
 
 RESERVATION_TRANSITIONS: dict[ReservationState, frozenset[ReservationState]] = {
     ReservationState.RESERVED: frozenset(
@@ -97,124 +58,6 @@ RESERVATION_TRANSITIONS: dict[ReservationState, frozenset[ReservationState]] = {
 }
 # Reservations whose estimate still counts as reserved in their windows.
 OPEN_RESERVATION_STATES = (ReservationState.RESERVED, ReservationState.UNKNOWN)
-
-BREAKER_PRECEDENCE = (
-    BreakerState.OPEN,
-    BreakerState.UNKNOWN,
-    BreakerState.DEGRADED,
-    BreakerState.THROTTLED,
-    BreakerState.NORMAL,
-)
-
-
-# --- budgets and windows --------------------------------------------------------------
-
-
-def window_bounds(now: datetime, window_s: int) -> tuple[datetime, datetime]:
-    """The window of ``window_s`` seconds (aligned to the Unix epoch) that contains ``now``."""
-    span = timedelta(seconds=window_s)
-    starts_at = EPOCH + ((now - EPOCH) // span) * span
-    return starts_at, starts_at + span
-
-
-@dataclass(frozen=True)
-class Budget:
-    """One limited budget key that applies to an operation."""
-
-    kind: BudgetKind
-    key: str
-    limit_cents: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind.lower()}:{self.key}"
-
-    @property
-    def label(self) -> str:
-        return {
-            BudgetKind.RUN: "run budget",
-            BudgetKind.TENANT: f"tenant budget for {self.key!r}",
-            BudgetKind.PROVIDER: f"provider budget for {self.key!r}",
-            BudgetKind.RETRY: "retry budget of this operation",
-        }[self.kind]
-
-
-def budgets_for(*, op: Operation, run: Run, tenant: Tenant, policy: dict) -> list[Budget]:
-    """The limited budget keys ``op`` (its current attempt) is charged to."""
-    limits = policy["cost_limits_cents"]
-    budgets = []
-    if limits["run"] is not None:
-        budgets.append(Budget(BudgetKind.RUN, str(run.pk), limits["run"]))
-    if limits["tenant"] is not None:
-        budgets.append(Budget(BudgetKind.TENANT, tenant.slug, limits["tenant"]))
-    if op.provider and limits["provider"].get(op.provider) is not None:
-        budgets.append(Budget(BudgetKind.PROVIDER, op.provider, limits["provider"][op.provider]))
-    if op.attempt > 1 and limits["retry"] is not None:
-        budgets.append(Budget(BudgetKind.RETRY, str(op.pk), limits["retry"]))
-    return budgets
-
-
-def _windows_ensure(*, tenant: Tenant, budgets: list[Budget], now: datetime, window_s: int) -> list[CostWindow]:
-    """The current window of each budget (in the order given), created when missing with
-    INSERT ... ON CONFLICT DO NOTHING and read back, so concurrent first uses agree."""
-    if not budgets:
-        return []
-    starts_at, ends_at = window_bounds(now, window_s)
-
-    def fetch() -> dict[tuple[str, str], CostWindow]:
-        which = Q()
-        for budget in budgets:
-            which |= Q(kind=budget.kind, key=budget.key)
-        return {(w.kind, w.key): w for w in CostWindow.objects.filter(which, tenant=tenant, starts_at=starts_at)}
-
-    found = fetch()
-    missing = sorted((b for b in budgets if (b.kind, b.key) not in found), key=lambda b: (b.kind, b.key))
-    if missing:
-        CostWindow.objects.bulk_create(
-            [
-                CostWindow(
-                    tenant=tenant,
-                    kind=b.kind,
-                    key=b.key,
-                    starts_at=starts_at,
-                    ends_at=ends_at,
-                    limit_cents=b.limit_cents,
-                )
-                for b in missing
-            ],
-            ignore_conflicts=True,
-        )
-        found = fetch()
-    return [found[(b.kind, b.key)] for b in budgets]
-
-
-def _charge(window: CostWindow, estimate: int) -> bool:
-    """The reservation SQL of the article, on one window; True when it was granted."""
-    granted = (
-        CostWindow.objects.filter(pk=window.pk)
-        .filter(LessThanOrEqual(F("reserved_cents") + F("settled_cents") + estimate, F("limit_cents")))
-        .update(reserved_cents=F("reserved_cents") + estimate)
-    )
-    return granted == 1
-
-
-def _budget_refusal(budget: Budget, window: CostWindow, estimate: int) -> Denied:
-    limit, reserved, settled = (
-        CostWindow.objects.filter(pk=window.pk).values_list("limit_cents", "reserved_cents", "settled_cents").get()
-    )
-    left = max(limit - reserved - settled, 0)
-    return Denied(
-        "DENY_BUDGET",
-        f"{budget.label} has {left} of {limit} cents left; this needs {estimate}",
-        budget=f"{budget.kind.lower()}:cents",
-    )
-
-
-def _window_name(window: CostWindow) -> str:
-    return f"{window.kind.lower()}:{window.key}"
-
-
-# --- reservations -----------------------------------------------------------------------
 
 
 def cost_reserve(
@@ -244,7 +87,7 @@ def cost_reserve(
     existing = CostReservation.objects.filter(operation=op, attempt=op.attempt).first()
     if existing is not None:
         return existing
-    windows = _windows_ensure(tenant=tenant, budgets=budgets, now=now, window_s=policy["cost_window_s"])
+    windows = windows_ensure(tenant=tenant, budgets=budgets, now=now, window_s=policy["cost_window_s"])
     try:
         with transaction.atomic():  # the all-or-nothing part: a refusal takes back every key
             reservation = CostReservation.objects.create(
@@ -259,8 +102,8 @@ def cost_reserve(
                 expires_at=now + timedelta(seconds=policy["reservation_ttl_s"]),
             )
             for budget, window in sorted(zip(budgets, windows), key=lambda pair: pair[1].pk):
-                if not _charge(window, estimate):
-                    raise _budget_refusal(budget, window, estimate)
+                if not window_charge(window, estimate):
+                    raise budget_refusal(budget, window, estimate)
             CostReservation.windows.through.objects.bulk_create(
                 [CostReservation.windows.through(costreservation=reservation, costwindow=w) for w in windows]
             )
@@ -282,17 +125,13 @@ def cost_reserve(
             "keys": [b.name for b in budgets],
         },
     )
-    _breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now)
+    breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now)
     return reservation
 
 
 def _current_reservation(op: Operation) -> CostReservation | None:
     """The reservation of ``op``'s current attempt, locked."""
-    return (
-        CostReservation.objects.select_for_update(of=("self",))
-        .filter(operation=op, attempt=op.attempt)
-        .first()
-    )
+    return CostReservation.objects.select_for_update(of=("self",)).filter(operation=op, attempt=op.attempt).first()
 
 
 def cost_settle(
@@ -362,14 +201,12 @@ def _close(
     if won != 1:  # impossible while the reservation row is locked
         raise WrongPhase(phase="reservation changed concurrently", wanted=source)
     estimate = reservation.estimated_cents
-    windows = list(
-        CostWindow.objects.select_for_update(of=("self",)).filter(reservations=reservation).order_by("pk")
-    )
+    windows = list(CostWindow.objects.select_for_update(of=("self",)).filter(reservations=reservation).order_by("pk"))
     overage = {}
     for window in windows:
         room = window.limit_cents - window.settled_cents - window.reserved_cents + estimate
         if amount > room:
-            overage[_window_name(window)] = amount - room
+            overage[window_name(window)] = amount - room
     if windows:
         # One statement for every window: SET expressions all read the old row, so the
         # estimate leaves and the actual cost (up to the room) enters in the same instant.
@@ -407,7 +244,7 @@ def _close(
             f"{OVERAGE_REASON}operation {op.pk} attempt {reservation.attempt} cost {amount} cents, "
             f"estimated {estimate}; over by up to {max(overage.values())} on {', '.join(sorted(overage))}"
         )
-    _breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now, forced_open=forced)
+    breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now, forced_open=forced)
 
 
 def cost_mark_unknown(
@@ -466,142 +303,8 @@ def _to_unknown(
     for tenant_id in sorted(first_run_of):  # one order for every caller: no lock cycles
         tenant = tenants[tenant_id]
         _, policy = policy_current(tenant=tenant)
-        _breaker_update(tenant=tenant, policy=policy, batch=batch, run=first_run_of[tenant_id], actor=actor, now=now)
+        breaker_update(tenant=tenant, policy=policy, batch=batch, run=first_run_of[tenant_id], actor=actor, now=now)
     return moved
-
-
-# --- the breaker ------------------------------------------------------------------------
-
-
-def _spend_level(*, tenant: Tenant, policy: dict, now: datetime) -> tuple[BreakerState, str]:
-    """The state the tenant's current TENANT window alone calls for, and why."""
-    limit = policy["cost_limits_cents"]["tenant"]
-    if limit is None:
-        return BreakerState.NORMAL, "no tenant cost limit"
-    starts_at, _ = window_bounds(now, policy["cost_window_s"])
-    row = (
-        CostWindow.objects.filter(tenant=tenant, kind=BudgetKind.TENANT, key=tenant.slug, starts_at=starts_at)
-        .values_list("limit_cents", "reserved_cents", "settled_cents")
-        .first()
-    )
-    used = 0
-    if row is not None:
-        limit, used = row[0], row[1] + row[2]
-    thresholds = policy["breaker"]
-    share = used / limit if limit else 1.0
-    why = f"tenant window from {starts_at:%Y-%m-%d %H:%M}Z: {used} of {limit} cents reserved or settled ({share:.0%})"
-    if limit == 0 or share >= thresholds["open_at"]:
-        return BreakerState.OPEN, why
-    if share >= thresholds["degraded_at"]:
-        return BreakerState.DEGRADED, why
-    if share >= thresholds["throttled_at"]:
-        return BreakerState.THROTTLED, why
-    return BreakerState.NORMAL, why
-
-
-def _breaker_compute(
-    *, tenant: Tenant, policy: dict, now: datetime, stored: tuple[str, str, datetime | None]
-) -> tuple[BreakerState, str]:
-    """The state the tenant's breaker should be in now, by BREAKER_PRECEDENCE."""
-    state, reason, changed_at = stored
-    starts_at, _ = window_bounds(now, policy["cost_window_s"])
-    if state == BreakerState.OPEN and reason.startswith(OVERAGE_REASON) and changed_at and changed_at >= starts_at:
-        return BreakerState.OPEN, reason  # an overage holds it OPEN until its window ends
-    level, why = _spend_level(tenant=tenant, policy=policy, now=now)
-    if level == BreakerState.OPEN:
-        return level, why
-    if CostReservation.objects.filter(tenant=tenant, state=ReservationState.UNKNOWN).exists():
-        return BreakerState.UNKNOWN, f"cost reservations are UNKNOWN until reconciled; {why}"
-    return level, why
-
-
-def _stored_breaker(tenant: Tenant) -> tuple[str, str, datetime | None]:
-    return (
-        Tenant.objects.filter(pk=tenant.pk)
-        .values_list("breaker_state", "breaker_reason", "breaker_changed_at")
-        .get()
-    )
-
-
-def _breaker_update(
-    *,
-    tenant: Tenant,
-    policy: dict,
-    batch: ChainBatch,
-    run: Run,
-    actor: str,
-    now: datetime,
-    forced_open: str | None = None,
-) -> str:
-    for _ in range(3):
-        stored = _stored_breaker(tenant)
-        if forced_open is not None:
-            state, reason = BreakerState.OPEN, forced_open[:300]
-        else:
-            state, reason = _breaker_compute(tenant=tenant, policy=policy, now=now, stored=stored)
-            reason = reason[:300]
-            if state == stored[0]:
-                return state
-        won = Tenant.objects.filter(pk=tenant.pk, breaker_state=stored[0], breaker_changed_at=stored[2]).update(
-            breaker_state=state, breaker_reason=reason, breaker_changed_at=now
-        )
-        if won == 1:
-            tenant.breaker_state, tenant.breaker_reason, tenant.breaker_changed_at = state, reason, now
-            batch.append(
-                run, "BREAKER_CHANGED", actor=actor, fields={"from": stored[0], "to": state.value, "reason": reason}
-            )
-            return state
-        # Another transaction changed the breaker since we read it: read again, decide again.
-    return _stored_breaker(tenant)[0]
-
-
-def breaker_evaluate(*, tenant: Tenant, policy: dict, batch: ChainBatch, run: Run, actor: str, now: datetime) -> str:
-    """Bring the tenant's breaker to the state its spend and certainty call for (see the
-    module docstring); a change is a conditional UPDATE of the tenant row and a
-    BREAKER_CHANGED event {from, to, reason} in ``run``'s chain. Returns the state."""
-    return _breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now)
-
-
-def breaker_allows(*, tenant: Tenant, op: Operation, policy: dict, attempt_is_retry: bool) -> Denied | None:
-    """Read-only guard for authorize, dispatch and retry: the refusal to raise, or None.
-
-    OPEN refuses new work; UNKNOWN refuses retries, and otherwise holds new work to the
-    spend level of the current window; DEGRADED lets only PURE operations through;
-    THROTTLED refuses once ``throttled_max_dispatched`` operations of the tenant are
-    DISPATCHED. A state stored in an earlier window is recomputed (read-only) first: the
-    window it was about has ended, and an OPEN breaker would otherwise never see the
-    reservation that re-evaluates it."""
-    now = timezone.now()
-    stored = _stored_breaker(tenant)
-    state, reason, changed_at = BreakerState(stored[0]), stored[1], stored[2]
-    starts_at, _ = window_bounds(now, policy["cost_window_s"])
-    if state != BreakerState.NORMAL and changed_at is not None and changed_at < starts_at:
-        state, reason = _breaker_compute(tenant=tenant, policy=policy, now=now, stored=stored)
-    if state == BreakerState.OPEN:
-        return _breaker_refusal(f"the tenant's cost breaker is OPEN ({reason}): no new work until it closes")
-    level = state
-    if state == BreakerState.UNKNOWN:
-        if attempt_is_retry:
-            return _breaker_refusal(f"the tenant's cost breaker is UNKNOWN ({reason}): no automatic retry until then")
-        level, reason = _spend_level(tenant=tenant, policy=policy, now=now)
-        if level == BreakerState.OPEN:
-            return _breaker_refusal(f"the tenant's cost budget is spent ({reason}): no new work")
-    if level == BreakerState.DEGRADED and op.effect_class != EffectClass.PURE:
-        return _breaker_refusal(
-            f"the tenant's cost breaker is DEGRADED ({reason}): only PURE operations may run; this one is {op.effect_class}"
-        )
-    if level == BreakerState.THROTTLED:
-        most = policy["breaker"]["throttled_max_dispatched"]
-        in_flight = Operation.objects.filter(tenant=tenant, phase=Phase.DISPATCHED).exclude(pk=op.pk).values("pk")
-        if in_flight[:most].count() >= most:
-            return _breaker_refusal(
-                f"the tenant's cost breaker is THROTTLED ({reason}): {most} operation(s) already in flight"
-            )
-    return None
-
-
-def _breaker_refusal(detail: str) -> Denied:
-    return Denied("DENY_BUDGET", detail, budget="tenant:breaker")
 
 
 # --- the reservation timeout job ----------------------------------------------------------
@@ -613,7 +316,9 @@ class ExpiryResult:
     batches: int = 0
 
 
-def reservations_expire(*, batch_size: int = 500, progress: Callable[[ExpiryResult], None] | None = None) -> int:
+def reservations_expire(
+    *, batch_size: int | None = None, progress: Callable[[ExpiryResult], None] | None = None
+) -> int:
     """RESERVED reservations past ``expires_at`` become UNKNOWN: a worker that reserved and
     never reported (crashed, hung) must not hold budget silently, nor free it as if
     nothing had been spent. Bounded batches; each locks its runs with ``SKIP LOCKED``
@@ -621,6 +326,7 @@ def reservations_expire(*, batch_size: int = 500, progress: Callable[[ExpiryResu
     split the work), claims their reservations with ``FOR UPDATE SKIP LOCKED``, moves them
     in one UPDATE and writes one COST_UNKNOWN event each, then re-evaluates each tenant's
     breaker. Returns how many reservations became UNKNOWN."""
+    batch_size = batch_size or settings.FENCELINE["RESERVATION_EXPIRY_BATCH_SIZE"]
     result = ExpiryResult()
     while True:
         with transaction.atomic():
@@ -670,4 +376,3 @@ def window_reconciles(window: CostWindow) -> bool:
         or 0
     )
     return CostWindow.objects.filter(pk=window.pk).values_list("reserved_cents", flat=True).get() == open_sum
-

@@ -6,14 +6,13 @@ from datetime import timedelta
 
 from django.db.models import F
 
-from approvals.models import ApprovalKind
-from approvals.services.approvals import approval_open
+from ledger.errors import Denied, InvalidInput
 from ledger.models import CapabilityBudget, Worker
 from ledger.policy import allows, needs_human
-from ledger.services.errors import Denied, InvalidInput
-from ledger.services.fencing import Fenced, fenced
-from ledger.services.policy import policy_current
-from ledger.states import CapabilityStatus
+from ledger.services.authority.policy import policy_current
+from ledger.services.core.fencing import Fenced, fenced
+from ledger.services.core.handoff import queues
+from ledger.states import ApprovalKind, CapabilityStatus
 
 
 def capability_request(
@@ -34,10 +33,20 @@ def capability_request(
 
     def write(ctx: Fenced) -> CapabilityBudget:
         version, policy = policy_current(tenant=worker.tenant)
-        _within_policy(policy, tool=tool, actions=actions, resources=resources, max_calls=max_calls, ttl_s=ttl_s, max_bytes=max_bytes)
+        _within_policy(
+            policy,
+            tool=tool,
+            actions=actions,
+            resources=resources,
+            max_calls=max_calls,
+            ttl_s=ttl_s,
+            max_bytes=max_bytes,
+        )
         expires_at = ctx.now + timedelta(seconds=ttl_s)
         if ctx.run.parent_id is not None:
-            parent = _within_parent(ctx, tool=tool, actions=actions, resources=resources, max_calls=max_calls, max_bytes=max_bytes)
+            parent = _within_parent(
+                ctx, tool=tool, actions=actions, resources=resources, max_calls=max_calls, max_bytes=max_bytes
+            )
             expires_at = min(expires_at, parent.expires_at)  # never outlives what it came from
         human = approval == "human" or needs_human(policy, tool)
         capability = CapabilityBudget.objects.create(
@@ -69,7 +78,7 @@ def capability_request(
             },
         )
         if human:
-            capability.approval_request = approval_open(
+            capability.approval_request = queues().approval_open(
                 run=ctx.run,
                 kind=ApprovalKind.CAPABILITY,
                 token=ctx.token,

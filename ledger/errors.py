@@ -1,28 +1,41 @@
-"""The one family of domain errors raised by services.
+"""The one family of domain errors: every refusal Fenceline makes is one of these.
 
-Each error carries the documented code; the worker API maps classes to HTTP statuses in
-one place (``ledger/api/errors.py``). ``detail`` is written for a person and never echoes
-a value a caller sent.
+Each error knows its documented ``code`` and its HTTP ``status``; the worker API, the
+console and the management commands all answer with them (``ledger/api/errors.py`` turns
+one into ``{"error": code, "detail": ...}``, the console into a page with that status, a
+command into a one-line reason and a non-zero exit). ``detail`` is written for a person
+and never echoes a value a caller sent.
+
+Standard library only, so the secret boundary and the schema versions can raise them
+without importing Django.
 """
 
-from ledger.versioning import UnknownSchemaVersion
+import uuid
 
 
 class DomainError(Exception):
     code = "ERROR"
+    status = 400
 
     def __init__(self, detail: str, **extra: object) -> None:
         super().__init__(detail)
         self.detail = detail
         self.extra = extra
 
+    def body(self) -> dict[str, object]:
+        """The refusal as the API writes it: code, detail and the error's own fields."""
+        extra = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in self.extra.items()}
+        return {"error": self.code, "detail": self.detail, **extra}
+
 
 class NotFound(DomainError):
     code = "NOT_FOUND"
+    status = 404
 
 
 class InvalidInput(DomainError):
     code = "VALIDATION_ERROR"
+    status = 422
 
 
 class Forbidden(DomainError):
@@ -30,16 +43,19 @@ class Forbidden(DomainError):
     checks first; the service checks again)."""
 
     code = "FORBIDDEN"
+    status = 403
 
 
 class LeaseHeld(DomainError):
     code = "LEASE_HELD"
+    status = 409
 
 
 class LeaseLost(DomainError):
     """A renew or release by a caller who no longer owns the lease."""
 
     code = "LEASE_LOST"
+    status = 409
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"the lease is no longer yours: {reason.replace('_', ' ')}", reason=reason)
@@ -50,6 +66,7 @@ class StaleToken(DomainError):
     """A write carrying a fencing token that is not the run's current, unexpired one."""
 
     code = "STALE_TOKEN"
+    status = 409
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"fencing token refused: {reason.replace('_', ' ')}", reason=reason)
@@ -58,6 +75,7 @@ class StaleToken(DomainError):
 
 class WrongPhase(DomainError):
     code = "WRONG_PHASE"
+    status = 409
 
     def __init__(self, *, phase: str, wanted: str) -> None:
         super().__init__(f"operation is {phase}; this call needs {wanted}", phase=phase)
@@ -65,10 +83,12 @@ class WrongPhase(DomainError):
 
 class IdempotencyMismatch(DomainError):
     code = "IDEMPOTENCY_MISMATCH"
+    status = 422
 
 
 class WorkerNotAccepting(DomainError):
     code = "WORKER_NOT_ACCEPTING"
+    status = 409
 
 
 class ForbiddenField(DomainError):
@@ -76,6 +96,7 @@ class ForbiddenField(DomainError):
     (``ledger/boundary.py``). Names the path and the rule, never the value."""
 
     code = "FORBIDDEN_FIELD"
+    status = 422
 
     def __init__(self, detail: str, *, path: str, rule: str) -> None:
         super().__init__(detail, path=path, rule=rule)
@@ -85,12 +106,15 @@ class ForbiddenField(DomainError):
 
 class RunCompleted(DomainError):
     code = "RUN_COMPLETED"
+    status = 409
 
 
 class Denied(DomainError):
     """An authority check refused: the code is DENY_REVOKED, DENY_EXPIRED,
     DENY_STALE_VERSION, DENY_ACTION, DENY_RESOURCE, DENY_NO_CAPABILITY, DENY_BUDGET or
     DENY_POLICY. A budget refusal names the budget in ``budget``."""
+
+    status = 403
 
     def __init__(self, code: str, detail: str, **extra: object) -> None:
         super().__init__(detail, decision=code, **extra)
@@ -101,31 +125,39 @@ class ApprovalRequired(DomainError):
     """Not an error for the caller: the decision waits for a person (HTTP 202)."""
 
     code = "APPROVAL_REQUIRED"
+    status = 202
 
     def __init__(self, approval_id: object) -> None:
         super().__init__("a person must approve this first", decision="APPROVAL_REQUIRED", approval_id=str(approval_id))
         self.approval_id = approval_id
 
+    def body(self) -> dict[str, object]:
+        return {"decision": "APPROVAL_REQUIRED", "approval_id": str(self.approval_id)}
+
 
 class ReconcileFirst(DomainError):
     code = "RECONCILE_FIRST"
+    status = 409
 
 
-__all__ = [
-    "ApprovalRequired",
-    "Denied",
-    "DomainError",
-    "Forbidden",
-    "ForbiddenField",
-    "IdempotencyMismatch",
-    "InvalidInput",
-    "LeaseHeld",
-    "LeaseLost",
-    "NotFound",
-    "ReconcileFirst",
-    "RunCompleted",
-    "StaleToken",
-    "UnknownSchemaVersion",
-    "WorkerNotAccepting",
-    "WrongPhase",
-]
+class UnknownSchemaVersion(DomainError):
+    """A record or request names a schema version this build cannot read (invariant 9).
+
+    A request naming an unknown version is the caller's error (422); a stored row written
+    by a newer build is a conflict with the server's own state (409)."""
+
+    code = "UNKNOWN_SCHEMA_VERSION"
+
+    def __init__(self, version: object, what: str, *, known: frozenset[int], stored: bool = False) -> None:
+        listed = ", ".join(str(v) for v in sorted(known))
+        super().__init__(f"{what} has schema_version {version!r}; this build reads only {listed}")
+        self.stored = stored
+        self.status = 409 if stored else 422
+
+
+def parse_id(raw: object, what: str) -> uuid.UUID:
+    """A caller's id of a ``what``; an id that is not a UUID names nothing: NotFound."""
+    try:
+        return uuid.UUID(str(raw))
+    except ValueError:
+        raise NotFound(f"{what} not found") from None

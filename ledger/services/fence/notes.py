@@ -1,8 +1,8 @@
 """Events that workers append themselves (type NOTE or x.*), under the fence."""
 
 from ledger.models import Event, Worker
-from ledger.services.events import validate_worker_event
-from ledger.services.fencing import Fenced, fenced
+from ledger.services.core.fencing import Fenced, fenced
+from ledger.services.evidence.append import validate_worker_event
 
 
 def event_append(*, worker: Worker, run_id: object, fencing_token: int, type: str, fields: dict) -> Event:

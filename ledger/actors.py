@@ -1,0 +1,30 @@
+"""Who acted: the one spelling of every actor string in the chain and the admin records.
+
+An actor is ``worker:<worker name>/<owner id>`` for a worker's fenced call,
+``user:<username>`` for a person's decision (invariant 8), or ``system:<job>`` for one of
+Fenceline's own jobs. Actors are stored with every event, so what a worker names itself
+passes the secret boundary first.
+"""
+
+from typing import Protocol
+
+from ledger.boundary import check_text
+
+SYSTEM = "system"  # Fenceline itself, e.g. the starter policy it gives a new tenant
+SYSTEM_REAPER = "system:lease-reaper"
+SYSTEM_DRAIN = "system:drain"
+SYSTEM_APPROVAL_EXPIRY = "system:approval-expiry"
+SYSTEM_RESERVATION_EXPIRY = "system:reservation-expiry"
+
+
+class Named(Protocol):
+    name: str
+
+
+def worker_actor(worker: Named, owner_id: str) -> str:
+    check_text(owner_id, path="owner_id")  # the actor is stored with every event
+    return f"worker:{worker.name}/{owner_id}"
+
+
+def user_actor(username: str) -> str:
+    return f"user:{username}"

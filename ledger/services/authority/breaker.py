@@ -1,0 +1,168 @@
+"""The tenant's cost circuit breaker (article "Your AI Agent Needs a Cost Circuit Breaker,
+Not a Monthly Budget").
+
+The tenant's state is computed from its current TENANT window, ``(reserved + settled) /
+limit`` against the policy's thresholds, and from its UNKNOWN reservations. Precedence,
+strongest first (:data:`BREAKER_PRECEDENCE`):
+
+    OPEN       share >= open_at, a zero limit, or an overage in this window: new work refused
+    UNKNOWN    some reservation of the tenant is UNKNOWN: automatic retries refused until
+               reconciled; new work is still held to the spend level underneath
+    DEGRADED   share >= degraded_at: only PURE operations
+    THROTTLED  share >= throttled_at: at most throttled_max_dispatched in flight
+    NORMAL
+
+OPEN wins over UNKNOWN because it already refuses everything UNKNOWN refuses. Without a
+tenant limit the state is NORMAL, or UNKNOWN while reservations are UNKNOWN. An overage
+(``ledger.services.authority.reservations``) forces OPEN with a reason starting
+``overage:``, and that OPEN holds until the window in which it was opened ends. The state
+is re-evaluated by every service that changes spend or certainty, in the caller's
+transaction; a change is a conditional UPDATE of the tenant row and a BREAKER_CHANGED
+event in the chain of the run whose action caused it.
+"""
+
+from datetime import datetime
+
+from django.utils import timezone
+
+from ledger.errors import Denied
+from ledger.models import CostReservation, CostWindow, Operation, Run, Tenant
+from ledger.services.authority.windows import window_bounds
+from ledger.services.evidence.append import ChainBatch
+from ledger.states import BreakerState, BudgetKind, EffectClass, Phase, ReservationState
+
+OVERAGE_REASON = "overage: "  # breaker_reason prefix of an OPEN that holds to the window's end
+
+BREAKER_PRECEDENCE = (
+    BreakerState.OPEN,
+    BreakerState.UNKNOWN,
+    BreakerState.DEGRADED,
+    BreakerState.THROTTLED,
+    BreakerState.NORMAL,
+)
+
+
+def _spend_level(*, tenant: Tenant, policy: dict, now: datetime) -> tuple[BreakerState, str]:
+    """The state the tenant's current TENANT window alone calls for, and why."""
+    limit = policy["cost_limits_cents"]["tenant"]
+    if limit is None:
+        return BreakerState.NORMAL, "no tenant cost limit"
+    starts_at, _ = window_bounds(now, policy["cost_window_s"])
+    row = (
+        CostWindow.objects.filter(tenant=tenant, kind=BudgetKind.TENANT, key=tenant.slug, starts_at=starts_at)
+        .values_list("limit_cents", "reserved_cents", "settled_cents")
+        .first()
+    )
+    used = 0
+    if row is not None:
+        limit, used = row[0], row[1] + row[2]
+    thresholds = policy["breaker"]
+    share = used / limit if limit else 1.0
+    why = f"tenant window from {starts_at:%Y-%m-%d %H:%M}Z: {used} of {limit} cents reserved or settled ({share:.0%})"
+    if limit == 0 or share >= thresholds["open_at"]:
+        return BreakerState.OPEN, why
+    if share >= thresholds["degraded_at"]:
+        return BreakerState.DEGRADED, why
+    if share >= thresholds["throttled_at"]:
+        return BreakerState.THROTTLED, why
+    return BreakerState.NORMAL, why
+
+
+def _breaker_compute(
+    *, tenant: Tenant, policy: dict, now: datetime, stored: tuple[str, str, datetime | None]
+) -> tuple[BreakerState, str]:
+    """The state the tenant's breaker should be in now, by BREAKER_PRECEDENCE."""
+    state, reason, changed_at = stored
+    starts_at, _ = window_bounds(now, policy["cost_window_s"])
+    if state == BreakerState.OPEN and reason.startswith(OVERAGE_REASON) and changed_at and changed_at >= starts_at:
+        return BreakerState.OPEN, reason  # an overage holds it OPEN until its window ends
+    level, why = _spend_level(tenant=tenant, policy=policy, now=now)
+    if level == BreakerState.OPEN:
+        return level, why
+    if CostReservation.objects.filter(tenant=tenant, state=ReservationState.UNKNOWN).exists():
+        return BreakerState.UNKNOWN, f"cost reservations are UNKNOWN until reconciled; {why}"
+    return level, why
+
+
+def _stored_breaker(tenant: Tenant) -> tuple[str, str, datetime | None]:
+    return (
+        Tenant.objects.filter(pk=tenant.pk).values_list("breaker_state", "breaker_reason", "breaker_changed_at").get()
+    )
+
+
+def breaker_update(
+    *,
+    tenant: Tenant,
+    policy: dict,
+    batch: ChainBatch,
+    run: Run,
+    actor: str,
+    now: datetime,
+    forced_open: str | None = None,
+) -> str:
+    """Bring the tenant's breaker to the state its spend and certainty call for (see the
+    module docstring), or OPEN with the reason ``forced_open`` (an overage); a change is a
+    conditional UPDATE of the tenant row and a BREAKER_CHANGED event {from, to, reason} in
+    ``run``'s chain. Returns the state."""
+    for _ in range(3):
+        stored = _stored_breaker(tenant)
+        if forced_open is not None:
+            state, reason = BreakerState.OPEN, forced_open[:300]
+        else:
+            state, reason = _breaker_compute(tenant=tenant, policy=policy, now=now, stored=stored)
+            reason = reason[:300]
+            if state == stored[0]:
+                return state
+        won = Tenant.objects.filter(pk=tenant.pk, breaker_state=stored[0], breaker_changed_at=stored[2]).update(
+            breaker_state=state, breaker_reason=reason, breaker_changed_at=now
+        )
+        if won == 1:
+            tenant.breaker_state, tenant.breaker_reason, tenant.breaker_changed_at = state, reason, now
+            batch.append(
+                run, "BREAKER_CHANGED", actor=actor, fields={"from": stored[0], "to": state.value, "reason": reason}
+            )
+            return state
+        # Another transaction changed the breaker since we read it: read again, decide again.
+    return _stored_breaker(tenant)[0]
+
+
+def breaker_allows(*, tenant: Tenant, op: Operation, policy: dict, attempt_is_retry: bool) -> Denied | None:
+    """Read-only guard for authorize, dispatch and retry: the refusal to raise, or None.
+
+    OPEN refuses new work; UNKNOWN refuses retries, and otherwise holds new work to the
+    spend level of the current window; DEGRADED lets only PURE operations through;
+    THROTTLED refuses once ``throttled_max_dispatched`` operations of the tenant are
+    DISPATCHED. A state stored in an earlier window is recomputed (read-only) first: the
+    window it was about has ended, and an OPEN breaker would otherwise never see the
+    reservation that re-evaluates it."""
+    now = timezone.now()
+    stored = _stored_breaker(tenant)
+    state, reason, changed_at = BreakerState(stored[0]), stored[1], stored[2]
+    starts_at, _ = window_bounds(now, policy["cost_window_s"])
+    if state != BreakerState.NORMAL and changed_at is not None and changed_at < starts_at:
+        state, reason = _breaker_compute(tenant=tenant, policy=policy, now=now, stored=stored)
+    if state == BreakerState.OPEN:
+        return _breaker_refusal(f"the tenant's cost breaker is OPEN ({reason}): no new work until it closes")
+    level = state
+    if state == BreakerState.UNKNOWN:
+        if attempt_is_retry:
+            return _breaker_refusal(f"the tenant's cost breaker is UNKNOWN ({reason}): no automatic retry until then")
+        level, reason = _spend_level(tenant=tenant, policy=policy, now=now)
+        if level == BreakerState.OPEN:
+            return _breaker_refusal(f"the tenant's cost budget is spent ({reason}): no new work")
+    if level == BreakerState.DEGRADED and op.effect_class != EffectClass.PURE:
+        return _breaker_refusal(
+            f"the tenant's cost breaker is DEGRADED ({reason}): only PURE operations may run; this one is {op.effect_class}"
+        )
+    if level == BreakerState.THROTTLED:
+        most = policy["breaker"]["throttled_max_dispatched"]
+        in_flight = Operation.objects.filter(tenant=tenant, phase=Phase.DISPATCHED).exclude(pk=op.pk).values("pk")
+        if in_flight[:most].count() >= most:
+            return _breaker_refusal(
+                f"the tenant's cost breaker is THROTTLED ({reason}): {most} operation(s) already in flight"
+            )
+    return None
+
+
+def _breaker_refusal(detail: str) -> Denied:
+    return Denied("DENY_BUDGET", detail, budget="tenant:breaker")

@@ -1,0 +1,1 @@
+"""The steps every domain takes: the fence, an operation's phase change, a person's decision, the hand-over to a person."""

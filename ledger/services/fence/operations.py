@@ -1,0 +1,237 @@
+"""Operation services: intent, authorize and dispatch.
+
+Every phase change is a conditional UPDATE on the operation's current phase, made under
+the fence (run and lease rows locked), and appends exactly one event to the run's chain
+(``ledger.services.core.phases.transition``). Outcomes are in ``outcomes.py``, retries in
+``retry.py``, the move to UNKNOWN in ``unknown.py``.
+"""
+
+from dataclasses import asdict, dataclass
+
+from django.db import IntegrityError, transaction
+
+from ledger.boundary import check_fields
+from ledger.errors import ApprovalRequired, Denied, IdempotencyMismatch, NotFound, WrongPhase, parse_id
+from ledger.models import Operation, Run, Tenant, Worker
+from ledger.services.authority import evaluation
+from ledger.services.core.fencing import Fenced, decided, fenced
+from ledger.services.core.handoff import queues
+from ledger.services.core.phases import transition
+from ledger.states import ApprovalKind, EffectClass, Phase
+
+# The parameters that identify an intent. The fencing token is deliberately not one of
+# them: a new owner replaying the same intent gets the same operation.
+INTENT_PARAMETERS = (
+    "run_id",
+    "tool",
+    "action",
+    "resource",
+    "effect_class",
+    "args_digest",
+    "provider",
+    "estimated_cost_cents",
+    "payload_bytes",
+)
+
+
+@dataclass(frozen=True)
+class Intent:
+    tool: str
+    action: str
+    resource: str
+    effect_class: EffectClass
+    idempotency_key: str
+    args_digest: str = ""
+    provider: str = ""
+    estimated_cost_cents: int | None = None
+    payload_bytes: int | None = None
+
+
+def operation_get(*, tenant: Tenant, operation_id: object) -> Operation:
+    op = Operation.objects.filter(tenant=tenant, pk=parse_id(operation_id, "operation")).first()
+    if op is None:
+        raise NotFound("operation not found")
+    return op
+
+
+def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, intent: Intent) -> tuple[Operation, bool]:
+    """Record the intent to perform a side effect. Idempotent per (tenant, key):
+    returns ``(operation, created)``; the same key with other parameters is refused."""
+    check_fields(asdict(intent))  # every parameter is stored, not all of them in the event
+
+    def write(ctx: Fenced) -> tuple[Operation, bool]:
+        existing = Operation.objects.filter(tenant=worker.tenant, idempotency_key=intent.idempotency_key).first()
+        if existing is not None:
+            return _replay(existing, ctx.run, intent), False
+        op = Operation(
+            tenant=worker.tenant,
+            run=ctx.run,
+            idempotency_key=intent.idempotency_key,
+            tool=intent.tool,
+            action=intent.action,
+            resource=intent.resource,
+            effect_class=intent.effect_class,
+            args_digest=intent.args_digest,
+            provider=intent.provider,
+            estimated_cost_cents=intent.estimated_cost_cents,
+            payload_bytes=intent.payload_bytes,
+            phase=Phase.PLANNED,
+            updated_at=ctx.now,
+        )
+        try:
+            with transaction.atomic():
+                op.save(force_insert=True)
+        except IntegrityError:
+            # The same key was taken at this moment by another run of the tenant.
+            existing = Operation.objects.filter(tenant=worker.tenant, idempotency_key=intent.idempotency_key).first()
+            if existing is None:
+                raise
+            return _replay(existing, ctx.run, intent), False
+        ctx.batch.count_move(ctx.run, None, Phase.PLANNED)
+        ctx.batch.append(
+            ctx.run,
+            "OPERATION_PLANNED",
+            actor=ctx.actor,
+            fields={
+                "operation_id": op.pk,
+                "to": Phase.PLANNED.value,
+                "attempt": op.attempt,
+                "tool": op.tool,
+                "action": op.action,
+                "resource": op.resource,
+                "effect_class": op.effect_class,
+                "idempotency_key": op.idempotency_key,
+                "args_digest": op.args_digest,
+                "fencing_token": ctx.token,
+            },
+        )
+        return op, True
+
+    return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="operation.intend", write=write)
+
+
+def _replay(existing: Operation, run: Run, intent: Intent) -> Operation:
+    wanted = {"run_id": run.pk, **{k: getattr(intent, k) for k in INTENT_PARAMETERS if k != "run_id"}}
+    differing = [k for k in INTENT_PARAMETERS if getattr(existing, k) != wanted[k]]
+    if differing:
+        raise IdempotencyMismatch(
+            "idempotency_key is already used by an operation with a different " + ", ".join(differing),
+            differing=differing,
+        )
+    return existing
+
+
+def _deny(op: Operation, ctx: Fenced, denial: Denied) -> Denied:
+    """Record a refusal as the operation's own transition: a later decision is a new event."""
+    transition(
+        op,
+        Phase.DENIED,
+        ctx,
+        reason=denial.detail,
+        decision_code=denial.code,
+        decision_policy_version=denial.extra.get("policy_version"),
+        event_fields={
+            "decision": denial.code,
+            **({"budget": denial.extra["budget"]} if "budget" in denial.extra else {}),
+        },
+    )
+    return denial
+
+
+def operation_authorize(
+    *, worker: Worker, operation_id: object, fencing_token: int, credential_lease_id: object = None
+) -> Operation:
+    """Decide an operation: ALLOW (AUTHORIZED), APPROVAL_REQUIRED (PENDING_APPROVAL, raises
+    ApprovalRequired) or DENY_* (DENIED, raises Denied). See ledger.services.authority.evaluation."""
+    op_id = parse_id(operation_id, "operation")
+
+    def write(ctx: Fenced) -> tuple[Operation, Exception | None]:
+        op = Operation.objects.select_related("credential_lease").get(pk=op_id)
+        if op.phase == Phase.AUTHORIZED:
+            return op, None  # already decided; dispatch checks it all again
+        if op.phase not in (Phase.PLANNED, Phase.PENDING_APPROVAL):
+            raise WrongPhase(phase=op.phase, wanted="PLANNED or PENDING_APPROVAL")
+        try:
+            grounds = evaluation.evaluate(op=op, ctx=ctx, lease_id=credential_lease_id)
+        except Denied as denial:
+            return op, _deny(op, ctx, denial)
+        if grounds.needs_approval:
+            approval = grounds.waiting_for or queues().approval_open(
+                run=ctx.run,
+                kind=ApprovalKind.OPERATION,
+                token=ctx.token,
+                ttl_s=grounds.policy["approval_ttl_s"],
+                batch=ctx.batch,
+                actor=ctx.actor,
+                operation=op,
+            )
+            if op.phase == Phase.PLANNED:
+                transition(
+                    op,
+                    Phase.PENDING_APPROVAL,
+                    ctx,
+                    reason="a person must approve",
+                    decision_policy_version=grounds.policy_version,  # the policy the approver decides under
+                    event_fields={"approval_id": approval.pk},
+                )
+            return op, ApprovalRequired(approval.pk)
+        transition(
+            op,
+            Phase.AUTHORIZED,
+            ctx,
+            reason="allowed",
+            credential_lease=grounds.lease,
+            capability=grounds.capability,
+            decision_code="ALLOW",
+            decision_policy_version=grounds.policy_version,
+            event_fields={
+                "policy_version": grounds.policy_version,
+                "credential_lease_id": grounds.lease.pk if grounds.lease else None,
+                "capability_id": grounds.capability.pk if grounds.capability else None,
+            },
+        )
+        return op, None
+
+    return decided(
+        fenced(worker=worker, operation_id=op_id, token=fencing_token, attempted="operation.authorize", write=write)
+    )
+
+
+def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: int) -> Operation:
+    """AUTHORIZED -> DISPATCHED after every authorize check passes again under the current
+    policy and the reservations hold. Only after this succeeds may the worker call the
+    provider. A refusal moves the operation to DENIED (and reserves nothing)."""
+    op_id = parse_id(operation_id, "operation")
+
+    def write(ctx: Fenced) -> tuple[Operation, Exception | None]:
+        op = Operation.objects.select_related("credential_lease").get(pk=op_id)
+        if op.phase != Phase.AUTHORIZED:
+            raise WrongPhase(phase=op.phase, wanted=Phase.AUTHORIZED)
+        try:
+            with ctx.batch.savepoint():
+                grounds = evaluation.evaluate(op=op, ctx=ctx, at_dispatch=True)
+                if grounds.needs_approval:
+                    raise Denied("DENY_POLICY", "the approval this operation needs is missing, used, expired or void")
+                evaluation.reserve(op=op, ctx=ctx, grounds=grounds)
+                transition(
+                    op,
+                    Phase.DISPATCHED,
+                    ctx,
+                    dispatched_at=ctx.now,
+                    dispatch_token=ctx.token,
+                    dispatch_owner_id=ctx.lease.owner_id,
+                    policy_version_at_dispatch=grounds.policy_version,
+                    credential_version_at_dispatch=grounds.lease.version if grounds.lease else None,
+                    event_fields={
+                        "policy_version": grounds.policy_version,
+                        "credential_version": grounds.lease.version if grounds.lease else None,
+                    },
+                )
+        except Denied as denial:
+            op.refresh_from_db()
+            return op, _deny(op, ctx, denial)
+        return op, None
+
+    return decided(
+        fenced(worker=worker, operation_id=op_id, token=fencing_token, attempted="operation.dispatch", write=write)
+    )

@@ -1,0 +1,107 @@
+"""An operation's outcome: DISPATCHED -> CONFIRMED / FAILED / UNKNOWN, reported by the
+worker that dispatched it, under the fence."""
+
+from ledger.errors import WrongPhase, parse_id
+from ledger.models import Operation, Worker
+from ledger.services.authority.reservations import cost_settle
+from ledger.services.core.fencing import Fenced, fenced
+from ledger.services.core.handoff import queues
+from ledger.services.core.phases import transition
+from ledger.services.evidence.append import json_safe
+from ledger.services.fence.unknown import operations_mark_unknown
+from ledger.states import OUTCOME_PHASE, CaseReason, Outcome, Phase
+
+
+def operation_report_outcome(
+    *,
+    worker: Worker,
+    operation_id: object,
+    fencing_token: int,
+    outcome: Outcome,
+    provider_request_id: str = "",
+    actual_cost_cents: int | None = None,
+    error_code: str = "",
+) -> Operation:
+    """DISPATCHED -> CONFIRMED / FAILED / UNKNOWN (UNKNOWN opens a reconciliation case).
+
+    The same report sent twice returns the operation unchanged. A report carrying a
+    fenced token is refused; if it names a provider request id, that id is kept on the
+    operation's reconciliation case as unverified evidence."""
+    op_id = parse_id(operation_id, "operation")
+    target = OUTCOME_PHASE[Outcome(outcome)]
+
+    def write(ctx: Fenced) -> Operation:
+        op = Operation.objects.get(pk=op_id)
+        if op.phase == target and op.dispatch_token == ctx.token and op.provider_request_id == provider_request_id:
+            if target != Phase.UNKNOWN and actual_cost_cents is not None:
+                # The same report again, now with the usage that was missing: it settles the
+                # reservation left UNKNOWN (a closed one is left as it is).
+                cost_settle(
+                    op=op, run=ctx.run, actual_cents=actual_cost_cents, batch=ctx.batch, actor=ctx.actor, now=ctx.now
+                )
+            return op  # a duplicate of the report that was already recorded
+        if op.phase != Phase.DISPATCHED:
+            raise WrongPhase(phase=op.phase, wanted=Phase.DISPATCHED)
+        if op.dispatch_token != ctx.token:
+            raise WrongPhase(phase=f"{op.phase} under another token", wanted="DISPATCHED under this token")
+        changes = {
+            "provider_request_id": provider_request_id,
+            "actual_cost_cents": actual_cost_cents,
+            "error_code": error_code,
+        }
+        if target != Phase.UNKNOWN:
+            transition(op, target, ctx, **changes)
+            # Usage settles the reservation; no usage reported leaves it UNKNOWN until reconciled.
+            cost_settle(
+                op=op, run=ctx.run, actual_cents=actual_cost_cents, batch=ctx.batch, actor=ctx.actor, now=ctx.now
+            )
+        else:
+            operations_mark_unknown(
+                operations=[op],
+                runs={ctx.run.pk: ctx.run},
+                batch=ctx.batch,
+                actor=ctx.actor,
+                reason=CaseReason.WORKER_REPORTED_UNKNOWN,
+                changes=changes,
+            )
+        return op
+
+    def on_refused(ctx: Fenced, reason: str) -> None:
+        op = Operation.objects.get(pk=op_id)
+        if op.phase == Phase.DISPATCHED and op.dispatch_token == ctx.token:
+            # The reporter dispatched this effect and has lost its lease since: nobody can
+            # report for it any more, so its outcome is UNKNOWN now, not at the next sweep.
+            operations_mark_unknown(
+                operations=[op],
+                runs={ctx.run.pk: ctx.run},
+                batch=ctx.batch,
+                actor=ctx.actor,
+                reason=CaseReason.LEASE_LOST,
+            )
+        if not provider_request_id:
+            return
+        evidence = json_safe(
+            {
+                "provider_request_id": provider_request_id,
+                "reported_outcome": Outcome(outcome).value,
+                "fencing_token": ctx.token,
+                "reported_at": ctx.now,
+                "verified": False,
+            }
+        )
+        case_id = queues().case_attach_unverified_evidence(operation_id=op.pk, evidence=evidence)
+        ctx.batch.append(
+            ctx.run,
+            "UNVERIFIED_EVIDENCE_RECEIVED",
+            actor=ctx.actor,
+            fields={"operation_id": op.pk, "case_id": case_id, **evidence},
+        )
+
+    return fenced(
+        worker=worker,
+        operation_id=op_id,
+        token=fencing_token,
+        attempted="operation.outcome",
+        write=write,
+        on_refused=on_refused,
+    )

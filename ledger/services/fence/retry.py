@@ -1,0 +1,98 @@
+"""Retries: the deterministic retry gate of the Side-Effect Class article, and the new
+attempt it allows.
+
+The decision is explainable without asking the model: it depends only on the operation's
+phase, its side-effect class and its attempt count.
+"""
+
+from ledger.errors import ApprovalRequired, ReconcileFirst, WrongPhase, parse_id
+from ledger.models import Operation, Worker
+from ledger.services.authority.breaker import breaker_allows
+from ledger.services.authority.policy import policy_current
+from ledger.services.core.fencing import Fenced, decided, fenced
+from ledger.services.core.handoff import queues
+from ledger.services.core.phases import transition
+from ledger.states import ApprovalKind, EffectClass, Phase
+
+MAX_AUTOMATIC_ATTEMPTS = 3
+
+
+def operation_retry_decision(op: Operation) -> tuple[str, str]:
+    """Returns ``(decision, reason)`` with decision one of STOP, RETRY, RETRY_SAME_KEY,
+    RECONCILE, APPROVAL."""
+    phase = Phase(op.phase)
+    if phase == Phase.CONFIRMED:
+        return "STOP", "the provider confirmed the effect"
+    if phase in (Phase.UNKNOWN, Phase.DISPATCHED):
+        return "RECONCILE", f"the operation is {phase}: the effect may have happened"
+    if phase == Phase.DENIED:
+        return "STOP", "the operation was denied"
+    if phase in (Phase.PLANNED, Phase.PENDING_APPROVAL, Phase.AUTHORIZED):
+        return "STOP", f"nothing to retry: attempt {op.attempt} has not been dispatched"
+    if phase == Phase.RECONCILED and op.reconciliation != "DID_NOT_HAPPEN":
+        return "STOP", f"reconciled: the effect {op.reconciliation.lower().replace('_', ' ') or 'was resolved'}"
+    # FAILED, or RECONCILED: decide by side-effect class and attempts spent.
+    effect = EffectClass(op.effect_class)
+    if effect == EffectClass.PURE and op.attempt < MAX_AUTOMATIC_ATTEMPTS:
+        return "RETRY", f"PURE operation, attempt {op.attempt} of {MAX_AUTOMATIC_ATTEMPTS}"
+    if effect == EffectClass.IDEMPOTENT and op.attempt < MAX_AUTOMATIC_ATTEMPTS:
+        return "RETRY_SAME_KEY", f"IDEMPOTENT operation, attempt {op.attempt} of {MAX_AUTOMATIC_ATTEMPTS}"
+    if effect == EffectClass.REPLAYABLE:
+        return "RECONCILE", "REPLAYABLE operation: check the durable record before repeating"
+    if effect in (EffectClass.PURE, EffectClass.IDEMPOTENT):
+        return "APPROVAL", f"{MAX_AUTOMATIC_ATTEMPTS} attempts spent"
+    return "APPROVAL", f"{effect} operation: repeating needs a human decision"
+
+
+def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int) -> Operation:
+    """A new attempt of a FAILED (or reconciled as not happened) operation, as the retry
+    decision allows: RETRY / RETRY_SAME_KEY start attempt + 1 (same idempotency key);
+    RECONCILE refuses (RECONCILE_FIRST); APPROVAL asks for, or uses, an approval bound to
+    this operation, attempt, args digest and fencing token."""
+    op_id = parse_id(operation_id, "operation")
+
+    def write(ctx: Fenced) -> tuple[Operation, Exception | None]:
+        op = Operation.objects.get(pk=op_id)
+        decision, reason = operation_retry_decision(op)
+        if decision == "RECONCILE":
+            raise ReconcileFirst(reason)
+        if decision == "STOP":
+            raise WrongPhase(phase=op.phase, wanted="FAILED, or RECONCILED as not having happened")
+        version, policy = policy_current(tenant=ctx.run.tenant)
+        refusal = breaker_allows(tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=True)
+        if refusal is not None:
+            raise refusal
+        if decision == "APPROVAL":
+            approval = queues().approval_usable(operation=op, kind=ApprovalKind.RETRY, token=ctx.token, now=ctx.now)
+            if approval is None:
+                asked = queues().approval_open(
+                    run=ctx.run,
+                    kind=ApprovalKind.RETRY,
+                    token=ctx.token,
+                    ttl_s=policy["approval_ttl_s"],
+                    batch=ctx.batch,
+                    actor=ctx.actor,
+                    operation=op,
+                )
+                return op, ApprovalRequired(asked.pk)
+            queues().approval_use(approval=approval, run=ctx.run, batch=ctx.batch, actor=ctx.actor)
+        transition(
+            op,
+            Phase.PLANNED,
+            ctx,
+            reason=f"retry: {reason}",
+            attempt=op.attempt + 1,
+            dispatched_at=None,
+            dispatch_token=None,
+            dispatch_owner_id=None,
+            provider_request_id="",
+            actual_cost_cents=None,
+            error_code="",
+            reconciliation="",
+            decision_code="",
+        )
+        return op, None
+
+    return decided(
+        fenced(worker=worker, operation_id=op_id, token=fencing_token, attempted="operation.retry", write=write)
+    )

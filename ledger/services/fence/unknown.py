@@ -1,0 +1,58 @@
+"""DISPATCHED -> UNKNOWN: the step every path takes when nobody can report an effect's
+outcome any more (the worker said UNKNOWN, the lease was lost, released or revoked), with a
+reconciliation case for each operation and its cost reservation kept counted as UNKNOWN
+(invariant 4: no default ever turns UNKNOWN into success)."""
+
+from ledger.errors import WrongPhase
+from ledger.models import Operation
+from ledger.services.authority.reservations import cost_mark_unknown
+from ledger.services.core.handoff import queues
+from ledger.services.core.phases import LOGGED_CHANGES
+from ledger.services.evidence.append import ChainBatch
+from ledger.states import CaseReason, Phase
+
+
+def operations_mark_unknown(
+    *,
+    operations: list[Operation],
+    runs: dict,
+    batch: ChainBatch,
+    actor: str,
+    reason: CaseReason,
+    changes: dict | None = None,
+) -> dict:
+    """DISPATCHED -> UNKNOWN for a set of operations whose runs the caller has locked, in
+    one UPDATE, with one reconciliation case and one event each. Returns {op_id: case}."""
+    if not operations:
+        return {}
+    changes = changes or {}
+    ids = [op.pk for op in operations]
+    moved = Operation.objects.filter(pk__in=ids, phase=Phase.DISPATCHED).update(
+        phase=Phase.UNKNOWN, updated_at=batch.now, **changes
+    )
+    if moved != len(ids):  # impossible while the runs are locked
+        raise WrongPhase(phase="changed concurrently", wanted=Phase.DISPATCHED)
+    cases = queues().cases_open(operations=operations, reason=reason, now=batch.now)
+    for op in operations:
+        op.phase = Phase.UNKNOWN
+        for name, value in changes.items():
+            setattr(op, name, value)
+        fields = {
+            "operation_id": op.pk,
+            "from": Phase.DISPATCHED.value,
+            "to": Phase.UNKNOWN.value,
+            "attempt": op.attempt,
+            "reason": reason.value,
+            "case_id": cases[op.pk].pk,
+        }
+        fields.update({k: v for k, v in changes.items() if k in LOGGED_CHANGES and v not in (None, "")})
+        batch.count_move(runs[op.run_id], Phase.DISPATCHED, Phase.UNKNOWN)
+        batch.append(runs[op.run_id], "OPERATION_UNKNOWN", actor=actor, fields=fields)
+    # Their cost reservations stay counted, as UNKNOWN, until reconciliation settles them.
+    cost_mark_unknown(ops=operations, runs=runs, batch=batch, actor=actor, now=batch.now, reason=reason)
+    return cases
+
+
+def operations_orphaned(*, run_ids: list) -> list[Operation]:
+    """The DISPATCHED operations of runs whose lease was lost (runs locked by the caller)."""
+    return list(Operation.objects.filter(run_id__in=run_ids, phase=Phase.DISPATCHED).order_by("created_at"))

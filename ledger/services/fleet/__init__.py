@@ -1,0 +1,1 @@
+"""The fleet: worker identities and their lifecycle."""
