@@ -1,6 +1,7 @@
 # The two commands of README.md:
 #   make demo   the console and API with a seeded tenant and worker, on the embedded default
 #   make test   the whole test suite (PostgreSQL at 127.0.0.1:5432, Redis at 127.0.0.1:6379)
+# make lint: ruff (lint and format), mypy, and no missing migration; CI runs it before the tests
 # Benchmarks (docs/performance.md): make bench, make bench-ledger, make bench-console
 
 DATABASE_URL_TEST ?= postgres://postgres@127.0.0.1:5432/fenceline
@@ -9,7 +10,7 @@ REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
 DATABASE_URL_SCALE ?= postgres://postgres@127.0.0.1:5432/fl_scale
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test bench bench-ledger bench-console
+.PHONY: demo test lint bench bench-ledger bench-console
 
 demo:
 	@.ci/bootstrap
@@ -20,6 +21,13 @@ test:
 	@command -v chromium >/dev/null || { echo "The browser tests need Debian's chromium: sudo apt-get install -y chromium" >&2; exit 1; }
 	DATABASE_URL=$(DATABASE_URL_TEST) FENCELINE_TEST_REDIS_URL=$(REDIS_URL_TEST) FENCELINE_FAIL_ON_SKIP=1 \
 		.venv/bin/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+lint:
+	@.ci/bootstrap
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/mypy
+	.venv/bin/python manage.py makemigrations --check --dry-run
 
 bench:
 	@.ci/bootstrap

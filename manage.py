@@ -6,8 +6,6 @@ import sys
 
 
 def main() -> None:
-    if sys.version_info < (3, 12):
-        sys.exit(f"Fenceline needs Python 3.12 or newer (Django 6); this is {sys.version.split()[0]}.")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     from django.core.management import execute_from_command_line
 

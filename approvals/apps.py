@@ -12,3 +12,4 @@ class ApprovalsConfig(AppConfig):
         from ledger.services.core.handoff import register
 
         register(handoff)
+        from approvals import tasks  # noqa: F401 - registers its Celery tasks in every process

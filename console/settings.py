@@ -15,6 +15,7 @@ import hmac
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -206,7 +207,7 @@ if _SIGNING_KEY_ID not in _CHECKPOINT_KEYS:
         f"FENCELINE_CHECKPOINT_SIGNING_KEY_ID={_SIGNING_KEY_ID!r} is not among the checkpoint keys"
     )
 
-FENCELINE = {
+FENCELINE: dict[str, Any] = {
     # Checkpoint keys by id (old ones stay to verify old checkpoints) and the one that signs.
     "CHECKPOINT_KEYS": _CHECKPOINT_KEYS,
     "CHECKPOINT_SIGNING_KEY_ID": _SIGNING_KEY_ID,

@@ -152,7 +152,7 @@ RAW_PAYLOAD_FIRST_WORDS = frozenset({"raw"})  # raw_error, rawResponse, raw_body
 
 CREDENTIAL = "credential"
 RAW_PAYLOAD = "raw payload"
-FENCING_TOKEN = "fencing token"
+FENCING_TOKEN = "fencing token"  # noqa: S105 - the name of a rule, not a secret
 
 # --- credential-like values -------------------------------------------------------------
 # (name, triggers, pattern): a value (or key) is refused when a pattern matches anywhere in

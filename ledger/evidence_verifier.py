@@ -57,7 +57,8 @@ import json
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import TypeGuard
 
 __all__ = [
     "BROKEN",
@@ -100,7 +101,7 @@ def format_time(moment: datetime) -> str:
     """A timezone-aware moment as UTC ISO-8601 with microseconds and a trailing Z."""
     if moment.tzinfo is None:
         raise ValueError("occurred_at must be timezone-aware")
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def canonical_bytes(
@@ -297,7 +298,11 @@ class _Stop(Exception):
         self.finding = finding
 
 
-def _int(value: object) -> bool:
+class _End:
+    """The end of the event stream (a sentinel no event can be)."""
+
+
+def _int(value: object) -> TypeGuard[int]:
     return type(value) is int
 
 
@@ -679,13 +684,13 @@ def verify_chain(
     verifier = _Verifier(run_id, checkpoints, keys, expected_head, trusted)
     finding = None
     stream = iter(events)
-    end = object()
+    end = _End()
     current = next(stream, end)
     position = 1
     try:
-        while current is not end:
+        while not isinstance(current, _End):
             following = next(stream, end)
-            verifier.step(current, None if following is end else following, position)
+            verifier.step(current, None if isinstance(following, _End) else following, position)
             current = following
             position += 1
         verifier.finish()

@@ -62,7 +62,7 @@ def _exception_texts(exc: BaseException | None):
         seen.add(id(exc))
         try:
             text = str(exc)
-        except Exception:  # noqa: BLE001 - a broken __str__ must not break logging
+        except Exception:
             text = ""
         if len(text) >= 4:  # shorter texts would only mangle the line, not hide a secret
             yield text
@@ -79,7 +79,7 @@ class WithholdExceptionMessages(logging.Filter):
         exc_type, exc, tb = record.exc_info
         try:
             message = record.getMessage()
-        except Exception:  # noqa: BLE001 - the handler reports a malformed call itself
+        except Exception:
             message = None
         if message is not None:
             withheld = message

@@ -365,6 +365,9 @@ class CredentialLease(Versioned):
     revoked_at = models.DateTimeField(null=True, blank=True)
     revoked_by = models.CharField(max_length=150, blank=True, default="")
     revoke_reason = models.CharField(max_length=500, blank=True, default="")
+    # Not a column: ACTIVE, EXPIRED or REVOKED at the time of a read, set on the leases the
+    # console's selectors return (ledger.admin_selectors.lease_state) for its templates.
+    state: str
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "revoked_at", "expires_at"], name="credlease_active")]

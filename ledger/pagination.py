@@ -29,7 +29,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID | int] | None:
         return None
 
 
-def keyset_page(
+def keyset_page[M: Model](
     queryset: QuerySet[M], *, order_field: str, cursor: str | None, size: int = PAGE_SIZE, descending: bool = False
 ) -> tuple[list[M], str | None]:
     """One page ordered by (order_field, id) after ``cursor`` (newest first when

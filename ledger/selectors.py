@@ -2,6 +2,7 @@
 
 import uuid
 from datetime import timedelta
+from typing import Any
 
 from django.db.models import Exists, F, OuterRef, Q, Subquery
 
@@ -22,12 +23,16 @@ def run_get(*, tenant: Tenant, run_id: object) -> Run:
     return run
 
 
-def run_indicators(run: Run) -> dict[str, dict]:
+def run_indicators(run: Run) -> dict[str, dict[str, Any]]:
     """The four indicators, each with its value, its evidence and a reason when not green.
     Read from counters the transitions keep and from the verifier's last result: O(1)."""
     in_flight = run.n_dispatched
     intended = run.n_planned + run.n_pending_approval + run.n_authorized
     open_at_completion = run.n_dispatched + run.n_unknown
+    completeness: dict[str, Any]
+    integrity: dict[str, Any]
+    authorization: dict[str, Any]
+    certainty: dict[str, Any]
 
     if run.broken_reason == "gap":
         completeness = {
@@ -273,17 +278,17 @@ def dashboard_counts(*, user) -> dict:
             .order_by()
         ):
             rows[r["tenant_id"]]["pending_approvals"] = r["n"]
-        for r in (
+        for tenant_id, expiring in (
             RunLease.objects.filter(
                 run__tenant_id__in=ids,
                 owner_id__isnull=False,
                 expires_at__lte=now + timedelta(seconds=EXPIRING_WITHIN_S),
             )
-            .values("run__tenant_id")
+            .values_list("run__tenant_id")
             .annotate(n=Count("run_id"))
             .order_by()
         ):
-            rows[r["run__tenant_id"]]["expiring_leases"] = r["n"]
+            rows[tenant_id]["expiring_leases"] = expiring
         for r in (
             Run.objects.filter(tenant_id__in=ids, stale_rejections__gt=0)  # index run_stale
             .values("tenant_id")

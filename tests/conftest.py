@@ -164,7 +164,7 @@ def run_concurrently(fn, count: int, timeout: float = 60) -> list:
         try:
             barrier.wait(timeout)
             results[i] = fn(i)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
+        except BaseException as exc:
             results[i] = exc
         finally:
             connections.close_all()

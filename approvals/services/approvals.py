@@ -120,6 +120,8 @@ def approvals_expire(*, batch_size: int | None = None) -> int:
 
 def _deny_waiting_operation(*, approval: ApprovalRequest, run: Run, batch: ChainBatch, actor: str) -> None:
     """An approver's "no" is the operation's decision: PENDING_APPROVAL -> DENIED."""
+    if approval.operation_id is None:
+        return  # a capability's approval: the capability itself was denied
     op = Operation.objects.get(pk=approval.operation_id)
     if op.phase != Phase.PENDING_APPROVAL or op.attempt != approval.attempt:
         return

@@ -2,6 +2,7 @@
 authority checks take to put work before a person. Registered at start-up
 (``approvals.apps``); each runs in the caller's transaction, with the runs locked."""
 
+import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,7 +40,7 @@ def cases_open(*, operations: Sequence[Operation], reason: CaseReason, now: date
     return {case.operation_id: case for case in cases}
 
 
-def open_case_for(operation_id: object) -> ReconciliationCase | None:
+def open_case_for(operation_id: uuid.UUID) -> ReconciliationCase | None:
     return (
         ReconciliationCase.objects.filter(operation_id=operation_id, status__in=OPEN_CASE_STATUSES)
         .order_by("-opened_at")
@@ -47,7 +48,7 @@ def open_case_for(operation_id: object) -> ReconciliationCase | None:
     )
 
 
-def case_attach_unverified_evidence(*, operation_id: object, evidence: dict[str, Any]) -> Any:
+def case_attach_unverified_evidence(*, operation_id: uuid.UUID, evidence: dict[str, Any]) -> Any:
     """Add evidence nobody has verified (for instance a fenced worker's provider request
     id) to the operation's open case; returns the case id, or None when no case is open.
     The caller holds the run lock."""

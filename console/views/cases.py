@@ -7,7 +7,7 @@ import uuid
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET, require_POST
 
@@ -38,7 +38,7 @@ class ResolveForm(forms.Form):
     reason = forms.CharField(max_length=500, strip=True)
 
     def clean(self):
-        data = super().clean()
+        data = super().clean() or {}
         if data.get("resolution") == "HAPPENED" and not data.get("provider_request_id"):
             self.add_error("provider_request_id", "HAPPENED needs the provider's request id as evidence.")
         return data
@@ -59,7 +59,11 @@ class BulkForm(forms.Form):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # Any submitted id is a valid choice here; visibility is decided by the selector.
-        self.fields["case"].choices = [(v, v) for v in self.data.getlist("case")] if self.data else []
+        field = self.fields["case"]
+        if not isinstance(field, forms.TypedMultipleChoiceField):
+            raise TypeError("BulkForm.case must be a multiple choice field")
+        submitted = self.data.getlist("case") if isinstance(self.data, QueryDict) else []
+        field.choices = [(v, v) for v in submitted]
 
 
 def _queue_context(request) -> dict:

@@ -32,7 +32,7 @@ def tenant_for_action(request: HttpRequest, slug: str, perm: str) -> Tenant:
 def form_errors(form: forms.Form) -> str:
     """A form's errors as one line: ``field name: message; ...``."""
     return "; ".join(
-        " ".join(errs) if name == "__all__" else f"{name.replace('_', ' ')}: {' '.join(errs)}"
+        " ".join(map(str, errs)) if name == "__all__" else f"{name.replace('_', ' ')}: {' '.join(map(str, errs))}"
         for name, errs in form.errors.items()
     )
 

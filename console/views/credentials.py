@@ -28,10 +28,12 @@ class SelectionForm(forms.Form):
     tenant = forms.SlugField(max_length=64)
     lease = forms.CharField(max_length=36, required=False, strip=True)
     principal = forms.CharField(max_length=200, required=False, strip=True)
-    prefix = forms.CharField(max_length=36, required=False, strip=True)
+    # A field named like BaseForm.prefix: Django's form metaclass moves declared fields into
+    # base_fields, so the form's own ``prefix`` stays None.
+    prefix = forms.CharField(max_length=36, required=False, strip=True)  # type: ignore[assignment]
 
     def clean(self):
-        data = super().clean()
+        data = super().clean() or {}
         if not (data.get("lease") or data.get("principal") or data.get("prefix")):
             raise forms.ValidationError("Name a lease, a principal or a lease-id prefix.")
         if data.get("lease") and (data.get("principal") or data.get("prefix")):
@@ -126,14 +128,14 @@ def revoke(request):
     selection, reason = _selection(form), form.cleaned_data["reason"]
     try:
         if selection["lease_id"]:
-            lease = credential_lease_revoke(
+            revocation = credential_lease_revoke(
                 tenant=tenant, lease_id=selection["lease_id"], reason=reason, user=request.user
             )
+            short_id = str(revocation.lease.pk)[:8]
             message = (
-                f"Lease {str(lease.pk)[:8]} revoked."
-                if lease.revoked_now
-                else f"Lease {str(lease.pk)[:8]} was already revoked."
+                f"Lease {short_id} revoked." if revocation.revoked_now else f"Lease {short_id} was already revoked."
             )
+
         else:
             revoked = credential_leases_revoke(
                 tenant=tenant,
@@ -156,7 +158,7 @@ def rotate(request):
         return render(request, TEMPLATE, _page_context(request, errors=[form_errors(form)]), status=BAD_INPUT)
     tenant = tenant_for_action(request, form.cleaned_data["tenant"], ADMINISTER)
     try:
-        credential = credential_rotate(
+        rotation = credential_rotate(
             tenant=tenant,
             principal=form.cleaned_data["principal"],
             reason=form.cleaned_data["reason"],
@@ -165,7 +167,7 @@ def rotate(request):
     except DomainError as exc:
         return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=exc.status)
     message = (
-        f"{credential.principal} rotated to version {credential.version}; "
-        f"{len(credential.affected_run_ids)} run(s) holding older leases were told."
+        f"{rotation.credential.principal} rotated to version {rotation.credential.version}; "
+        f"{len(rotation.affected_run_ids)} run(s) holding older leases were told."
     )
     return done(request, message, f"/credentials/?tenant={tenant.slug}")

@@ -79,9 +79,9 @@ def worker_act(request, worker_id: int):
     except DomainError as exc:
         return render(request, TEMPLATE, _list_context(request, errors=[exc.detail]), status=exc.status)
     held = len(changed.affected_run_ids)
-    message = f"{worker.name} is {changed.status}."
+    message = f"{worker.name} is {changed.worker.status}."
     if action == "quarantine" and held:
         message += f" {held} lease(s) it held were revoked; anything dispatched under them is now UNKNOWN."
     elif action == "drain":
-        message += f" It may finish its {held} run(s) until {changed.drain_deadline:%H:%M:%S} UTC."
+        message += f" It may finish its {held} run(s) until {changed.worker.drain_deadline:%H:%M:%S} UTC."
     return done(request, message, request.POST.get("next") or "/workers/")

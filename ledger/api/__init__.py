@@ -51,7 +51,7 @@ from ledger.services.core.fencing import fence_check
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.fence import leases, notes, operations, outcomes, retry, runs
 from ledger.services.fence.operations import Intent
-from ledger.states import Phase
+from ledger.states import Outcome, Phase
 
 
 class StrictJSONParser(Parser):
@@ -303,13 +303,13 @@ def retry_operation(request, operation_id: str, body: TokenIn):
 def request_capability(request, run_id: str, body: CapabilityIn):
     """A capability budget for one tool on this run: ACTIVE, or PENDING_APPROVAL when
     approval is `human` (or the policy puts the tool before a person)."""
-    capability = capabilities.capability_request(worker=request.worker, run_id=run_id, **body.model_dump())
-    approval = getattr(capability, "approval_request", None)
+    requested = capabilities.capability_request(worker=request.worker, run_id=run_id, **body.model_dump())
+    approval = requested.approval
     return Status(
         201,
         {
-            "capability_id": str(capability.pk),
-            "status": capability.status,
+            "capability_id": str(requested.capability.pk),
+            "status": requested.capability.status,
             "approval_id": str(approval.pk) if approval else None,
         },
     )
@@ -343,7 +343,7 @@ def report_outcome(request, operation_id: str, body: OutcomeIn):
         worker=request.worker,
         operation_id=operation_id,
         fencing_token=body.fencing_token,
-        outcome=body.outcome,
+        outcome=Outcome(body.outcome),
         provider_request_id=body.provider_request_id or "",
         actual_cost_cents=body.actual_cost_cents,
         error_code=body.error_code or "",
@@ -396,7 +396,7 @@ def export_events(request, run_id: str):
 
 def _export(run):
     head = {"last_seq": run.last_seq, "last_hash": run.last_hash}
-    yield '{"run_id":%s,"head":%s,"events":[' % (json.dumps(str(run.pk)), json.dumps(head))
+    yield f'{{"run_id":{json.dumps(str(run.pk))},"head":{json.dumps(head)},"events":['
     rows = Event.objects.filter(run=run, seq__lte=head["last_seq"]).order_by("seq").iterator(chunk_size=2000)
     for index, event in enumerate(rows):
         yield ("," if index else "") + json.dumps(
@@ -416,19 +416,21 @@ def _export(run):
             separators=(",", ":"),
         )
     checkpoints = Checkpoint.objects.filter(run=run, seq__lte=head["last_seq"]).order_by("seq")
-    yield '],"checkpoints":%s}' % json.dumps(
-        [
-            {
-                "run_id": str(run.pk),
-                "seq": cp.seq,
-                "last_hash": cp.last_hash,
-                "verifier_version": cp.verifier_version,
-                "key_id": cp.key_id,
-                "mac": cp.mac,
-            }
-            for cp in checkpoints
-        ],
-        separators=(",", ":"),
+    yield '],"checkpoints":{}}}'.format(
+        json.dumps(
+            [
+                {
+                    "run_id": str(run.pk),
+                    "seq": cp.seq,
+                    "last_hash": cp.last_hash,
+                    "verifier_version": cp.verifier_version,
+                    "key_id": cp.key_id,
+                    "mac": cp.mac,
+                }
+                for cp in checkpoints
+            ],
+            separators=(",", ":"),
+        )
     )
 
 

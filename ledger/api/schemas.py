@@ -9,7 +9,7 @@ from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
 from ledger.services.authority import credential_leases, credentials
 from ledger.services.fence.leases import MAX_TTL_S, MIN_TTL_S
-from ledger.states import EffectClass, Outcome, Phase
+from ledger.states import EffectClass, Phase
 
 
 class In(Schema):
@@ -23,9 +23,10 @@ Ttl = Annotated[StrictInt, Field(ge=MIN_TTL_S, le=MAX_TTL_S)]
 Cents = Annotated[StrictInt, Field(ge=0)]
 Code = Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-:]+$")]
 ProviderRequestId = Annotated[StrictStr, Field(min_length=1, max_length=200)]
-# Literal rather than the Enum: strict validation accepts the JSON strings as they come.
-EffectClassName = Literal[tuple(EffectClass.values)]
-OutcomeName = Literal[tuple(Outcome.values)]
+# Written out, so that type checkers can read them; tests/unit/test_api_schemas.py holds them
+# to the enums. Literal rather than the Enum: strict validation takes the JSON strings as they come.
+EffectClassName = Literal["PURE", "IDEMPOTENT", "REPLAYABLE", "UNKNOWN", "NON_RETRYABLE"]
+OutcomeName = Literal["CONFIRMED", "FAILED", "UNKNOWN"]
 
 
 class Error(Schema):

@@ -131,7 +131,7 @@ def test_event_types_reserved_for_fenceline_cannot_be_appended(leased):
 
 
 def test_unknown_runs_and_operations_are_404(leased):
-    client, run_id, op_id = leased
+    client, _run_id, _op_id = leased
     before = snapshot()
     missing_run, missing_op = str(uuid.uuid4()), str(uuid.uuid4())
     for r in (

@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.bench.fenced_transitions import BenchError, Server
+from tests.bench.fenced_transitions import BenchError, Server  # noqa: E402 - after the sys.path line above
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/fl_scale"
 MARKER = "fenceline console bench data set "  # the database comment: this + JSON of the sizes
@@ -526,9 +526,8 @@ def copy_runs(conn, plan: Plan, run_ids: list[str], tenant_ids: list[int]) -> No
     with Copier(conn, "ledger_run", plan.runs, "runs") as out:
         for i, run_id in enumerate(run_ids):
             phases = plan.phases(i)
-            count = {
-                p: 0
-                for p in (
+            count = dict.fromkeys(
+                (
                     "PLANNED",
                     "PENDING_APPROVAL",
                     "AUTHORIZED",
@@ -538,8 +537,9 @@ def copy_runs(conn, plan: Plan, run_ids: list[str], tenant_ids: list[int]) -> No
                     "FAILED",
                     "UNKNOWN",
                     "RECONCILED",
-                )
-            }
+                ),
+                0,
+            )
             for p in phases:
                 count[p] += 1
             created = plan.created_us(i)
@@ -678,7 +678,7 @@ def copy_operations(conn, plan: Plan, run_ids: list[str], tenant_ids: list[int])
             for slot, phase in enumerate(plan.phases(i)):
                 tool = plan.tool(i, slot)
                 at = created + (3 + 4 * slot) * 1_000_000
-                digest = hashlib.md5(b"%d/%d" % (i, slot)).hexdigest()
+                digest = hashlib.md5(b"%d/%d" % (i, slot), usedforsecurity=False).hexdigest()
                 dispatched = phase in dispatched_phases
                 if phase == "CONFIRMED":
                     provider_id, error = f"req_{digest[:20]}", ""
@@ -805,7 +805,7 @@ def copy_approvals(conn, plan: Plan, run_ids: list[str], tenant_ids: list[int]) 
                 asked = created + 7_000_000
                 expires = asked + 3_600_000_000
                 decided = ("USED", "ops-carol", ts(asked + 120_000_000), "expected charge", ts(asked + 180_000_000))
-            digest = hashlib.md5(b"%d/1" % i).hexdigest()
+            digest = hashlib.md5(b"%d/1" % i, usedforsecurity=False).hexdigest()
             out.add(
                 "\t".join(
                     (

@@ -68,7 +68,7 @@ def seed_chain(run, events: int, actor: str) -> None:
         raw = cursor.cursor  # psycopg cursor, for COPY
         while seq < events:
             buffer = io.StringIO()
-            for seq in range(seq + 1, min(seq + COPY_CHUNK, events) + 1):
+            for seq in range(seq + 1, min(seq + COPY_CHUNK, events) + 1):  # noqa: B020 - seq resumes where the chunk ended
                 event_id = str(uuid.uuid4())
                 occurred = start + timedelta(microseconds=seq * 1000)
                 fields = {"step": seq, "note": "checked the deployment status"}

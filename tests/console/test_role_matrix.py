@@ -115,7 +115,7 @@ def perform(browser: Browser, action: str, t: Target):
 
 @pytest.mark.parametrize("where", ["own", "other"])
 @pytest.mark.parametrize("action", sorted(OPERATOR_ACTIONS) + sorted(APPROVER_ACTIONS) + sorted(ADMIN_ACTIONS))
-@pytest.mark.parametrize("role", (*ROLES, None), ids=lambda r: r or "no-role")
+@pytest.mark.parametrize("role", [*ROLES, None], ids=lambda r: r or "no-role")
 def test_every_role_can_do_exactly_what_the_matrix_allows(role, action, where, acme, outsider):
     target = Target(acme if where == "own" else outsider, action)
     browser = Browser(user_with(role, acme.tenant, name="q-person"))

@@ -433,7 +433,7 @@ def _race(tenant_id, op_id, barrier, results):
         results.put((str(op_id), "granted"))
     except Denied as refused:
         results.put((str(op_id), refused.extra["budget"]))
-    except BaseException as exc:  # noqa: BLE001 - reported to the test
+    except BaseException as exc:
         results.put((str(op_id), f"error {type(exc).__name__}: {exc}"))
     finally:
         connections.close_all()

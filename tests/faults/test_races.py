@@ -138,7 +138,7 @@ def test_dispatch_racing_takeovers_at_the_expiry_instant_never_survives_under_a_
         expires_at = datetime.fromisoformat(granted.body["expires_at"].replace("Z", "+00:00"))
         clients = [api_for(acme) for _ in range(THREADS)]
 
-        def act(i: int):
+        def act(i: int, expires_at=expires_at, attempt=attempt, clients=clients, op_id=op_id, run_id=run_id):
             # Stagger around the expiry instant: -20 ms .. +10 ms.
             target = expires_at + timedelta(milliseconds=(attempt - 2) * 10)
             delay = (target - timezone.now()).total_seconds()

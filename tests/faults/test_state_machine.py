@@ -17,6 +17,7 @@ the refusal count (2), one operation per key (3), phase moves, reconciliation ca
 lease loss (4), and the hash chain with its exact growth (5).
 """
 
+import itertools
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -563,7 +564,7 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
             tokens = [g.fencing_token for g in grants]
             assert tokens == list(range(1, len(grants) + 1)), f"{where}: grant tokens not 1..n contiguous: {tokens}"
             times = [g.acquired_at for g in grants]
-            assert all(a < b for a, b in zip(times, times[1:])), f"{where}: grant tokens do not increase with time"
+            assert all(a < b for a, b in itertools.pairwise(times)), f"{where}: grant tokens do not increase with time"
             assert lease.fencing_token == len(grants), (
                 f"{where}: lease token {lease.fencing_token} is not the highest grant {len(grants)}"
             )
@@ -690,7 +691,9 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
             got = [event_summary(e) for e in events]
             if got != run.events:
                 want = run.events
-                first = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+                first = next(
+                    (i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w), min(len(got), len(want))
+                )
                 raise AssertionError(
                     f"{where}: events from seq {first + 1} are {got[first:]}, the model expected {want[first:]}"
                 )

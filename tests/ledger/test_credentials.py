@@ -298,7 +298,7 @@ def test_rotate_bumps_the_version_and_tells_each_run_holding_an_active_lease(acm
         tenant=acme.tenant, principal="github-bot", rotated_by="alice", reason="key leaked in CI log"
     )
 
-    assert rotated.version == 2
+    assert rotated.credential.version == 2
     bot.refresh_from_db()
     assert bot.version == 2 and bot.rotated_at is not None
     assert sorted(map(str, rotated.affected_run_ids)) == sorted([str(holding.pk), str(holding_twice.pk)])
@@ -320,7 +320,7 @@ def test_rotate_twice_gives_two_versions(acme, bot):
     assert (
         credentials.credential_rotate(
             tenant=acme.tenant, principal="github-bot", rotated_by="alice", reason="two"
-        ).version
+        ).credential.version
         == 3
     )
 
@@ -382,7 +382,11 @@ def test_revoking_twice_changes_nothing_the_second_time(acme, bot):
     )
 
     assert not again.revoked_now
-    assert (again.revoked_at, again.revoked_by, again.revoke_reason) == (first.revoked_at, "bob", "first")
+    assert (again.lease.revoked_at, again.lease.revoked_by, again.lease.revoke_reason) == (
+        first.revoked_at,
+        "bob",
+        "first",
+    )
     assert len(events_of(run, "CREDENTIAL_LEASE_REVOKED")) == 1
     assert (
         len(

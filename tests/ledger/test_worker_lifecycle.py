@@ -27,7 +27,7 @@ def status(worker) -> str:
 def test_a_draining_worker_takes_no_new_lease_but_finishes_what_it_holds(acme):
     run, token = leased_run(acme.worker, ttl_s=60)
     drained = worker_drain(worker_id=acme.worker.pk, reason="host patching", name="ann")
-    assert drained.status == "DRAINING" and drained.affected_run_ids == [run.pk]
+    assert drained.worker.status == "DRAINING" and drained.affected_run_ids == [run.pk]
     event = Event.objects.filter(run=run, type="WORKER_DRAINING").get()
     assert (event.actor, event.fields["reason"]) == ("user:ann", "host patching")
     worker = Worker.objects.get(pk=acme.worker.pk)
@@ -42,7 +42,7 @@ def test_quarantine_ends_held_leases_now_and_makes_dispatched_effects_unknown(ac
     run, token = leased_run(acme.worker)
     op = dispatched_operation(acme.worker, run, token, "email-1")
     quarantined = worker_quarantine(worker_id=acme.worker.pk, reason="token seen in a paste", name="ann")
-    assert quarantined.status == "QUARANTINED"
+    assert quarantined.worker.status == "QUARANTINED"
     lease = RunLease.objects.get(run=run)
     assert (lease.owner_id, lease.end_reason) == (None, "REVOKED")
     assert Operation.objects.get(pk=op.pk).phase == "UNKNOWN"
@@ -66,8 +66,8 @@ def test_quarantine_ends_held_leases_now_and_makes_dispatched_effects_unknown(ac
 def test_resume_lets_a_quarantined_worker_take_leases_again(acme):
     worker_quarantine(worker_id=acme.worker.pk, reason="check", name="ann")
     resumed = worker_resume(worker_id=acme.worker.pk, reason="host rebuilt", name="ann")
-    assert resumed.status == "ACCEPTING"
-    run, token = leased_run(Worker.objects.get(pk=acme.worker.pk))
+    assert resumed.worker.status == "ACCEPTING"
+    _run, token = leased_run(Worker.objects.get(pk=acme.worker.pk))
     assert token == 1
 
 

@@ -32,12 +32,12 @@ def test_canonical_bytes_are_sorted_compact_utf8():
 def test_occurred_at_is_utc_with_microseconds_and_z():
     moment = datetime(2026, 12, 2, 11, 0, 0, 5, tzinfo=timezone(timedelta(hours=1)))
     assert format_time(moment) == "2026-12-02T10:00:00.000005Z"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="timezone-aware"):
         format_time(datetime(2026, 12, 2))
 
 
 def test_nan_cannot_enter_the_chain():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not JSON compliant"):
         canonical_bytes(
             run_id="r",
             seq=1,

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import tracemalloc
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,7 @@ OP_B = "0b7a4a1e-0000-4000-8000-00000000000b"
 K1 = b"k1-secret-key-of-32-bytes-000000"
 K2 = b"k2-secret-key-of-32-bytes-111111"
 KEYS = {"k1": K1, "k2": K2}
-T0 = datetime(2026, 12, 2, 10, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC)
 ACTOR = "worker:w1/owner-a"
 
 # (type, fields) of the reference chain, seq 1..14
@@ -514,11 +514,11 @@ def test_nothing_tampered_is_verified_even_without_the_extra_anchors(tamper):
 
 
 def test_last_trusted_checkpoint_stops_at_the_failure():
-    events, checkpoints, kwargs = delete_run()
+    events, checkpoints, _ = delete_run()
     report = verify(events, checkpoints)
     assert report.last_trusted_checkpoint == 5
     assert (report.events_checked, report.head_seq, report.head_hash) == (6, 6, HASH[6])
-    events, checkpoints, kwargs = unknown_key_id()
+    events, checkpoints, _kwargs = unknown_key_id()
     assert verify(events, checkpoints).last_trusted_checkpoint == 5
 
 
@@ -539,7 +539,8 @@ def test_duplicate_event_id_is_found_only_within_the_window(monkeypatch):
 
 
 def test_retry_after_failure_is_a_legal_replanning():
-    specs = copy.deepcopy(SPECS[:4]) + [
+    specs = [
+        *copy.deepcopy(SPECS[:4]),
         ("OPERATION_FAILED", {"operation_id": OP_A, "from": "DISPATCHED", "to": "FAILED", "attempt": 1}),
         ("OPERATION_PLANNED", {"operation_id": OP_A, "from": "FAILED", "to": "PLANNED", "attempt": 2}),
         ("OPERATION_AUTHORIZED", {"operation_id": OP_A, "from": "PLANNED", "to": "AUTHORIZED", "attempt": 2}),

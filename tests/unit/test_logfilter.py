@@ -29,7 +29,7 @@ def emit(logger_name: str, make_exception, message: str = "Internal Server Error
     try:
         try:
             make_exception()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             logger.error(message, *args, exc_info=exc)
     finally:
         for handler, stream in originals:

@@ -1,6 +1,7 @@
 """`python manage.py demo`: migrate, seed a demo tenant through the real services, then
 serve the console and API with the background jobs (a Celery worker with beat)."""
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from ledger.services.fleet.lifecycle import worker_drain, worker_quarantine
 from ledger.services.fleet.workers import worker_create, worker_rotate_token
 from ledger.services.tenancy.roles import role_grant
 from ledger.services.tenancy.tenants import tenant_ensure
+from ledger.states import EffectClass
 
 TENANT = "demo"
 WORKER = "demo-worker"
@@ -141,10 +143,8 @@ class Command(BaseCommand):
         )
         RunLease.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))  # the demo's clock
         leases.lease_acquire(worker=worker, run_id=run.pk, owner_id="agent-rescue", ttl_s=3600)
-        try:
+        with contextlib.suppress(StaleToken):  # expected: that is the point of this run
             outcome(op, token, "CONFIRMED", provider_request_id="msg-77")
-        except StaleToken:
-            pass  # expected: that is the point of this run
 
         # UNKNOWN without stale evidence: the provider timed out after accepting.
         run, token = leased("demo-timeout")
@@ -182,15 +182,13 @@ class Command(BaseCommand):
             effect="NON_RETRYABLE",
         )
         for op in (pending, expired):
-            try:
+            with contextlib.suppress(ApprovalRequired):
                 operations.operation_authorize(worker=worker, operation_id=op.pk, fencing_token=token)
-            except ApprovalRequired:
-                pass
         ApprovalRequest.objects.filter(operation=expired).update(expires_at=timezone.now() - timedelta(seconds=1))
         approvals_expire()
 
         # A revoked credential lease that refused a dispatch.
-        credential_create(tenant=tenant, principal="github-bot", secret_ref="vault:kv/github-bot")
+        credential_create(tenant=tenant, principal="github-bot", secret_ref="vault:kv/github-bot")  # noqa: S106 - a reference, not a secret
         run, token = leased("demo-revoked")
         lease = credential_lease_issue(
             worker=worker,
@@ -208,10 +206,8 @@ class Command(BaseCommand):
         credential_lease_revoke(
             tenant=tenant, lease_id=lease.pk, revoked_by="admin", reason="token seen in a build log"
         )
-        try:
+        with contextlib.suppress(Denied):  # DENY_REVOKED, as intended
             operations.operation_dispatch(worker=worker, operation_id=op.pk, fencing_token=token)
-        except Denied:
-            pass  # DENY_REVOKED, as intended
 
         # A run whose chain is BROKEN: an event slipped in past the recorded head.
         run, token = leased("demo-broken")
@@ -227,7 +223,7 @@ class Command(BaseCommand):
 
         # Active credential leases for an admin to preview and revoke in the console; one
         # operation is authorized under them and not yet dispatched.
-        credential_create(tenant=tenant, principal="deploy-bot", secret_ref="vault:kv/deploy-bot")
+        credential_create(tenant=tenant, principal="deploy-bot", secret_ref="vault:kv/deploy-bot")  # noqa: S106 - a reference, not a secret
         run, token = leased("demo-deploy")
         issued = [
             credential_lease_issue(
@@ -261,7 +257,7 @@ class Command(BaseCommand):
     def seed_other_tenants(self) -> None:
         # Another tenant: the demo users see nothing of it.
         globex, _ = tenant_ensure(slug="globex", name="Globex")
-        role_grant(username="globex-admin", tenant=globex, role="admin", password="globex-admin-demo")
+        role_grant(username="globex-admin", tenant=globex, role="admin", password="globex-admin-demo")  # noqa: S106 - the documented demo sign-in
         other, _ = worker_create(tenant=globex, name="globex-worker")
         run, _ = runs.run_create(worker=other, schema_version=1, external_id="globex-run")
         leases.lease_acquire(worker=other, run_id=run.pk, owner_id="g-agent", ttl_s=3600)
@@ -283,7 +279,7 @@ class Command(BaseCommand):
             tool="llm",
             action="complete",
             resource="model:large",
-            effect_class="PURE",
+            effect_class=EffectClass.PURE,
             idempotency_key="i:1",
             estimated_cost_cents=900,
         )
@@ -294,7 +290,7 @@ class Command(BaseCommand):
     def start_jobs(self) -> subprocess.Popen:
         schedule = settings.STATE_DIR / "celerybeat-schedule"
         self.stdout.write(f"starting background jobs (Celery worker with beat, broker {settings.CELERY_BROKER_URL})")
-        return subprocess.Popen(
+        return subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
             [
                 sys.executable,
                 "-m",

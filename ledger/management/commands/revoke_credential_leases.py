@@ -33,7 +33,7 @@ class Command(BaseCommand):
                 one = credential_leases.credential_lease_revoke(
                     tenant=tenant_obj, lease_id=lease, revoked_by=by, reason=reason
                 )
-                leases = [one] if one.revoked_now else []
+                leases = [one.lease] if one.revoked_now else []
             else:
                 leases = credential_leases.credential_leases_revoke(
                     tenant=tenant_obj, principal=principal, prefix=prefix, revoked_by=by, reason=reason

@@ -21,10 +21,10 @@ class Command(BaseCommand):
     def handle(self, *args, tenant, principal, by, reason, **options):
         tenant_obj = tenant_by_slug(tenant)
         try:
-            credential = credential_rotate(tenant=tenant_obj, principal=principal, rotated_by=by, reason=reason)
+            rotation = credential_rotate(tenant=tenant_obj, principal=principal, rotated_by=by, reason=reason)
         except DomainError as exc:
             raise CommandError(exc.detail) from None
-        runs = credential.affected_run_ids
+        credential, runs = rotation.credential, rotation.affected_run_ids
         self.stdout.write(
             f"rotated {credential.principal} in tenant {tenant_obj.slug} to version {credential.version}; "
             f"CREDENTIAL_ROTATED recorded in {len(runs)} run(s)"

@@ -143,7 +143,7 @@ def breaker_allows(*, tenant: Tenant, op: Operation, policy: dict, attempt_is_re
         state, reason = _breaker_compute(tenant=tenant, policy=policy, now=now, stored=stored)
     if state == BreakerState.OPEN:
         return _breaker_refusal(f"the tenant's cost breaker is OPEN ({reason}): no new work until it closes")
-    level = state
+    level: BreakerState = state
     if state == BreakerState.UNKNOWN:
         if attempt_is_retry:
             return _breaker_refusal(f"the tenant's cost breaker is UNKNOWN ({reason}): no automatic retry until then")

@@ -2,6 +2,8 @@
 resources, how many calls and bytes — requested by the run's lease owner within the tenant
 policy, and never wider than the parent run's."""
 
+import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db.models import F
@@ -11,8 +13,17 @@ from ledger.models import CapabilityBudget, Worker
 from ledger.policy import allows, needs_human
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.fencing import Fenced, fenced
-from ledger.services.core.handoff import queues
+from ledger.services.core.handoff import Approval, queues
 from ledger.states import ApprovalKind, CapabilityStatus
+
+
+@dataclass(frozen=True)
+class RequestedCapability:
+    """A new capability budget and, when it waits for a person (PENDING_APPROVAL), the
+    approval request it waits on."""
+
+    capability: CapabilityBudget
+    approval: Approval | None
 
 
 def capability_request(
@@ -27,11 +38,11 @@ def capability_request(
     ttl_s: int,
     approval: str = "none",
     max_bytes: int | None = None,
-) -> CapabilityBudget:
+) -> RequestedCapability:
     if approval not in ("none", "human"):
         raise InvalidInput("approval must be 'none' or 'human'")
 
-    def write(ctx: Fenced) -> CapabilityBudget:
+    def write(ctx: Fenced) -> RequestedCapability:
         version, policy = policy_current(tenant=worker.tenant)
         _within_policy(
             policy,
@@ -45,7 +56,13 @@ def capability_request(
         expires_at = ctx.now + timedelta(seconds=ttl_s)
         if ctx.run.parent_id is not None:
             parent = _within_parent(
-                ctx, tool=tool, actions=actions, resources=resources, max_calls=max_calls, max_bytes=max_bytes
+                ctx,
+                parent_run_id=ctx.run.parent_id,
+                tool=tool,
+                actions=actions,
+                resources=resources,
+                max_calls=max_calls,
+                max_bytes=max_bytes,
             )
             expires_at = min(expires_at, parent.expires_at)  # never outlives what it came from
         human = approval == "human" or needs_human(policy, tool)
@@ -77,8 +94,9 @@ def capability_request(
                 "policy_version": version,
             },
         )
+        approval_request = None
         if human:
-            capability.approval_request = queues().approval_open(
+            approval_request = queues().approval_open(
                 run=ctx.run,
                 kind=ApprovalKind.CAPABILITY,
                 token=ctx.token,
@@ -87,7 +105,7 @@ def capability_request(
                 actor=ctx.actor,
                 capability=capability,
             )
-        return capability
+        return RequestedCapability(capability=capability, approval=approval_request)
 
     return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="capability.request", write=write)
 
@@ -106,11 +124,13 @@ def _within_policy(policy: dict, *, tool, actions, resources, max_calls, ttl_s, 
                 raise Denied("DENY_POLICY", why)
 
 
-def _within_parent(ctx: Fenced, *, tool, actions, resources, max_calls, max_bytes) -> CapabilityBudget:
+def _within_parent(
+    ctx: Fenced, *, parent_run_id: uuid.UUID, tool, actions, resources, max_calls, max_bytes
+) -> CapabilityBudget:
     """A child run's capability must fit inside one ACTIVE capability of its parent, and the
     calls and bytes it gets are taken from the parent's (a conditional UPDATE), so the two
     together never hold more than the parent was granted."""
-    for parent in CapabilityBudget.objects.filter(run_id=ctx.run.parent_id, tool=tool, status=CapabilityStatus.ACTIVE):
+    for parent in CapabilityBudget.objects.filter(run_id=parent_run_id, tool=tool, status=CapabilityStatus.ACTIVE):
         fits = (
             set(actions) <= set(parent.actions)
             and set(resources) <= set(parent.resources)

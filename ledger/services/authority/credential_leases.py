@@ -28,6 +28,7 @@ The lock order is the one of ``ledger.services.authority.credentials``.
 
 import re
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
@@ -143,7 +144,7 @@ def credential_lease_issue(
             denial = DENIED_DETAIL  # an unknown principal is a policy refusal, not a 404
 
         def write(ctx: Fenced) -> CredentialLease | None:
-            if denial is not None:
+            if denial is not None or credential is None:  # no credential is already a denial
                 ctx.batch.append(
                     ctx.run,
                     "CREDENTIAL_LEASE_DENIED",
@@ -191,8 +192,8 @@ def credential_lease_issue(
             refused = exc  # its STALE_TOKEN_REJECTED record commits with this transaction
     if refused is not None:
         raise refused
-    if lease is None:
-        raise Denied("DENY_POLICY", denial)
+    if lease is None:  # write() issues no lease only when there is a denial
+        raise Denied("DENY_POLICY", denial or DENIED_DETAIL)
     return lease
 
 
@@ -272,7 +273,8 @@ def _revoke(
         count = CredentialLease.objects.filter(pk__in=[lease.pk for lease in targets], revoked_at__isnull=True).update(
             revoked_at=now, revoked_by=revoked_by, revoke_reason=reason
         )
-        assert count == len(targets), "lease rows are locked; the UPDATE must see all of them"
+        if count != len(targets):
+            raise AssertionError("lease rows are locked; the UPDATE must see all of them")
         batch = ChainBatch(now)
         for lease in targets:
             lease.revoked_at, lease.revoked_by, lease.revoke_reason = now, revoked_by, reason
@@ -296,9 +298,17 @@ def _revoke(
     return targets
 
 
+@dataclass(frozen=True)
+class LeaseRevocation:
+    """One lease after a revocation, and whether this call revoked it (False: it already was)."""
+
+    lease: CredentialLease
+    revoked_now: bool
+
+
 def credential_lease_revoke(
     *, tenant: Tenant, lease_id: object, reason: str, revoked_by: str = "", user=None
-) -> CredentialLease:
+) -> LeaseRevocation:
     """Revoke one lease (even an expired one). Revoking a revoked lease changes nothing
     and returns it as it is. ``revoked_now`` on the result says whether this call did it.
     Given a console ``user``, their admin role on the tenant is checked and they are named."""
@@ -312,8 +322,7 @@ def credential_lease_revoke(
         reason=reason,
     )
     result = revoked[0] if revoked else credential_lease_get(tenant=tenant, lease_id=lease.pk)
-    result.revoked_now = bool(revoked)
-    return result
+    return LeaseRevocation(lease=result, revoked_now=bool(revoked))
 
 
 def credential_leases_revoke(

@@ -19,6 +19,8 @@ then records CREDENTIAL_ROTATED in its run.
 """
 
 import re
+import uuid
+from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -101,12 +103,22 @@ def credential_create(*, tenant: Tenant, principal: str, secret_ref: str) -> Cre
         raise
 
 
-def credential_rotate(*, tenant: Tenant, principal: str, reason: str, rotated_by: str = "", user=None) -> Credential:
+@dataclass(frozen=True)
+class CredentialRotation:
+    """A credential at its new version, and the runs that got its CREDENTIAL_ROTATED event."""
+
+    credential: Credential
+    affected_run_ids: list[uuid.UUID]
+
+
+def credential_rotate(
+    *, tenant: Tenant, principal: str, reason: str, rotated_by: str = "", user=None
+) -> CredentialRotation:
     """Version + 1. Leases on older versions are stale from now on (the authority checks
     deny them with DENY_STALE_VERSION). Every run holding an unrevoked, unexpired lease of
     the credential gets a CREDENTIAL_ROTATED event, in the same transaction.
 
-    The returned credential carries ``affected_run_ids``: the runs that got the event.
+    The result names the rotated credential and the runs that got the event.
     Given a console ``user``, their admin role on the tenant is checked and they are named."""
     rotated_by = acting_name(user=user, name=rotated_by, tenant_id=tenant.pk, perm=ADMINISTER)
     rotated_by, reason = human_decision(rotated_by, reason)
@@ -144,5 +156,4 @@ def credential_rotate(*, tenant: Tenant, principal: str, reason: str, rotated_by
             fields={"version": credential.version, "runs": len(runs)},
             now=now,
         )
-    credential.affected_run_ids = [run.pk for run in runs]
-    return credential
+    return CredentialRotation(credential=credential, affected_run_ids=[run.pk for run in runs])

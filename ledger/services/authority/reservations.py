@@ -101,7 +101,7 @@ def cost_reserve(
                 created_at=now,
                 expires_at=now + timedelta(seconds=policy["reservation_ttl_s"]),
             )
-            for budget, window in sorted(zip(budgets, windows), key=lambda pair: pair[1].pk):
+            for budget, window in sorted(zip(budgets, windows, strict=True), key=lambda pair: pair[1].pk):
                 if not window_charge(window, estimate):
                     raise budget_refusal(budget, window, estimate)
             CostReservation.windows.through.objects.bulk_create(
@@ -331,12 +331,11 @@ def reservations_expire(
     while True:
         with transaction.atomic():
             now = timezone.now()
-            due = (
+            due = list(
                 CostReservation.objects.filter(state=ReservationState.RESERVED, expires_at__lte=now)
                 .order_by("expires_at")
                 .values_list("run_id", flat=True)[:batch_size]
             )
-            due = list(due)
             if not due:
                 break
             runs = {run.pk: run for run in locked_runs({"run_id__in": set(due)}, skip_locked=True)}

@@ -16,7 +16,7 @@ from ledger.roles import can
 MAX_REASON_LENGTH = 500  # the reason columns (AdminAction, CredentialLease, Worker, ...)
 
 
-def acting_name(*, user: Any, name: str, tenant_id: object, perm: str) -> str:
+def acting_name(*, user: Any, name: str, tenant_id: int, perm: str) -> str:
     """The name to record for the decision; raises Forbidden when ``user`` lacks ``perm``."""
     if user is None:
         return name

@@ -7,13 +7,14 @@ transaction. A refused write is counted on the run and leaves a STALE_TOKEN_REJE
 event in its chain; the refusal is raised after that record has committed.
 """
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Field
 from django.utils import timezone
 
 from ledger.actors import worker_actor
@@ -45,17 +46,25 @@ def locked_runs(queryset_filter: dict, *, skip_locked: bool = False, limit: int 
     return runs
 
 
+def _column(field: Field) -> str:
+    """The column of a concrete field (Django calls a field concrete when it has one)."""
+    if field.column is None:
+        raise AssertionError(f"{field} is concrete but has no column")
+    return field.column
+
+
 def _lock_sql() -> tuple[str, list[str], list[str]]:
     """The hot path's one statement, written once: the lease and its run, both locked.
     (The ORM spent more CPU compiling this query than PostgreSQL spent running it.)"""
     qn = connection.ops.quote_name
     lease_fields = [f.attname for f in RunLease._meta.concrete_fields]
     run_fields = [f.attname for f in Run._meta.concrete_fields]
-    columns = [f"l.{qn(f.column)}" for f in RunLease._meta.concrete_fields] + [
-        f"r.{qn(f.column)}" for f in Run._meta.concrete_fields
+    columns = [f"l.{qn(_column(f))}" for f in RunLease._meta.concrete_fields] + [
+        f"r.{qn(_column(f))}" for f in Run._meta.concrete_fields
     ]
+    # Table and column names come from the models; every value is a parameter.
     sql = (
-        f"SELECT {', '.join(columns)} FROM {qn(RunLease._meta.db_table)} l "
+        f"SELECT {', '.join(columns)} FROM {qn(RunLease._meta.db_table)} l "  # noqa: S608
         f"JOIN {qn(Run._meta.db_table)} r ON r.id = l.run_id WHERE r.tenant_id = %s AND l.run_id = "
     )
     return sql, lease_fields, run_fields
@@ -65,7 +74,7 @@ _LOCK = None
 
 
 _BY_RUN = "%s"
-_BY_OPERATION = f"(SELECT run_id FROM {Operation._meta.db_table} WHERE id = %s AND tenant_id = %s)"
+_BY_OPERATION = f"(SELECT run_id FROM {Operation._meta.db_table} WHERE id = %s AND tenant_id = %s)"  # noqa: S608 - a table name
 
 
 def lock_run(*, tenant: Tenant, run_id: object = None, operation_id: object = None) -> Run:
@@ -85,6 +94,7 @@ def lock_run(*, tenant: Tenant, run_id: object = None, operation_id: object = No
     if _LOCK is None:
         _LOCK = _lock_sql()
     sql, lease_fields, run_fields = _LOCK
+    params: list[int | uuid.UUID]
     if operation_id is not None:
         sql += _BY_OPERATION
         params = [tenant.pk, parse_id(operation_id, "operation"), tenant.pk]
@@ -113,6 +123,9 @@ def fence_reason(lease: RunLease, token: int, now: datetime, *, owner_id: str | 
         return "owner_changed"
     if lease.fencing_token != token:
         return "token_changed"
+    # Owned from here on, so it has an expiry (the check constraint lease_owned_has_expiry_and_token).
+    if lease.expires_at is None:
+        raise AssertionError("an owned lease has no expires_at")
     if lease.expires_at <= now:
         return "expired"
     return None
@@ -133,7 +146,7 @@ class Fenced:
         return self.run.lease
 
 
-def fenced(
+def fenced[T](
     *,
     worker: Worker,
     run_id: object = None,
@@ -152,7 +165,13 @@ def fenced(
         reason = fence_reason(run.lease, token, now, owner_id=owner_id)
         # The presenter is the lease's owner only if the fence holds; otherwise all we
         # know is the worker identity and the token it presented.
-        presenter = owner_id or (run.lease.owner_id if reason is None else f"token-{token}")
+        if reason is None:
+            holder = run.lease.owner_id
+            if holder is None:  # fence_reason passes only an owned lease
+                raise AssertionError("the fence passed a lease nobody owns")
+            presenter = owner_id or holder
+        else:
+            presenter = owner_id or f"token-{token}"
         ctx = Fenced(run=run, batch=ChainBatch(now), now=now, actor=worker_actor(worker, presenter), token=token)
         if reason is None:
             result = write(ctx)
@@ -165,7 +184,7 @@ def fenced(
     raise refusal(reason)
 
 
-def decided(result: tuple[T, DomainError | None]) -> T:
+def decided[T](result: tuple[T, DomainError | None]) -> T:
     """For a write that records its own refusal (an operation DENIED, an approval asked)
     and returns ``(value, refusal)``: ``fenced`` has committed that record; now raise the
     refusal, or return the value."""

@@ -11,6 +11,7 @@ Every step runs inside the caller's transaction, with the affected runs locked, 
 its events into the caller's :class:`~ledger.services.evidence.append.ChainBatch`.
 """
 
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
@@ -30,7 +31,7 @@ class HumanQueues(Protocol):
     def cases_open(self, *, operations: Sequence[Operation], reason: CaseReason, now: datetime) -> dict[Any, Any]:
         """One case per (operation, attempt); returns {operation_id: case}."""
 
-    def case_attach_unverified_evidence(self, *, operation_id: object, evidence: dict[str, Any]) -> Any:
+    def case_attach_unverified_evidence(self, *, operation_id: uuid.UUID, evidence: dict[str, Any]) -> Any:
         """Add evidence nobody verified to the operation's open case; returns its id or None."""
 
     def approval_open(

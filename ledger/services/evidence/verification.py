@@ -6,6 +6,7 @@ It never holds a lock while it reads: it verifies the chain up to the head it re
 (events at or below the head have committed with it), so appends go on meanwhile.
 """
 
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -151,7 +152,7 @@ def verification_request(*, run_id: object) -> None:
     transaction.on_commit(lambda: task.delay(str(run_id)))
 
 
-def run_verify(*, run_id: object, seal: bool = True, on_events: Callable[[int], None] | None = None) -> Report:
+def run_verify(*, run_id: uuid.UUID | str, seal: bool = True, on_events: Callable[[int], None] | None = None) -> Report:
     """Verify one run's whole chain; seal new checkpoints when it holds; record the result."""
     run = Run.objects.get(pk=run_id)
     head_seq, head_hash = run.last_seq, run.last_hash
@@ -190,7 +191,7 @@ def _check_beyond_head(run: Run, report: Report) -> Report:
     """Rows past the run's recorded head cannot be legitimate appends (the head moves in
     the same transaction as the insert). Read the highest seq first, then the head."""
     highest = Event.objects.filter(run=run).aggregate(m=Max("seq"))["m"] or 0
-    head = Run.objects.filter(pk=run.pk).values_list("last_seq", flat=True).first()
+    head = Run.objects.filter(pk=run.pk).values_list("last_seq", flat=True).get()
     if highest > head:
         report.finding = Finding(
             reason="fork",

@@ -58,11 +58,15 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int) 
             raise RunCompleted("the run is completed; it takes no new lease")
         now = timezone.now()
         lease = run.lease
-        if lease.owner_id is not None and lease.expires_at > now:
-            raise LeaseHeld(
-                f"the lease is held until {lease.expires_at.isoformat()}",
-                expires_at=lease.expires_at,
-            )
+        if lease.owner_id is not None:
+            # An owned lease has an expiry (the check constraint lease_owned_has_expiry_and_token).
+            if lease.expires_at is None:
+                raise AssertionError("an owned lease has no expires_at")
+            if lease.expires_at > now:
+                raise LeaseHeld(
+                    f"the lease is held until {lease.expires_at.isoformat()}",
+                    expires_at=lease.expires_at,
+                )
         actor = worker_actor(worker, owner_id)
         batch = ChainBatch(now)
         previous_owner = lease.owner_id

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from django.db import IntegrityError, transaction
 
 from ledger.boundary import check_fields
-from ledger.errors import ApprovalRequired, Denied, IdempotencyMismatch, NotFound, WrongPhase, parse_id
+from ledger.errors import ApprovalRequired, Denied, DomainError, IdempotencyMismatch, NotFound, WrongPhase, parse_id
 from ledger.models import Operation, Run, Tenant, Worker
 from ledger.services.authority import evaluation
 from ledger.services.core.fencing import Fenced, decided, fenced
@@ -145,7 +145,7 @@ def operation_authorize(
     ApprovalRequired) or DENY_* (DENIED, raises Denied). See ledger.services.authority.evaluation."""
     op_id = parse_id(operation_id, "operation")
 
-    def write(ctx: Fenced) -> tuple[Operation, Exception | None]:
+    def write(ctx: Fenced) -> tuple[Operation, DomainError | None]:
         op = Operation.objects.select_related("credential_lease").get(pk=op_id)
         if op.phase == Phase.AUTHORIZED:
             return op, None  # already decided; dispatch checks it all again
@@ -203,7 +203,7 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
     provider. A refusal moves the operation to DENIED (and reserves nothing)."""
     op_id = parse_id(operation_id, "operation")
 
-    def write(ctx: Fenced) -> tuple[Operation, Exception | None]:
+    def write(ctx: Fenced) -> tuple[Operation, DomainError | None]:
         op = Operation.objects.select_related("credential_lease").get(pk=op_id)
         if op.phase != Phase.AUTHORIZED:
             raise WrongPhase(phase=op.phase, wanted=Phase.AUTHORIZED)

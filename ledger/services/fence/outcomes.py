@@ -1,6 +1,8 @@
 """An operation's outcome: DISPATCHED -> CONFIRMED / FAILED / UNKNOWN, reported by the
 worker that dispatched it, under the fence."""
 
+from typing import Any
+
 from ledger.errors import WrongPhase, parse_id
 from ledger.models import Operation, Worker
 from ledger.services.authority.reservations import cost_settle
@@ -44,7 +46,7 @@ def operation_report_outcome(
             raise WrongPhase(phase=op.phase, wanted=Phase.DISPATCHED)
         if op.dispatch_token != ctx.token:
             raise WrongPhase(phase=f"{op.phase} under another token", wanted="DISPATCHED under this token")
-        changes = {
+        changes: dict[str, Any] = {
             "provider_request_id": provider_request_id,
             "actual_cost_cents": actual_cost_cents,
             "error_code": error_code,

@@ -5,7 +5,7 @@ The decision is explainable without asking the model: it depends only on the ope
 phase, its side-effect class and its attempt count.
 """
 
-from ledger.errors import ApprovalRequired, ReconcileFirst, WrongPhase, parse_id
+from ledger.errors import ApprovalRequired, DomainError, ReconcileFirst, WrongPhase, parse_id
 from ledger.models import Operation, Worker
 from ledger.services.authority.breaker import breaker_allows
 from ledger.services.authority.policy import policy_current
@@ -51,14 +51,14 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
     this operation, attempt, args digest and fencing token."""
     op_id = parse_id(operation_id, "operation")
 
-    def write(ctx: Fenced) -> tuple[Operation, Exception | None]:
+    def write(ctx: Fenced) -> tuple[Operation, DomainError | None]:
         op = Operation.objects.get(pk=op_id)
         decision, reason = operation_retry_decision(op)
         if decision == "RECONCILE":
             raise ReconcileFirst(reason)
         if decision == "STOP":
             raise WrongPhase(phase=op.phase, wanted="FAILED, or RECONCILED as not having happened")
-        version, policy = policy_current(tenant=ctx.run.tenant)
+        _version, policy = policy_current(tenant=ctx.run.tenant)
         refusal = breaker_allows(tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=True)
         if refusal is not None:
             raise refusal

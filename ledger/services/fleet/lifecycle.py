@@ -12,6 +12,7 @@ the worker row, in an AdminAction, and in the chain of every run the worker hold
 Lock order, as lease_acquire: the worker row (the conditional UPDATE), then the runs.
 """
 
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -37,6 +38,14 @@ DEFAULT_DRAIN_S = 600
 MAX_DRAIN_S = 7 * 86400
 
 
+@dataclass(frozen=True)
+class WorkerChange:
+    """A worker whose status just changed, and the runs it held then (each got the event)."""
+
+    worker: Worker
+    affected_run_ids: list[uuid.UUID]
+
+
 def _change_status(
     *,
     worker: Worker,
@@ -48,7 +57,7 @@ def _change_status(
     end_leases: bool,
     drain_deadline=None,
     now=None,
-) -> Worker:
+) -> WorkerChange:
     """The one place a worker's status changes: a conditional UPDATE from ``allowed_from``,
     then ``event`` (with ``reason``) in each held run's chain, ending those leases when
     ``end_leases``. The caller holds a transaction."""
@@ -61,7 +70,7 @@ def _change_status(
         drain_deadline=drain_deadline,
     )
     if changed != 1:
-        current = Worker.objects.filter(pk=worker.pk).values_list("status", flat=True).first()
+        current = Worker.objects.filter(pk=worker.pk).values_list("status", flat=True).get()
         raise WrongPhase(phase=current, wanted=" or ".join(allowed_from))
     runs = locked_runs({"worker_id": worker.pk, "owner_id__isnull": False})
     batch = ChainBatch(now)
@@ -75,8 +84,7 @@ def _change_status(
     batch.commit()
     worker.status, worker.status_changed_at, worker.status_changed_by = status, now, actor
     worker.status_reason, worker.drain_deadline = reason, drain_deadline
-    worker.affected_run_ids = [run.pk for run in runs]
-    return worker
+    return WorkerChange(worker=worker, affected_run_ids=[run.pk for run in runs])
 
 
 def _decided(*, worker_id: object, user, name: str, reason: object) -> tuple[Worker, str, str]:
@@ -108,9 +116,9 @@ TRANSITIONS = {
 
 def worker_change(
     *, worker_id: object, action: str, reason: str, user=None, name: str = "", deadline_s: int = DEFAULT_DRAIN_S
-) -> Worker:
+) -> WorkerChange:
     """A person's decision about a worker: ``action`` is drain, quarantine or resume (see
-    TRANSITIONS). The result carries ``affected_run_ids``: the runs the worker held."""
+    TRANSITIONS). The result names the changed worker and the runs it held."""
     transition = TRANSITIONS.get(action)
     if transition is None:
         raise InvalidInput(f"action must be one of {', '.join(TRANSITIONS)}")
@@ -119,7 +127,7 @@ def worker_change(
     worker, actor, reason = _decided(worker_id=worker_id, user=user, name=name, reason=reason)
     with transaction.atomic():
         now = timezone.now()
-        worker = _change_status(
+        change = _change_status(
             worker=worker,
             allowed_from=transition.allowed_from,
             status=transition.status,
@@ -130,7 +138,7 @@ def worker_change(
             drain_deadline=now + timedelta(seconds=deadline_s) if action == "drain" else None,
             now=now,
         )
-        fields = {"leases_revoked": len(worker.affected_run_ids)} if transition.end_leases else {}
+        fields = {"leases_revoked": len(change.affected_run_ids)} if transition.end_leases else {}
         admin_action_record(
             tenant=worker.tenant,
             actor=actor,
@@ -140,22 +148,22 @@ def worker_change(
             fields=fields,
             now=now,
         )
-    return worker
+    return change
 
 
 def worker_drain(
     *, worker_id: object, reason: str, deadline_s: int = DEFAULT_DRAIN_S, user=None, name: str = ""
-) -> Worker:
+) -> WorkerChange:
     return worker_change(
         worker_id=worker_id, action="drain", reason=reason, deadline_s=deadline_s, user=user, name=name
     )
 
 
-def worker_quarantine(*, worker_id: object, reason: str, user=None, name: str = "") -> Worker:
+def worker_quarantine(*, worker_id: object, reason: str, user=None, name: str = "") -> WorkerChange:
     return worker_change(worker_id=worker_id, action="quarantine", reason=reason, user=user, name=name)
 
 
-def worker_resume(*, worker_id: object, reason: str, user=None, name: str = "") -> Worker:
+def worker_resume(*, worker_id: object, reason: str, user=None, name: str = "") -> WorkerChange:
     return worker_change(worker_id=worker_id, action="resume", reason=reason, user=user, name=name)
 
 

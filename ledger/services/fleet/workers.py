@@ -10,7 +10,7 @@ from ledger.boundary import check_text
 from ledger.errors import InvalidInput, NotFound
 from ledger.models import Tenant, Worker
 
-TOKEN_PREFIX = "flw_"
+TOKEN_PREFIX = "flw_"  # noqa: S105 - the prefix of generated tokens, not a token
 
 
 def token_digest(token: str) -> str:
@@ -39,7 +39,8 @@ def worker_rotate_token(*, worker: Worker) -> str:
 
 
 def worker_get(*, worker_id: object) -> Worker:
-    worker = Worker.objects.select_related("tenant").filter(pk=worker_id).first() if str(worker_id).isdigit() else None
+    raw = str(worker_id)
+    worker = Worker.objects.select_related("tenant").filter(pk=raw).first() if raw.isdigit() else None
     if worker is None:
         raise NotFound("worker not found")
     return worker
