@@ -1,0 +1,25 @@
+"""Durable records of the ledger, one module per domain. Models hold data and constraints;
+every change of state is made by a function in ``ledger/services/``."""
+
+from ledger.models.authority import CapabilityBudget, CostReservation, CostWindow, Credential, CredentialLease
+from ledger.models.evidence import Checkpoint, Event
+from ledger.models.runs import LeaseGrant, Operation, Run, RunLease
+from ledger.models.tenancy import AdminAction, Tenant, TenantPolicy, Worker
+
+__all__ = [
+    "AdminAction",
+    "CapabilityBudget",
+    "Checkpoint",
+    "CostReservation",
+    "CostWindow",
+    "Credential",
+    "CredentialLease",
+    "Event",
+    "LeaseGrant",
+    "Operation",
+    "Run",
+    "RunLease",
+    "Tenant",
+    "TenantPolicy",
+    "Worker",
+]

@@ -1,0 +1,204 @@
+"""Runs, their leases (with one history row per fencing token) and their operations."""
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Upper
+from django.utils import timezone
+
+from ledger.chain import GENESIS_HASH
+from ledger.models.tenancy import Tenant, Worker
+from ledger.states import (
+    EffectClass,
+    LeaseEnd,
+    Phase,
+    RunStatus,
+)
+from ledger.versioning import Versioned
+
+
+class Run(Versioned):
+    """One agent task, with the head of its evidence chain and its stale-write count."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="runs")
+    # A child run (a sub-agent) never holds more authority than its parent granted it.
+    parent = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="children")
+    external_id = models.CharField(max_length=200, null=True, blank=True)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.ACTIVE)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_seq = models.BigIntegerField(default=0)
+    last_hash = models.CharField(max_length=71, default=GENESIS_HASH)
+    stale_rejections = models.PositiveIntegerField(default=0)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    # Operations per phase, kept current by the transitions themselves (same transaction as
+    # the chain head), so the certainty and completeness indicators never scan the run.
+    n_planned = models.PositiveIntegerField(default=0)
+    n_pending_approval = models.PositiveIntegerField(default=0)
+    n_authorized = models.PositiveIntegerField(default=0)
+    n_denied = models.PositiveIntegerField(default=0)
+    n_dispatched = models.PositiveIntegerField(default=0)
+    n_confirmed = models.PositiveIntegerField(default=0)
+    n_failed = models.PositiveIntegerField(default=0)
+    n_unknown = models.PositiveIntegerField(default=0)
+    n_reconciled = models.PositiveIntegerField(default=0)
+
+    # Written only by the verifier (ledger.services.verification).
+    verified_at = models.DateTimeField(null=True, blank=True)
+    verified_head_seq = models.BigIntegerField(null=True, blank=True)
+    verified_checkpoint_seq = models.BigIntegerField(null=True, blank=True)
+    trusted_seq = models.BigIntegerField(null=True, blank=True)
+    trusted_hash = models.CharField(max_length=71, blank=True, default="")
+    broken_first_seq = models.BigIntegerField(null=True, blank=True)
+    broken_last_seq = models.BigIntegerField(null=True, blank=True)
+    broken_reason = models.CharField(max_length=32, blank=True, default="")
+    broken_detail = models.CharField(max_length=300, blank=True, default="")
+    authorization_mismatches = models.PositiveIntegerField(default=0)
+    authorization_detail = models.CharField(max_length=300, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "external_id"],
+                condition=Q(external_id__isnull=False),
+                name="run_unique_external_id_per_tenant",
+            ),
+            models.CheckConstraint(condition=Q(last_seq__gte=0), name="run_last_seq_non_negative"),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"], name="run_tenant_recent"),
+            # The runs list, newest first across a user's tenants, and its rare filters: each
+            # walks an index in page order instead of sorting a million rows.
+            models.Index(fields=["-created_at", "-id"], name="run_recent"),
+            models.Index(fields=["-created_at", "-id"], condition=~Q(broken_reason=""), name="run_broken_recent"),
+            models.Index(
+                fields=["-created_at", "-id"], condition=Q(authorization_mismatches__gt=0), name="run_mismatch_recent"
+            ),
+            models.Index(
+                fields=["-created_at", "-id"],
+                condition=Q(n_unknown__gt=0) | Q(n_dispatched__gt=0),
+                name="run_uncertain_recent",
+            ),
+            # The dashboard's per-tenant figures, read from these small indexes only.
+            models.Index(fields=["tenant", "stale_rejections"], condition=Q(stale_rejections__gt=0), name="run_stale"),
+            models.Index(
+                fields=["tenant", "verified_at"],
+                condition=Q(verified_checkpoint_seq__isnull=False),
+                name="run_verified",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+
+class RunLease(Versioned):
+    """The current ownership of a run. ``fencing_token`` only ever grows; the lease is
+    held when ``owner_id`` is set and ``expires_at`` is in the future."""
+
+    run = models.OneToOneField(Run, on_delete=models.PROTECT, primary_key=True, related_name="lease")
+    owner_id = models.CharField(max_length=200, null=True, blank=True)
+    worker = models.ForeignKey(Worker, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    fencing_token = models.BigIntegerField(default=0)
+    acquired_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_renewed_at = models.DateTimeField(null=True, blank=True)
+    # Why the last ownership ended, while nobody owns the lease.
+    end_reason = models.CharField(max_length=16, choices=LeaseEnd.choices, null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(fencing_token__gte=0), name="lease_token_non_negative"),
+            models.CheckConstraint(
+                condition=Q(owner_id__isnull=True) | Q(expires_at__isnull=False, fencing_token__gte=1),
+                name="lease_owned_has_expiry_and_token",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["expires_at"], condition=Q(owner_id__isnull=False), name="lease_held_expiry"),
+        ]
+
+
+class LeaseGrant(Versioned):
+    """History: one row per ownership change (each issued fencing token)."""
+
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="lease_grants")
+    fencing_token = models.BigIntegerField()
+    owner_id = models.CharField(max_length=200)
+    worker = models.ForeignKey(Worker, on_delete=models.PROTECT, related_name="+")
+    acquired_at = models.DateTimeField()
+    previous_owner_id = models.CharField(max_length=200, null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(max_length=16, choices=LeaseEnd.choices, null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "fencing_token"], name="grant_unique_token_per_run"),
+            models.CheckConstraint(condition=Q(fencing_token__gte=1), name="grant_token_positive"),
+        ]
+        ordering = ["run", "fencing_token"]
+        indexes = [models.Index(fields=["owner_id"], name="grant_owner")]  # runs search by owner id
+
+
+class Operation(Versioned):
+    """One side effect. Holds a digest of its arguments, never the arguments."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="operations")
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="operations")
+    idempotency_key = models.CharField(max_length=200)
+    tool = models.CharField(max_length=100)
+    action = models.CharField(max_length=100)
+    resource = models.CharField(max_length=500)
+    effect_class = models.CharField(max_length=16, choices=EffectClass.choices)
+    args_digest = models.CharField(max_length=100, blank=True, default="")
+    provider = models.CharField(max_length=100, blank=True, default="")
+    estimated_cost_cents = models.BigIntegerField(null=True, blank=True)
+    phase = models.CharField(max_length=20, choices=Phase.choices, default=Phase.PLANNED)
+    attempt = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+    # Recorded at dispatch: who dispatched under which authority.
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    dispatch_token = models.BigIntegerField(null=True, blank=True)
+    dispatch_owner_id = models.CharField(max_length=200, null=True, blank=True)
+    policy_version_at_dispatch = models.PositiveIntegerField(null=True, blank=True)
+    credential_version_at_dispatch = models.PositiveIntegerField(null=True, blank=True)
+    # Recorded with the outcome.
+    provider_request_id = models.CharField(max_length=200, blank=True, default="")
+    actual_cost_cents = models.BigIntegerField(null=True, blank=True)
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    # Authority: what the last decision rested on, re-checked at dispatch.
+    payload_bytes = models.PositiveIntegerField(null=True, blank=True)
+    credential_lease = models.ForeignKey(
+        "CredentialLease", on_delete=models.PROTECT, null=True, blank=True, related_name="operations"
+    )
+    capability = models.ForeignKey(
+        "CapabilityBudget", on_delete=models.PROTECT, null=True, blank=True, related_name="operations"
+    )
+    decision_policy_version = models.PositiveIntegerField(null=True, blank=True)
+    decision_code = models.CharField(max_length=32, blank=True, default="")
+    # How a person resolved an UNKNOWN outcome: HAPPENED, DID_NOT_HAPPEN or COMPENSATED.
+    reconciliation = models.CharField(max_length=16, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "idempotency_key"], name="operation_unique_key_per_tenant"),
+            models.CheckConstraint(condition=Q(phase__in=Phase.values), name="operation_phase_valid"),
+            models.CheckConstraint(condition=Q(effect_class__in=EffectClass.values), name="operation_class_valid"),
+            models.CheckConstraint(
+                condition=Q(phase__in=[Phase.PLANNED, Phase.PENDING_APPROVAL, Phase.AUTHORIZED, Phase.DENIED])
+                | Q(dispatch_token__isnull=False, dispatched_at__isnull=False),
+                name="operation_dispatched_has_token",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["run", "phase"], name="operation_run_phase"),
+            models.Index(fields=["tenant", "phase"], name="operation_tenant_phase"),
+            models.Index(Upper("tool"), "run", name="operation_tool"),  # runs search by tool
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool}.{self.action} {self.resource} [{self.phase}]"

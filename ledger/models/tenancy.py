@@ -1,0 +1,91 @@
+"""Tenants, their policy versions and admin decisions, and worker identities."""
+
+from django.db import models
+from django.db.models import Q
+
+from ledger.states import (
+    BreakerState,
+    WorkerStatus,
+)
+from ledger.versioning import Versioned
+
+
+class Tenant(Versioned):
+    """Unit of isolation. Roles are django-guardian object permissions on the tenant."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The current TenantPolicy version (every change is a new version row).
+    policy_version = models.PositiveIntegerField(default=1)
+    breaker_state = models.CharField(max_length=16, choices=BreakerState.choices, default=BreakerState.NORMAL)
+    breaker_reason = models.CharField(max_length=300, blank=True, default="")
+    breaker_changed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        permissions = [
+            ("operate_tenant", "Claim and resolve reconciliation cases"),
+            ("approve_tenant", "Approve or deny approval requests"),
+            ("administer_tenant", "Revoke and rotate credentials, change policy, drain workers, grant roles"),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Worker(Versioned):
+    """An agent worker identity. Only the SHA-256 of its bearer token is stored."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="workers")
+    name = models.CharField(max_length=100)
+    token_hash = models.CharField(max_length=64, unique=True)
+    status = models.CharField(max_length=16, choices=WorkerStatus.choices, default=WorkerStatus.ACCEPTING)
+    status_changed_at = models.DateTimeField(auto_now_add=True)
+    # Who changed the status last and why (a person's decision, invariant 8), and until
+    # when a DRAINING worker may finish its work before its leases are revoked.
+    status_changed_by = models.CharField(max_length=150, blank=True, default="")
+    status_reason = models.CharField(max_length=500, blank=True, default="")
+    drain_deadline = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="worker_unique_name_per_tenant"),
+            models.CheckConstraint(condition=Q(status__in=WorkerStatus.values), name="worker_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}/{self.name}"
+
+
+class TenantPolicy(Versioned):
+    """One version of a tenant's policy. Never changed: a change is a new version."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="policies")
+    version = models.PositiveIntegerField()
+    document = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.CharField(max_length=150)
+    reason = models.CharField(max_length=500)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "version"], name="policy_unique_version")]
+        ordering = ["tenant", "version"]
+
+
+class AdminAction(Versioned):
+    """A person's decision about a tenant as a whole (a role granted, a policy changed, a
+    worker drained, a credential rotated), with their name and reason. Decisions that
+    touch runs are also events in those runs' chains; this is the tenant's own record."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="admin_actions")
+    occurred_at = models.DateTimeField()
+    actor = models.CharField(max_length=160)
+    action = models.CharField(max_length=40)
+    subject = models.CharField(max_length=300)
+    reason = models.CharField(max_length=500)
+    fields = models.JSONField(default=dict)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "-occurred_at"], name="adminaction_recent")]
