@@ -104,6 +104,10 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
 ]
 
+# Request bodies larger than this are refused before they are read (413 PAYLOAD_TOO_LARGE in
+# the API); the largest body the API accepts is an event of 16 KB of fields.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
 ROOT_URLCONF = "console.urls"
 WSGI_APPLICATION = "console.wsgi.application"
 ASGI_APPLICATION = "console.asgi.application"

@@ -17,9 +17,11 @@ class DomainError(Exception):
     code = "ERROR"
     status = 400
 
-    def __init__(self, detail: str, **extra: object) -> None:
+    def __init__(self, detail: str, *, field: str | None = None, **extra: object) -> None:
         super().__init__(detail)
         self.detail = detail
+        if field is not None:  # the field at fault, as validation errors name theirs
+            extra["fields"] = [{"field": field, "problem": detail}]
         self.extra = extra
 
     def body(self) -> dict[str, object]:
@@ -36,6 +38,20 @@ class NotFound(DomainError):
 class InvalidInput(DomainError):
     code = "VALIDATION_ERROR"
     status = 422
+
+
+class MalformedJSON(DomainError):
+    """The body is not one unambiguous JSON object: not JSON, not an object, a NaN or
+    Infinity, or a key that appears twice in one object (two parsers could disagree on
+    which value was meant, so neither is taken)."""
+
+    code = "MALFORMED_JSON"
+    status = 400
+
+
+class PayloadTooLarge(DomainError):
+    code = "PAYLOAD_TOO_LARGE"
+    status = 413
 
 
 class Forbidden(DomainError):

@@ -4,14 +4,15 @@ import json
 
 from django.http import StreamingHttpResponse
 from ninja import NinjaAPI, Status
-from ninja.parser import Parser
 
 from ledger import selectors
 from ledger.api import errors
 from ledger.api.auth import WorkerBearer
+from ledger.api.body import StrictJSONParser
 from ledger.api.schemas import (
     ApprovalOut,
     ApprovalRequiredOut,
+    ChainExportOut,
     AuthorizedOut,
     AuthorizeIn,
     CapabilityIn,
@@ -24,6 +25,7 @@ from ledger.api.schemas import (
     EventIn,
     FenceCheckIn,
     FenceCheckOut,
+    InvalidOut,
     LeaseAcquireIn,
     LeaseGrantedOut,
     LeaseLostError,
@@ -54,21 +56,6 @@ from ledger.services.fence.operations import Intent
 from ledger.states import Outcome, Phase
 
 
-class StrictJSONParser(Parser):
-    def parse_body(self, request):
-        try:
-            data = json.loads(request.body, parse_constant=_refuse_constant)
-        except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
-            raise errors.MalformedBody("not JSON") from exc
-        if not isinstance(data, dict):
-            raise errors.MalformedBody("not a JSON object")
-        return data
-
-
-def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not allowed")
-
-
 DESCRIPTION = """
 Fenceline's worker API. Authenticate with `Authorization: Bearer <worker token>`; the
 tenant comes from the token. Every refusal is `{"error": CODE, "detail": "..."}`.
@@ -91,6 +78,11 @@ api = NinjaAPI(
 errors.install(api)
 
 E = Error
+# Every endpoint answers 401 without a valid worker token, and 422 for a URL that carries a
+# credential-like value (console/middleware.py). A body is refused with 400 (not one
+# unambiguous JSON object), 413 (over DATA_UPLOAD_MAX_MEMORY_SIZE) or 422 (naming the field).
+READ = {401: E, 422: InvalidOut}
+BODY = {400: E, 401: E, 413: E, 422: InvalidOut}
 
 
 def _run_out(run) -> dict:
@@ -146,7 +138,7 @@ def _op_out(op) -> dict:
 # --- runs and leases ------------------------------------------------------------------
 
 
-@api.post("/runs", response={201: RunCreatedOut, 200: RunCreatedOut, 401: E, 422: E}, tags=["runs"])
+@api.post("/runs", response={201: RunCreatedOut, 200: RunCreatedOut, **BODY, 404: E, 409: E}, tags=["runs"])
 def create_run(request, body: RunCreateIn):
     """Create a run. The same external_id returns the existing run with 200."""
     run, created = runs.run_create(
@@ -158,14 +150,14 @@ def create_run(request, body: RunCreateIn):
     return Status(201 if created else 200, {"run_id": str(run.pk), "status": run.status})
 
 
-@api.get("/runs/{run_id}", response={200: RunOut, 401: E, 404: E}, tags=["runs"])
+@api.get("/runs/{run_id}", response={200: RunOut, **READ, 404: E}, tags=["runs"])
 def get_run(request, run_id: str):
     return _run_out(selectors.run_get(tenant=request.worker.tenant, run_id=run_id))
 
 
 @api.post(
     "/runs/{run_id}/lease",
-    response={200: LeaseGrantedOut, 401: E, 404: E, 409: E, 422: E},
+    response={200: LeaseGrantedOut, **BODY, 404: E, 409: E},
     tags=["leases"],
 )
 def acquire_lease(request, run_id: str, body: LeaseAcquireIn):
@@ -177,7 +169,7 @@ def acquire_lease(request, run_id: str, body: LeaseAcquireIn):
 
 @api.post(
     "/runs/{run_id}/lease/renew",
-    response={200: LeaseRenewedOut, 401: E, 404: E, 409: LeaseLostError, 422: E},
+    response={200: LeaseRenewedOut, **BODY, 404: E, 409: LeaseLostError},
     tags=["leases"],
 )
 def renew_lease(request, run_id: str, body: LeaseRenewIn):
@@ -191,7 +183,7 @@ def renew_lease(request, run_id: str, body: LeaseRenewIn):
 
 @api.post(
     "/runs/{run_id}/lease/release",
-    response={200: LeaseReleasedOut, 401: E, 404: E, 409: LeaseLostError, 422: E},
+    response={200: LeaseReleasedOut, **BODY, 404: E, 409: LeaseLostError},
     tags=["leases"],
 )
 def release_lease(request, run_id: str, body: LeaseReleaseIn):
@@ -201,7 +193,7 @@ def release_lease(request, run_id: str, body: LeaseReleaseIn):
 
 @api.post(
     "/runs/{run_id}/complete",
-    response={200: RunCreatedOut, 401: E, 404: E, 409: E, 422: E},
+    response={200: RunCreatedOut, **BODY, 404: E, 409: E},
     tags=["runs"],
 )
 def complete_run(request, run_id: str, body: TokenIn):
@@ -216,7 +208,7 @@ def complete_run(request, run_id: str, body: TokenIn):
 
 @api.post(
     "/runs/{run_id}/operations",
-    response={201: OperationCreatedOut, 200: OperationCreatedOut, 401: E, 404: E, 409: E, 422: E},
+    response={201: OperationCreatedOut, 200: OperationCreatedOut, **BODY, 404: E, 409: E},
     tags=["operations"],
 )
 def create_operation(request, run_id: str, body: OperationIn):
@@ -229,7 +221,7 @@ def create_operation(request, run_id: str, body: OperationIn):
     return Status(201 if created else 200, {"operation_id": str(op.pk), "phase": op.phase})
 
 
-@api.get("/operations/{operation_id}", response={200: OperationOut, 401: E, 404: E}, tags=["operations"])
+@api.get("/operations/{operation_id}", response={200: OperationOut, **READ, 404: E}, tags=["operations"])
 def get_operation(request, operation_id: str):
     return _op_out(operations.operation_get(tenant=request.worker.tenant, operation_id=operation_id))
 
@@ -239,11 +231,10 @@ def get_operation(request, operation_id: str):
     response={
         200: AuthorizedOut,
         202: ApprovalRequiredOut,
-        401: E,
+        **BODY,
         403: DecisionError,
         404: E,
         409: PhaseError | Error,
-        422: E,
     },
     tags=["operations"],
 )
@@ -262,7 +253,7 @@ def authorize_operation(request, operation_id: str, body: AuthorizeIn):
 
 @api.post(
     "/operations/{operation_id}/dispatch",
-    response={200: PhaseOut, 401: E, 403: DecisionError, 404: E, 409: PhaseError | Error, 422: E},
+    response={200: PhaseOut, **BODY, 403: DecisionError, 404: E, 409: PhaseError | Error},
     tags=["operations"],
 )
 def dispatch_operation(request, operation_id: str, body: TokenIn):
@@ -280,11 +271,10 @@ def dispatch_operation(request, operation_id: str, body: TokenIn):
     response={
         200: RetryOut,
         202: ApprovalRequiredOut,
-        401: E,
+        **BODY,
         403: DecisionError,
         404: E,
         409: PhaseError | Error,
-        422: E,
     },
     tags=["operations"],
 )
@@ -297,7 +287,7 @@ def retry_operation(request, operation_id: str, body: TokenIn):
 
 @api.post(
     "/runs/{run_id}/capabilities",
-    response={201: CapabilityOut, 401: E, 403: DecisionError, 404: E, 409: E, 422: E},
+    response={201: CapabilityOut, **BODY, 403: DecisionError, 404: E, 409: E},
     tags=["authority"],
 )
 def request_capability(request, run_id: str, body: CapabilityIn):
@@ -315,7 +305,7 @@ def request_capability(request, run_id: str, body: CapabilityIn):
     )
 
 
-@api.get("/approvals/{approval_id}", response={200: ApprovalOut, 401: E, 404: E}, tags=["authority"])
+@api.get("/approvals/{approval_id}", response={200: ApprovalOut, **READ, 404: E}, tags=["authority"])
 def get_approval(request, approval_id: str):
     approval = selectors.approval_get(tenant=request.worker.tenant, approval_id=approval_id)
     return {
@@ -332,7 +322,7 @@ def get_approval(request, approval_id: str):
 
 @api.post(
     "/operations/{operation_id}/outcome",
-    response={200: PhaseOut, 401: E, 404: E, 409: PhaseError | Error, 422: E},
+    response={200: PhaseOut, **BODY, 404: E, 409: PhaseError | Error},
     tags=["operations"],
 )
 def report_outcome(request, operation_id: str, body: OutcomeIn):
@@ -353,7 +343,7 @@ def report_outcome(request, operation_id: str, body: OutcomeIn):
 
 @api.get(
     "/operations/{operation_id}/retry-decision",
-    response={200: RetryDecisionOut, 401: E, 404: E},
+    response={200: RetryDecisionOut, **READ, 404: E},
     tags=["operations"],
 )
 def retry_decision(request, operation_id: str):
@@ -373,7 +363,7 @@ def retry_decision(request, operation_id: str):
 
 @api.post(
     "/runs/{run_id}/events",
-    response={201: EventAppendedOut, 401: E, 404: E, 409: E, 422: E},
+    response={201: EventAppendedOut, **BODY, 404: E, 409: E},
     tags=["events"],
 )
 def append_event(request, run_id: str, body: EventIn):
@@ -384,7 +374,7 @@ def append_event(request, run_id: str, body: EventIn):
     return Status(201, {"seq": event.seq, "hash": event.hash})
 
 
-@api.get("/runs/{run_id}/events", response={401: E, 404: E}, tags=["events"])
+@api.get("/runs/{run_id}/events", response={200: ChainExportOut, **READ, 404: E}, tags=["events"])
 def export_events(request, run_id: str):
     """The run's chain in seq order, streamed: {"run_id", "head", "events": [...],
     "checkpoints": [...]}; each event has every field of the canonical form plus its hash.
@@ -439,7 +429,7 @@ def _export(run):
 
 @api.post(
     "/runs/{run_id}/credential-leases",
-    response={201: CredentialLeaseOut, 401: E, 403: DecisionError, 404: E, 409: E, 422: E},
+    response={201: CredentialLeaseOut, **BODY, 403: DecisionError, 404: E, 409: E},
     tags=["authority"],
 )
 def issue_credential_lease(request, run_id: str, body: CredentialLeaseIn):
@@ -460,7 +450,7 @@ def issue_credential_lease(request, run_id: str, body: CredentialLeaseIn):
     )
 
 
-@api.post("/fence/check", response={200: FenceCheckOut, 401: E, 422: E}, tags=["leases"])
+@api.post("/fence/check", response={200: FenceCheckOut, **BODY}, tags=["leases"])
 def check_fence(request, body: FenceCheckIn):
     """For downstream systems that enforce the fence themselves: is this the run's current,
     unexpired token? Unknown runs (and other tenants' runs) answer false."""

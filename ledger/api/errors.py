@@ -8,18 +8,16 @@ and the rule, not the value.
 import logging
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from ledger.boundary import path_segment
-from ledger.errors import DomainError
+from ledger.errors import DomainError, MalformedJSON, PayloadTooLarge
 
 log = logging.getLogger("fenceline.api")
-
-
-class MalformedBody(ValueError):
-    """The request body is not a JSON object."""
 
 
 def refusal(api: NinjaAPI, request: HttpRequest, status: int, code: str, detail: str, **extra: Any) -> HttpResponse:
@@ -52,9 +50,18 @@ def install(api: NinjaAPI) -> None:
 
     @api.exception_handler(HttpError)
     def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
-        if exc.status_code == 400 and exc.__cause__ is not None:
-            return refusal(api, request, 400, "MALFORMED_JSON", "the request body must be a JSON object")
+        # Ninja wraps what the body parser (ledger/api/body.py) raises in a 400 HttpError.
+        cause = exc.__cause__
+        if isinstance(cause, DomainError):
+            return on_domain_error(request, cause)
+        if exc.status_code == 400 and cause is not None:
+            return on_domain_error(request, MalformedJSON("the request body must be a JSON object"))
         return refusal(api, request, exc.status_code, "HTTP_ERROR", str(exc.message))
+
+    @api.exception_handler(RequestDataTooBig)
+    def on_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return on_domain_error(request, PayloadTooLarge(f"the request body is larger than {limit} bytes"))
 
     @api.exception_handler(Exception)
     def on_unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:

@@ -1,5 +1,10 @@
 """Request and response bodies of the worker API. Requests are strict: wrong types are
-not coerced and unknown fields are refused."""
+not coerced and unknown fields are refused.
+
+Every bound here is read from the column the value is stored in (``ledger/api/columns.py``):
+string lengths from ``CharField.max_length``, integer ranges from the column type, narrowed
+to JSON-safe integers. ``tests/unit/test_api_schemas.py`` holds every request field to a
+bound, so a new field cannot reach the database unbounded."""
 
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -7,22 +12,35 @@ from typing import Annotated, Any, Literal
 from ninja import Schema
 from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
-from ledger.services.authority import credential_leases, credentials
+from ledger.api.columns import WHOLE, bounds, length
+from ledger.models import CapabilityBudget, Credential, Operation, Run, RunLease
+from ledger.services.authority import credential_leases
+from ledger.services.evidence.append import WORKER_EVENT_TYPE
 from ledger.services.fence.leases import MAX_TTL_S, MIN_TTL_S
 from ledger.states import EffectClass, Phase
+from ledger.versioning import KNOWN_SCHEMA_VERSIONS
 
 
 class In(Schema):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-Name = Annotated[StrictStr, Field(min_length=1, max_length=100)]
-OwnerId = Annotated[StrictStr, Field(min_length=1, max_length=200)]
-Token = Annotated[StrictInt, Field(ge=0)]
-Ttl = Annotated[StrictInt, Field(ge=MIN_TTL_S, le=MAX_TTL_S)]
-Cents = Annotated[StrictInt, Field(ge=0)]
-Code = Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-:]+$")]
-ProviderRequestId = Annotated[StrictStr, Field(min_length=1, max_length=200)]
+Name = Annotated[StrictStr, Field(min_length=1, max_length=length(Operation, "tool"))]
+OwnerId = Annotated[StrictStr, Field(min_length=1, max_length=length(RunLease, "owner_id"))]
+Token = Annotated[StrictInt, bounds(RunLease, "fencing_token", ge=0), WHOLE]
+Ttl = Annotated[StrictInt, Field(ge=MIN_TTL_S, le=MAX_TTL_S), WHOLE]
+EstimatedCents = Annotated[StrictInt, bounds(Operation, "estimated_cost_cents", ge=0), WHOLE]
+ActualCents = Annotated[StrictInt, bounds(Operation, "actual_cost_cents", ge=0), WHOLE]
+Code = Annotated[
+    StrictStr, Field(min_length=1, max_length=length(Operation, "error_code"), pattern=r"^[A-Za-z0-9_.\-:]+$")
+]
+ProviderRequestId = Annotated[StrictStr, Field(min_length=1, max_length=length(Operation, "provider_request_id"))]
+RunId = Annotated[StrictStr, Field(min_length=1, max_length=64)]  # a UUID; anything else names no run
+# The enum tells clients which versions this build reads; any other is 422 UNKNOWN_SCHEMA_VERSION.
+SchemaVersion = Annotated[
+    StrictInt, bounds(Run, "schema_version"), Field(json_schema_extra={"enum": sorted(KNOWN_SCHEMA_VERSIONS)}), WHOLE
+]
+Resource = Annotated[StrictStr, Field(min_length=1, max_length=length(Operation, "resource"))]
 # Written out, so that type checkers can read them; tests/unit/test_api_schemas.py holds them
 # to the enums. Literal rather than the Enum: strict validation takes the JSON strings as they come.
 EffectClassName = Literal["PURE", "IDEMPOTENT", "REPLAYABLE", "UNKNOWN", "NON_RETRYABLE"]
@@ -42,10 +60,24 @@ class PhaseError(Error):
     phase: str
 
 
+class FieldProblem(Schema):
+    field: str  # a dotted path (fields.a.0); a key that is not identifier-like reads "*"
+    problem: str
+
+
+class InvalidOut(Error):
+    """422: VALIDATION_ERROR with the fields at fault, FORBIDDEN_FIELD with the path and the
+    rule of the secret boundary, or another domain code (IDEMPOTENCY_MISMATCH ...)."""
+
+    fields: list[FieldProblem] | None = None
+    path: str | None = None
+    rule: str | None = None
+
+
 class RunCreateIn(In):
-    schema_version: StrictInt
-    external_id: Annotated[StrictStr, Field(min_length=1, max_length=200)] | None = None
-    parent_run_id: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
+    schema_version: SchemaVersion
+    external_id: Annotated[StrictStr, Field(min_length=1, max_length=length(Run, "external_id"))] | None = None
+    parent_run_id: RunId | None = None
 
 
 class RunCreatedOut(Schema):
@@ -106,13 +138,15 @@ class OperationIn(In):
     fencing_token: Token
     tool: Name
     action: Name
-    resource: Annotated[StrictStr, Field(min_length=1, max_length=500)]
+    resource: Resource
     effect_class: EffectClassName
-    idempotency_key: Annotated[StrictStr, Field(min_length=1, max_length=200)]
-    args_digest: Annotated[StrictStr, Field(max_length=100, pattern=r"^[A-Za-z0-9:_\-]*$")] = ""
-    provider: Annotated[StrictStr, Field(max_length=100)] = ""
-    estimated_cost_cents: Cents | None = None
-    payload_bytes: Annotated[StrictInt, Field(ge=0)] | None = None
+    idempotency_key: Annotated[StrictStr, Field(min_length=1, max_length=length(Operation, "idempotency_key"))]
+    args_digest: Annotated[
+        StrictStr, Field(max_length=length(Operation, "args_digest"), pattern=r"^[A-Za-z0-9:_\-]*$")
+    ] = ""
+    provider: Annotated[StrictStr, Field(max_length=length(Operation, "provider"))] = ""
+    estimated_cost_cents: EstimatedCents | None = None
+    payload_bytes: Annotated[StrictInt, bounds(Operation, "payload_bytes", ge=0), WHOLE] | None = None
 
 
 class OperationCreatedOut(Schema):
@@ -148,7 +182,7 @@ class TokenIn(In):
 
 class AuthorizeIn(In):
     fencing_token: Token
-    credential_lease_id: Annotated[StrictStr, Field(max_length=100)] | None = None
+    credential_lease_id: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
 
 
 class AuthorizedOut(Schema):
@@ -164,7 +198,7 @@ class OutcomeIn(In):
     fencing_token: Token
     outcome: OutcomeName
     provider_request_id: ProviderRequestId | None = None
-    actual_cost_cents: Cents | None = None
+    actual_cost_cents: ActualCents | None = None
     error_code: Code | None = None
 
 
@@ -178,8 +212,8 @@ class RetryDecisionOut(Schema):
 
 class EventIn(In):
     fencing_token: Token
-    type: Annotated[StrictStr, Field(min_length=1, max_length=64)]
-    fields: dict[str, Any]
+    type: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=WORKER_EVENT_TYPE.pattern)]
+    fields: dict[str, Any]  # at most 16 KB as compact JSON; storable (ledger/storable.py)
 
 
 class EventAppendedOut(Schema):
@@ -188,7 +222,7 @@ class EventAppendedOut(Schema):
 
 
 class FenceCheckIn(In):
-    run_id: Annotated[StrictStr, Field(min_length=1, max_length=64)]
+    run_id: RunId
     fencing_token: Token
 
 
@@ -198,7 +232,7 @@ class FenceCheckOut(Schema):
 
 class CredentialLeaseIn(In):
     fencing_token: Token
-    principal: Annotated[StrictStr, Field(min_length=1, max_length=credentials.MAX_PRINCIPAL_LENGTH)]
+    principal: Annotated[StrictStr, Field(min_length=1, max_length=length(Credential, "principal"))]
     actions: Annotated[
         list[Annotated[StrictStr, Field(min_length=1, max_length=credential_leases.MAX_ACTION_LENGTH)]],
         Field(min_length=1, max_length=credential_leases.MAX_LEASE_ACTIONS),
@@ -207,8 +241,8 @@ class CredentialLeaseIn(In):
         list[Annotated[StrictStr, Field(min_length=1, max_length=credential_leases.MAX_RESOURCE_LENGTH)]],
         Field(min_length=1, max_length=credential_leases.MAX_LEASE_RESOURCES),
     ]
-    # Bounded again by the tenant policy's max_ttl_s (422 naming the maximum).
-    ttl_s: Annotated[StrictInt, Field(ge=1, le=credential_leases.MAX_LEASE_TTL_S)]
+    # Longer than the tenant policy's max_ttl_s: 403 DENY_POLICY (the policy's decision).
+    ttl_s: Annotated[StrictInt, Field(ge=1, le=credential_leases.MAX_LEASE_TTL_S), WHOLE]
 
 
 class CredentialLeaseOut(Schema):
@@ -232,11 +266,9 @@ class CapabilityIn(In):
     fencing_token: Token
     tool: Name
     actions: Annotated[list[Name], Field(min_length=1, max_length=50)]
-    resources: Annotated[
-        list[Annotated[StrictStr, Field(min_length=1, max_length=500)]], Field(min_length=1, max_length=50)
-    ]
-    max_calls: Annotated[StrictInt, Field(ge=1)]
-    max_bytes: Annotated[StrictInt, Field(ge=1)] | None = None
+    resources: Annotated[list[Resource], Field(min_length=1, max_length=50)]
+    max_calls: Annotated[StrictInt, bounds(CapabilityBudget, "max_calls", ge=1), WHOLE]
+    max_bytes: Annotated[StrictInt, bounds(CapabilityBudget, "max_bytes", ge=1), WHOLE] | None = None
     ttl_s: Ttl
     approval: Literal["none", "human"] = "none"
 
@@ -261,3 +293,39 @@ class ApprovalOut(Schema):
     attempt: int | None
     expires_at: datetime
     reason: str | None = None
+
+
+class ChainHeadOut(Schema):
+    last_seq: int
+    last_hash: str
+
+
+class ExportedEventOut(Schema):
+    """Every field of the canonical form (ledger/chain.py) and the event's hash."""
+
+    run_id: str
+    seq: int
+    event_id: str
+    type: str
+    schema_version: int
+    actor: str
+    occurred_at: str  # UTC, ISO-8601 with microseconds and a trailing Z, as hashed
+    fields: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+
+class ExportedCheckpointOut(Schema):
+    run_id: str
+    seq: int
+    last_hash: str
+    verifier_version: str
+    key_id: str
+    mac: str
+
+
+class ChainExportOut(Schema):
+    run_id: str
+    head: ChainHeadOut
+    events: list[ExportedEventOut]
+    checkpoints: list[ExportedCheckpointOut]

@@ -111,7 +111,7 @@ def test_a_scope_the_policy_forbids_is_403_deny_policy(leased, acme):
         body(fencing_token="1"),
         body(ttl_s="60"),
         body(ttl_s=0),
-        body(ttl_s=3601),  # over the starter policy's max_ttl_s
+        body(ttl_s=366 * 86400 + 1),  # over any policy's ceiling (over the policy's own: 403 DENY_POLICY)
         body(actions=[]),
         body(actions="read"),
         body(actions=[1]),

@@ -227,13 +227,16 @@ def test_ttl_runs_from_1_to_the_policy_max(acme, bot):
     run, token = leased_run(acme.worker)
     assert issue(acme, run, token, ttl_s=1)
     assert issue(acme, run, token, ttl_s=3600)  # the starter policy's max_ttl_s
-    for ttl_s in (0, -5, 3601, True, 1.5, "60"):
+    for ttl_s in (0, -5, 366 * 86400 + 1, True, 1.5, "60"):
         with pytest.raises(InvalidInput, match="ttl_s"):
             issue(acme, run, token, ttl_s=ttl_s)
+    with pytest.raises(Denied, match="max_ttl_s") as over:  # longer than the policy allows: its refusal
+        issue(acme, run, token, ttl_s=3601)
+    assert over.value.code == "DENY_POLICY"
 
     set_rules(acme.tenant, [{"tool": "*", "actions": ["*"], "resources": ["*"]}], max_ttl_s=60)
     assert issue(acme, run, token, ttl_s=60)
-    with pytest.raises(InvalidInput, match="from 1 to 60"):
+    with pytest.raises(Denied, match=r"max_ttl_s \(60 s\)"):
         issue(acme, run, token, ttl_s=61)
     assert CredentialLease.objects.count() == 3
 

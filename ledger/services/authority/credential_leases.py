@@ -4,8 +4,8 @@ Permanent API Key"). This module writes leases; the checks that read them at aut
 and dispatch (revoked, expired, stale version, action and resource) are in
 ``ledger.services.authority.evaluation``.
 
-* **Issue** (worker, under the fence): ``ttl_s`` from 1 to the policy's ``max_ttl_s``
-  (else 422). ``actions`` and ``resources`` are non-empty lists of exact strings: no
+* **Issue** (worker, under the fence): ``ttl_s`` from 1 to 366 days (else 422); longer
+  than the policy's ``max_ttl_s`` is the policy's refusal, 403 DENY_POLICY like a scope. ``actions`` and ``resources`` are non-empty lists of exact strings: no
   ``*`` (a lease scope is matched exactly; wildcards belong to policy rules), duplicates
   dropped. Every (action, resource) pair of the lease must be allowed by the tenant
   policy for at least one of the tools its rules name, with the policy's own
@@ -90,11 +90,17 @@ def scope_refusal(policy: dict, *, actions: list[str], resources: list[str]) -> 
     return None
 
 
-def _ttl(ttl_s: object, max_ttl_s: int) -> int:
-    ceiling = min(max_ttl_s, MAX_LEASE_TTL_S)
-    if type(ttl_s) is not int or not 1 <= ttl_s <= ceiling:
-        raise InvalidInput(f"ttl_s must be an integer from 1 to {ceiling} (the tenant policy's max_ttl_s)")
+def _ttl(ttl_s: object) -> int:
+    if type(ttl_s) is not int or not 1 <= ttl_s <= MAX_LEASE_TTL_S:
+        raise InvalidInput(f"ttl_s must be an integer from 1 to {MAX_LEASE_TTL_S}", field="ttl_s")
     return ttl_s
+
+
+def ttl_refusal(policy: dict, ttl_s: int) -> str | None:
+    """Why the policy refuses a lease this long, or None (a policy decision: 403, not 422)."""
+    if ttl_s > policy["max_ttl_s"]:
+        return f"ttl_s is longer than the tenant policy's max_ttl_s ({policy['max_ttl_s']} s)"
+    return None
 
 
 # --- issue --------------------------------------------------------------------------------
@@ -129,6 +135,7 @@ def credential_lease_issue(
     """Lend the run ``principal``'s current version for ``actions`` x ``resources`` until
     now + ``ttl_s``. See the module docstring for the rules."""
     principal = principal_check(principal)
+    ttl_s = _ttl(ttl_s)
     actions = _scope(actions, name="actions", max_items=MAX_LEASE_ACTIONS, max_length=MAX_ACTION_LENGTH)
     resources = _scope(resources, name="resources", max_items=MAX_LEASE_RESOURCES, max_length=MAX_RESOURCE_LENGTH)
     if worker.status in (WorkerStatus.QUARANTINED, WorkerStatus.STOPPED):
@@ -137,9 +144,8 @@ def credential_lease_issue(
     refused: StaleToken | None = None
     with transaction.atomic():
         policy_version, policy = policy_current(tenant=tenant)
-        ttl_s = _ttl(ttl_s, policy["max_ttl_s"])
         credential = _credential_for_share(tenant, principal)
-        denial = scope_refusal(policy, actions=actions, resources=resources)
+        denial = ttl_refusal(policy, ttl_s) or scope_refusal(policy, actions=actions, resources=resources)
         if credential is None and denial is None:
             denial = DENIED_DETAIL  # an unknown principal is a policy refusal, not a 404
 

@@ -4,13 +4,13 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.actors import worker_actor
-from ledger.errors import NotFound, RunCompleted, parse_id
+from ledger.errors import NotFound, RunCompleted, WorkerNotAccepting, parse_id
 from ledger.models import Run, RunLease, Worker
 from ledger.services.core.fencing import Fenced, fenced
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.evidence.verification import verification_request
 from ledger.services.fence.leases import leases_end
-from ledger.states import LeaseEnd, RunStatus
+from ledger.states import LeaseEnd, RunStatus, WorkerStatus
 from ledger.versioning import CURRENT_SCHEMA_VERSION, require_known
 
 
@@ -19,8 +19,13 @@ def run_create(
 ) -> tuple[Run, bool]:
     """Create a run for the worker's tenant, optionally as the child of another run of the
     tenant (its capabilities then come out of the parent's). Idempotent on ``external_id``:
-    returns ``(run, created)``."""
+    returns ``(run, created)``.
+
+    A run is new work: only an ACCEPTING worker may create one (409 WORKER_NOT_ACCEPTING
+    for a DRAINING, QUIESCED, STOPPED or QUARANTINED one), as only it may take a lease."""
     require_known(schema_version, "request")
+    if worker.status != WorkerStatus.ACCEPTING:
+        raise WorkerNotAccepting(f"worker is {worker.status} and cannot create runs")
     parent = None
     if parent_run_id is not None:
         parent = Run.objects.filter(tenant=worker.tenant, pk=parse_id(parent_run_id, "parent run")).first()
