@@ -12,11 +12,11 @@ from ledger.api.body import StrictJSONParser
 from ledger.api.schemas import (
     ApprovalOut,
     ApprovalRequiredOut,
-    ChainExportOut,
     AuthorizedOut,
     AuthorizeIn,
     CapabilityIn,
     CapabilityOut,
+    ChainExportOut,
     CredentialLeaseIn,
     CredentialLeaseOut,
     DecisionError,
@@ -54,7 +54,6 @@ from ledger.services.evidence.append import phase_count_field
 from ledger.services.fence import leases, notes, operations, outcomes, retry, runs
 from ledger.services.fence.operations import Intent
 from ledger.states import Outcome, Phase
-
 
 DESCRIPTION = """
 Fenceline's worker API. Authenticate with `Authorization: Bearer <worker token>`; the

@@ -13,17 +13,27 @@ from datetime import datetime
 
 from django.db import transaction
 
-from ledger.boundary import check_fields, check_text
+from ledger.boundary import check_fields, check_text, path_segment
 from ledger.chain import canonical_bytes, format_time, hash_bytes
 from ledger.errors import InvalidInput
 from ledger.models import Event, Run
 from ledger.states import Phase
+from ledger.storable import storage_problem
 from ledger.versioning import CURRENT_SCHEMA_VERSION
 
 
 def json_safe(fields: dict) -> dict:
-    """The fields exactly as they will read back from the database."""
-    return json.loads(json.dumps(fields, allow_nan=False, default=_encode))
+    """The fields as JSON: ids and times as the strings they are stored as. Refuses, naming
+    the field, what the database would not store byte for byte (``ledger.storable``): an
+    accepted event's stored form always hashes to its recorded hash."""
+    try:
+        fields = json.loads(json.dumps(fields, allow_nan=False, default=_encode))
+    except ValueError:
+        raise InvalidInput("fields: numbers must be finite", field="fields") from None
+    problem = storage_problem(fields, root="fields", segment=path_segment)
+    if problem is not None:
+        raise InvalidInput(f"{problem[0]}: {problem[1]}", field=problem[0])
+    return fields
 
 
 def _encode(value: object) -> str:
@@ -142,19 +152,16 @@ MAX_WORKER_FIELDS_BYTES = 16 * 1024
 
 
 def validate_worker_event(type: str, fields: dict) -> dict:
-    """Worker events: type NOTE or ``x.<name>``; fields a JSON object of at most 16 KB."""
+    """Worker events: type NOTE or ``x.<name>``; fields a storable JSON object of at most 16 KB."""
     if not WORKER_EVENT_TYPE.match(type):
-        raise InvalidInput("type must be NOTE or start with 'x.' followed by lowercase letters, digits, _ . -")
+        raise InvalidInput(
+            "type must be NOTE or start with 'x.' followed by lowercase letters, digits, _ . -", field="type"
+        )
     if not isinstance(fields, dict):
-        raise InvalidInput("fields must be a JSON object")
-    try:
-        encoded = json.dumps(fields, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    except ValueError:
-        raise InvalidInput("fields must not contain NaN or Infinity") from None
-    if "\\u0000" in encoded:
-        raise InvalidInput("fields must not contain NUL characters")
+        raise InvalidInput("fields must be a JSON object", field="fields")
+    fields = json_safe(fields)
+    encoded = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
     if len(encoded.encode()) > MAX_WORKER_FIELDS_BYTES:
-        raise InvalidInput(f"fields must be at most {MAX_WORKER_FIELDS_BYTES} bytes as JSON")
-    fields = json.loads(encoded)
+        raise InvalidInput(f"fields must be at most {MAX_WORKER_FIELDS_BYTES} bytes as JSON", field="fields")
     check_fields(fields, root="fields")
     return fields
