@@ -147,7 +147,9 @@ def test_hostile_field_is_refused_by_name_and_writes_nothing(world, route, path,
 def test_event_fields_that_storage_would_change_are_refused_at_any_depth(world, value, problem):
     client, ids = world
     before = database_fingerprint()
-    r = client.post(f"/runs/{ids['run_id']}/events", raw=json.dumps({"fencing_token": 1, "type": "NOTE", "fields": value}).encode())
+    r = client.post(
+        f"/runs/{ids['run_id']}/events", raw=json.dumps({"fencing_token": 1, "type": "NOTE", "fields": value}).encode()
+    )
     assert (r.status, r.body["error"]) == (422, "VALIDATION_ERROR"), r
     assert r.body["fields"][0]["field"].startswith("fields."), r
     assert problem in r.body["detail"]
@@ -185,7 +187,9 @@ def test_integral_floats_are_integers_as_the_schema_says(world):
     op = client.intend(ids["run_id"], 1, "floats", estimated_cost_cents=250.0, payload_bytes=1e3).body
     assert Operation.objects.get(pk=op["operation_id"]).estimated_cost_cents == 250
     for bad in (1.5, True, "60"):
-        r = client.post(f"/runs/{ids['run_id']}/lease/renew", {"owner_id": "worker-a", "fencing_token": 1, "ttl_s": bad})
+        r = client.post(
+            f"/runs/{ids['run_id']}/lease/renew", {"owner_id": "worker-a", "fencing_token": 1, "ttl_s": bad}
+        )
         assert (r.status, r.body["fields"][0]["field"]) == (422, "ttl_s"), r
     assert RunLease.objects.get(run_id=ids["run_id"]).fencing_token == 1
 
