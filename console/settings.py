@@ -93,6 +93,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: a URL carrying a credential is refused before anything routes or logs it.
+    "console.middleware.URLBoundaryMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -275,18 +277,23 @@ CELERY_BEAT_SCHEDULE = {
 # input: every handler runs WithholdExceptionMessages, which keeps a traceback's types and
 # frames but not its messages. The "django" logger loses Django's default handlers (a
 # DEBUG-only console handler without that filter, and mail_admins, which would mail the
-# request's data) and propagates to the root handler instead.
+# request's data) and propagates to the root handler instead. WithholdCredentials runs last:
+# a line that still carries a credential-like value (a URL in runserver's access log) is
+# replaced whole.
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"withhold_exception_messages": {"()": "ledger.logfilter.WithholdExceptionMessages"}},
+    "filters": {
+        "withhold_exception_messages": {"()": "ledger.logfilter.WithholdExceptionMessages"},
+        "withhold_credentials": {"()": "ledger.logfilter.WithholdCredentials"},
+    },
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": "plain",
-            "filters": ["withhold_exception_messages"],
+            "filters": ["withhold_exception_messages", "withhold_credentials"],
         }
     },
     "root": {"handlers": ["console"], "level": env("FENCELINE_LOG_LEVEL", "INFO")},

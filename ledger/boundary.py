@@ -32,15 +32,33 @@ Two kinds of rule, each kept in one list below:
   well-known keys (AWS, GitHub, Slack, OpenAI/Anthropic, Stripe, Google, GitLab) and of
   Fenceline's own worker tokens (``flw_``).
 
+* **Known credential formats and high-entropy strings**, from detect-secrets' maintained
+  plugins (``KNOWN_FORMATS``: every regex detector but the public-IP one; base64 runs of 32+
+  characters with ``+`` or ``/`` above its entropy limit: a bare AWS secret key).
+
+Every key and value is judged in its **normal form** (:func:`normalised`): percent-decoded
+(up to three times), NFKC (fullwidth letters become ASCII), without zero-width and control
+characters, and non-Latin letters replaced by the Latin letters they are confusable with
+(``раssword`` in Cyrillic reads ``password``). A value a person would read as a credential
+is refused however it is spelled; the stored value is the one that was sent.
+
 The rules fail closed: an innocent ``{"error": "timeout"}`` or "the bearer of this note"
 is refused too, and the worker renames the field (``error_code``) or rewords the text.
 
-Standard library only (``ledger.errors`` is too), so the rules can be read, reused (for
-instance by a log scanner) and tested without Django.
+Without Django (``ledger.errors`` too), so the rules can be read, reused (for instance by the
+log filter and the URL middleware) and tested on their own.
 """
 
 import functools
 import re
+import unicodedata
+from urllib.parse import unquote
+
+from confusable_homoglyphs import confusables
+from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+from detect_secrets.plugins.base import RegexBasedDetector
+from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
+from detect_secrets.plugins.keyword import DENYLIST as KEYWORD_DENYLIST
 
 from ledger.errors import ForbiddenField
 
@@ -64,6 +82,8 @@ CREDENTIAL_WORDS = frozenset(
         "cookies",
         "set_cookie",
         "credentials",  # a bag of secrets; "credential_ref" / "credential_version" are fine
+        "pass",  # pass=..., db_pass; "bypass" and "passes" are other words
+        "contrasena",
     }
 )
 
@@ -84,6 +104,8 @@ CREDENTIAL_ENDINGS = frozenset(
         "jwt",
         "otp",
         "totp",
+        # detect-secrets' keyword plugin's names (api_?key, db_?pass, priv_?key ...), in this form
+        *(name.replace("_?", "_") for name in KEYWORD_DENYLIST if name.isascii()),
     }
 )
 
@@ -171,15 +193,15 @@ VALUE_RULES = (
         r"(?i:\bauthorization\s*[:=]\s*(?:basic|token|digest|negotiate|aws4-hmac-sha256)\s+\S)",
     ),
     ("cookie_header", ("cookie",), r"(?i:\b(?:set-)?cookie\s*:\s*[^\s=;:]+=)"),
-    ("pem_block", ("-----begin",), r"-----BEGIN [^\r\n-]{1,64}-----"),
+    ("pem_block", ("-----begin",), r"(?i:-----BEGIN [^\r\n-]{1,64}-----)"),
     ("jwt", ("eyj",), _RUN_START + r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
     ("url_password", ("://",), r"(?i:\b[a-z][a-z0-9+.\-]{0,30}://[^\s/?#@:]{0,256}:[^\s/?#@]{1,256}@)"),
     (
         "secret_assignment",
-        ("pass", "pwd", "secret", "key", "token"),
-        r"(?i:" + _EDGE + r"(?:password|passwd|pwd|passphrase|secret|client[_-]?secret|api[_-]?key"
-        r"|access[_-]?key|secret[_-]?key|private[_-]?key|access[_-]?token|refresh[_-]?token"
-        r"|auth[_-]?token|session[_-]?token|id[_-]?token)[\"']?\s*[:=]\s*[\"']?[^\s\"',;&]{3,})",
+        ("pass", "pwd", "secret", "key", "token", "auth", "credential"),
+        r"(?i:" + _EDGE + r"(?:password|passwd|pwd|pass|passphrase|secret|client[_-]?secret|api[_-]?key"
+        r"|access[_-]?key|secret[_-]?key|private[_-]?key|[a-z]*[_-]?token|auth|credentials?)"
+        r"[\"']?\s*[:=]\s*[\"']?[^\s\"',;&]{3,})",
     ),
     ("aws_access_key", ("akia", "asia"), _EDGE + r"(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
     (
@@ -194,6 +216,26 @@ VALUE_RULES = (
     ("gitlab_token", ("glpat-",), _EDGE + r"glpat-[A-Za-z0-9_-]{16,}"),
     ("fenceline_worker_token", ("flw_",), _EDGE + r"flw_[A-Za-z0-9_-]{20,}"),
 )
+# detect-secrets' regex detectors, as one search (the public-IP detector is not a credential).
+KNOWN_FORMATS = tuple(
+    pattern
+    for cls in get_mapping_from_secret_type_to_class().values()
+    if issubclass(cls, RegexBasedDetector) and cls.__name__ != "IPPublicDetector"
+    for pattern in cls().denylist  # type: ignore[call-arg]
+)
+
+
+def _scoped(pattern: re.Pattern) -> str:
+    flags = "".join(letter for flag, letter in ((re.I, "i"), (re.X, "x")) if pattern.flags & flag)
+    return f"(?{flags}:{pattern.pattern})" if flags else f"(?:{pattern.pattern})"
+
+
+_KNOWN_FORMAT = re.compile("|".join(_scoped(pattern) for pattern in KNOWN_FORMATS))
+KNOWN_FORMAT_MIN_LENGTH = 10  # the shortest credential any of them matches
+# Base64 runs with "+" or "/" (hex digests, UUIDs and base64url ids are never refused this way).
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/]{32,}={0,2}")
+_ENTROPY = Base64HighEntropyString(limit=4.5)
+
 _TRIGGER = re.compile("|".join(re.escape(trigger) for _, triggers, _ in VALUE_RULES for trigger in triggers))
 _VALUE_PATTERN = re.compile("|".join(f"(?P<{name}>{pattern})" for name, _, pattern in VALUE_RULES))
 
@@ -221,8 +263,8 @@ _FENCING_TOKEN_KEYS = _compact(FENCING_TOKEN_KEYS)
 
 def classify_key(key: str) -> str | None:
     """CREDENTIAL, RAW_PAYLOAD or FENCING_TOKEN (allowed for integers only); None when the
-    key may carry any value that passes the value rules."""
-    words = key_words(key)
+    key may carry any value that passes the value rules. Judged in the key's normal form."""
+    words = key_words(normalised(key))
     if not words:
         return None
     if "".join(words) in _FENCING_TOKEN_KEYS or words[-2:] == ("fencing", "token"):
@@ -239,12 +281,61 @@ def classify_key(key: str) -> str | None:
     return None
 
 
+_ZERO_WIDTH_OR_CONTROL = frozenset({"Cf", "Cc"})
+_KEEP = frozenset("\t\n\r")
+
+
+@functools.lru_cache(maxsize=4096)
+def _latin(char: str) -> str:
+    """The Latin letter(s) ``char`` is confusable with, or ``char``."""
+    found = confusables.is_confusable(char, greedy=True, preferred_aliases=["latin"])
+    for entry in found or ():
+        for glyph in entry["homoglyphs"]:
+            if glyph["c"].isascii():
+                return glyph["c"]
+    return char
+
+
+def normalised(text: str) -> str:
+    """``text`` as the rules judge it: percent-decoded (three times at most), NFKC, without
+    zero-width and control characters (tab and newlines kept), confusables made Latin."""
+    for _ in range(3):
+        if "%" not in text:
+            break
+        decoded = unquote(text)
+        if decoded == text:
+            break
+        text = decoded
+    if text.isascii() and text.isprintable():
+        return text
+    text = unicodedata.normalize("NFKC", text)
+    text = "".join(char for char in text if char in _KEEP or unicodedata.category(char) not in _ZERO_WIDTH_OR_CONTROL)
+    if not text.isascii():
+        text = "".join(char if char.isascii() else _latin(char) for char in text)
+    return text
+
+
+def _high_entropy(text: str) -> bool:
+    return any(
+        ("+" in run or "/" in run) and _ENTROPY.calculate_shannon_entropy(run) > _ENTROPY.entropy_limit
+        for run in _BASE64_RUN.findall(text)
+    )
+
+
 def credential_kind(text: str) -> str | None:
-    """The name of the first value rule that matches anywhere in ``text``, or None."""
-    if _TRIGGER.search(text.lower()) is None:
-        return None
-    match = _VALUE_PATTERN.search(text)
-    return match.lastgroup if match else None
+    """The name of the first value rule that matches anywhere in ``text`` (judged in its
+    normal form), or None."""
+    text = normalised(text)
+    if _TRIGGER.search(text.lower()) is not None:
+        match = _VALUE_PATTERN.search(text)
+        if match:
+            return match.lastgroup
+    if len(text) >= KNOWN_FORMAT_MIN_LENGTH:
+        if _KNOWN_FORMAT.search(text):
+            return "known_credential_format"
+        if len(text) >= 32 and _high_entropy(text):
+            return "high_entropy_string"
+    return None
 
 
 def path_segment(key: str) -> str:

@@ -7,11 +7,14 @@ messages, and a log message that repeats an exception's text (Django's
 ``django.security`` and ``BadRequest`` lines do) gets that text withheld too.
 
 The filter changes the record itself, so every handler that sees the record after it
-prints the same scrubbed text. Standard library only.
+prints the same scrubbed text. :class:`WithholdCredentials` then replaces any line that still
+carries a credential-like value (the rules of ``ledger.boundary``).
 """
 
 import logging
 import traceback
+
+from ledger.boundary import credential_kind
 
 WITHHELD = "[message withheld]"
 
@@ -91,4 +94,24 @@ class WithholdExceptionMessages(logging.Filter):
         # Without exc_info, later formatters print exc_text instead of formatting the
         # exception again, and handlers that render exceptions themselves cannot.
         record.exc_info = None
+        return True
+
+
+WITHHELD_LINE = "[log line withheld: it carried a credential-like value]"
+
+
+class WithholdCredentials(logging.Filter):
+    """The last line of defence: a record whose text carries a credential-like value (the
+    secret boundary's rules, in normal form) is printed as :data:`WITHHELD_LINE`, with its
+    logger and level. Secrets are refused before they are logged; this catches what is
+    logged by code that is not ours, such as a URL in a web server's access line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
+        texts = [message, record.exc_text or ""]
+        if any(text and credential_kind(text) for text in texts):
+            record.msg, record.args, record.exc_text, record.exc_info = WITHHELD_LINE, (), None, None
         return True

@@ -24,10 +24,13 @@ def refusal(api: NinjaAPI, request: HttpRequest, status: int, code: str, detail:
     return api.create_response(request, {"error": code, "detail": detail, **extra}, status=status)
 
 
-def _field_path(loc: tuple[Any, ...]) -> str:
-    # An unknown key is named only if it looks like a field name (never a credential).
-    parts = [path_segment(str(p)) for p in loc if p not in ("body", "payload", "query", "path")]
-    return ".".join(parts) or "body"
+def _field_path(error: dict[str, Any]) -> str:
+    """The field of a validation error as a dotted path. A key the schema does not know is
+    the caller's own text and is never echoed: it reads ``*`` (``fields.*``)."""
+    loc = [p for p in error.get("loc", ()) if p not in ("body", "payload", "query", "path")]
+    if error.get("type") == "extra_forbidden" and loc:
+        loc[-1] = "*"
+    return ".".join(path_segment(str(p)) for p in loc) or "body"
 
 
 def install(api: NinjaAPI) -> None:
@@ -37,10 +40,7 @@ def install(api: NinjaAPI) -> None:
 
     @api.exception_handler(ValidationError)
     def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
-        problems = [
-            {"field": _field_path(tuple(err.get("loc", ()))), "problem": err.get("msg", "invalid")}
-            for err in exc.errors
-        ]
+        problems = [{"field": _field_path(err), "problem": err.get("msg", "invalid")} for err in exc.errors]
         summary = "; ".join(f"{p['field']}: {p['problem']}" for p in problems[:5])
         return refusal(api, request, 422, "VALIDATION_ERROR", summary or "invalid request", fields=problems)
 

@@ -182,7 +182,7 @@ def test_an_intent_carrying_its_arguments_is_refused(leased, logs):
     before = database_fingerprint()
     r = leased.client.intend(leased.run_id, 1, "send-report-2", args={"to": "ops", "api_key": canary})
     refused(r, 422, "VALIDATION_ERROR")
-    assert [p["field"] for p in r.body["fields"]] == ["args"]
+    assert [p["field"] for p in r.body["fields"]] == ["*"]  # an unknown key, never echoed
     assert database_fingerprint() == before
     assert_nowhere(canary, r, logs)
 
@@ -401,6 +401,113 @@ def test_a_credential_like_key_is_not_echoed_by_schema_validation(leased, logs):
     refused(r, 422, "VALIDATION_ERROR")
     assert [p["field"] for p in r.body["fields"]] == ["*"]
     assert_nowhere(canary, r, logs)
+
+
+# (g) credentials in disguise: the boundary normalises before it judges (issue 11, item 4)
+
+# The canary is the secret itself; each row hides it the way a worker's text could carry it.
+ENCODED = [
+    ("percent-encoded assignment", lambda c: {"memo": f"password%3D{c}"}),
+    ("percent-encoded twice", lambda c: {"memo": f"password%253D{c}"}),
+    ("zero-width in the key word", lambda c: {"memo": f"pass\u200bword={c}"}),
+    ("zero-width in a key", lambda c: {"pass\u200bword": c}),
+    ("fullwidth letters", lambda c: {"memo": f"\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44={c}"}),
+    ("homoglyph key (Cyrillic)", lambda c: {"\u0440\u0430ssword": c}),
+    ("token=", lambda c: {"memo": f"token={c}"}),
+    ("api_token=", lambda c: {"memo": f"call with api_token={c}"}),
+    ("pass=", lambda c: {"memo": f"pass={c}"}),
+    ("lower-case PEM header", lambda c: {"memo": f"-----begin rsa private key-----\n{c}"}),
+    ("control character inside", lambda c: {"memo": f"pass\x07word: {c}"}),
+]
+
+
+@pytest.mark.parametrize("name, fields", ENCODED, ids=[row[0] for row in ENCODED])
+def test_a_disguised_credential_is_refused(leased, logs, name, fields):
+    canary = "CANARYenc5e11"
+    before = database_fingerprint()
+    r = leased.event("NOTE", fields(canary))
+    refused(r, 422, "FORBIDDEN_FIELD")
+    assert database_fingerprint() == before
+    assert_nowhere(canary, r, logs)
+
+
+BARE = [
+    ("bare AWS secret access key", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYCANARYKEY1"),
+    ("AWS access key id", "AKIACANARY7EXAMPLE12"),
+    ("Twilio API key (a detect-secrets format)", "SK" + "c0ffee" * 5 + "ab"),
+    ("SendGrid key (a detect-secrets format)", "SG." + "C" * 22 + "." + "a1" * 21 + "b"),
+    ("Slack webhook (a detect-secrets format)", "https://hooks.slack.com/services/T0CANARY/B0CANARY/xyzCANARY"),
+]
+
+
+@pytest.mark.parametrize("name, secret", BARE, ids=[row[0] for row in BARE])
+def test_a_bare_credential_without_a_key_name_is_refused(leased, logs, name, secret):
+    before = database_fingerprint()
+    r = leased.event("NOTE", {"memo": f"use {secret} for the upload"})
+    refused(r, 422, "FORBIDDEN_FIELD", "fields.memo")
+    assert database_fingerprint() == before
+    assert_nowhere(secret, r, logs)
+
+
+def test_an_unknown_key_is_never_echoed_in_a_422(leased, logs):
+    canary = "hunter2canary"
+    r = leased.client.post(f"/runs/{leased.run_id}/lease", {"owner_id": "worker-b", "ttl_s": 10, canary: 1})
+    assert (r.status, r.body["fields"][0]["field"]) == (422, "*"), r
+    assert_nowhere(canary, r, logs)
+
+
+def test_ordinary_text_still_passes(leased, logs):
+    fields = {
+        "memo": "100% done; the pass rate was fine, bypass=none",
+        "digest": "sha256:" + "ab" * 32,
+        "id": "3f2b8c1e-9d4a-4e5f-8a6b-7c8d9e0f1a2b",
+        "name": "Zo\u00eb \u2014 caf\u00e9",
+        "url": "https://example.com/a%20b?page=2",
+    }
+    r = leased.event("NOTE", fields)
+    assert r.status == 201, r
+
+
+# (h) credentials in URLs never reach the log (issue 11, item 3)
+
+URLS = [
+    ("API path", "/api/v1/runs/ghp_CANARYurl1aaaaaaaaaaaaaaaaaaaaaaaaaaaaa"),
+    ("API path, percent-encoded", "/api/v1/runs/password%3DCANARYurl2"),
+    ("API query", "/api/v1/runs/{run_id}?token=CANARYurl3"),
+    ("API query, percent-encoded twice", "/api/v1/runs/{run_id}?q=api_token%253DCANARYurl4"),
+    ("console page that does not exist", "/no-such-page/AKIACANARYURL5EXAMPL"),
+    ("console query", "/runs/?q=xoxb-CANARYurl6-123456789012"),
+    ("worker token in a path", "/api/v1/operations/flw_CANARYurl7aaaaaaaaaaaaaaaaaaaa"),
+]
+
+
+@pytest.mark.parametrize("name, url", URLS, ids=[row[0] for row in URLS])
+def test_a_credential_in_a_url_is_refused_before_any_log_line(live_server, leased, logs, name, url):
+    import re
+
+    import requests
+
+    canary = re.search(r"CANARY\w{4}", url, re.IGNORECASE).group(0)
+    before = database_fingerprint()
+    raw = requests.get(live_server.url + url.format(run_id=leased.run_id), timeout=30, allow_redirects=False)
+    assert raw.status_code == 422, (raw.status_code, raw.text[:200])
+    if url.startswith("/api/"):
+        assert raw.json()["error"] == "FORBIDDEN_FIELD"
+        assert raw.json()["path"] in ("url.path", "url.query")
+    assert canary.lower() not in raw.text.lower()
+    assert database_fingerprint() == before
+    assert tables_containing(canary) == []
+    assert canary.lower() not in logs.text().lower(), "canary in a log line"
+    assert any(record.name == "fenceline.boundary" for record in logs.caplog.records)
+
+
+def test_a_log_line_from_other_code_that_carries_a_credential_is_withheld(logs):
+    canary = "CANARYlog8"
+    logging.getLogger("django.server").info('"GET /hook?password=%s HTTP/1.1" 200 12', canary)
+    logging.getLogger("some.library").warning("retrying with Authorization: Bearer %s", canary)
+    printed = logs.printed.getvalue()
+    assert printed.count("[log line withheld: it carried a credential-like value]") == 2, printed
+    assert canary not in printed
 
 
 # --- the search itself works ------------------------------------------------------------------

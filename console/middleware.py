@@ -1,0 +1,55 @@
+"""URLs pass the secret boundary before anything else sees them (invariant 6).
+
+A path or query string that carries a credential-like value (``ledger.boundary``, judged in
+its normal form: percent-decoded, NFKC, without zero-width characters) is refused with 422
+before routing, authentication or any log line: Django's "Not Found: <path>" and its
+request-status lines never get to print it. The refusal names the part of the URL and the
+rule, never the value; the API answers with its JSON error body, the console with a short
+page. The log line it writes has no path.
+"""
+
+import logging
+from collections.abc import Callable
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.html import escape
+
+from ledger.boundary import credential_kind
+
+log = logging.getLogger("fenceline.boundary")
+
+API_PREFIX = "/api/"
+
+
+def url_refusal(request: HttpRequest) -> tuple[str, str] | None:
+    """(part, rule) of the first credential-like part of the request's URL, or None."""
+    query = request.META.get("QUERY_STRING", "")
+    for part, text in (("url.path", request.path), ("url.query", query)):
+        kind = credential_kind(text) if text else None
+        if kind is not None:
+            return part, kind.replace("_", " ")
+    return None
+
+
+class URLBoundaryMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        refused = url_refusal(request)
+        if refused is None:
+            return self.get_response(request)
+        part, rule = refused
+        detail = f"credential-like value in the {part.removeprefix('url.')} of the URL ({rule}); send it in no URL"
+        log.warning("refused %s %s: credential-like value in the %s (withheld)", request.method, part, rule)
+        response: HttpResponse
+        if request.path.startswith(API_PREFIX):
+            body = {"error": "FORBIDDEN_FIELD", "detail": detail, "path": part, "rule": "credential-like value"}
+            response = JsonResponse(body, status=422)
+        else:
+            response = HttpResponse(
+                f"<!doctype html><title>Refused</title><h1>Refused</h1><p>{escape(detail)}</p>",
+                status=422,
+            )
+        response._has_been_logged = True  # type: ignore[attr-defined]  # django.request would print the path
+        return response
