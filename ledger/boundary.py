@@ -39,7 +39,7 @@ Two kinds of rule, each kept in one list below:
 Every key and value is judged in its **normal form** (:func:`normalised`): percent-decoded
 (up to three times), NFKC (fullwidth letters become ASCII), without zero-width and control
 characters, and non-Latin letters replaced by the Latin letters they are confusable with
-(``раssword`` in Cyrillic reads ``password``). A value a person would read as a credential
+(``\\u0440\\u0430ssword``, with a Cyrillic er and a, reads ``password``). A value a person would read as a credential
 is refused however it is spelled; the stored value is the one that was sent.
 
 The rules fail closed: an innocent ``{"error": "timeout"}`` or "the bearer of this note"
