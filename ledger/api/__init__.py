@@ -46,6 +46,7 @@ from ledger.api.schemas import (
     RunOut,
     TokenIn,
 )
+from ledger.api.schemas import EVENT_FIELDS, STORABLE_JSON
 from ledger.chain import format_time
 from ledger.models import Checkpoint, Event
 from ledger.services.authority import capabilities, credential_leases
@@ -66,7 +67,18 @@ starts on the starter policy: any tool, approval none, TTL up to 3600 s, up to 1
 no credential required, no cost limit.
 """
 
-api = NinjaAPI(
+class FencelineAPI(NinjaAPI):
+    def get_openapi_schema(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        """Ninja's schema, with event fields described as storable JSON (a recursive component
+        pydantic cannot write for ``dict[str, Any]``)."""
+        document = super().get_openapi_schema(*args, **kwargs)
+        components = document["components"]["schemas"]
+        components["StorableJSON"] = STORABLE_JSON
+        components["EventIn"]["properties"]["fields"] = EVENT_FIELDS
+        return document
+
+
+api = FencelineAPI(
     title="Fenceline worker API",
     version="1",
     description=DESCRIPTION,

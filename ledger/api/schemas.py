@@ -14,15 +14,54 @@ from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
 from ledger.api.columns import WHOLE, bounds, length
 from ledger.models import CapabilityBudget, Credential, Operation, Run, RunLease
-from ledger.services.authority import credential_leases
+from ledger.services.authority import credential_leases, credentials
 from ledger.services.evidence.append import WORKER_EVENT_TYPE
 from ledger.services.fence.leases import MAX_TTL_S, MIN_TTL_S
 from ledger.states import EffectClass, Phase
 from ledger.versioning import KNOWN_SCHEMA_VERSIONS
 
 
+# What ledger/storable.py lets through, as JSON Schema can say it: no NUL in any string or
+# key, no float of magnitude 1e16 or more. (Lone surrogates and -0.0 are refused too; JSON
+# Schema has no words for them.)
+NO_NUL = "^[^\\u0000]*$"
+STORABLE_JSON_REF = "#/components/schemas/StorableJSON"
+STORABLE_JSON = {
+    "description": "Any JSON value PostgreSQL stores byte for byte (ledger/storable.py).",
+    "anyOf": [
+        {"type": "string", "pattern": NO_NUL},
+        {"type": "integer"},
+        {"type": "number", "exclusiveMinimum": -1e16, "exclusiveMaximum": 1e16},
+        {"type": "boolean"},
+        {"type": "null"},
+        {"type": "array", "items": {"$ref": STORABLE_JSON_REF}},
+        {"type": "object", "propertyNames": {"pattern": NO_NUL}, "additionalProperties": {"$ref": STORABLE_JSON_REF}},
+    ],
+}
+
+EVENT_FIELDS = {
+    "type": "object",
+    "description": "At most 16 KB as compact JSON; no credential-like key or value (ledger/boundary.py).",
+    "propertyNames": {"pattern": NO_NUL},
+    "additionalProperties": {"$ref": STORABLE_JSON_REF},
+}
+
+
+def _no_nul_in_strings(schema: dict[str, Any]) -> None:
+    """Every string of a request schema says it holds no NUL (the body parser refuses one)."""
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "string" and "pattern" not in node and "enum" not in node:
+                node["pattern"] = NO_NUL
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
 class In(Schema):
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=_no_nul_in_strings)  # type: ignore[typeddict-item]
 
 
 Name = Annotated[StrictStr, Field(min_length=1, max_length=length(Operation, "tool"))]
@@ -213,7 +252,9 @@ class RetryDecisionOut(Schema):
 class EventIn(In):
     fencing_token: Token
     type: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=WORKER_EVENT_TYPE.pattern)]
-    fields: dict[str, Any]  # at most 16 KB as compact JSON; storable (ledger/storable.py)
+    # At most 16 KB as compact JSON; storable (ledger/storable.py); no credential (ledger/boundary.py).
+    # The published schema says so: EVENT_FIELDS (set by ledger.api.FencelineAPI).
+    fields: dict[str, Any]
 
 
 class EventAppendedOut(Schema):
@@ -230,15 +271,22 @@ class FenceCheckOut(Schema):
     valid: bool
 
 
+# A lease scope is exact: no wildcard (those belong to policy rules).
+ExactScope = Field(pattern="^[^*\\u0000]*$")
+
+
 class CredentialLeaseIn(In):
     fencing_token: Token
-    principal: Annotated[StrictStr, Field(min_length=1, max_length=length(Credential, "principal"))]
+    principal: Annotated[
+        StrictStr,
+        Field(min_length=1, max_length=length(Credential, "principal"), pattern=f"^{credentials.PRINCIPAL.pattern}$"),
+    ]
     actions: Annotated[
-        list[Annotated[StrictStr, Field(min_length=1, max_length=credential_leases.MAX_ACTION_LENGTH)]],
+        list[Annotated[StrictStr, Field(min_length=1, max_length=credential_leases.MAX_ACTION_LENGTH), ExactScope]],
         Field(min_length=1, max_length=credential_leases.MAX_LEASE_ACTIONS),
     ]
     resources: Annotated[
-        list[Annotated[StrictStr, Field(min_length=1, max_length=credential_leases.MAX_RESOURCE_LENGTH)]],
+        list[Annotated[StrictStr, Field(min_length=1, max_length=credential_leases.MAX_RESOURCE_LENGTH), ExactScope]],
         Field(min_length=1, max_length=credential_leases.MAX_LEASE_RESOURCES),
     ]
     # Longer than the tenant policy's max_ttl_s: 403 DENY_POLICY (the policy's decision).
