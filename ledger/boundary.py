@@ -217,11 +217,12 @@ VALUE_RULES = (
     ("fenceline_worker_token", ("flw_",), _EDGE + r"flw_[A-Za-z0-9_-]{20,}"),
 )
 # detect-secrets' regex detectors, as one search (the public-IP detector is not a credential).
-KNOWN_FORMATS = tuple(
+_DETECTORS: list[type] = list(get_mapping_from_secret_type_to_class().values())
+KNOWN_FORMATS: tuple[re.Pattern, ...] = tuple(
     pattern
-    for cls in get_mapping_from_secret_type_to_class().values()
-    if issubclass(cls, RegexBasedDetector) and cls.__name__ != "IPPublicDetector"
-    for pattern in cls().denylist  # type: ignore[call-arg]
+    for detector in _DETECTORS
+    if issubclass(detector, RegexBasedDetector) and detector.__name__ != "IPPublicDetector"
+    for pattern in detector().denylist
 )
 
 

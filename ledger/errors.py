@@ -132,8 +132,8 @@ class Denied(DomainError):
 
     status = 403
 
-    def __init__(self, code: str, detail: str, **extra: object) -> None:
-        super().__init__(detail, decision=code, **extra)
+    def __init__(self, code: str, detail: str, *, field: str | None = None, **extra: object) -> None:
+        super().__init__(detail, field=field, decision=code, **extra)
         self.code = code
 
 

@@ -10,6 +10,8 @@ from ledger.api import errors
 from ledger.api.auth import WorkerBearer
 from ledger.api.body import StrictJSONParser
 from ledger.api.schemas import (
+    EVENT_FIELDS,
+    STORABLE_JSON,
     ApprovalOut,
     ApprovalRequiredOut,
     AuthorizedOut,
@@ -46,7 +48,6 @@ from ledger.api.schemas import (
     RunOut,
     TokenIn,
 )
-from ledger.api.schemas import EVENT_FIELDS, STORABLE_JSON
 from ledger.chain import format_time
 from ledger.models import Checkpoint, Event
 from ledger.services.authority import capabilities, credential_leases
@@ -67,8 +68,9 @@ starts on the starter policy: any tool, approval none, TTL up to 3600 s, up to 1
 no credential required, no cost limit.
 """
 
+
 class FencelineAPI(NinjaAPI):
-    def get_openapi_schema(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def get_openapi_schema(self, *args, **kwargs):
         """Ninja's schema, with event fields described as storable JSON (a recursive component
         pydantic cannot write for ``dict[str, Any]``)."""
         document = super().get_openapi_schema(*args, **kwargs)

@@ -20,7 +20,6 @@ from ledger.services.fence.leases import MAX_TTL_S, MIN_TTL_S
 from ledger.states import EffectClass, Phase
 from ledger.versioning import KNOWN_SCHEMA_VERSIONS
 
-
 # What ledger/storable.py lets through, as JSON Schema can say it: no NUL in any string or
 # key, no float of magnitude 1e16 or more. (Lone surrogates and -0.0 are refused too; JSON
 # Schema has no words for them.)
@@ -61,7 +60,7 @@ def _no_nul_in_strings(schema: dict[str, Any]) -> None:
 
 
 class In(Schema):
-    model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=_no_nul_in_strings)  # type: ignore[typeddict-item]
+    model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=_no_nul_in_strings)
 
 
 Name = Annotated[StrictStr, Field(min_length=1, max_length=length(Operation, "tool"))]

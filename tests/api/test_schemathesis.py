@@ -45,7 +45,7 @@ def test_schemathesis_finds_no_mismatch_between_schema_and_server(live_server, d
         "--generation-deterministic",
         # The stateful phase's scenarios grow with the time it is given; the seeded coverage and
         # fuzzing phases are the deterministic budget. A long run of every phase is in
-        # docs/api.md (make schemathesis).
+        # docs/api.md, with the command that reproduces it.
         "--phases",
         "examples,coverage,fuzzing",
         "--workers",
