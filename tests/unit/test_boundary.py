@@ -3,6 +3,7 @@ repeats the value it refused."""
 
 import pytest
 
+from ledger import boundary
 from ledger.boundary import (
     check_fields,
     check_text,
@@ -307,3 +308,52 @@ def test_key_words_split_case_camel_case_and_separators():
     assert key_words("APIKey") == key_words("apiKey") == key_words("api_key") == ("api", "key")
     assert key_words("HTTP_AUTHORIZATION") == ("http", "authorization")
     assert key_words("oauth2Token") == ("oauth2", "token")
+
+
+# --- the normal form (issue 11) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, normal",
+    [
+        ("pass%3Dword", "pass=word"),
+        ("pass%253Dword", "pass=word"),  # twice encoded
+        ("pa\u200bss\u200dword", "password"),  # zero-width space and joiner
+        ("\uff50\uff41\uff53\uff53", "pass"),  # fullwidth
+        ("\u0440\u0430ss", "pass"),  # Cyrillic er and a
+        ("line\none\ttab", "line\none\ttab"),  # whitespace is kept
+        ("100%", "100%"),
+        ("caf\u00e9", "caf\u00e9"),  # an accented Latin letter is Latin already
+    ],
+)
+def test_the_normal_form(raw, normal):
+    assert boundary.normalised(raw) == normal
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "sha256:" + "0123456789abcdef" * 4,  # a hex digest
+        "3f2b8c1e-9d4a-4e5f-8a6b-7c8d9e0f1a2b",  # a UUID
+        "dGhpcyBpcyBqdXN0IGEgYmFzZTY0dXJsIGlk",  # base64url without + or /: an id, not a key
+        "mailto:ops@example.com",
+        "https://example.com/a%20b?page=2",
+        "pass rate 98%, token count 12",
+    ],
+)
+def test_ordinary_values_pass(text):
+    assert boundary.credential_kind(text) is None
+
+
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        ("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "high_entropy_string"),
+        ("SK" + "0123456789abcdef" * 2, "known_credential_format"),  # Twilio, from detect-secrets
+        ("-----begin openssh private key-----", "pem_block"),
+        ("api_token=abc123", "secret_assignment"),
+        ("credential: s3cr3t", "secret_assignment"),
+    ],
+)
+def test_credentials_the_old_rules_missed(text, kind):
+    assert boundary.credential_kind(text) == kind
