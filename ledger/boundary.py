@@ -325,7 +325,23 @@ def _high_entropy(text: str) -> bool:
 
 def credential_kind(text: str) -> str | None:
     """The name of the first value rule that matches anywhere in ``text`` (judged in its
-    normal form), or None."""
+    normal form), or None. Short values (tool names, resources, owners) come again and again:
+    those that pass are remembered (never those refused: no credential is kept in memory)."""
+    if text in _CLEAN:
+        return None
+    kind = _kind(text)
+    if kind is None and len(text) <= 256:
+        if len(_CLEAN) >= _CLEAN_MAX:
+            _CLEAN.clear()
+        _CLEAN.add(text)
+    return kind
+
+
+_CLEAN: set[str] = set()
+_CLEAN_MAX = 16384
+
+
+def _kind(text: str) -> str | None:
     text = normalised(text)
     if _TRIGGER.search(text.lower()) is not None:
         match = _VALUE_PATTERN.search(text)
