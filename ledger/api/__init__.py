@@ -10,8 +10,8 @@ from ledger.api import errors
 from ledger.api.auth import WorkerBearer
 from ledger.api.body import StrictJSONParser
 from ledger.api.schemas import (
-    EVENT_FIELDS,
     STORABLE_JSON,
+    STORABLE_OBJECT_PROPERTIES,
     ApprovalOut,
     ApprovalRequiredOut,
     AuthorizedOut,
@@ -19,6 +19,8 @@ from ledger.api.schemas import (
     CapabilityIn,
     CapabilityOut,
     ChainExportOut,
+    CheckpointIn,
+    CheckpointSavedOut,
     CredentialLeaseIn,
     CredentialLeaseOut,
     DecisionError,
@@ -55,6 +57,7 @@ from ledger.services.core.fencing import fence_check
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.fence import leases, notes, operations, outcomes, retry, runs
 from ledger.services.fence.operations import Intent
+from ledger.services.lifespan import checkpoints
 from ledger.states import Outcome, Phase
 
 DESCRIPTION = """
@@ -76,7 +79,8 @@ class FencelineAPI(NinjaAPI):
         document = super().get_openapi_schema(*args, **kwargs)
         components = document["components"]["schemas"]
         components["StorableJSON"] = STORABLE_JSON
-        components["EventIn"]["properties"]["fields"] = EVENT_FIELDS
+        for (component, name), schema in STORABLE_OBJECT_PROPERTIES.items():
+            components[component]["properties"][name] = schema
         return document
 
 
@@ -174,10 +178,45 @@ def get_run(request, run_id: str):
     tags=["leases"],
 )
 def acquire_lease(request, run_id: str, body: LeaseAcquireIn):
-    """Take the run's lease. 409 LEASE_HELD while another owner holds an unexpired lease;
+    """Take the run's lease, with the run's latest progress checkpoint to resume from.
+    409 LEASE_HELD while another owner holds an unexpired lease;
     409 WORKER_NOT_ACCEPTING for a worker that is draining, stopped or quarantined."""
     lease = leases.lease_acquire(worker=request.worker, run_id=run_id, owner_id=body.owner_id, ttl_s=body.ttl_s)
-    return {"fencing_token": lease.fencing_token, "expires_at": lease.expires_at}
+    latest = checkpoints.checkpoint_latest(lease.run)
+    return {
+        "fencing_token": lease.fencing_token,
+        "expires_at": lease.expires_at,
+        "checkpoint": _checkpoint_out(latest) if latest else None,
+    }
+
+
+def _checkpoint_out(checkpoint) -> dict:
+    return {
+        "checkpoint_id": str(checkpoint.pk),
+        "seq": checkpoint.seq,
+        "position": checkpoint.position,
+        "state": checkpoint.state,
+        "digest": checkpoint.digest,
+        "created_at": checkpoint.created_at,
+    }
+
+
+@api.post(
+    "/runs/{run_id}/checkpoints",
+    response={201: CheckpointSavedOut, **BODY, 404: E, 409: E},
+    tags=["runs"],
+)
+def save_checkpoint(request, run_id: str, body: CheckpointIn):
+    """Save where the run's work stands (state: a JSON object of at most 64 KB), under the
+    fence. Whoever takes the lease next gets the latest checkpoint with it and resumes."""
+    checkpoint = checkpoints.checkpoint_save(
+        worker=request.worker,
+        run_id=run_id,
+        fencing_token=body.fencing_token,
+        position=body.position,
+        state=body.state,
+    )
+    return Status(201, {"checkpoint_id": str(checkpoint.pk), "seq": checkpoint.seq, "digest": checkpoint.digest})
 
 
 @api.post(

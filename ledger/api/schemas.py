@@ -13,7 +13,7 @@ from ninja import Schema
 from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
 from ledger.api.columns import WHOLE, bounds, length
-from ledger.models import CapabilityBudget, Credential, Operation, Run, RunLease
+from ledger.models import CapabilityBudget, Credential, Operation, ProgressCheckpoint, Run, RunLease
 from ledger.services.authority import credential_leases, credentials
 from ledger.services.evidence.append import WORKER_EVENT_TYPE
 from ledger.services.fence.leases import MAX_TTL_S, MIN_TTL_S
@@ -44,6 +44,13 @@ EVENT_FIELDS = {
     "propertyNames": {"pattern": NO_NUL},
     "additionalProperties": {"$ref": STORABLE_JSON_REF},
 }
+
+CHECKPOINT_STATE = {
+    **EVENT_FIELDS,
+    "description": "At most 64 KB as compact JSON; no credential-like key or value (ledger/boundary.py).",
+}
+# Request properties described by hand: pydantic cannot write a recursive schema for dict[str, Any].
+STORABLE_OBJECT_PROPERTIES = {("EventIn", "fields"): EVENT_FIELDS, ("CheckpointIn", "state"): CHECKPOINT_STATE}
 
 
 def _no_nul_in_strings(schema: dict[str, Any]) -> None:
@@ -159,9 +166,33 @@ class LeaseReleaseIn(In):
     fencing_token: Token
 
 
+class ProgressCheckpointOut(Schema):
+    checkpoint_id: str
+    seq: int
+    position: str
+    state: dict[str, Any]
+    digest: str
+    created_at: datetime
+
+
 class LeaseGrantedOut(Schema):
     fencing_token: int
     expires_at: datetime
+    # The run's latest progress checkpoint, to resume from (null before the first one).
+    checkpoint: ProgressCheckpointOut | None = None
+
+
+class CheckpointIn(In):
+    fencing_token: Token
+    position: Annotated[StrictStr, Field(min_length=1, max_length=length(ProgressCheckpoint, "position"))]
+    # The published schema says so: CHECKPOINT_STATE (set by ledger.api.FencelineAPI).
+    state: dict[str, Any]
+
+
+class CheckpointSavedOut(Schema):
+    checkpoint_id: str
+    seq: int
+    digest: str
 
 
 class LeaseRenewedOut(Schema):

@@ -3,6 +3,7 @@ every change of state is made by a function in ``ledger/services/``."""
 
 from ledger.models.authority import CapabilityBudget, CostReservation, CostWindow, Credential, CredentialLease
 from ledger.models.evidence import Checkpoint, Event
+from ledger.models.lifespan import ProgressCheckpoint
 from ledger.models.runs import LeaseGrant, Operation, Run, RunLease
 from ledger.models.tenancy import AdminAction, Tenant, TenantPolicy, Worker
 
@@ -17,6 +18,7 @@ __all__ = [
     "Event",
     "LeaseGrant",
     "Operation",
+    "ProgressCheckpoint",
     "Run",
     "RunLease",
     "Tenant",

@@ -1,0 +1,78 @@
+"""Progress checkpoints: the lease owner saves where its work stands, under the fence; the
+next owner gets the latest with its lease and resumes from it (article "Agent Lifespan
+Management", Draining -> Checkpointed).
+
+``state`` is a JSON object of at most 64 KB that passes the storage check and the secret
+boundary like event fields; the run's chain records each checkpoint's seq, position and the
+digest of its state, so an auditor can tell which progress a replacement resumed from.
+"""
+
+import json
+
+from django.db.models import Max
+
+from ledger.boundary import check_fields, check_text
+from ledger.chain import hash_bytes
+from ledger.errors import InvalidInput
+from ledger.models import ProgressCheckpoint, Run, Worker
+from ledger.services.core.fencing import Fenced, fenced
+from ledger.services.evidence.append import json_safe
+
+MAX_STATE_BYTES = 64 * 1024
+MAX_POSITION_LENGTH = 200
+
+
+def state_digest(state: dict) -> str:
+    """sha256 of the state's canonical JSON (keys sorted, compact, UTF-8)."""
+    canonical = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hash_bytes(canonical.encode())
+
+
+def _checked(position: object, state: object) -> tuple[str, dict]:
+    if not isinstance(position, str) or not 1 <= len(position) <= MAX_POSITION_LENGTH:
+        raise InvalidInput(f"position must be 1 to {MAX_POSITION_LENGTH} characters", field="position")
+    check_text(position, path="position")
+    if not isinstance(state, dict):
+        raise InvalidInput("state must be a JSON object", field="state")
+    state = json_safe(state)
+    size = len(json.dumps(state, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_STATE_BYTES:
+        raise InvalidInput(f"state must be at most {MAX_STATE_BYTES} bytes as JSON", field="state")
+    check_fields(state, root="state")
+    return position, state
+
+
+def checkpoint_save(
+    *, worker: Worker, run_id: object, fencing_token: int, position: str, state: dict
+) -> ProgressCheckpoint:
+    """Save the run's progress as its next checkpoint and record it in the chain."""
+    position, state = _checked(position, state)
+    digest = state_digest(state)
+
+    def write(ctx: Fenced) -> ProgressCheckpoint:
+        # The run row is locked: the next seq cannot be taken by anyone else.
+        last = ProgressCheckpoint.objects.filter(run=ctx.run).aggregate(last=Max("seq"))["last"] or 0
+        checkpoint = ProgressCheckpoint.objects.create(
+            run=ctx.run,
+            seq=last + 1,
+            position=position,
+            state=state,
+            digest=digest,
+            fencing_token=ctx.token,
+            owner_id=ctx.lease.owner_id or "",
+            created_at=ctx.now,
+        )
+        ctx.batch.append(
+            ctx.run,
+            "PROGRESS_CHECKPOINTED",
+            actor=ctx.actor,
+            fields={"checkpoint_id": checkpoint.pk, "seq": checkpoint.seq, "position": position, "digest": digest},
+        )
+        return checkpoint
+
+    return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="checkpoint.save", write=write)
+
+
+def checkpoint_latest(run: Run) -> ProgressCheckpoint | None:
+    """The run's latest checkpoint, which a new lease owner resumes from."""
+    return ProgressCheckpoint.objects.filter(run=run).order_by("-seq").first()
