@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.utils.html import escape
+from django.shortcuts import render
 
 from ledger.boundary import credential_kind
 
@@ -40,16 +40,13 @@ class URLBoundaryMiddleware:
         if refused is None:
             return self.get_response(request)
         part, rule = refused
-        detail = f"credential-like value in the {part.removeprefix('url.')} of the URL ({rule}); send it in no URL"
+        detail = f"A credential-like value in the {part.removeprefix('url.')} of the URL ({rule})"
         log.warning("refused %s %s: credential-like value in the %s (withheld)", request.method, part, rule)
         response: HttpResponse
         if request.path.startswith(API_PREFIX):
             body = {"error": "FORBIDDEN_FIELD", "detail": detail, "path": part, "rule": "credential-like value"}
             response = JsonResponse(body, status=422)
         else:
-            response = HttpResponse(
-                f"<!doctype html><title>Refused</title><h1>Refused</h1><p>{escape(detail)}</p>",
-                status=422,
-            )
+            response = render(request, "refused.html", {"detail": detail}, status=422)
         response._has_been_logged = True  # type: ignore[attr-defined]  # django.request would print the path
         return response

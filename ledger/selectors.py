@@ -214,15 +214,17 @@ def run_events_page(*, run: Run, after: int = 0, size: int = EVENT_PAGE):
 
 
 def run_detail_parts(*, run: Run, limit: int = 100) -> dict:
-    """Lease history, stale-write refusals, operations (with their reconciliation case),
-    capability budgets and the run's cost windows: a fixed number of queries."""
+    """Lease history, the latest progress checkpoint, stale-write refusals, operations (with
+    their reconciliation case), capability budgets and the run's cost windows: a fixed number
+    of queries."""
     from django.db.models import Prefetch
 
     from approvals.models import ReconciliationCase
-    from ledger.models import CapabilityBudget, CostWindow, Event, LeaseGrant, Operation
+    from ledger.models import CapabilityBudget, CostWindow, Event, LeaseGrant, Operation, ProgressCheckpoint
 
     cases = ReconciliationCase.objects.order_by("-attempt")
     return {
+        "checkpoint": ProgressCheckpoint.objects.filter(run=run).order_by("-seq").first(),
         "grants": list(LeaseGrant.objects.filter(run=run).select_related("worker").order_by("-fencing_token")[:limit]),
         "refusals": list(Event.objects.filter(run=run, type="STALE_TOKEN_REJECTED").order_by("-seq")[:limit]),
         "operations": list(

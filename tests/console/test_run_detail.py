@@ -16,6 +16,7 @@ from ledger.errors import StaleToken
 from ledger.models import Run
 from ledger.services.fence import leases, outcomes
 from ledger.services.fence.notes import event_append
+from ledger.services.lifespan.checkpoints import checkpoint_save
 from tests.console.conftest import logged_in
 from tests.ledger.factories import dispatched_operation, expire, leased_run, new_run
 
@@ -67,6 +68,18 @@ def test_lease_history_shows_owners_tokens_and_the_stale_write_refused(viewer_cl
     assert refusal.fields["presented_token"] == old_token and refusal.fields["current_token"] == taken.fencing_token
     assert "Stale-write refusals" in body and "event.append" in body
     assert "<dd>1</dd>" in body  # the run's stale-write count
+
+
+def test_the_latest_progress_checkpoint_is_shown_with_who_saved_it(viewer_client, acme):
+    run, token = leased_run(acme.worker, owner="owner-a")
+    assert "No progress checkpoint" in viewer_client.get(url(run)).content.decode()
+    for position in ("page-1", "page-2"):
+        checkpoint_save(
+            worker=acme.worker, run_id=run.pk, fencing_token=token, position=position, state={"p": position}
+        )
+    body = viewer_client.get(url(run)).content.decode()
+    assert "Progress checkpoint <strong>2</strong>" in body and "page-2" in body and "owner-a" in body
+    assert "page-1" not in body.split("<h3>History</h3>")[0].split("<h3>Progress</h3>")[1]
 
 
 def test_reconciled_is_shown_apart_from_confirmed_with_who_and_why(viewer_client, acme):

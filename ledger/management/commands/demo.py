@@ -25,6 +25,7 @@ from ledger.services.fence import leases, notes, operations, outcomes, runs
 from ledger.services.fence.operations import Intent
 from ledger.services.fleet.lifecycle import worker_drain, worker_quarantine
 from ledger.services.fleet.workers import worker_create, worker_rotate_token
+from ledger.services.lifespan.checkpoints import checkpoint_save
 from ledger.services.tenancy.roles import role_grant
 from ledger.services.tenancy.tenants import tenant_ensure
 from ledger.states import EffectClass
@@ -245,7 +246,11 @@ class Command(BaseCommand):
         # A worker that lost its lease (a restart episode), then was quarantined; another draining.
         flaky, _ = worker_create(tenant=tenant, name="flaky-worker")
         run, _ = runs.run_create(worker=flaky, schema_version=1, external_id="demo-flaky")
-        leases.lease_acquire(worker=flaky, run_id=run.pk, owner_id="flaky-1", ttl_s=60)
+        flaky_token = leases.lease_acquire(worker=flaky, run_id=run.pk, owner_id="flaky-1", ttl_s=60).fencing_token
+        # It saved its progress before it vanished: the rescue worker resumes from page 3.
+        checkpoint_save(
+            worker=flaky, run_id=run.pk, fencing_token=flaky_token, position="page-3", state={"pages_done": [1, 2, 3]}
+        )
         RunLease.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))  # the demo's clock
         leases.lease_acquire(worker=worker, run_id=run.pk, owner_id="agent-rescue", ttl_s=3600)
         worker_quarantine(worker_id=flaky.pk, reason="lost its lease and kept writing", name="admin")
