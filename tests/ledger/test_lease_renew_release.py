@@ -1,9 +1,9 @@
 import pytest
 
 from approvals.models import ReconciliationCase
-from ledger.errors import InvalidInput, LeaseLost
-from ledger.models import Event, LeaseGrant, Operation, Run
-from ledger.services.fence import leases
+from ledger.errors import InvalidInput, LeaseLost, RunCompleted
+from ledger.models import Event, LeaseGrant, Operation, Run, RunLease
+from ledger.services.fence import leases, runs
 from tests.ledger.factories import dispatched_operation, expire, leased_run
 
 
@@ -69,3 +69,22 @@ def test_ttl_outside_1_to_3600_is_refused_by_the_service_too(acme, ttl_s):
     run, token = leased_run(acme.worker)
     with pytest.raises(InvalidInput):
         leases.lease_renew(worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token, ttl_s=ttl_s)
+
+
+def test_a_child_cannot_renew_after_its_parent_completed(acme):
+    parent, parent_token = leased_run(acme.worker, owner="parent-owner")
+    child, _ = runs.run_create(worker=acme.worker, schema_version=1, parent_run_id=parent.pk)
+    child_token = leases.lease_acquire(
+        worker=acme.worker, run_id=child.pk, owner_id="child-owner", ttl_s=30
+    ).fencing_token
+    leases.lease_renew(worker=acme.worker, run_id=child.pk, owner_id="child-owner", fencing_token=child_token, ttl_s=30)
+
+    runs.run_complete(worker=acme.worker, run_id=parent.pk, fencing_token=parent_token)
+    before = RunLease.objects.get(run=child).expires_at
+    renewals = Event.objects.filter(run=child, type="LEASE_RENEWED").count()
+    with pytest.raises(RunCompleted, match="parent run is completed"):
+        leases.lease_renew(
+            worker=acme.worker, run_id=child.pk, owner_id="child-owner", fencing_token=child_token, ttl_s=30
+        )
+    assert RunLease.objects.get(run=child).expires_at == before  # not extended
+    assert Event.objects.filter(run=child, type="LEASE_RENEWED").count() == renewals

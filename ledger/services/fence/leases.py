@@ -112,10 +112,15 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int) 
 
 
 def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token: int, ttl_s: int) -> RunLease:
-    """Extend the lease of its current owner. An expired lease cannot be renewed."""
+    """Extend the lease of its current owner. An expired lease cannot be renewed, and neither
+    can the lease of a child run whose parent is no longer ACTIVE (409 RUN_COMPLETED): a
+    sub-agent does not outlive the run that started it."""
     _check_ttl(ttl_s)
 
     def write(ctx: Fenced) -> RunLease:
+        parent = ctx.run.parent_id
+        if parent is not None and not Run.objects.filter(pk=parent, status=RunStatus.ACTIVE).exists():
+            raise RunCompleted("the parent run is completed; its child's lease is not renewed")
         expires_at = ctx.now + timedelta(seconds=ttl_s)
         RunLease.objects.filter(run=ctx.run, fencing_token=ctx.token).update(
             expires_at=expires_at, last_renewed_at=ctx.now
