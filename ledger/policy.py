@@ -20,6 +20,8 @@ module only reads documents; ``ledger.services.policy`` stores and changes them.
         "run": null, "tenant": null, "retry": null, "provider": {}
       },
       "reservation_ttl_s": 900,             # a reservation older than this becomes UNKNOWN
+      "idle_limit_s": 900,                  # a renewal after this long without progress ends
+                                            # the lease instead (null: no idle limit)
       "breaker": {                          # share of the tenant limit (reserved + settled)
         "throttled_at": 0.6, "degraded_at": 0.85, "open_at": 1.0,
         "throttled_max_dispatched": 2       # in-flight operations allowed while THROTTLED
@@ -48,6 +50,7 @@ STARTER_POLICY: dict = {
     "cost_window_s": 86400,
     "cost_limits_cents": {"run": None, "tenant": None, "retry": None, "provider": {}},
     "reservation_ttl_s": 900,
+    "idle_limit_s": 900,
     "breaker": {"throttled_at": 0.6, "degraded_at": 0.85, "open_at": 1.0, "throttled_max_dispatched": 2},
 }
 
@@ -97,6 +100,7 @@ def validate_policy(document: object) -> dict:
     for name in ("max_ttl_s", "max_calls", "approval_ttl_s", "cost_window_s", "reservation_ttl_s"):
         _positive_int(merged, name)
     _positive_int(merged, "max_bytes", nullable=True)
+    _positive_int(merged, "idle_limit_s", nullable=True)
     limits = merged["cost_limits_cents"]
     if not isinstance(limits, dict) or set(limits) != {"run", "tenant", "retry", "provider"}:
         raise InvalidInput("policy.cost_limits_cents must have run, tenant, retry and provider")

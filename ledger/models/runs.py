@@ -31,6 +31,9 @@ class Run(Versioned):
     last_seq = models.BigIntegerField(default=0)
     last_hash = models.CharField(max_length=71, default=GENESIS_HASH)
     stale_rejections = models.PositiveIntegerField(default=0)
+    # The last time the run made progress: any event but a renewal or a refused stale write
+    # (an operation transition, a worker's event, a checkpoint). The idle limit counts from it.
+    last_progress_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
 
     # Operations per phase, kept current by the transitions themselves (same transaction as

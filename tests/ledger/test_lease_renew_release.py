@@ -1,9 +1,14 @@
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from approvals.models import ReconciliationCase
 from ledger.errors import InvalidInput, LeaseLost, RunCompleted
 from ledger.models import Event, LeaseGrant, Operation, Run, RunLease
+from ledger.services.authority.policy import policy_change
 from ledger.services.fence import leases, runs
+from ledger.services.fence.notes import event_append
 from tests.ledger.factories import dispatched_operation, expire, leased_run
 
 
@@ -88,3 +93,47 @@ def test_a_child_cannot_renew_after_its_parent_completed(acme):
         )
     assert RunLease.objects.get(run=child).expires_at == before  # not extended
     assert Event.objects.filter(run=child, type="LEASE_RENEWED").count() == renewals
+
+
+# --- the idle limit (issue 12, item 2) -------------------------------------------------------
+
+
+def idle_for(run, seconds: int) -> None:
+    """The test's clock: the run's last progress and its lease's start move into the past."""
+    past = timezone.now() - timedelta(seconds=seconds)
+    Run.objects.filter(pk=run.pk).update(last_progress_at=past)
+    RunLease.objects.filter(run=run).update(acquired_at=past)
+
+
+def test_a_renewal_after_the_idle_limit_ends_the_lease_as_an_expiry(acme):
+    run, token = leased_run(acme.worker, ttl_s=3600)
+    op = dispatched_operation(acme.worker, run, token, "idle-1")
+    idle_for(run, 901)  # the starter policy's idle_limit_s is 900
+    with pytest.raises(LeaseLost) as lost:
+        leases.lease_renew(worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token, ttl_s=30)
+    assert lost.value.reason == "idle"
+    lease = RunLease.objects.get(run=run)
+    assert (lease.owner_id, lease.end_reason) == (None, "EXPIRED")  # the end is committed
+    assert Operation.objects.get(pk=op.pk).phase == "UNKNOWN"
+    assert ReconciliationCase.objects.filter(operation=op).exists()
+    ended = Event.objects.filter(run=run, type="LEASE_EXPIRED").get()
+    assert ended.fields["reason"] == "idle"
+    assert not Event.objects.filter(run=run, type="LEASE_RENEWED").exists()
+
+
+def test_progress_keeps_the_lease_renewable_and_renewals_are_not_progress(acme):
+    run, token = leased_run(acme.worker, ttl_s=3600)
+    idle_for(run, 1200)
+    event_append(worker=acme.worker, run_id=run.pk, fencing_token=token, type="NOTE", fields={"step": 2})
+    progressed = Run.objects.get(pk=run.pk).last_progress_at
+    assert progressed > timezone.now() - timedelta(seconds=5)
+    leases.lease_renew(worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token, ttl_s=30)
+    assert Run.objects.get(pk=run.pk).last_progress_at == progressed  # a renewal alone is not progress
+
+
+def test_no_idle_limit_when_the_policy_sets_none(acme):
+    policy_change(tenant=acme.tenant, document={"idle_limit_s": None}, changed_by="t", reason="batch jobs")
+    run, token = leased_run(acme.worker, ttl_s=3600)
+    idle_for(run, 86400)
+    leases.lease_renew(worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token, ttl_s=30)
+    assert RunLease.objects.get(run=run).owner_id == "owner-a"

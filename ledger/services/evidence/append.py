@@ -92,6 +92,8 @@ class ChainBatch:
 
     def append(self, run: Run, type: str, *, actor: str, fields: dict) -> Event:
         event = build_event(run, type=type, actor=actor, fields=fields, occurred_at=self.now)
+        if type not in NOT_PROGRESS:
+            run.last_progress_at = self.now
         self.events.append(event)
         self._runs[run.pk] = run
         return event
@@ -143,7 +145,10 @@ def phase_count_field(phase: str) -> str:
 
 PHASE_COUNT_FIELDS = [phase_count_field(phase) for phase in Phase.values]
 # Written with every commit; the runs are locked, so the in-memory values are current.
-HEAD_FIELDS = ["last_seq", "last_hash", *PHASE_COUNT_FIELDS]
+HEAD_FIELDS = ["last_seq", "last_hash", "last_progress_at", *PHASE_COUNT_FIELDS]
+# Events that are not progress: a lease kept alive, a stale write refused. Every other event
+# moves Run.last_progress_at, from which the idle limit counts (fence/leases.py lease_renew).
+NOT_PROGRESS = frozenset({"LEASE_RENEWED", "STALE_TOKEN_REJECTED"})
 
 
 # --- events appended by workers ---------------------------------------------------------

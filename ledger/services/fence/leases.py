@@ -16,6 +16,7 @@ from django.utils import timezone
 from ledger.actors import SYSTEM_REAPER, worker_actor
 from ledger.errors import InvalidInput, LeaseHeld, LeaseLost, RunCompleted, WorkerNotAccepting
 from ledger.models import LeaseGrant, Run, RunLease, Worker
+from ledger.services.authority.policy import policy_current
 from ledger.services.core.fencing import Fenced, fenced, lock_run, locked_runs
 from ledger.services.core.handoff import queues
 from ledger.services.evidence.append import ChainBatch
@@ -114,13 +115,25 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int) 
 def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token: int, ttl_s: int) -> RunLease:
     """Extend the lease of its current owner. An expired lease cannot be renewed, and neither
     can the lease of a child run whose parent is no longer ACTIVE (409 RUN_COMPLETED): a
-    sub-agent does not outlive the run that started it."""
-    _check_ttl(ttl_s)
+    sub-agent does not outlive the run that started it.
 
-    def write(ctx: Fenced) -> RunLease:
+    A worker renews only while it progresses (article "Agent Lifespan Management"): when the
+    run has made no progress (``Run.last_progress_at``, or the lease's start) for longer than
+    the policy's ``idle_limit_s``, the renewal ends the lease instead, as an expiry (its
+    DISPATCHED effects become UNKNOWN with a case), and answers 409 LEASE_LOST ``idle``."""
+    _check_ttl(ttl_s)
+    _, policy = policy_current(tenant=worker.tenant)
+    idle_limit = policy.get("idle_limit_s")
+
+    def write(ctx: Fenced) -> RunLease | None:
         parent = ctx.run.parent_id
         if parent is not None and not Run.objects.filter(pk=parent, status=RunStatus.ACTIVE).exists():
             raise RunCompleted("the parent run is completed; its child's lease is not renewed")
+        if idle_limit is not None:
+            since = max(filter(None, (ctx.run.last_progress_at, ctx.lease.acquired_at)))
+            if (ctx.now - since).total_seconds() > idle_limit:
+                leases_end(runs=[ctx.run], batch=ctx.batch, actor=ctx.actor, end=LeaseEnd.EXPIRED, reason="idle")
+                return None
         expires_at = ctx.now + timedelta(seconds=ttl_s)
         RunLease.objects.filter(run=ctx.run, fencing_token=ctx.token).update(
             expires_at=expires_at, last_renewed_at=ctx.now
@@ -144,6 +157,8 @@ def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token:
         refusal=LeaseLost,
     )
     _touch(worker)
+    if lease is None:  # the idle limit ended it; that end is committed
+        raise LeaseLost("idle")
     return lease
 
 
