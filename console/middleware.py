@@ -25,7 +25,7 @@ def url_refusal(request: HttpRequest) -> tuple[str, str] | None:
     """(part, rule) of the first credential-like part of the request's URL, or None."""
     query = request.META.get("QUERY_STRING", "")
     for part, text in (("url.path", request.path), ("url.query", query)):
-        kind = credential_kind(text) if text else None
+        kind = credential_kind(text, remember=False) if text else None
         if kind is not None:
             return part, kind.replace("_", " ")
     return None

@@ -323,14 +323,15 @@ def _high_entropy(text: str) -> bool:
     )
 
 
-def credential_kind(text: str) -> str | None:
+def credential_kind(text: str, *, remember: bool = True) -> str | None:
     """The name of the first value rule that matches anywhere in ``text`` (judged in its
     normal form), or None. Short values (tool names, resources, owners) come again and again:
-    those that pass are remembered (never those refused: no credential is kept in memory)."""
+    those that pass are remembered (never those refused: no credential is kept in memory).
+    Callers judging one-off texts (log lines, URLs) pass ``remember=False``."""
     if text in _CLEAN:
         return None
     kind = _kind(text)
-    if kind is None and len(text) <= 256:
+    if kind is None and remember and len(text) <= 256:
         if len(_CLEAN) >= _CLEAN_MAX:
             _CLEAN.clear()
         _CLEAN.add(text)

@@ -112,6 +112,6 @@ class WithholdCredentials(logging.Filter):
         except Exception:
             return True
         texts = [message, record.exc_text or ""]
-        if any(text and credential_kind(text) for text in texts):
+        if any(text and credential_kind(text, remember=False) for text in texts):
             record.msg, record.args, record.exc_text, record.exc_info = WITHHELD_LINE, (), None, None
         return True

@@ -213,6 +213,13 @@ def run_events_page(*, run: Run, after: int = 0, size: int = EVENT_PAGE):
     return rows[:size], next_after
 
 
+def run_latest_checkpoint(*, run: Run):
+    """The run's latest progress checkpoint (a new lease owner resumes from it), or None."""
+    from ledger.models import ProgressCheckpoint
+
+    return ProgressCheckpoint.objects.filter(run=run).order_by("-seq").first()
+
+
 def run_detail_parts(*, run: Run, limit: int = 100) -> dict:
     """Lease history, the latest progress checkpoint, stale-write refusals, operations (with
     their reconciliation case), capability budgets and the run's cost windows: a fixed number
@@ -220,11 +227,11 @@ def run_detail_parts(*, run: Run, limit: int = 100) -> dict:
     from django.db.models import Prefetch
 
     from approvals.models import ReconciliationCase
-    from ledger.models import CapabilityBudget, CostWindow, Event, LeaseGrant, Operation, ProgressCheckpoint
+    from ledger.models import CapabilityBudget, CostWindow, Event, LeaseGrant, Operation
 
     cases = ReconciliationCase.objects.order_by("-attempt")
     return {
-        "checkpoint": ProgressCheckpoint.objects.filter(run=run).order_by("-seq").first(),
+        "checkpoint": run_latest_checkpoint(run=run),
         "grants": list(LeaseGrant.objects.filter(run=run).select_related("worker").order_by("-fencing_token")[:limit]),
         "refusals": list(Event.objects.filter(run=run, type="STALE_TOKEN_REJECTED").order_by("-seq")[:limit]),
         "operations": list(

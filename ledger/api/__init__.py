@@ -182,7 +182,7 @@ def acquire_lease(request, run_id: str, body: LeaseAcquireIn):
     409 LEASE_HELD while another owner holds an unexpired lease;
     409 WORKER_NOT_ACCEPTING for a worker that is draining, stopped or quarantined."""
     lease = leases.lease_acquire(worker=request.worker, run_id=run_id, owner_id=body.owner_id, ttl_s=body.ttl_s)
-    latest = checkpoints.checkpoint_latest(lease.run)
+    latest = selectors.run_latest_checkpoint(run=lease.run)
     return {
         "fencing_token": lease.fencing_token,
         "expires_at": lease.expires_at,
@@ -457,7 +457,7 @@ def _export(run):
             ensure_ascii=False,
             separators=(",", ":"),
         )
-    checkpoints = Checkpoint.objects.filter(run=run, seq__lte=head["last_seq"]).order_by("seq")
+    sealed = Checkpoint.objects.filter(run=run, seq__lte=head["last_seq"]).order_by("seq")
     yield '],"checkpoints":{}}}'.format(
         json.dumps(
             [
@@ -469,7 +469,7 @@ def _export(run):
                     "key_id": cp.key_id,
                     "mac": cp.mac,
                 }
-                for cp in checkpoints
+                for cp in sealed
             ],
             separators=(",", ":"),
         )

@@ -18,6 +18,7 @@ from django.db import connection
 
 import console.views.dashboard
 from ledger.services.fence import notes
+from tests.helpers import database_fingerprint
 
 # --- where a canary could end up ----------------------------------------------------------
 
@@ -58,17 +59,6 @@ def text_columns() -> set[tuple[str, str]]:
             "AND data_type IN ('text', 'character varying', 'character', 'json', 'jsonb')"
         )
         return set(cursor.fetchall())
-
-
-def database_fingerprint() -> dict[str, str]:
-    """md5 of every table's rows: any write anywhere changes it."""
-    result = {}
-    with connection.cursor() as cursor:
-        for table in _tables(cursor):
-            name = connection.ops.quote_name(table)
-            cursor.execute(f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM {name} AS t")  # noqa: S608 - table names from introspection
-            result[table] = cursor.fetchone()[0]
-    return result
 
 
 class LogSink:

@@ -5,7 +5,8 @@ and dispatch (revoked, expired, stale version, action and resource) are in
 ``ledger.services.authority.evaluation``.
 
 * **Issue** (worker, under the fence): ``ttl_s`` from 1 to 366 days (else 422); longer
-  than the policy's ``max_ttl_s`` is the policy's refusal, 403 DENY_POLICY like a scope. ``actions`` and ``resources`` are non-empty lists of exact strings: no
+  than the policy's ``max_ttl_s`` is the policy's refusal, 403 DENY_POLICY like a scope.
+  ``actions`` and ``resources`` are non-empty lists of exact strings: no
   ``*`` (a lease scope is matched exactly; wildcards belong to policy rules), duplicates
   dropped. Every (action, resource) pair of the lease must be allowed by the tenant
   policy for at least one of the tools its rules name, with the policy's own

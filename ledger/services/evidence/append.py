@@ -156,17 +156,23 @@ WORKER_EVENT_TYPE = re.compile(r"^(NOTE|x\.[a-z0-9][a-z0-9_.\-]{0,62})$")
 MAX_WORKER_FIELDS_BYTES = 16 * 1024
 
 
+def checked_document(value: object, *, field: str, max_bytes: int) -> dict:
+    """A JSON object a worker sends to be kept (event fields, checkpoint state): storable as
+    sent, at most ``max_bytes`` as compact JSON, and through the secret boundary; else
+    InvalidInput or ForbiddenField naming the path under ``field``."""
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{field} must be a JSON object", field=field)
+    document = json_safe(value)
+    if len(json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()) > max_bytes:
+        raise InvalidInput(f"{field} must be at most {max_bytes} bytes as JSON", field=field)
+    check_fields(document, root=field)
+    return document
+
+
 def validate_worker_event(type: str, fields: dict) -> dict:
     """Worker events: type NOTE or ``x.<name>``; fields a storable JSON object of at most 16 KB."""
     if not WORKER_EVENT_TYPE.match(type):
         raise InvalidInput(
             "type must be NOTE or start with 'x.' followed by lowercase letters, digits, _ . -", field="type"
         )
-    if not isinstance(fields, dict):
-        raise InvalidInput("fields must be a JSON object", field="fields")
-    fields = json_safe(fields)
-    encoded = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
-    if len(encoded.encode()) > MAX_WORKER_FIELDS_BYTES:
-        raise InvalidInput(f"fields must be at most {MAX_WORKER_FIELDS_BYTES} bytes as JSON", field="fields")
-    check_fields(fields, root="fields")
-    return fields
+    return checked_document(fields, field="fields", max_bytes=MAX_WORKER_FIELDS_BYTES)

@@ -7,39 +7,29 @@ boundary like event fields; the run's chain records each checkpoint's seq, posit
 digest of its state, so an auditor can tell which progress a replacement resumed from.
 """
 
-import json
-
 from django.db.models import Max
 
-from ledger.boundary import check_fields, check_text
-from ledger.chain import hash_bytes
+from ledger.boundary import check_text
+from ledger.chain import canonical_json, hash_bytes
 from ledger.errors import InvalidInput
-from ledger.models import ProgressCheckpoint, Run, Worker
+from ledger.models import ProgressCheckpoint, Worker
 from ledger.services.core.fencing import Fenced, fenced
-from ledger.services.evidence.append import json_safe
+from ledger.services.evidence.append import checked_document
 
 MAX_STATE_BYTES = 64 * 1024
 MAX_POSITION_LENGTH = 200
 
 
 def state_digest(state: dict) -> str:
-    """sha256 of the state's canonical JSON (keys sorted, compact, UTF-8)."""
-    canonical = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hash_bytes(canonical.encode())
+    """sha256 of the state's canonical JSON, the chain's own form (keys sorted, compact, UTF-8)."""
+    return hash_bytes(canonical_json(state))
 
 
 def _checked(position: object, state: object) -> tuple[str, dict]:
     if not isinstance(position, str) or not 1 <= len(position) <= MAX_POSITION_LENGTH:
         raise InvalidInput(f"position must be 1 to {MAX_POSITION_LENGTH} characters", field="position")
     check_text(position, path="position")
-    if not isinstance(state, dict):
-        raise InvalidInput("state must be a JSON object", field="state")
-    state = json_safe(state)
-    size = len(json.dumps(state, separators=(",", ":"), ensure_ascii=False).encode())
-    if size > MAX_STATE_BYTES:
-        raise InvalidInput(f"state must be at most {MAX_STATE_BYTES} bytes as JSON", field="state")
-    check_fields(state, root="state")
-    return position, state
+    return position, checked_document(state, field="state", max_bytes=MAX_STATE_BYTES)
 
 
 def checkpoint_save(
@@ -71,8 +61,3 @@ def checkpoint_save(
         return checkpoint
 
     return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="checkpoint.save", write=write)
-
-
-def checkpoint_latest(run: Run) -> ProgressCheckpoint | None:
-    """The run's latest checkpoint, which a new lease owner resumes from."""
-    return ProgressCheckpoint.objects.filter(run=run).order_by("-seq").first()
