@@ -13,6 +13,8 @@ from ledger.boundary import check_text
 SYSTEM = "system"  # Fenceline itself, e.g. the starter policy it gives a new tenant
 SYSTEM_REAPER = "system:lease-reaper"
 SYSTEM_DRAIN = "system:drain"
+SYSTEM_LIMITS = "system:run-limits"
+SYSTEM_RESOURCE_REAPER = "system:resource-reaper"
 SYSTEM_APPROVAL_EXPIRY = "system:approval-expiry"
 SYSTEM_RESERVATION_EXPIRY = "system:reservation-expiry"
 

@@ -125,6 +125,26 @@ class RunCompleted(DomainError):
     status = 409
 
 
+class RunCancelled(DomainError):
+    """The run is cancelled or timed out (``run_status`` CANCELLING, CANCELLED or TIMED_OUT):
+    no new intent, authorization, dispatch, retry or authority; once it has ended, no
+    write at all. ``cancel_reason`` says why, ``grace_until`` until when in-flight effects
+    may still report."""
+
+    code = "RUN_CANCELLED"
+    status = 409
+
+    def __init__(self, *, run_status: str, ending: str, cancel_reason: str, grace_until: object = None) -> None:
+        what = "being cancelled" if run_status == "CANCELLING" else run_status.lower().replace("_", " ")
+        super().__init__(
+            f"the run is {what}; it takes no new work",
+            run_status=run_status,
+            ending=ending,
+            cancel_reason=cancel_reason,
+            grace_until=grace_until,
+        )
+
+
 class Denied(DomainError):
     """An authority check refused: the code is DENY_REVOKED, DENY_EXPIRED,
     DENY_STALE_VERSION, DENY_ACTION, DENY_RESOURCE, DENY_NO_CAPABILITY, DENY_BUDGET or

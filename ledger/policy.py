@@ -22,6 +22,18 @@ module only reads documents; ``ledger.services.policy`` stores and changes them.
       "reservation_ttl_s": 900,             # a reservation older than this becomes UNKNOWN
       "idle_limit_s": 900,                  # a renewal after this long without progress ends
                                             # the lease instead (null: no idle limit)
+      "max_runtime_s": 86400,               # a run older than this ends TIMED_OUT; a run may ask
+                                            # for less at creation (null: no limit)
+      "cancel_grace_s": 60,                 # after a cancel, how long DISPATCHED effects may
+                                            # still report before they become UNKNOWN
+      "quotas": {                           # null (or a missing key): no limit
+        "instances_per_tenant": null,       # live instances (held leases) of the tenant
+        "instances_per_worker": null,       # ... held by one worker
+        "instances_per_tool": {},           # ... per tool named at acquire, e.g. {"browser": 4}
+        "resources_per_run": {},            # open resources per run and kind, e.g.
+                                            # {"browser_session": 2}; "*" for any other kind
+        "resource_max_age_s": 86400         # the longest a resource may live (its ttl_s cap)
+      },
       "breaker": {                          # share of the tenant limit (reserved + settled)
         "throttled_at": 0.6, "degraded_at": 0.85, "open_at": 1.0,
         "throttled_max_dispatched": 2       # in-flight operations allowed while THROTTLED
@@ -51,6 +63,15 @@ STARTER_POLICY: dict = {
     "cost_limits_cents": {"run": None, "tenant": None, "retry": None, "provider": {}},
     "reservation_ttl_s": 900,
     "idle_limit_s": 900,
+    "max_runtime_s": 86400,
+    "cancel_grace_s": 60,
+    "quotas": {
+        "instances_per_tenant": None,
+        "instances_per_worker": None,
+        "instances_per_tool": {},
+        "resources_per_run": {},
+        "resource_max_age_s": 86400,
+    },
     "breaker": {"throttled_at": 0.6, "degraded_at": 0.85, "open_at": 1.0, "throttled_max_dispatched": 2},
 }
 
@@ -97,10 +118,10 @@ def validate_policy(document: object) -> dict:
     for flag in ("require_credential", "require_capability"):
         if not isinstance(merged[flag], bool):
             raise InvalidInput(f"policy.{flag} must be true or false")
-    for name in ("max_ttl_s", "max_calls", "approval_ttl_s", "cost_window_s", "reservation_ttl_s"):
+    for name in ("max_ttl_s", "max_calls", "approval_ttl_s", "cost_window_s", "reservation_ttl_s", "cancel_grace_s"):
         _positive_int(merged, name)
-    _positive_int(merged, "max_bytes", nullable=True)
-    _positive_int(merged, "idle_limit_s", nullable=True)
+    for name in ("max_bytes", "idle_limit_s", "max_runtime_s"):
+        _positive_int(merged, name, nullable=True)
     limits = merged["cost_limits_cents"]
     if not isinstance(limits, dict) or set(limits) != {"run", "tenant", "retry", "provider"}:
         raise InvalidInput("policy.cost_limits_cents must have run, tenant, retry and provider")
@@ -111,6 +132,7 @@ def validate_policy(document: object) -> dict:
         type(v) is not int or v < 0 for v in limits["provider"].values()
     ):
         raise InvalidInput("policy.cost_limits_cents.provider must map provider names to cents")
+    _validate_quotas(merged)
     breaker = merged["breaker"]
     if not isinstance(breaker, dict) or set(breaker) != set(STARTER_POLICY["breaker"]):
         raise InvalidInput("policy.breaker must have throttled_at, degraded_at, open_at, throttled_max_dispatched")
@@ -123,6 +145,39 @@ def validate_policy(document: object) -> dict:
     if type(breaker["throttled_max_dispatched"]) is not int or breaker["throttled_max_dispatched"] < 1:
         raise InvalidInput("policy.breaker.throttled_max_dispatched must be a positive integer")
     return merged
+
+
+def _limits(value: object, path: str) -> None:
+    if not isinstance(value, dict) or any(
+        not isinstance(k, str) or type(v) is not int or v < 0 for k, v in value.items()
+    ):
+        raise InvalidInput(f"{path} must map names to limits (integers >= 0)")
+
+
+def _validate_quotas(merged: dict) -> None:
+    quotas = merged["quotas"]
+    if not isinstance(quotas, dict) or not set(quotas) <= set(STARTER_POLICY["quotas"]):
+        raise InvalidInput(f"policy.quotas may have only {', '.join(STARTER_POLICY['quotas'])}")
+    merged["quotas"] = quotas = {**STARTER_POLICY["quotas"], **quotas}
+    for name in ("instances_per_tenant", "instances_per_worker"):
+        value = quotas[name]
+        if value is not None and (type(value) is not int or value < 0):
+            raise InvalidInput(f"policy.quotas.{name} must be an integer >= 0 or null")
+    _limits(quotas["instances_per_tool"], "policy.quotas.instances_per_tool")
+    _limits(quotas["resources_per_run"], "policy.quotas.resources_per_run")
+    if type(quotas["resource_max_age_s"]) is not int or quotas["resource_max_age_s"] < 1:
+        raise InvalidInput("policy.quotas.resource_max_age_s must be a positive integer")
+
+
+def quotas_of(policy: dict) -> dict:
+    """The policy's quotas, completed with the starter's (a policy stored before quotas existed has none)."""
+    return {**STARTER_POLICY["quotas"], **policy.get("quotas", {})}
+
+
+def resource_limit(policy: dict, kind: str) -> int | None:
+    """The most open resources of ``kind`` one run may hold under ``policy`` (None: no limit)."""
+    limits = quotas_of(policy)["resources_per_run"]
+    return limits.get(kind, limits.get("*"))
 
 
 def rule_for(policy: dict, tool: str) -> dict | None:

@@ -43,13 +43,32 @@ class WorkerStatus(models.TextChoices):
 
 class RunStatus(models.TextChoices):
     ACTIVE = "ACTIVE"
+    CANCELLING = "CANCELLING"  # cancelled or past its maximum runtime: no new work, in-flight effects may report
     COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+    TIMED_OUT = "TIMED_OUT"
+
+
+# A run ends along one of these edges. CANCELLING leads to the end its cancellation named
+# (``Run.ending``): CANCELLED for a person's or a worker's cancel, TIMED_OUT for the
+# maximum runtime.
+RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.ACTIVE: frozenset({RunStatus.CANCELLING, RunStatus.COMPLETED}),
+    RunStatus.CANCELLING: frozenset({RunStatus.CANCELLED, RunStatus.TIMED_OUT}),
+    RunStatus.COMPLETED: frozenset(),
+    RunStatus.CANCELLED: frozenset(),
+    RunStatus.TIMED_OUT: frozenset(),
+}
+CANCEL_ENDS = (RunStatus.CANCELLED, RunStatus.TIMED_OUT)
+RUN_FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.TIMED_OUT})
+RUN_ENDING = frozenset({RunStatus.CANCELLING, RunStatus.CANCELLED, RunStatus.TIMED_OUT})
 
 
 class LeaseEnd(models.TextChoices):
     RELEASED = "RELEASED"
     EXPIRED = "EXPIRED"
     REVOKED = "REVOKED"  # ended by an admin: the worker was quarantined or missed its drain deadline
+    CANCELLED = "CANCELLED"  # the run was cancelled or timed out, and its grace period is over
 
 
 # Operation phase transitions. DISPATCHED has no edge back to PLANNED or AUTHORIZED and
@@ -123,6 +142,7 @@ class CaseReason(models.TextChoices):
     LEASE_LOST = "LEASE_LOST"
     LEASE_RELEASED = "LEASE_RELEASED"
     LEASE_REVOKED = "LEASE_REVOKED"
+    RUN_CANCELLED = "RUN_CANCELLED"
     WORKER_REPORTED_UNKNOWN = "WORKER_REPORTED_UNKNOWN"
 
 
@@ -130,3 +150,95 @@ class ApprovalKind(models.TextChoices):
     OPERATION = "OPERATION"  # a tool the policy always puts before a person
     RETRY = "RETRY"  # another attempt of a NON_RETRYABLE (or spent) operation
     CAPABILITY = "CAPABILITY"  # a capability budget asked with approval "human"
+
+
+# --- what a run holds (article "Agent Lifespan Management") ------------------------------
+
+
+class InstanceState(models.TextChoices):
+    """One ownership generation of a run (a LeaseGrant), from allocation to verified cleanup."""
+
+    ALLOCATED = "ALLOCATED"
+    RUNNING = "RUNNING"
+    IDLE = "IDLE"
+    DRAINING = "DRAINING"
+    CHECKPOINTED = "CHECKPOINTED"
+    EXPIRED = "EXPIRED"
+    REAPING = "REAPING"
+    RELEASED = "RELEASED"
+
+
+# The article's diagram, plus the edges of a lease given up (released, completed, cancelled)
+# rather than lost: straight to RELEASED when the instance holds no open resource, else to
+# REAPING, where the reaper closes what is left. RELEASED is reached only once every
+# resource of the instance is RELEASED (confirmed by its driver, or marked by an admin).
+INSTANCE_TRANSITIONS: dict[InstanceState, frozenset[InstanceState]] = {
+    InstanceState.ALLOCATED: frozenset({InstanceState.RUNNING}),
+    InstanceState.RUNNING: frozenset(
+        {
+            InstanceState.IDLE,
+            InstanceState.DRAINING,
+            InstanceState.EXPIRED,
+            InstanceState.REAPING,
+            InstanceState.RELEASED,
+        }
+    ),
+    InstanceState.IDLE: frozenset(
+        {
+            InstanceState.RUNNING,
+            InstanceState.DRAINING,
+            InstanceState.EXPIRED,
+            InstanceState.REAPING,
+            InstanceState.RELEASED,
+        }
+    ),
+    InstanceState.DRAINING: frozenset(
+        {InstanceState.CHECKPOINTED, InstanceState.EXPIRED, InstanceState.REAPING, InstanceState.RELEASED}
+    ),
+    InstanceState.CHECKPOINTED: frozenset({InstanceState.EXPIRED, InstanceState.REAPING, InstanceState.RELEASED}),
+    InstanceState.EXPIRED: frozenset({InstanceState.REAPING}),
+    InstanceState.REAPING: frozenset({InstanceState.RELEASED}),
+    InstanceState.RELEASED: frozenset(),
+}
+# Instances that hold their run's lease: the ones the instance quotas count.
+INSTANCE_LIVE = frozenset(
+    {
+        InstanceState.ALLOCATED,
+        InstanceState.RUNNING,
+        InstanceState.IDLE,
+        InstanceState.DRAINING,
+        InstanceState.CHECKPOINTED,
+    }
+)
+
+
+def instance_sources(target: InstanceState) -> list[str]:
+    """The states from which ``target`` may be reached (for a conditional UPDATE)."""
+    return sorted(src.value for src, targets in INSTANCE_TRANSITIONS.items() if target in targets)
+
+
+class ResourceKind(models.TextChoices):
+    BROWSER_SESSION = "browser_session"
+    CONNECTION = "connection"
+    TEMP_OBJECT = "temp_object"
+    SANDBOX = "sandbox"
+    FILE = "file"
+
+
+class ResourceState(models.TextChoices):
+    ACTIVE = "ACTIVE"
+    RELEASE_REQUESTED = "RELEASE_REQUESTED"
+    RELEASING = "RELEASING"  # claimed by one reaper pass until claim_expires_at
+    RELEASED = "RELEASED"
+    CLEANUP_FAILED = "CLEANUP_FAILED"  # the driver failed; retried with backoff until it confirms
+
+
+RESOURCE_TRANSITIONS: dict[ResourceState, frozenset[ResourceState]] = {
+    ResourceState.ACTIVE: frozenset({ResourceState.RELEASE_REQUESTED}),
+    ResourceState.RELEASE_REQUESTED: frozenset({ResourceState.RELEASING, ResourceState.RELEASED}),
+    # A claim that expires (its reaper died) is claimed again from RELEASING itself.
+    ResourceState.RELEASING: frozenset({ResourceState.RELEASED, ResourceState.CLEANUP_FAILED, ResourceState.RELEASING}),
+    ResourceState.CLEANUP_FAILED: frozenset({ResourceState.RELEASING, ResourceState.RELEASED}),
+    ResourceState.RELEASED: frozenset(),
+}
+RESOURCE_OPEN = frozenset(set(ResourceState) - {ResourceState.RELEASED})

@@ -3,7 +3,7 @@ every change of state is made by a function in ``ledger/services/``."""
 
 from ledger.models.authority import CapabilityBudget, CostReservation, CostWindow, Credential, CredentialLease
 from ledger.models.evidence import Checkpoint, Event
-from ledger.models.lifespan import ProgressCheckpoint
+from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
 from ledger.models.runs import LeaseGrant, Operation, Run, RunLease
 from ledger.models.tenancy import AdminAction, Tenant, TenantPolicy, Worker
 
@@ -19,8 +19,10 @@ __all__ = [
     "LeaseGrant",
     "Operation",
     "ProgressCheckpoint",
+    "ResourceAlert",
     "Run",
     "RunLease",
+    "RunResource",
     "Tenant",
     "TenantPolicy",
     "Worker",

@@ -10,7 +10,10 @@ from django.utils import timezone
 from ledger.chain import GENESIS_HASH
 from ledger.models.tenancy import Tenant, Worker
 from ledger.states import (
+    CANCEL_ENDS,
+    INSTANCE_LIVE,
     EffectClass,
+    InstanceState,
     LeaseEnd,
     Phase,
     RunStatus,
@@ -34,7 +37,18 @@ class Run(Versioned):
     # The last time the run made progress: any event but a renewal or a refused stale write
     # (an operation transition, a worker's event, a checkpoint). The idle limit counts from it.
     last_progress_at = models.DateTimeField(null=True, blank=True)
+    # When the run finished (COMPLETED, CANCELLED or TIMED_OUT).
     completed_at = models.DateTimeField(null=True, blank=True)
+    # The maximum runtime: past this the run ends TIMED_OUT (the policy's max_runtime_s,
+    # or a lower one asked at creation). Null: no limit.
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    # A cancellation (or the timeout), while CANCELLING and after: which end it leads to,
+    # who asked and why, and until when in-flight effects may still report.
+    ending = models.CharField(max_length=16, choices=RunStatus.choices, blank=True, default="")
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_by = models.CharField(max_length=250, blank=True, default="")
+    cancel_reason = models.CharField(max_length=500, blank=True, default="")
+    cancel_grace_until = models.DateTimeField(null=True, blank=True)
 
     # Operations per phase, kept current by the transitions themselves (same transaction as
     # the chain head), so the certainty and completeness indicators never scan the run.
@@ -69,6 +83,11 @@ class Run(Versioned):
                 name="run_unique_external_id_per_tenant",
             ),
             models.CheckConstraint(condition=Q(last_seq__gte=0), name="run_last_seq_non_negative"),
+            models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_status_valid"),
+            models.CheckConstraint(
+                condition=~Q(status=RunStatus.CANCELLING) | Q(cancel_grace_until__isnull=False, ending__in=CANCEL_ENDS),
+                name="run_cancelling_has_grace_and_end",
+            ),
         ]
         indexes = [
             models.Index(fields=["tenant", "-created_at"], name="run_tenant_recent"),
@@ -86,6 +105,15 @@ class Run(Versioned):
             ),
             # The dashboard's per-tenant figures, read from these small indexes only.
             models.Index(fields=["tenant", "stale_rejections"], condition=Q(stale_rejections__gt=0), name="run_stale"),
+            # The limits job: runs past their maximum runtime, cancellations past their grace.
+            models.Index(
+                fields=["deadline_at"],
+                condition=Q(status=RunStatus.ACTIVE, deadline_at__isnull=False),
+                name="run_active_deadline",
+            ),
+            models.Index(
+                fields=["cancel_grace_until"], condition=Q(status=RunStatus.CANCELLING), name="run_cancelling_grace"
+            ),
             models.Index(
                 fields=["tenant", "verified_at"],
                 condition=Q(verified_checkpoint_seq__isnull=False),
@@ -110,6 +138,9 @@ class RunLease(Versioned):
     last_renewed_at = models.DateTimeField(null=True, blank=True)
     # Why the last ownership ended, while nobody owns the lease.
     end_reason = models.CharField(max_length=16, choices=LeaseEnd.choices, null=True, blank=True)
+    # The current instance's RUNNING or IDLE (a copy of its LeaseGrant's state, so that a
+    # renewal sees a change without reading the grant); blank while nobody holds the lease.
+    instance_state = models.CharField(max_length=16, choices=InstanceState.choices, blank=True, default="")
 
     class Meta:
         constraints = [
@@ -125,9 +156,17 @@ class RunLease(Versioned):
 
 
 class LeaseGrant(Versioned):
-    """History: one row per ownership change (each issued fencing token)."""
+    """One ownership generation of a run, as issued with one fencing token: the lifespan
+    article's *instance*. ``state`` follows ``ledger.states.INSTANCE_TRANSITIONS``; the
+    instance quotas count the grants in ``INSTANCE_LIVE``."""
 
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="lease_grants")
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    state = models.CharField(max_length=16, choices=InstanceState.choices, default=InstanceState.RUNNING)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
+    # What the instance is for (a tool or capability class such as "browser"), for the
+    # per-tool quota; blank when the worker did not say.
+    tool = models.CharField(max_length=100, blank=True, default="")
     fencing_token = models.BigIntegerField()
     owner_id = models.CharField(max_length=200)
     worker = models.ForeignKey(Worker, on_delete=models.PROTECT, related_name="+")
@@ -140,9 +179,21 @@ class LeaseGrant(Versioned):
         constraints = [
             models.UniqueConstraint(fields=["run", "fencing_token"], name="grant_unique_token_per_run"),
             models.CheckConstraint(condition=Q(fencing_token__gte=1), name="grant_token_positive"),
+            models.CheckConstraint(condition=Q(state__in=InstanceState.values), name="grant_state_valid"),
         ]
         ordering = ["run", "fencing_token"]
-        indexes = [models.Index(fields=["owner_id"], name="grant_owner")]  # runs search by owner id
+        indexes = [
+            models.Index(fields=["owner_id"], name="grant_owner"),  # runs search by owner id
+            # The instance quotas (per tenant, worker and tool) count live instances from these.
+            models.Index(fields=["tenant", "tool"], condition=Q(state__in=INSTANCE_LIVE), name="grant_live_tenant"),
+            models.Index(fields=["worker"], condition=Q(state__in=INSTANCE_LIVE), name="grant_live_worker"),
+            # The reaper's instance pass.
+            models.Index(
+                fields=["state_changed_at"],
+                condition=Q(state__in=[InstanceState.EXPIRED, InstanceState.REAPING]),
+                name="grant_reaping",
+            ),
+        ]
 
 
 class Operation(Versioned):

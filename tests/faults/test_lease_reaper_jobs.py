@@ -145,12 +145,12 @@ def reaped_problems(runs: list[LeasedRun]) -> list[str]:
         lease = leases[r.run_id]
         if (lease.owner_id, lease.worker_id, lease.fencing_token) != (None, None, r.token):
             problems.append(f"run {r.run_id}: lease {(lease.owner_id, lease.worker_id, lease.fencing_token)}")
-        ends = [(g.fencing_token, g.end_reason, g.ended_at is not None) for g in grants[r.run_id]]
-        if ends != [(r.token, "EXPIRED", True)]:
+        ends = [(g.fencing_token, g.end_reason, g.ended_at is not None, g.state) for g in grants[r.run_id]]
+        if ends != [(r.token, "EXPIRED", True, "EXPIRED")]:  # the instance is EXPIRED, for the resource reaper
             problems.append(f"run {r.run_id}: grants {ends}")
         chain = events[r.run_id]
         expired = [e for e in chain if e.type == "LEASE_EXPIRED"]
-        if [(e.actor, e.fields) for e in expired] != [(SYSTEM_REAPER, {"owner_id": OWNER, "fencing_token": r.token})]:
+        if [(e.actor, e.fields) for e in expired] != [(SYSTEM_REAPER, {"owner_id": OWNER, "fencing_token": r.token, "instance_state": "EXPIRED"})]:
             problems.append(f"run {r.run_id}: LEASE_EXPIRED events {[(e.actor, e.fields) for e in expired]}")
         unknown = defaultdict(list)  # operation id -> the case ids its OPERATION_UNKNOWN events name
         for e in chain:

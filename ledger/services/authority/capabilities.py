@@ -9,11 +9,12 @@ from datetime import timedelta
 from django.db.models import F
 
 from ledger.errors import Denied, InvalidInput
-from ledger.models import CapabilityBudget, Worker
+from ledger.models import CapabilityBudget, Run, Worker
 from ledger.policy import allows, needs_human
 from ledger.services.authority.policy import policy_current
-from ledger.services.core.fencing import Fenced, fenced
+from ledger.services.core.fencing import Fenced, fenced, refuse_new_work
 from ledger.services.core.handoff import Approval, queues
+from ledger.services.evidence.append import ChainBatch
 from ledger.states import ApprovalKind, CapabilityStatus
 
 
@@ -43,6 +44,7 @@ def capability_request(
         raise InvalidInput("approval must be 'none' or 'human'")
 
     def write(ctx: Fenced) -> RequestedCapability:
+        refuse_new_work(ctx.run)
         version, policy = policy_current(tenant=worker.tenant)
         _within_policy(
             policy,
@@ -149,3 +151,22 @@ def _within_parent(
         if delegated.update(used_calls=F("used_calls") + max_calls, used_bytes=F("used_bytes") + (max_bytes or 0)):
             return parent
     raise Denied("DENY_POLICY", f"wider than any capability the parent run holds for tool {tool!r}")
+
+
+def capabilities_end_with_run(*, run: Run, batch: ChainBatch, actor: str) -> int:
+    """A run that ends takes its unexpired capability budgets with it (they expire now),
+    with one CAPABILITIES_REVOKED event. The run is locked by the caller."""
+    ids = list(
+        CapabilityBudget.objects.filter(run=run, expires_at__gt=batch.now)
+        .exclude(status=CapabilityStatus.DENIED)
+        .values_list("pk", flat=True)
+    )
+    if ids:
+        CapabilityBudget.objects.filter(pk__in=ids).update(expires_at=batch.now)
+        batch.append(
+            run,
+            "CAPABILITIES_REVOKED",
+            actor=actor,
+            fields={"capability_ids": [str(pk) for pk in ids], "reason": "run ended"},
+        )
+    return len(ids)

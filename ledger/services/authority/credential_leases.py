@@ -39,13 +39,13 @@ from django.utils import timezone
 from ledger.actors import user_actor
 from ledger.boundary import check_text
 from ledger.errors import Denied, InvalidInput, NotFound, StaleToken, WorkerNotAccepting, parse_id
-from ledger.models import Credential, CredentialLease, Tenant, Worker
+from ledger.models import Credential, CredentialLease, Run, Tenant, Worker
 from ledger.policy import allows
 from ledger.roles import ADMINISTER
 from ledger.services.authority.credentials import credential_get, human_decision, principal_check
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.decisions import acting_name, admin_action_record
-from ledger.services.core.fencing import Fenced, fenced, locked_runs
+from ledger.services.core.fencing import Fenced, fenced, locked_runs, refuse_new_work
 from ledger.services.evidence.append import ChainBatch
 from ledger.states import WorkerStatus
 
@@ -151,6 +151,7 @@ def credential_lease_issue(
             denial = DENIED_DETAIL  # an unknown principal is a policy refusal, not a 404
 
         def write(ctx: Fenced) -> CredentialLease | None:
+            refuse_new_work(ctx.run)
             if denial is not None or credential is None:  # no credential is already a denial
                 ctx.batch.append(
                     ctx.run,
@@ -346,3 +347,28 @@ def credential_leases_revoke(
     human_decision(revoked_by, reason)  # refuse a bad decision before looking anything up
     leases = credential_leases_matching(tenant=tenant, principal=principal, prefix=prefix)
     return _revoke(leases, tenant=tenant, revoked_by=revoked_by, reason=reason)
+
+
+def credential_leases_end_with_run(*, run: Run, batch: ChainBatch, actor: str) -> int:
+    """A run that ends revokes its active credential leases (article flow 5: after the
+    terminal status, before the resources), one CREDENTIAL_LEASE_REVOKED event each. The
+    run is locked by the caller; an expired lease is left as it is: its expiry never waited
+    for anything."""
+    leases = list(
+        CredentialLease.objects.filter(run=run, revoked_at__isnull=True, expires_at__gt=batch.now).select_related(
+            "credential"
+        )
+    )
+    if not leases:
+        return 0
+    CredentialLease.objects.filter(pk__in=[lease.pk for lease in leases], revoked_at__isnull=True).update(
+        revoked_at=batch.now, revoked_by=actor, revoke_reason="run ended"
+    )
+    for lease in leases:
+        batch.append(
+            run,
+            "CREDENTIAL_LEASE_REVOKED",
+            actor=actor,
+            fields={"lease_id": lease.pk, "principal": lease.credential.principal, "reason": "run ended"},
+        )
+    return len(leases)

@@ -11,14 +11,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from django.db import connection, transaction
 from django.db.models import F, Field
 from django.utils import timezone
 
 from ledger.actors import worker_actor
-from ledger.errors import DomainError, NotFound, StaleToken, parse_id
+from ledger.errors import DomainError, NotFound, RunCancelled, RunCompleted, StaleToken, parse_id
 from ledger.models import Operation, Run, RunLease, Tenant, Worker
 from ledger.services.evidence.append import ChainBatch
 
@@ -146,6 +146,31 @@ class Fenced:
         return self.run.lease
 
 
+class Ending(Protocol):
+    """How a fenced write meets a run that is ending (``ledger.services.fence.ending``):
+    ``before`` may end the run first (its maximum runtime has passed) and returns the
+    refusal of a write the run no longer takes; ``after`` finishes a cancelled run once
+    nothing is left in flight. Both read the locked run only, so an ACTIVE run without a
+    deadline costs no statement."""
+
+    def before(self, ctx: "Fenced") -> DomainError | None: ...
+
+    def after(self, ctx: "Fenced") -> None: ...
+
+
+def run_cancelled(run: Run) -> RunCancelled:
+    return RunCancelled(
+        run_status=run.status, ending=run.ending, cancel_reason=run.cancel_reason, grace_until=run.cancel_grace_until
+    )
+
+
+def refuse_new_work(run: Run) -> None:
+    """For writes that add work or authority to a run (capabilities, credential leases,
+    resources): only an ACTIVE run takes them."""
+    if run.status != "ACTIVE":
+        raise run_cancelled(run) if run.status != "COMPLETED" else RunCompleted("the run is completed")
+
+
 def fenced[T](
     *,
     worker: Worker,
@@ -157,8 +182,10 @@ def fenced[T](
     owner_id: str | None = None,
     on_refused: Callable[[Fenced, str], None] | None = None,
     refusal: Callable[[str], DomainError] = StaleToken,
+    ending: Ending | None = None,
 ) -> T:
-    """Run ``write`` under the fence, or record and raise the refusal."""
+    """Run ``write`` under the fence, or record and raise the refusal. A presenter whose
+    lease ended with its run's cancellation is answered 409 RUN_CANCELLED."""
     with transaction.atomic():
         run = lock_run(tenant=worker.tenant, run_id=run_id, operation_id=operation_id)
         now = timezone.now()
@@ -173,15 +200,22 @@ def fenced[T](
         else:
             presenter = owner_id or f"token-{token}"
         ctx = Fenced(run=run, batch=ChainBatch(now), now=now, actor=worker_actor(worker, presenter), token=token)
+        refused: DomainError | None
         if reason is None:
-            result = write(ctx)
-            ctx.batch.commit()
-            return result
-        record_refusal(ctx, attempted=attempted, reason=reason)
-        if on_refused is not None:
-            on_refused(ctx, reason)
-        ctx.batch.commit()
-    raise refusal(reason)
+            refused = ending.before(ctx) if ending is not None else None
+            if refused is None:
+                result = write(ctx)
+                if ending is not None:
+                    ending.after(ctx)
+                ctx.batch.commit()
+                return result
+        else:
+            record_refusal(ctx, attempted=attempted, reason=reason)
+            if on_refused is not None:
+                on_refused(ctx, reason)
+            refused = run_cancelled(run) if reason == "cancelled" else refusal(reason)
+        ctx.batch.commit()  # the refusal's record (or the timeout that caused it) stays
+    raise refused
 
 
 def decided[T](result: tuple[T, DomainError | None]) -> T:

@@ -25,7 +25,7 @@ from ledger.evidence_verifier import (
     verify_chain,
 )
 from ledger.models import Checkpoint, Event, Run
-from ledger.states import RunStatus
+from ledger.states import RUN_FINISHED
 from ledger.versioning import require_known
 
 PROGRESS_EVERY = 50_000
@@ -176,7 +176,7 @@ def run_verify(*, run_id: uuid.UUID | str, seal: bool = True, on_events: Callabl
 
     if seal and report.finding is None:
         points = list(observer.sealable)
-        if run.status == RunStatus.COMPLETED and head_seq > max([sealed_to, *[s for s, _ in points]]):
+        if run.status in RUN_FINISHED and head_seq > max([sealed_to, *[s for s, _ in points]]):
             points.append((head_seq, head_hash))
         if points:
             _seal(run, points)

@@ -2,7 +2,9 @@
 
 The fencing token of a run grows by one on every ownership change (invariant 1). Losing a
 lease (expiry, takeover of an expired lease, release) turns the run's DISPATCHED operations
-UNKNOWN and opens a reconciliation case for each, in the same transaction (invariant 4).
+UNKNOWN and opens a reconciliation case for each, in the same transaction (invariant 4):
+``lease_end.leases_end``. Each grant is an instance of the run, allocated under the
+tenant's instance quotas (``ledger.services.lifespan.instances``).
 """
 
 from collections.abc import Callable
@@ -13,23 +15,18 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from ledger.actors import SYSTEM_REAPER, worker_actor
-from ledger.errors import InvalidInput, LeaseHeld, LeaseLost, RunCompleted, WorkerNotAccepting
+from ledger.actors import SYSTEM_LIMITS, SYSTEM_REAPER, worker_actor
+from ledger.errors import DomainError, InvalidInput, LeaseHeld, LeaseLost, RunCompleted, WorkerNotAccepting
 from ledger.models import LeaseGrant, Run, RunLease, Worker
 from ledger.services.authority.policy import policy_current
-from ledger.services.core.fencing import Fenced, fenced, lock_run, locked_runs
-from ledger.services.core.handoff import queues
+from ledger.services.core.fencing import Fenced, fenced, lock_run, locked_runs, run_cancelled
 from ledger.services.evidence.append import ChainBatch
-from ledger.services.fence.unknown import operations_mark_unknown, operations_orphaned
-from ledger.states import CaseReason, LeaseEnd, RunStatus, WorkerStatus
+from ledger.services.fence.ending import IN_FLIGHT, TIMEOUT_REASON, runs_cancel
+from ledger.services.fence.lease_end import leases_end
+from ledger.services.lifespan.instances import instance_renewed, instances_admit
+from ledger.states import RUN_ENDING, InstanceState, LeaseEnd, RunStatus, WorkerStatus
 
 MIN_TTL_S = 1
-END_EVENTS = {LeaseEnd.EXPIRED: "LEASE_EXPIRED", LeaseEnd.RELEASED: "LEASE_RELEASED", LeaseEnd.REVOKED: "LEASE_REVOKED"}
-END_CASE_REASONS = {
-    LeaseEnd.EXPIRED: CaseReason.LEASE_LOST,
-    LeaseEnd.RELEASED: CaseReason.LEASE_RELEASED,
-    LeaseEnd.REVOKED: CaseReason.LEASE_REVOKED,
-}
 MAX_TTL_S = 3600
 
 
@@ -42,12 +39,22 @@ def _touch(worker: Worker) -> None:
     Worker.objects.filter(pk=worker.pk).update(last_seen_at=timezone.now())
 
 
-def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int) -> RunLease:
-    """Take the run's lease if nobody holds it. Taking over an expired lease first ends the
-    old ownership (its DISPATCHED operations become UNKNOWN) and then issues token + 1."""
+MAX_TOOL_LENGTH = 100
+
+
+def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int, tool: str = "") -> RunLease:
+    """Take the run's lease if nobody holds it: a new instance of the run, admitted by the
+    tenant's instance quotas (403 DENY_QUOTA), for ``tool`` when the worker names one.
+    Taking over an expired lease first ends the old ownership (its DISPATCHED operations
+    become UNKNOWN, its instance EXPIRED) and then issues token + 1. A run past its maximum
+    runtime times out here instead (409 RUN_CANCELLED)."""
     _check_ttl(ttl_s)
+    if not isinstance(tool, str) or len(tool) > MAX_TOOL_LENGTH:
+        raise InvalidInput(f"tool must be at most {MAX_TOOL_LENGTH} characters", field="tool")
     if worker.status != WorkerStatus.ACCEPTING:
         raise WorkerNotAccepting(f"worker is {worker.status} and cannot take new leases")
+    _, policy = policy_current(tenant=worker.tenant)
+    refused: DomainError | None = None
     with transaction.atomic():
         # The worker row first, then the run (the lock order of worker_quarantine): an
         # acquire racing a quarantine either commits first, and the quarantine then revokes
@@ -55,60 +62,85 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int) 
         if not Worker.objects.filter(pk=worker.pk, status=WorkerStatus.ACCEPTING).update(last_seen_at=timezone.now()):
             raise WorkerNotAccepting("the worker stopped accepting new leases")
         run = lock_run(tenant=worker.tenant, run_id=run_id)
-        if run.status != RunStatus.ACTIVE:
-            raise RunCompleted("the run is completed; it takes no new lease")
         now = timezone.now()
-        lease = run.lease
-        if lease.owner_id is not None:
-            # An owned lease has an expiry (the check constraint lease_owned_has_expiry_and_token).
-            if lease.expires_at is None:
-                raise AssertionError("an owned lease has no expires_at")
-            if lease.expires_at > now:
-                raise LeaseHeld(
-                    f"the lease is held until {lease.expires_at.isoformat()}",
-                    expires_at=lease.expires_at,
-                )
-        actor = worker_actor(worker, owner_id)
-        batch = ChainBatch(now)
-        previous_owner = lease.owner_id
-        if previous_owner is not None:
-            leases_end(runs=[run], batch=batch, actor=actor, end=LeaseEnd.EXPIRED)
-        previous_token = lease.fencing_token
-        token = previous_token + 1
-        expires_at = now + timedelta(seconds=ttl_s)
-        won = RunLease.objects.filter(run=run, fencing_token=previous_token).update(
-            owner_id=owner_id,
-            worker=worker,
-            fencing_token=token,
-            acquired_at=now,
-            expires_at=expires_at,
-            last_renewed_at=now,
-            end_reason=None,
-        )
-        if won != 1:  # impossible while the row is locked
-            raise LeaseHeld("the lease changed hands concurrently")
-        LeaseGrant.objects.create(
-            run=run,
-            fencing_token=token,
-            owner_id=owner_id,
-            worker=worker,
-            acquired_at=now,
-            previous_owner_id=previous_owner,
-        )
-        lease.owner_id, lease.worker, lease.fencing_token = owner_id, worker, token
-        lease.acquired_at, lease.expires_at, lease.last_renewed_at = now, expires_at, now
-        batch.append(
-            run,
-            "LEASE_ACQUIRED",
-            actor=actor,
-            fields={
-                "owner_id": owner_id,
-                "fencing_token": token,
-                "previous_token": previous_token,
-                "expires_at": expires_at,
-            },
-        )
-        batch.commit()
+        if run.status == RunStatus.ACTIVE and run.deadline_at is not None and run.deadline_at <= now:
+            batch = ChainBatch(now)
+            runs_cancel(runs=[run], batch=batch, actor=SYSTEM_LIMITS, reason=TIMEOUT_REASON, ending=RunStatus.TIMED_OUT)
+            batch.commit()  # kept: the refusal below is raised after this commits
+        if run.status in RUN_ENDING:
+            refused = run_cancelled(run)
+        elif run.status != RunStatus.ACTIVE:
+            refused = RunCompleted("the run is completed; it takes no new lease")
+        else:
+            lease = _grant(run=run, worker=worker, owner_id=owner_id, ttl_s=ttl_s, tool=tool, policy=policy, now=now)
+    if refused is not None:
+        raise refused
+    return lease
+
+
+def _grant(*, run: Run, worker: Worker, owner_id: str, ttl_s: int, tool: str, policy: dict, now) -> RunLease:
+    """Issue token + 1 on the locked ``run``: a new instance. Allocation (the quota check)
+    and the acquisition are one atomic step, so the instance never rests in ALLOCATED: its
+    one event, LEASE_ACQUIRED, records both (its tool, the quota use it was admitted at,
+    ``instance_state`` RUNNING)."""
+    lease = run.lease
+    if lease.owner_id is not None:
+        # An owned lease has an expiry (the check constraint lease_owned_has_expiry_and_token).
+        if lease.expires_at is None:
+            raise AssertionError("an owned lease has no expires_at")
+        if lease.expires_at > now:
+            raise LeaseHeld(f"the lease is held until {lease.expires_at.isoformat()}", expires_at=lease.expires_at)
+    actor = worker_actor(worker, owner_id)
+    batch = ChainBatch(now)
+    previous_owner = lease.owner_id
+    if previous_owner is not None:
+        leases_end(runs=[run], batch=batch, actor=actor, end=LeaseEnd.EXPIRED)
+    use = instances_admit(run=run, worker=worker, tool=tool, policy=policy)
+    previous_token = lease.fencing_token
+    token = previous_token + 1
+    expires_at = now + timedelta(seconds=ttl_s)
+    won = RunLease.objects.filter(run=run, fencing_token=previous_token).update(
+        owner_id=owner_id,
+        worker=worker,
+        fencing_token=token,
+        acquired_at=now,
+        expires_at=expires_at,
+        last_renewed_at=now,
+        end_reason=None,
+        instance_state=InstanceState.RUNNING,
+    )
+    if won != 1:  # impossible while the row is locked
+        raise LeaseHeld("the lease changed hands concurrently")
+    LeaseGrant.objects.create(
+        run=run,
+        tenant_id=run.tenant_id,
+        fencing_token=token,
+        owner_id=owner_id,
+        worker=worker,
+        acquired_at=now,
+        previous_owner_id=previous_owner,
+        tool=tool,
+        state=InstanceState.RUNNING,
+        state_changed_at=now,
+    )
+    lease.owner_id, lease.worker, lease.fencing_token = owner_id, worker, token
+    lease.acquired_at, lease.expires_at, lease.last_renewed_at = now, expires_at, now
+    lease.end_reason, lease.instance_state = None, InstanceState.RUNNING
+    batch.append(
+        run,
+        "LEASE_ACQUIRED",
+        actor=actor,
+        fields={
+            "owner_id": owner_id,
+            "fencing_token": token,
+            "previous_token": previous_token,
+            "expires_at": expires_at,
+            "instance_state": InstanceState.RUNNING.value,
+            **({"tool": tool} if tool else {}),
+            **({"quota_use": use} if use else {}),
+        },
+    )
+    batch.commit()
     return lease
 
 
@@ -120,7 +152,13 @@ def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token:
     A worker renews only while it progresses (article "Agent Lifespan Management"): when the
     run has made no progress (``Run.last_progress_at``, or the lease's start) for longer than
     the policy's ``idle_limit_s``, the renewal ends the lease instead, as an expiry (its
-    DISPATCHED effects become UNKNOWN with a case), and answers 409 LEASE_LOST ``idle``."""
+    DISPATCHED effects become UNKNOWN with a case), and answers 409 LEASE_LOST ``idle``.
+
+    The renewal is the worker's heartbeat, so it carries the run's news: a cancelled run
+    (CANCELLING) still renews during its grace and the caller reads ``lease.run.status``;
+    once it has ended, 409 RUN_CANCELLED. Past its maximum runtime, the run times out here.
+    The instance turns IDLE when nothing progressed since the last renewal and nothing is
+    in flight, RUNNING again once something did."""
     _check_ttl(ttl_s)
     _, policy = policy_current(tenant=worker.tenant)
     idle_limit = policy.get("idle_limit_s")
@@ -135,15 +173,21 @@ def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token:
                 leases_end(runs=[ctx.run], batch=ctx.batch, actor=ctx.actor, end=LeaseEnd.EXPIRED, reason="idle")
                 return None
         expires_at = ctx.now + timedelta(seconds=ttl_s)
+        previous_renewal = ctx.lease.last_renewed_at or ctx.now
         RunLease.objects.filter(run=ctx.run, fencing_token=ctx.token).update(
             expires_at=expires_at, last_renewed_at=ctx.now
         )
         ctx.lease.expires_at, ctx.lease.last_renewed_at = expires_at, ctx.now
+        moved = instance_renewed(run=ctx.run, lease=ctx.lease, previous_renewal=previous_renewal, batch=ctx.batch)
         ctx.batch.append(
             ctx.run,
             "LEASE_RENEWED",
             actor=ctx.actor,
-            fields={"fencing_token": ctx.token, "expires_at": expires_at},
+            fields={
+                "fencing_token": ctx.token,
+                "expires_at": expires_at,
+                **({"instance_state": moved.value} if moved else {}),
+            },
         )
         return ctx.lease
 
@@ -155,6 +199,7 @@ def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token:
         attempted="lease.renew",
         write=write,
         refusal=LeaseLost,
+        ending=IN_FLIGHT,
     )
     _touch(worker)
     if lease is None:  # the idle limit ended it; that end is committed
@@ -177,41 +222,8 @@ def lease_release(*, worker: Worker, run_id: object, owner_id: str, fencing_toke
         attempted="lease.release",
         write=write,
         refusal=LeaseLost,
+        ending=IN_FLIGHT,
     )
-
-
-def leases_end(*, runs: list[Run], batch: ChainBatch, actor: str, end: LeaseEnd, reason: str = "") -> int:
-    """End the current ownership of ``runs`` (locked by the caller) with set-based updates:
-    clear the owners, close their history rows, void the approvals asked under the old
-    token, move their DISPATCHED operations to UNKNOWN with a case each. Returns the number
-    of operations moved."""
-    run_ids = [run.pk for run in runs]
-    RunLease.objects.filter(run_id__in=run_ids).update(owner_id=None, worker=None, expires_at=batch.now, end_reason=end)
-    LeaseGrant.objects.filter(run_id__in=run_ids, ended_at__isnull=True).update(ended_at=batch.now, end_reason=end)
-    event_type = END_EVENTS[end]
-    for run in runs:
-        batch.append(
-            run,
-            event_type,
-            actor=actor,
-            fields={
-                "owner_id": run.lease.owner_id,
-                "fencing_token": run.lease.fencing_token,
-                **({"reason": reason} if reason else {}),
-            },
-        )
-        run.lease.owner_id, run.lease.worker, run.lease.expires_at, run.lease.end_reason = None, None, batch.now, end
-    queues().approvals_void_for_runs(runs=runs, batch=batch, actor=actor)
-    orphans = operations_orphaned(run_ids=run_ids)
-    reason = END_CASE_REASONS[end]
-    operations_mark_unknown(
-        operations=orphans,
-        runs={run.pk: run for run in runs},
-        batch=batch,
-        actor=actor,
-        reason=reason,
-    )
-    return len(orphans)
 
 
 @dataclass

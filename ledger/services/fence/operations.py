@@ -17,6 +17,7 @@ from ledger.services.authority import evaluation
 from ledger.services.core.fencing import Fenced, decided, fenced
 from ledger.services.core.handoff import queues
 from ledger.services.core.phases import transition
+from ledger.services.fence.ending import NEW_WORK
 from ledger.states import ApprovalKind, EffectClass, Phase
 
 # The parameters that identify an intent. The fencing token is deliberately not one of
@@ -107,7 +108,9 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
         )
         return op, True
 
-    return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="operation.intend", write=write)
+    return fenced(
+        worker=worker, run_id=run_id, token=fencing_token, attempted="operation.intend", write=write, ending=NEW_WORK
+    )
 
 
 def _replay(existing: Operation, run: Run, intent: Intent) -> Operation:
@@ -193,7 +196,14 @@ def operation_authorize(
         return op, None
 
     return decided(
-        fenced(worker=worker, operation_id=op_id, token=fencing_token, attempted="operation.authorize", write=write)
+        fenced(
+            worker=worker,
+            operation_id=op_id,
+            token=fencing_token,
+            attempted="operation.authorize",
+            write=write,
+            ending=NEW_WORK,
+        )
     )
 
 
@@ -233,5 +243,12 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
         return op, None
 
     return decided(
-        fenced(worker=worker, operation_id=op_id, token=fencing_token, attempted="operation.dispatch", write=write)
+        fenced(
+            worker=worker,
+            operation_id=op_id,
+            token=fencing_token,
+            attempted="operation.dispatch",
+            write=write,
+            ending=NEW_WORK,
+        )
     )

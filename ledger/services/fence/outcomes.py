@@ -10,6 +10,7 @@ from ledger.services.core.fencing import Fenced, fenced
 from ledger.services.core.handoff import queues
 from ledger.services.core.phases import transition
 from ledger.services.evidence.append import json_safe
+from ledger.services.fence.ending import IN_FLIGHT
 from ledger.services.fence.unknown import operations_mark_unknown
 from ledger.states import OUTCOME_PHASE, CaseReason, Outcome, Phase
 
@@ -106,4 +107,5 @@ def operation_report_outcome(
         attempted="operation.outcome",
         write=write,
         on_refused=on_refused,
+        ending=IN_FLIGHT,
     )

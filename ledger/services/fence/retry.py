@@ -12,6 +12,7 @@ from ledger.services.authority.policy import policy_current
 from ledger.services.core.fencing import Fenced, decided, fenced
 from ledger.services.core.handoff import queues
 from ledger.services.core.phases import transition
+from ledger.services.fence.ending import NEW_WORK
 from ledger.states import ApprovalKind, EffectClass, Phase
 
 MAX_AUTOMATIC_ATTEMPTS = 3
@@ -94,5 +95,12 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
         return op, None
 
     return decided(
-        fenced(worker=worker, operation_id=op_id, token=fencing_token, attempted="operation.retry", write=write)
+        fenced(
+            worker=worker,
+            operation_id=op_id,
+            token=fencing_token,
+            attempted="operation.retry",
+            write=write,
+            ending=NEW_WORK,
+        )
     )

@@ -1,31 +1,51 @@
 """Runs: creation (an unowned lease, token 0, and a RUN_CREATED event) and completion."""
 
+from datetime import timedelta
+
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.actors import worker_actor
-from ledger.errors import NotFound, RunCompleted, WorkerNotAccepting, parse_id
+from ledger.errors import InvalidInput, NotFound, WorkerNotAccepting, parse_id
 from ledger.models import Run, RunLease, Worker
+from ledger.services.authority.policy import policy_current
 from ledger.services.core.fencing import Fenced, fenced
 from ledger.services.evidence.append import ChainBatch
-from ledger.services.evidence.verification import verification_request
-from ledger.services.fence.leases import leases_end
-from ledger.states import LeaseEnd, RunStatus, WorkerStatus
+from ledger.services.fence.ending import IN_FLIGHT, run_finish
+from ledger.states import RunStatus, WorkerStatus
 from ledger.versioning import CURRENT_SCHEMA_VERSION, require_known
 
 
 def run_create(
-    *, worker: Worker, schema_version: int, external_id: str | None = None, parent_run_id: object = None
+    *,
+    worker: Worker,
+    schema_version: int,
+    external_id: str | None = None,
+    parent_run_id: object = None,
+    max_runtime_s: int | None = None,
 ) -> tuple[Run, bool]:
     """Create a run for the worker's tenant, optionally as the child of another run of the
     tenant (its capabilities then come out of the parent's). Idempotent on ``external_id``:
     returns ``(run, created)``.
+
+    The run times out (TIMED_OUT) once it is older than the policy's ``max_runtime_s``, or
+    the lower ``max_runtime_s`` asked here (a higher one is refused: 422 naming the field).
+    A child never outlives its parent's deadline either.
 
     A run is new work: only an ACCEPTING worker may create one (409 WORKER_NOT_ACCEPTING
     for a DRAINING, QUIESCED, STOPPED or QUARANTINED one), as only it may take a lease."""
     require_known(schema_version, "request")
     if worker.status != WorkerStatus.ACCEPTING:
         raise WorkerNotAccepting(f"worker is {worker.status} and cannot create runs")
+    _, policy = policy_current(tenant=worker.tenant)
+    limit = policy.get("max_runtime_s")
+    if max_runtime_s is not None and (
+        type(max_runtime_s) is not int or max_runtime_s < 1 or (limit is not None and max_runtime_s > limit)
+    ):
+        raise InvalidInput(
+            f"max_runtime_s must be an integer from 1 to {limit or 'any'} (policy max_runtime_s)", field="max_runtime_s"
+        )
+    runtime = max_runtime_s or limit
     parent = None
     if parent_run_id is not None:
         parent = Run.objects.filter(tenant=worker.tenant, pk=parse_id(parent_run_id, "parent run")).first()
@@ -37,9 +57,17 @@ def run_create(
             if existing is not None:
                 return existing, False
         try:
+            now = timezone.now()
+            deadlines = [now + timedelta(seconds=runtime)] if runtime else []
+            if parent is not None and parent.deadline_at is not None:
+                deadlines.append(parent.deadline_at)
             with transaction.atomic():
                 run = Run.objects.create(
-                    tenant=worker.tenant, external_id=external_id, parent=parent, schema_version=CURRENT_SCHEMA_VERSION
+                    tenant=worker.tenant,
+                    external_id=external_id,
+                    parent=parent,
+                    schema_version=CURRENT_SCHEMA_VERSION,
+                    deadline_at=min(deadlines) if deadlines else None,
                 )
         except IntegrityError:
             existing = Run.objects.filter(tenant=worker.tenant, external_id=external_id).first()
@@ -55,6 +83,7 @@ def run_create(
             fields={
                 "external_id": external_id,
                 "schema_version": CURRENT_SCHEMA_VERSION,
+                "deadline_at": run.deadline_at,
                 **({"parent_run_id": parent.pk} if parent else {}),
             },
         )
@@ -64,28 +93,18 @@ def run_create(
 
 def run_complete(*, worker: Worker, run_id: object, fencing_token: int) -> Run:
     """The run's terminal transition, by its lease owner. The lease ends with it: effects
-    still in flight become UNKNOWN with a case each. The verifier then seals the chain."""
+    still in flight become UNKNOWN with a case each. Then the run's credential leases and
+    capabilities are revoked and its resources handed to the reaper (ending.run_finish).
+    A CANCELLING run the worker completes ends as its cancellation said (CANCELLED or
+    TIMED_OUT), not COMPLETED."""
 
     def write(ctx: Fenced) -> Run:
         run = ctx.run
-        if run.status != RunStatus.ACTIVE:
-            raise RunCompleted("the run is already completed")
-        leases_end(runs=[run], batch=ctx.batch, actor=ctx.actor, end=LeaseEnd.RELEASED)
-        Run.objects.filter(pk=run.pk, status=RunStatus.ACTIVE).update(status=RunStatus.COMPLETED, completed_at=ctx.now)
-        run.status, run.completed_at = RunStatus.COMPLETED, ctx.now
-        ctx.batch.append(
-            run,
-            "RUN_COMPLETED",
-            actor=ctx.actor,
-            fields={
-                "confirmed": run.n_confirmed,
-                "failed": run.n_failed,
-                "unknown": run.n_unknown,
-                "reconciled": run.n_reconciled,
-                "without_terminal_outcome": run.n_dispatched + run.n_unknown,
-            },
-        )
-        verification_request(run_id=run.pk)  # seals the chain once this commits
+        status = RunStatus(run.ending) if run.status == RunStatus.CANCELLING else RunStatus.COMPLETED
+        extra = {"reason": run.cancel_reason} if run.status == RunStatus.CANCELLING else {}
+        run_finish(run=run, batch=ctx.batch, actor=ctx.actor, status=status, fields=extra)
         return run
 
-    return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="run.complete", write=write)
+    return fenced(
+        worker=worker, run_id=run_id, token=fencing_token, attempted="run.complete", write=write, ending=IN_FLIGHT
+    )

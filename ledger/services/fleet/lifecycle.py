@@ -27,8 +27,9 @@ from ledger.roles import ADMINISTER
 from ledger.services.core.decisions import acting_name, admin_action_record, decision_reason
 from ledger.services.core.fencing import locked_runs
 from ledger.services.evidence.append import ChainBatch
-from ledger.services.fence.leases import leases_end
+from ledger.services.fence.lease_end import leases_end
 from ledger.services.fleet.workers import worker_get
+from ledger.services.lifespan.instances import instances_drain
 from ledger.states import LeaseEnd, WorkerStatus
 
 DRAIN_FROM = (WorkerStatus.ACCEPTING,)
@@ -77,6 +78,9 @@ def _change_status(
     fields = {"worker": worker.name, "status": status, "reason": reason}
     if drain_deadline is not None:
         fields["drain_deadline"] = drain_deadline
+    if status == WorkerStatus.DRAINING and runs:
+        instances_drain(runs=runs, batch=batch)  # Running -> Draining: checkpoint, then release
+        fields["instance_state"] = "DRAINING"
     for run in runs:
         batch.append(run, event, actor=actor, fields=fields)
     if end_leases and runs:

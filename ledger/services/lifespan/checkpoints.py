@@ -15,6 +15,7 @@ from ledger.errors import InvalidInput
 from ledger.models import ProgressCheckpoint, Worker
 from ledger.services.core.fencing import Fenced, fenced
 from ledger.services.evidence.append import checked_document
+from ledger.services.lifespan.instances import instance_checkpointed
 
 MAX_STATE_BYTES = 64 * 1024
 MAX_POSITION_LENGTH = 200
@@ -52,11 +53,18 @@ def checkpoint_save(
             owner_id=ctx.lease.owner_id or "",
             created_at=ctx.now,
         )
+        moved = instance_checkpointed(run=ctx.run, batch=ctx.batch)  # a draining instance is now Checkpointed
         ctx.batch.append(
             ctx.run,
             "PROGRESS_CHECKPOINTED",
             actor=ctx.actor,
-            fields={"checkpoint_id": checkpoint.pk, "seq": checkpoint.seq, "position": position, "digest": digest},
+            fields={
+                "checkpoint_id": checkpoint.pk,
+                "seq": checkpoint.seq,
+                "position": position,
+                "digest": digest,
+                **({"instance_state": moved.value} if moved else {}),
+            },
         )
         return checkpoint
 

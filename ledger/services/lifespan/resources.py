@@ -1,0 +1,194 @@
+"""The resource registry: what each run holds outside Fenceline (article "Agent Lifespan
+Management": "Records sessions, connections, temporary objects, and credentials associated
+with each run").
+
+A worker attaches a resource under the fence, counted against the run's resource quota
+(``policy.quotas.resources_per_run``, counted under the run's lock), and asks for its
+release under the fence. Nobody but the resource reaper (``reaper.py``) marks a resource
+RELEASED, and only once the driver of its kind confirmed it closed (or an admin decided it
+is gone). A run's end — completion, cancel, timeout, lease loss, drain — hands every ACTIVE
+resource of the run to the reaper (``resources_request_release``).
+
+A handle is a reference (a session id, a sandbox name), never a secret: it passes the
+secret boundary, and one live (provider, handle) exists across all tenants, so a session
+live in one tenant or run cannot be attached by another.
+"""
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import Count
+
+from ledger.boundary import check_text
+from ledger.errors import Denied, DomainError, InvalidInput, NotFound, parse_id
+from ledger.models import LeaseGrant, Run, RunResource, Worker
+from ledger.policy import quotas_of, resource_limit
+from ledger.services.authority.policy import policy_current
+from ledger.services.core.fencing import Fenced, fenced, refuse_new_work
+from ledger.services.evidence.append import ChainBatch
+from ledger.states import RESOURCE_OPEN, ResourceKind, ResourceState
+
+PROVIDER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
+MAX_HANDLE_LENGTH = 500
+
+
+class ResourceInUse(DomainError):
+    """The (provider, handle) is live in another run (of this tenant or another one)."""
+
+    code = "RESOURCE_IN_USE"
+    status = 409
+
+
+@dataclass(frozen=True)
+class Attach:
+    kind: str
+    provider: str
+    handle: str
+    ttl_s: int | None = None
+    idle_s: int | None = None
+
+
+def _checked(attach: Attach, policy: dict) -> tuple[ResourceKind, int]:
+    if attach.kind not in ResourceKind.values:
+        raise InvalidInput(f"kind must be one of {', '.join(ResourceKind.values)}", field="kind")
+    if not isinstance(attach.provider, str) or not PROVIDER.match(attach.provider):
+        raise InvalidInput("provider must be 1 to 100 letters, digits and _ . : -", field="provider")
+    if not isinstance(attach.handle, str) or not 1 <= len(attach.handle) <= MAX_HANDLE_LENGTH:
+        raise InvalidInput(f"handle must be 1 to {MAX_HANDLE_LENGTH} characters", field="handle")
+    check_text(attach.handle, path="handle")
+    max_age = quotas_of(policy)["resource_max_age_s"]
+    for name in ("ttl_s", "idle_s"):
+        value = getattr(attach, name)
+        if value is not None and (type(value) is not int or not 1 <= value <= max_age):
+            raise InvalidInput(f"{name} must be an integer from 1 to {max_age} (policy resource_max_age_s)", field=name)
+    return ResourceKind(attach.kind), attach.ttl_s or max_age
+
+
+def resource_attach(*, worker: Worker, run_id: object, fencing_token: int, attach: Attach) -> tuple[RunResource, bool]:
+    """Register a resource the run now holds; returns ``(resource, created)``. Attaching
+    the same live handle to the same run again returns it unchanged (200); a handle live
+    elsewhere is 409 RESOURCE_IN_USE; past the quota, 403 DENY_QUOTA."""
+    _, policy = policy_current(tenant=worker.tenant)
+    kind, ttl_s = _checked(attach, policy)
+
+    def write(ctx: Fenced) -> tuple[RunResource, bool]:
+        refuse_new_work(ctx.run)
+        existing = RunResource.objects.filter(provider=attach.provider, handle=attach.handle).exclude(
+            state=ResourceState.RELEASED
+        )
+        found = existing.first()
+        if found is not None:
+            if found.run_id == ctx.run.pk and found.kind == kind and found.state == ResourceState.ACTIVE:
+                return found, False
+            raise ResourceInUse("this handle is live in another run; release it there first", field="handle")
+        limit = resource_limit(policy, kind)
+        if limit is not None:
+            use = RunResource.objects.filter(run=ctx.run, kind=kind, state__in=RESOURCE_OPEN).count()
+            if use >= limit:
+                raise Denied(
+                    "DENY_QUOTA",
+                    f"quota resources_per_run.{kind} is full: {use} of {limit} in use",
+                    quota=f"resources_per_run.{kind}",
+                    limit=limit,
+                    use=use,
+                )
+        instance = LeaseGrant.objects.filter(run_id=ctx.run.pk, fencing_token=ctx.token).values_list("pk", flat=True)
+        resource = RunResource(
+            tenant_id=ctx.run.tenant_id,
+            run=ctx.run,
+            instance_id=instance.get(),
+            kind=kind,
+            provider=attach.provider,
+            handle=attach.handle,
+            created_at=ctx.now,
+            idle_s=attach.idle_s,
+            expires_at=ctx.now + timedelta(seconds=ttl_s),
+        )
+        try:
+            with transaction.atomic():
+                resource.save(force_insert=True)
+        except IntegrityError:  # the same handle was attached elsewhere at this moment
+            raise ResourceInUse("this handle is live in another run; release it there first", field="handle") from None
+        ctx.batch.append(
+            ctx.run,
+            "RESOURCE_ATTACHED",
+            actor=ctx.actor,
+            fields={
+                "resource_id": resource.pk,
+                "kind": kind.value,
+                "provider": resource.provider,
+                "handle": resource.handle,
+                "expires_at": resource.expires_at,
+                "idle_s": resource.idle_s,
+                "fencing_token": ctx.token,
+            },
+        )
+        return resource, True
+
+    return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="resource.attach", write=write)
+
+
+def resource_get(*, tenant_id: int, resource_id: object) -> RunResource:
+    resource = RunResource.objects.filter(tenant_id=tenant_id, pk=parse_id(resource_id, "resource")).first()
+    if resource is None:
+        raise NotFound("resource not found")
+    return resource
+
+
+def resource_release(*, worker: Worker, resource_id: object, fencing_token: int) -> RunResource:
+    """The run's lease owner is done with a resource: ACTIVE -> RELEASE_REQUESTED. The
+    reaper closes it through its driver and only then marks it RELEASED. Asking again, or
+    for a resource already on its way out, changes nothing."""
+    resource = resource_get(tenant_id=worker.tenant_id, resource_id=resource_id)
+
+    def write(ctx: Fenced) -> RunResource:
+        current = RunResource.objects.select_for_update(of=("self",)).get(pk=resource.pk)
+        if current.state == ResourceState.ACTIVE:
+            _request({ctx.run: [current.pk]}, ctx.batch, ctx.actor, "worker")
+            current.refresh_from_db()
+        return current
+
+    return fenced(worker=worker, run_id=resource.run_id, token=fencing_token, attempted="resource.release", write=write)
+
+
+def _request(runs_ids: dict, batch: ChainBatch, actor: str, reason: str) -> int:
+    """ACTIVE -> RELEASE_REQUESTED for {run: [resource ids]} of locked runs: one UPDATE, one
+    event per run. (A resource leaves ACTIVE only under its run's lock, so the ids are current.)"""
+    ids = [pk for pks in runs_ids.values() for pk in pks]
+    if not ids:
+        return 0
+    moved = RunResource.objects.filter(pk__in=ids, state=ResourceState.ACTIVE).update(
+        state=ResourceState.RELEASE_REQUESTED,
+        release_requested_at=batch.now,
+        release_reason=reason,
+        next_attempt_at=batch.now,
+    )
+    if moved != len(ids):
+        raise AssertionError("a resource left ACTIVE without its run's lock")
+    for run, pks in runs_ids.items():
+        batch.append(
+            run,
+            "RESOURCE_RELEASE_REQUESTED",
+            actor=actor,
+            fields={"resource_ids": [str(pk) for pk in pks[:50]], "count": len(pks), "reason": reason},
+        )
+    return moved
+
+
+def resources_request_release(*, runs: list[Run], batch: ChainBatch, actor: str, reason: str) -> int:
+    """Hand every ACTIVE resource of the locked ``runs`` to the reaper, with one event per
+    run that had any. One read when there is nothing to hand over."""
+    by_pk = {run.pk: run for run in runs}
+    by_run: dict = {}
+    for run_id, pk in RunResource.objects.filter(run_id__in=list(by_pk), state=ResourceState.ACTIVE).values_list(
+        "run_id", "pk"
+    ):
+        by_run.setdefault(by_pk[run_id], []).append(pk)
+    return _request(by_run, batch, actor, reason)
+
+
+def resources_by_state(*, run: Run) -> dict[str, int]:
+    counts = RunResource.objects.filter(run=run).values_list("state").annotate(n=Count("id"))
+    return dict(counts)
