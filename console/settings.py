@@ -12,6 +12,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import json
 import os
 import secrets
 from pathlib import Path
@@ -57,6 +58,20 @@ def env_int(name: str, default: int, *, minimum: int = 0) -> int:
         raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
     if value < minimum:
         raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def env_json_object(name: str) -> dict[str, str]:
+    """A JSON object of strings (e.g. FENCELINE_RESOURCE_DRIVERS), or {} when unset."""
+    raw = env(name)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a JSON object") from None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ImproperlyConfigured(f"{name} must be a JSON object of strings")
     return value
 
 
@@ -230,6 +245,25 @@ FENCELINE: dict[str, Any] = {
     "RESERVATION_EXPIRY_INTERVAL_S": env_int("FENCELINE_RESERVATION_EXPIRY_INTERVAL_S", 30, minimum=1),
     "RESERVATION_EXPIRY_BATCH_SIZE": env_int("FENCELINE_RESERVATION_EXPIRY_BATCH_SIZE", 500, minimum=1),
     "DRAIN_INTERVAL_S": env_int("FENCELINE_DRAIN_INTERVAL_S", 15, minimum=1),
+    # The resource reaper (ledger/services/lifespan/reaper.py): how often, how many
+    # resources one claim takes, how many driver calls at once and how long each may take,
+    # the backoff of a failed close, and when a stuck resource raises an alert.
+    "RESOURCE_REAPER_INTERVAL_S": env_int("FENCELINE_RESOURCE_REAPER_INTERVAL_S", 10, minimum=1),
+    "RESOURCE_REAPER_BATCH_SIZE": env_int("FENCELINE_RESOURCE_REAPER_BATCH_SIZE", 200, minimum=1),
+    "RESOURCE_CLOSE_CONCURRENCY": env_int("FENCELINE_RESOURCE_CLOSE_CONCURRENCY", 8, minimum=1),
+    "RESOURCE_CLOSE_TIMEOUT_S": env_int("FENCELINE_RESOURCE_CLOSE_TIMEOUT_S", 10, minimum=1),
+    "RESOURCE_BACKOFF_BASE_S": env_int("FENCELINE_RESOURCE_BACKOFF_BASE_S", 2, minimum=1),
+    "RESOURCE_BACKOFF_MAX_S": env_int("FENCELINE_RESOURCE_BACKOFF_MAX_S", 300, minimum=1),
+    "RESOURCE_ALERT_AFTER_FAILURES": env_int("FENCELINE_RESOURCE_ALERT_AFTER_FAILURES", 3, minimum=1),
+    "RESOURCE_DEADLINE_GRACE_S": env_int("FENCELINE_RESOURCE_DEADLINE_GRACE_S", 300, minimum=0),
+    # Cleanup drivers by "kind", "kind:provider" or "*:provider" (drivers.py). Nothing is
+    # closed without one: a resource without a driver is retried and alerted on. The
+    # sandbox (tests, demo) closes only resources whose provider is "sandbox".
+    "RESOURCE_DRIVERS": {
+        "*:sandbox": "ledger.services.lifespan.drivers.SandboxDriver",
+        **env_json_object("FENCELINE_RESOURCE_DRIVERS"),
+    },
+    "SANDBOX_DIR": Path(env("FENCELINE_SANDBOX_DIR") or STATE_DIR / "sandbox"),
 }
 
 # --- Celery -----------------------------------------------------------------------------
@@ -263,6 +297,8 @@ def _every(task: str, interval_key: str) -> dict:
 
 CELERY_BEAT_SCHEDULE = {
     "reap-leases": _every("ledger.tasks.reap_leases_task", "REAPER_INTERVAL_S"),
+    # Closes what runs left behind through each kind's driver, independently of any worker.
+    "reap-resources": _every("ledger.tasks.reap_resources_task", "RESOURCE_REAPER_INTERVAL_S"),
     "verify-ledger": _every("ledger.tasks.verify_ledger_task", "VERIFIER_INTERVAL_S"),
     "expire-approvals": _every("approvals.tasks.expire_approvals_task", "APPROVAL_EXPIRY_INTERVAL_S"),
     # Cost reservations past their TTL (policy reservation_ttl_s, 900 s by default) -> UNKNOWN.

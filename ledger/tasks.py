@@ -13,8 +13,10 @@ from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from ledger.services.authority.reservations import reservations_expire
 from ledger.services.evidence.verification import ledger_verify
+from ledger.services.fence.ending import runs_enforce_limits
 from ledger.services.fence.leases import leases_reap
 from ledger.services.fleet.lifecycle import workers_drain_enforce
+from ledger.services.lifespan.reaper import resources_reap
 
 # The one retry policy of every job: what a passing outage raises — the database going
 # away or refusing connections (Django's OperationalError / InterfaceError), the broker,
@@ -43,8 +45,30 @@ def job(**options: Any) -> Any:
 
 @job()
 def reap_leases_task() -> dict[str, int]:
+    """Expired leases end (their DISPATCHED effects become UNKNOWN); runs past their maximum
+    runtime time out, cancellations past their grace finish."""
     result = leases_reap()
-    return {"leases": result.leases, "operations": result.operations, "batches": result.batches}
+    limits = runs_enforce_limits()
+    return {
+        "leases": result.leases,
+        "operations": result.operations,
+        "batches": result.batches,
+        "timed_out": limits.timed_out,
+        "cancels_finished": limits.finished,
+    }
+
+
+@job()
+def reap_resources_task() -> dict[str, int]:
+    """Close what runs left behind through each kind's driver (ledger/services/lifespan/reaper.py)."""
+    result = resources_reap()
+    return {
+        "requested": result.requested,
+        "released": result.released,
+        "failed": result.failed,
+        "alerts": result.alerts,
+        "instances_released": result.instances_released,
+    }
 
 
 @job()

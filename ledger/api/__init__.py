@@ -16,6 +16,8 @@ from ledger.api.schemas import (
     ApprovalRequiredOut,
     AuthorizedOut,
     AuthorizeIn,
+    CancelIn,
+    CancelledOut,
     CapabilityIn,
     CapabilityOut,
     ChainExportOut,
@@ -43,6 +45,8 @@ from ledger.api.schemas import (
     OutcomeIn,
     PhaseError,
     PhaseOut,
+    ResourceIn,
+    ResourceOut,
     RetryDecisionOut,
     RetryOut,
     RunCreatedOut,
@@ -55,9 +59,9 @@ from ledger.models import Checkpoint, Event
 from ledger.services.authority import capabilities, credential_leases
 from ledger.services.core.fencing import fence_check
 from ledger.services.evidence.append import phase_count_field
-from ledger.services.fence import leases, notes, operations, outcomes, retry, runs
+from ledger.services.fence import ending, leases, notes, operations, outcomes, retry, runs
 from ledger.services.fence.operations import Intent
-from ledger.services.lifespan import checkpoints
+from ledger.services.lifespan import checkpoints, resources
 from ledger.states import Outcome, Phase
 
 DESCRIPTION = """
@@ -120,6 +124,44 @@ def _run_out(run) -> dict:
         "stale_rejections": run.stale_rejections,
         "operations": {phase: getattr(run, phase_count_field(phase)) for phase in Phase.values},
         "indicators": selectors.run_indicators(run),
+        "deadline_at": run.deadline_at,
+        "cancel": _cancel_out(run),
+    }
+
+
+def _cancel_out(run) -> dict | None:
+    if not run.ending:
+        return None
+    return {
+        "run_status": run.status,
+        "ending": run.ending,
+        "reason": run.cancel_reason,
+        "requested_by": run.cancel_requested_by,
+        "requested_at": run.cancel_requested_at,
+        "grace_until": run.cancel_grace_until,
+    }
+
+
+def _resource_out(resource) -> dict:
+    return {
+        "resource_id": str(resource.pk),
+        "run_id": str(resource.run_id),
+        **{
+            name: getattr(resource, name)
+            for name in (
+                "kind",
+                "provider",
+                "handle",
+                "state",
+                "created_at",
+                "expires_at",
+                "idle_s",
+                "release_requested_at",
+                "released_at",
+                "attempts",
+                "last_error",
+            )
+        },
     }
 
 
@@ -163,6 +205,7 @@ def create_run(request, body: RunCreateIn):
         schema_version=body.schema_version,
         external_id=body.external_id,
         parent_run_id=body.parent_run_id,
+        max_runtime_s=body.max_runtime_s,
     )
     return Status(201 if created else 200, {"run_id": str(run.pk), "status": run.status})
 
@@ -174,14 +217,19 @@ def get_run(request, run_id: str):
 
 @api.post(
     "/runs/{run_id}/lease",
-    response={200: LeaseGrantedOut, **BODY, 404: E, 409: E},
+    response={200: LeaseGrantedOut, **BODY, 403: DecisionError, 404: E, 409: E},
     tags=["leases"],
 )
 def acquire_lease(request, run_id: str, body: LeaseAcquireIn):
-    """Take the run's lease, with the run's latest progress checkpoint to resume from.
+    """Take the run's lease — a new instance of the run, under the tenant's instance quotas —
+    with the run's latest progress checkpoint to resume from.
+    403 DENY_QUOTA (naming quota, limit and use) when an instance quota is full;
     409 LEASE_HELD while another owner holds an unexpired lease;
-    409 WORKER_NOT_ACCEPTING for a worker that is draining, stopped or quarantined."""
-    lease = leases.lease_acquire(worker=request.worker, run_id=run_id, owner_id=body.owner_id, ttl_s=body.ttl_s)
+    409 WORKER_NOT_ACCEPTING for a worker that is draining, stopped or quarantined;
+    409 RUN_CANCELLED for a cancelled or timed-out run, 409 RUN_COMPLETED for a completed one."""
+    lease = leases.lease_acquire(
+        worker=request.worker, run_id=run_id, owner_id=body.owner_id, ttl_s=body.ttl_s, tool=body.tool or ""
+    )
     latest = selectors.run_latest_checkpoint(run=lease.run)
     return {
         "fencing_token": lease.fencing_token,
@@ -221,16 +269,35 @@ def save_checkpoint(request, run_id: str, body: CheckpointIn):
 
 @api.post(
     "/runs/{run_id}/lease/renew",
-    response={200: LeaseRenewedOut, **BODY, 404: E, 409: LeaseLostError},
+    response={200: LeaseRenewedOut, **BODY, 404: E, 409: LeaseLostError | Error},
     tags=["leases"],
 )
 def renew_lease(request, run_id: str, body: LeaseRenewIn):
-    """Extend the lease. 409 LEASE_LOST with reason owner_changed, token_changed,
-    released or expired."""
+    """Extend the lease: the worker's heartbeat. 409 LEASE_LOST with reason owner_changed,
+    token_changed, released, expired or idle (no progress for the policy's idle_limit_s).
+    A cancelled or timed-out run still renews during its grace, with `cancel` set (stop new
+    work, report what is in flight, release); once it has ended, 409 RUN_CANCELLED."""
     lease = leases.lease_renew(
         worker=request.worker, run_id=run_id, owner_id=body.owner_id, fencing_token=body.fencing_token, ttl_s=body.ttl_s
     )
-    return {"expires_at": lease.expires_at}
+    return {"expires_at": lease.expires_at, "run_status": lease.run.status, "cancel": _cancel_out(lease.run)}
+
+
+@api.post(
+    "/runs/{run_id}/cancel",
+    response={200: CancelledOut, **BODY, 403: E, 404: E, 409: E},
+    tags=["runs"],
+)
+def cancel_run(request, run_id: str, body: CancelIn):
+    """Cancel the run and its children, by the worker holding its lease or its parent's
+    (403 otherwise). CANCELLING at once; CANCELLED once nothing is DISPATCHED, or when the
+    policy's cancel_grace_s is over (what is still DISPATCHED then becomes UNKNOWN with a
+    case). New intents, authorizations, dispatches and retries answer 409 RUN_CANCELLED.
+    Cancelling again changes nothing; a completed or timed-out run: 409."""
+    run = ending.run_cancel(
+        tenant=request.worker.tenant, run_id=run_id, reason=body.reason, actor="", worker=request.worker
+    )
+    return {"run_id": str(run.pk), "status": run.status, "cancel": _cancel_out(run)}
 
 
 @api.post(
@@ -500,6 +567,50 @@ def issue_credential_lease(request, run_id: str, body: CredentialLeaseIn):
             "expires_at": lease.expires_at,
         },
     )
+
+
+# --- resources ------------------------------------------------------------------------
+
+
+@api.post(
+    "/runs/{run_id}/resources",
+    response={201: ResourceOut, 200: ResourceOut, **BODY, 403: DecisionError, 404: E, 409: E},
+    tags=["resources"],
+)
+def attach_resource(request, run_id: str, body: ResourceIn):
+    """Register a resource the run now holds (a browser session, a connection, a sandbox,
+    a temporary object, a file) by reference — `handle` is never a secret. The same live
+    handle on the same run again answers 200 with it; a handle live in another run (of any
+    tenant) 409 RESOURCE_IN_USE; past the policy's resources_per_run quota 403 DENY_QUOTA.
+    The resource reaper closes it when the run ends, its lease is lost, or its deadlines pass."""
+    resource, created = resources.resource_attach(
+        worker=request.worker,
+        run_id=run_id,
+        fencing_token=body.fencing_token,
+        attach=resources.Attach(
+            kind=body.kind.value, provider=body.provider, handle=body.handle, ttl_s=body.ttl_s, idle_s=body.idle_s
+        ),
+    )
+    return Status(201 if created else 200, _resource_out(resource))
+
+
+@api.get("/resources/{resource_id}", response={200: ResourceOut, **READ, 404: E}, tags=["resources"])
+def get_resource(request, resource_id: str):
+    return _resource_out(resources.resource_get(tenant_id=request.worker.tenant_id, resource_id=resource_id))
+
+
+@api.post(
+    "/resources/{resource_id}/release",
+    response={200: ResourceOut, **BODY, 404: E, 409: E},
+    tags=["resources"],
+)
+def release_resource(request, resource_id: str, body: TokenIn):
+    """Done with a resource: RELEASE_REQUESTED. The reaper closes it through the driver of
+    its kind and marks it RELEASED only once the driver confirms. Asking again changes nothing."""
+    resource = resources.resource_release(
+        worker=request.worker, resource_id=resource_id, fencing_token=body.fencing_token
+    )
+    return _resource_out(resource)
 
 
 @api.post("/fence/check", response={200: FenceCheckOut, **BODY}, tags=["leases"])

@@ -13,11 +13,22 @@ from ninja import Schema
 from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
 from ledger.api.columns import WHOLE, bounds, length
-from ledger.models import CapabilityBudget, Credential, Operation, ProgressCheckpoint, Run, RunLease
+from ledger.models import (
+    CapabilityBudget,
+    Credential,
+    LeaseGrant,
+    Operation,
+    ProgressCheckpoint,
+    Run,
+    RunLease,
+    RunResource,
+)
 from ledger.services.authority import credential_leases, credentials
+from ledger.services.core.decisions import MAX_REASON_LENGTH
 from ledger.services.evidence.append import WORKER_EVENT_TYPE
 from ledger.services.fence.leases import MAX_TTL_S, MIN_TTL_S
-from ledger.states import EffectClass, Phase
+from ledger.services.lifespan import resources
+from ledger.states import EffectClass, Phase, ResourceKind
 from ledger.versioning import KNOWN_SCHEMA_VERSIONS
 
 # What ledger/storable.py lets through, as JSON Schema can say it: no NUL in any string or
@@ -123,6 +134,9 @@ class RunCreateIn(In):
     schema_version: SchemaVersion
     external_id: Annotated[StrictStr, Field(min_length=1, max_length=length(Run, "external_id"))] | None = None
     parent_run_id: RunId | None = None
+    # At most the policy's max_runtime_s (86400 s on the starter policy); the run ends
+    # TIMED_OUT once it is older. Default: the policy's.
+    max_runtime_s: Annotated[StrictInt, Field(ge=1, le=2**31 - 1), WHOLE] | None = None
 
 
 class RunCreatedOut(Schema):
@@ -137,6 +151,18 @@ class LeaseOut(Schema):
     last_renewed_at: datetime | None
 
 
+class CancelOut(Schema):
+    """A cancellation (or the timeout) under way or done: what it ends as, why, who asked,
+    and until when DISPATCHED effects may still report."""
+
+    run_status: str
+    ending: str
+    reason: str
+    requested_by: str
+    requested_at: datetime | None
+    grace_until: datetime | None
+
+
 class RunOut(Schema):
     run_id: str
     external_id: str | None
@@ -148,11 +174,25 @@ class RunOut(Schema):
     stale_rejections: int
     operations: dict[str, int]
     indicators: dict[str, dict[str, Any]]
+    deadline_at: datetime | None
+    cancel: CancelOut | None
+
+
+class CancelIn(In):
+    reason: Annotated[StrictStr, Field(min_length=1, max_length=MAX_REASON_LENGTH)]
+
+
+class CancelledOut(Schema):
+    run_id: str
+    status: str
+    cancel: CancelOut | None
 
 
 class LeaseAcquireIn(In):
     owner_id: OwnerId
     ttl_s: Ttl
+    # What this instance is for (e.g. "browser"): the policy's instances_per_tool quota.
+    tool: Annotated[StrictStr, Field(min_length=1, max_length=length(LeaseGrant, "tool"))] | None = None
 
 
 class LeaseRenewIn(In):
@@ -197,6 +237,37 @@ class CheckpointSavedOut(Schema):
 
 class LeaseRenewedOut(Schema):
     expires_at: datetime
+    run_status: str
+    # Set once the run is cancelled or timed out: stop new work, report what is in flight
+    # before grace_until, then release the lease.
+    cancel: CancelOut | None = None
+
+
+class ResourceIn(In):
+    fencing_token: Token
+    kind: ResourceKind
+    provider: Annotated[StrictStr, Field(min_length=1, max_length=length(RunResource, "provider"))]
+    handle: Annotated[StrictStr, Field(min_length=1, max_length=resources.MAX_HANDLE_LENGTH)]
+    # Lifetime (default and cap: the policy's quotas.resource_max_age_s) and idle deadline
+    # (closed once the run made no progress for this long); both at most the cap.
+    ttl_s: Annotated[StrictInt, Field(ge=1, le=2**31 - 1), WHOLE] | None = None
+    idle_s: Annotated[StrictInt, Field(ge=1, le=2**31 - 1), WHOLE] | None = None
+
+
+class ResourceOut(Schema):
+    resource_id: str
+    run_id: str
+    kind: str
+    provider: str
+    handle: str
+    state: str
+    created_at: datetime
+    expires_at: datetime
+    idle_s: int | None
+    release_requested_at: datetime | None
+    released_at: datetime | None
+    attempts: int
+    last_error: str
 
 
 class LeaseReleasedOut(Schema):

@@ -150,7 +150,9 @@ def reaped_problems(runs: list[LeasedRun]) -> list[str]:
             problems.append(f"run {r.run_id}: grants {ends}")
         chain = events[r.run_id]
         expired = [e for e in chain if e.type == "LEASE_EXPIRED"]
-        if [(e.actor, e.fields) for e in expired] != [(SYSTEM_REAPER, {"owner_id": OWNER, "fencing_token": r.token, "instance_state": "EXPIRED"})]:
+        if [(e.actor, e.fields) for e in expired] != [
+            (SYSTEM_REAPER, {"owner_id": OWNER, "fencing_token": r.token, "instance_state": "EXPIRED"})
+        ]:
             problems.append(f"run {r.run_id}: LEASE_EXPIRED events {[(e.actor, e.fields) for e in expired]}")
         unknown = defaultdict(list)  # operation id -> the case ids its OPERATION_UNKNOWN events name
         for e in chain:

@@ -30,10 +30,10 @@ def decision_reason(reason: object) -> str:
     """The reason of a person's decision: required, at most MAX_REASON_LENGTH characters,
     through the secret boundary (it is stored, put in events and shown); returned stripped."""
     if not isinstance(reason, str) or not reason.strip():
-        raise InvalidInput("a decision gives its reason")
+        raise InvalidInput("a decision gives its reason", field="reason")
     reason = reason.strip()
     if len(reason) > MAX_REASON_LENGTH:
-        raise InvalidInput(f"reason must be at most {MAX_REASON_LENGTH} characters")
+        raise InvalidInput(f"reason must be at most {MAX_REASON_LENGTH} characters", field="reason")
     check_text(reason, path="reason")
     return reason
 

@@ -25,8 +25,12 @@ from ledger.services.evidence.append import ChainBatch
 T = TypeVar("T")
 
 
-def locked_runs(queryset_filter: dict, *, skip_locked: bool = False, limit: int | None = None) -> list[Run]:
+def locked_runs(
+    queryset_filter: dict, *, skip_locked: bool = False, limit: int | None = None, order_by: str = "expires_at"
+) -> list[Run]:
     """Runs with their leases, both rows locked (in one statement) until the transaction ends.
+    A caller that may wait for these locks while holding others takes them in ``run_id``
+    order.
 
     The query starts from the lease so that the join to the run is an inner join, which
     ``FOR UPDATE`` can lock on both sides."""
@@ -34,7 +38,7 @@ def locked_runs(queryset_filter: dict, *, skip_locked: bool = False, limit: int 
         RunLease.objects.select_for_update(of=("self", "run"), skip_locked=skip_locked)
         .select_related("run")
         .filter(**queryset_filter)
-        .order_by("expires_at")
+        .order_by(order_by)
     )
     if limit is not None:
         leases = leases[:limit]

@@ -166,7 +166,7 @@ def _worker_may_cancel(run: Run, worker: Worker, now: datetime) -> bool:
     return parent_lease is not None and holds(parent_lease)
 
 
-def run_cancel(*, tenant: Tenant, run_id: object, reason: object, actor: str, worker: Worker | None = None) -> Run:
+def run_cancel(*, tenant: Tenant, run_id: object, reason: object, actor: str = "", worker: Worker | None = None) -> Run:
     """Cancel a run (and its children) for a person (``actor`` is ``user:…``, their role
     checked by the caller) or a worker that holds the run's lease or its parent's (403
     otherwise). Cancelling a CANCELLING or CANCELLED run again changes nothing; a
@@ -175,12 +175,12 @@ def run_cancel(*, tenant: Tenant, run_id: object, reason: object, actor: str, wo
     with transaction.atomic():
         run = lock_run(tenant=tenant, run_id=run_id)
         now = timezone.now()
+        if run.status in (RunStatus.CANCELLING, RunStatus.CANCELLED):
+            return run  # already under way: nothing changes (any worker of the tenant may read it)
         if worker is not None:
             if not _worker_may_cancel(run, worker, now):
                 raise Forbidden("only the worker holding this run's lease, or its parent's, may cancel it")
             actor = worker_actor(worker, run.lease.owner_id or "parent")
-        if run.status in (RunStatus.CANCELLING, RunStatus.CANCELLED):
-            return run
         if run.status != RunStatus.ACTIVE:
             raise RunCompleted(f"the run is {run.status.lower().replace('_', ' ')}; it cannot be cancelled")
         batch = ChainBatch(now)

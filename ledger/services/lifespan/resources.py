@@ -146,14 +146,14 @@ def resource_release(*, worker: Worker, resource_id: object, fencing_token: int)
     def write(ctx: Fenced) -> RunResource:
         current = RunResource.objects.select_for_update(of=("self",)).get(pk=resource.pk)
         if current.state == ResourceState.ACTIVE:
-            _request({ctx.run: [current.pk]}, ctx.batch, ctx.actor, "worker")
+            resources_request({ctx.run: [current.pk]}, ctx.batch, ctx.actor, "worker")
             current.refresh_from_db()
         return current
 
     return fenced(worker=worker, run_id=resource.run_id, token=fencing_token, attempted="resource.release", write=write)
 
 
-def _request(runs_ids: dict, batch: ChainBatch, actor: str, reason: str) -> int:
+def resources_request(runs_ids: dict, batch: ChainBatch, actor: str, reason: str) -> int:
     """ACTIVE -> RELEASE_REQUESTED for {run: [resource ids]} of locked runs: one UPDATE, one
     event per run. (A resource leaves ACTIVE only under its run's lock, so the ids are current.)"""
     ids = [pk for pks in runs_ids.values() for pk in pks]
@@ -186,7 +186,7 @@ def resources_request_release(*, runs: list[Run], batch: ChainBatch, actor: str,
         "run_id", "pk"
     ):
         by_run.setdefault(by_pk[run_id], []).append(pk)
-    return _request(by_run, batch, actor, reason)
+    return resources_request(by_run, batch, actor, reason)
 
 
 def resources_by_state(*, run: Run) -> dict[str, int]:

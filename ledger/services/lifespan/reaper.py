@@ -1,0 +1,402 @@
+"""The resource reaper: an independent controller that closes what runs left behind (article
+"Agent Lifespan Management": "Run cleanup independently from workers"; its failure
+"Cleanup repeatedly fails": "Retry independently and alert with resource ownership
+details").
+
+One pass (``resources_reap``, run by beat and by ``manage.py reap_resources``):
+
+1. **Overdue.** ACTIVE resources past their lifetime (``expires_at``) or idle deadline (no
+   progress of their run for ``idle_s``) are asked for release, under their run's lock
+   (taken with SKIP LOCKED: a run being written to waits for the next pass).
+2. **Claim.** Due releases and retries — and claims whose reaper died — are claimed
+   set-based with ``FOR UPDATE SKIP LOCKED`` and moved to RELEASING with this pass's id and
+   a claim expiry, in a short transaction of their own. Two reapers at once claim disjoint
+   sets; a reaper killed after its claim leaves RELEASING rows that the next pass claims
+   again once the claim expired.
+3. **Close.** Each claimed resource goes to the driver of its kind (``drivers.py``), a few
+   at a time, each call bounded by a timeout (a hung call is abandoned as FAILED).
+4. **Settle.** Under the runs' locks, and only for rows still claimed by this pass:
+   CLOSED / ALREADY_GONE -> RELEASED (the only way to RELEASED besides an admin's
+   decision); FAILED -> CLEANUP_FAILED with exponential backoff and jitter. After
+   ``RESOURCE_ALERT_AFTER_FAILURES`` failures, or once past its deadline, a resource raises
+   an alert that carries who owns it.
+5. **Instances.** EXPIRED instances go on to REAPING, and REAPING ones to RELEASED once no
+   resource of theirs is open (cleanup verified).
+
+Nothing here touches a credential lease: its expiry is its own, and never waits for cleanup.
+"""
+
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import DateTimeField, DurationField, Exists, ExpressionWrapper, F, OuterRef, Q, Value
+from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
+
+from ledger.actors import SYSTEM_RESOURCE_REAPER
+from ledger.models import LeaseGrant, ResourceAlert, Run, RunResource
+from ledger.services.core.fencing import locked_runs
+from ledger.services.evidence.append import ChainBatch, json_safe
+from ledger.services.lifespan.drivers import Closed, Closing, ResourceRef, driver_for
+from ledger.services.lifespan.resources import resources_request
+from ledger.states import InstanceState, ResourceState
+
+log = logging.getLogger("fenceline.reaper")
+
+CLAIMABLE = (ResourceState.RELEASE_REQUESTED, ResourceState.CLEANUP_FAILED)
+
+
+@dataclass
+class ResourceReapResult:
+    requested: int = 0  # ACTIVE resources past a deadline, asked for release
+    released: int = 0  # RELEASED: the driver confirmed
+    failed: int = 0  # driver calls that failed or timed out
+    alerts: int = 0  # alerts raised
+    instances_released: int = 0
+    batches: int = 0
+    seconds: float = 0.0
+
+
+def _option(name: str) -> int:
+    return int(settings.FENCELINE[name])
+
+
+# --- 1. overdue -----------------------------------------------------------------------
+
+
+def _idle_due():
+    """When an ACTIVE resource with idle_s is idle-overdue: idle_s after the later of its
+    creation and its run's last progress."""
+    since = Greatest(F("created_at"), Coalesce(F("run__last_progress_at"), F("created_at")))
+    idle = ExpressionWrapper(F("idle_s") * Value(timedelta(seconds=1)), output_field=DurationField())
+    return ExpressionWrapper(since + idle, output_field=DateTimeField())
+
+
+def _request_overdue(batch_size: int, result: ResourceReapResult) -> None:
+    while True:
+        with transaction.atomic():
+            now = timezone.now()
+            overdue = (
+                RunResource.objects.filter(state=ResourceState.ACTIVE)
+                .annotate(idle_due=_idle_due())
+                .filter(Q(expires_at__lte=now) | Q(idle_s__isnull=False, idle_due__lte=now))
+            )
+            rows = list(overdue.values_list("run_id", "pk", "expires_at")[:batch_size])
+            if not rows:
+                return
+            runs = {run.pk: run for run in locked_runs({"run_id__in": {r[0] for r in rows}}, skip_locked=True)}
+            by_run: dict[Run, list] = {}
+            reasons: dict[Run, str] = {}
+            for run_id, pk, expires_at in rows:
+                if run_id in runs:
+                    by_run.setdefault(runs[run_id], []).append(pk)
+                    reasons[runs[run_id]] = "deadline" if expires_at <= now else "idle"
+            batch = ChainBatch(now)
+            for run, pks in by_run.items():
+                result.requested += resources_request({run: pks}, batch, SYSTEM_RESOURCE_REAPER, reasons[run])
+            batch.commit()
+        if len(rows) < batch_size or not by_run:
+            return
+
+
+# --- 2. claim -------------------------------------------------------------------------
+
+
+def _claim(reaper_id: str, batch_size: int) -> list[ResourceRef]:
+    with transaction.atomic():
+        now = timezone.now()
+        due = RunResource.objects.filter(state__in=CLAIMABLE, next_attempt_at__lte=now).order_by("next_attempt_at")
+        ids = list(due.select_for_update(skip_locked=True).values_list("pk", flat=True)[:batch_size])
+        if len(ids) < batch_size:  # claims whose reaper died before it settled them
+            stale = RunResource.objects.filter(state=ResourceState.RELEASING, claim_expires_at__lte=now)
+            ids += list(stale.select_for_update(skip_locked=True).values_list("pk", flat=True)[: batch_size - len(ids)])
+        if not ids:
+            return []
+        claim_s = _option("RESOURCE_CLOSE_TIMEOUT_S") * 3 + 30
+        RunResource.objects.filter(pk__in=ids).update(
+            state=ResourceState.RELEASING,
+            claimed_by=reaper_id,
+            claim_expires_at=now + timedelta(seconds=claim_s),
+            attempts=F("attempts") + 1,
+        )
+        rows = RunResource.objects.filter(pk__in=ids).values_list("pk", "kind", "provider", "handle", "attempts")
+        return [ResourceRef(str(pk), kind, provider, handle, attempts) for pk, kind, provider, handle, attempts in rows]
+
+
+# --- 3. close -------------------------------------------------------------------------
+
+
+@dataclass
+class _Call:
+    ref: ResourceRef
+    driver: str
+    future: Future
+    started: list[float] = field(default_factory=list)
+
+
+def _close_all(refs: list[ResourceRef]) -> list[tuple[ResourceRef, str, Closing]]:
+    """Close each resource through its driver, at most RESOURCE_CLOSE_CONCURRENCY at once;
+    a call running longer than RESOURCE_CLOSE_TIMEOUT_S is given up as FAILED (its thread
+    is left to finish on its own: a driver must return eventually)."""
+    timeout = _option("RESOURCE_CLOSE_TIMEOUT_S")
+    pool = ThreadPoolExecutor(max_workers=_option("RESOURCE_CLOSE_CONCURRENCY"), thread_name_prefix="reaper")
+    calls = []
+    for ref in refs:
+        driver = driver_for(ref.kind, ref.provider)
+        started: list[float] = []
+
+        def call(driver=driver, ref=ref, started=started) -> Closing:
+            started.append(time.monotonic())
+            try:
+                return driver.close(ref)
+            except Exception as exc:  # a driver's bug is a failed close, not a dead reaper
+                return Closing(Closed.FAILED, f"{type(exc).__name__} in driver {driver.name}")
+
+        calls.append(_Call(ref, driver.name, pool.submit(call), started))
+    answers: list[tuple[ResourceRef, str, Closing]] = []
+    pending = calls
+    while pending:
+        still = []
+        for c in pending:
+            if c.future.done():
+                answers.append((c.ref, c.driver, c.future.result()))
+            elif c.started and time.monotonic() - c.started[0] > timeout:
+                answers.append(
+                    (c.ref, c.driver, Closing(Closed.FAILED, f"driver {c.driver} timed out after {timeout} s"))
+                )
+            else:
+                still.append(c)
+        pending = still
+        if pending:
+            time.sleep(0.005)
+    pool.shutdown(wait=False, cancel_futures=True)
+    return answers
+
+
+# --- 4. settle ------------------------------------------------------------------------
+
+
+def backoff_s(attempts: int) -> float:
+    """Exponential backoff with full jitter between half and all of the step."""
+    step = min(_option("RESOURCE_BACKOFF_MAX_S"), _option("RESOURCE_BACKOFF_BASE_S") * 2 ** max(attempts - 1, 0))
+    return step * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not a secret
+
+
+def _ownership(resource: RunResource) -> dict:
+    instance = resource.instance
+    return json_safe(
+        {
+            "tenant": resource.tenant.slug,
+            "run_id": resource.run_id,
+            "instance": {"fencing_token": instance.fencing_token, "owner_id": instance.owner_id},
+            "worker": instance.worker.name,
+            "kind": resource.kind,
+            "provider": resource.provider,
+            "handle": resource.handle,
+            "first_failed_at": resource.first_failed_at,
+            "attempts": resource.attempts,
+            "last_error": resource.last_error,
+            "expires_at": resource.expires_at,
+        }
+    )
+
+
+def alert_raise(resource: RunResource, reason: str, now) -> ResourceAlert | None:
+    """Store and log one alert for ``resource`` (at most one per resource)."""
+    if resource.alerted_at is not None:
+        return None
+    alert = ResourceAlert.objects.create(
+        tenant_id=resource.tenant_id, resource=resource, reason=reason, raised_at=now, ownership=_ownership(resource)
+    )
+    RunResource.objects.filter(pk=resource.pk).update(alerted_at=now)
+    resource.alerted_at = now
+    log.warning(
+        "resource cleanup alert (%s): %s %s of run %s in tenant %s, worker %s, %d attempt(s), first failure %s: %s",
+        reason,
+        resource.kind,
+        resource.provider,
+        resource.run_id,
+        alert.ownership["tenant"],
+        alert.ownership["worker"],
+        resource.attempts,
+        alert.ownership["first_failed_at"],
+        resource.last_error,
+    )
+    return alert
+
+
+def _settle(reaper_id: str, answers: list[tuple[ResourceRef, str, Closing]], result: ResourceReapResult) -> None:
+    by_id = {ref.resource_id: (ref, driver, closing) for ref, driver, closing in answers}
+    with transaction.atomic():
+        now = timezone.now()
+        run_ids = set(
+            RunResource.objects.filter(pk__in=list(by_id)).values_list("run_id", flat=True).order_by("run_id")
+        )
+        runs = {run.pk: run for run in locked_runs({"run_id__in": run_ids}, order_by="run_id")}
+        mine = list(
+            RunResource.objects.select_for_update(of=("self",))
+            .select_related("tenant", "instance__worker")
+            .filter(pk__in=list(by_id), claimed_by=reaper_id, state=ResourceState.RELEASING)
+            .order_by("pk")
+        )
+        batch = ChainBatch(now)
+        released, failed = [], []
+        for resource in mine:
+            _, driver, closing = by_id[str(resource.pk)]
+            run = runs[resource.run_id]
+            if closing.result in (Closed.CLOSED, Closed.ALREADY_GONE):
+                released.append(resource.pk)
+                batch.append(
+                    run,
+                    "RESOURCE_RELEASED",
+                    actor=SYSTEM_RESOURCE_REAPER,
+                    fields={
+                        "resource_id": resource.pk,
+                        "kind": resource.kind,
+                        "driver": driver,
+                        "result": closing.result.value,
+                        "attempts": resource.attempts,
+                    },
+                )
+                continue
+            resource.state = ResourceState.CLEANUP_FAILED
+            resource.last_error = closing.detail[:300]
+            resource.first_failed_at = resource.first_failed_at or now
+            resource.next_attempt_at = now + timedelta(seconds=backoff_s(resource.attempts))
+            resource.claimed_by, resource.claim_expires_at = "", None
+            failed.append(resource)
+            batch.append(
+                run,
+                "RESOURCE_CLEANUP_FAILED",
+                actor=SYSTEM_RESOURCE_REAPER,
+                fields={
+                    "resource_id": resource.pk,
+                    "driver": driver,
+                    "attempt": resource.attempts,
+                    "error": resource.last_error,
+                    "next_attempt_at": resource.next_attempt_at,
+                },
+            )
+        if released:
+            RunResource.objects.filter(pk__in=released).update(
+                state=ResourceState.RELEASED,
+                released_at=now,
+                released_by=SYSTEM_RESOURCE_REAPER,
+                claimed_by="",
+                claim_expires_at=None,
+            )
+            ResourceAlert.objects.filter(resource_id__in=released, cleared_at__isnull=True).update(cleared_at=now)
+        if failed:
+            RunResource.objects.bulk_update(
+                failed, ["state", "last_error", "first_failed_at", "next_attempt_at", "claimed_by", "claim_expires_at"]
+            )
+            for resource in failed:
+                if resource.attempts >= _option("RESOURCE_ALERT_AFTER_FAILURES") and alert_raise(
+                    resource, "failures", now
+                ):
+                    result.alerts += 1
+        batch.commit()
+    result.released += len(released)
+    result.failed += len(failed)
+
+
+def _alert_past_deadline(result: ResourceReapResult) -> None:
+    """Open resources still not RELEASED a grace period after their deadline: one alert each."""
+    now = timezone.now()
+    late = (
+        RunResource.objects.exclude(state=ResourceState.RELEASED)
+        .filter(alerted_at__isnull=True, expires_at__lte=now - timedelta(seconds=_option("RESOURCE_DEADLINE_GRACE_S")))
+        .select_related("tenant", "instance__worker")
+    )
+    for resource in late[:1000]:
+        with transaction.atomic():
+            if alert_raise(resource, "deadline", now):
+                result.alerts += 1
+
+
+# --- 5. instances ---------------------------------------------------------------------
+
+
+def instances_settle(*, batch_size: int, result: ResourceReapResult) -> None:
+    """EXPIRED -> REAPING (INSTANCE_REAPING); REAPING -> RELEASED (INSTANCE_RELEASED) once
+    none of the instance's resources is open. Runs are claimed with SKIP LOCKED."""
+    open_resources = RunResource.objects.filter(instance_id=OuterRef("pk")).exclude(state=ResourceState.RELEASED)
+    while True:
+        with transaction.atomic():
+            now = timezone.now()
+            candidates = (
+                LeaseGrant.objects.filter(state__in=[InstanceState.EXPIRED, InstanceState.REAPING])
+                .annotate(holds=Exists(open_resources))
+                .filter(Q(state=InstanceState.EXPIRED) | Q(holds=False))
+                .order_by("state_changed_at")
+                .values_list("pk", "run_id", "state", "holds", "fencing_token")[:batch_size]
+            )
+            rows = list(candidates)
+            if not rows:
+                return
+            runs = {run.pk: run for run in locked_runs({"run_id__in": {r[1] for r in rows}}, skip_locked=True)}
+            batch = ChainBatch(now)
+            to_reaping, to_released = [], []
+            for pk, run_id, state, holds, token in rows:
+                run = runs.get(run_id)
+                if run is None:
+                    continue
+                if state == InstanceState.EXPIRED:
+                    to_reaping.append(pk)
+                    batch.append(run, "INSTANCE_REAPING", actor=SYSTEM_RESOURCE_REAPER, fields={"fencing_token": token})
+                if not holds:
+                    to_released.append(pk)
+                    batch.append(
+                        run,
+                        "INSTANCE_RELEASED",
+                        actor=SYSTEM_RESOURCE_REAPER,
+                        fields={"fencing_token": token, "cleanup": "verified"},
+                    )
+            LeaseGrant.objects.filter(pk__in=to_reaping, state=InstanceState.EXPIRED).update(
+                state=InstanceState.REAPING, state_changed_at=now
+            )
+            LeaseGrant.objects.filter(pk__in=to_released, state=InstanceState.REAPING).update(
+                state=InstanceState.RELEASED, state_changed_at=now
+            )
+            batch.commit()
+        result.instances_released += len(to_released)
+        if len(rows) < batch_size or not runs:
+            return
+
+
+# --- the pass -------------------------------------------------------------------------
+
+
+def resources_reap(
+    *, batch_size: int | None = None, progress: Callable[[ResourceReapResult], None] | None = None
+) -> ResourceReapResult:
+    """One pass of the resource reaper (see the module text). Safe to run twice at once."""
+    started = time.monotonic()
+    batch_size = batch_size or _option("RESOURCE_REAPER_BATCH_SIZE")
+    reaper_id = uuid.uuid4().hex
+    result = ResourceReapResult()
+    _request_overdue(batch_size, result)
+    while True:
+        refs = _claim(reaper_id, batch_size)
+        if not refs:
+            break
+        _settle(reaper_id, _close_all(refs), result)
+        result.batches += 1
+        if progress is not None:
+            progress(result)
+        if len(refs) < batch_size:
+            break
+    _alert_past_deadline(result)
+    instances_settle(batch_size=batch_size, result=result)
+    result.seconds = time.monotonic() - started
+    if progress is not None:
+        progress(result)
+    return result
