@@ -1,6 +1,7 @@
 """Assertions and tools shared by tests."""
 
 from contextlib import contextmanager
+from urllib.parse import quote
 
 from django.db import connection
 
@@ -62,3 +63,14 @@ def database_fingerprint() -> dict[str, str]:
             cursor.execute(f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM {name} AS t")  # noqa: S608 - table names from introspection
             result[table] = cursor.fetchone()[0]
     return result
+
+
+def subprocess_database_url() -> str:
+    """The URL of the database pytest-django created for this session (or xdist worker)."""
+    db = connection.settings_dict
+    user = quote(db["USER"] or "", safe="")
+    password = f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else ""
+    credentials = f"{user}{password}@" if user else ""
+    host = db["HOST"] or "127.0.0.1"
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    return f"postgres://{credentials}{host}{port}/{quote(db['NAME'], safe='')}"

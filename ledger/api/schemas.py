@@ -245,7 +245,7 @@ class LeaseRenewedOut(Schema):
 
 class ResourceIn(In):
     fencing_token: Token
-    kind: ResourceKind
+    kind: Annotated[ResourceKind, Field(strict=False)]  # one of the values; nothing is coerced into one
     provider: Annotated[StrictStr, Field(min_length=1, max_length=length(RunResource, "provider"))]
     handle: Annotated[StrictStr, Field(min_length=1, max_length=resources.MAX_HANDLE_LENGTH)]
     # Lifetime (default and cap: the policy's quotas.resource_max_age_s) and idle deadline

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 import redis
@@ -39,6 +38,7 @@ from ledger.services.fence.runs import run_create
 from ledger.states import EffectClass
 from ledger.tasks import reap_leases_task
 from ledger.versioning import CURRENT_SCHEMA_VERSION
+from tests.helpers import subprocess_database_url
 
 REDIS_URL = os.environ.get("FENCELINE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 OWNER = "worker-a"
@@ -187,17 +187,6 @@ def snapshot(run_ids: list) -> dict:
 
 
 # --- subprocesses on the test database -------------------------------------------------------
-
-
-def subprocess_database_url() -> str:
-    """The URL of the database pytest-django created for this session (or xdist worker)."""
-    db = connection.settings_dict
-    user = quote(db["USER"] or "", safe="")
-    password = f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else ""
-    credentials = f"{user}{password}@" if user else ""
-    host = db["HOST"] or "127.0.0.1"
-    port = f":{db['PORT']}" if db.get("PORT") else ""
-    return f"postgres://{credentials}{host}{port}/{quote(db['NAME'], safe='')}"
 
 
 def subprocess_env(**extra: str) -> dict:

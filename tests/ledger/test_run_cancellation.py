@@ -225,6 +225,6 @@ def test_a_run_asks_for_less_runtime_than_the_policy_never_more(api_for, acme):
 
 
 def test_an_operator_cancels_from_a_service_call_with_their_name(leased, acme):
-    client, run_id = leased
+    _, run_id = leased
     run = run_cancel(tenant=acme.tenant, run_id=run_id, reason="runaway loop", actor="user:olga")
     assert (run.status, run.cancel_requested_by) == ("CANCELLED", "user:olga")

@@ -65,7 +65,8 @@ class Unconfigured:
 class SandboxDriver:
     """A pretend provider for tests and the demo, kept in a directory so that every process
     sees the same world (``FENCELINE["SANDBOX_DIR"]``). The handle may carry instructions:
-    ``?fail=N`` fails the first N calls, ``?hang=S`` sleeps S seconds before answering.
+    ``?fail=N`` fails the first N calls, ``?hang=S`` sleeps S seconds before answering the
+    first call (``&hang_calls=N``: the first N calls).
     Every call is appended to ``calls.log``; a closed handle leaves a marker file, so a
     second close answers ALREADY_GONE."""
 
@@ -96,7 +97,7 @@ class SandboxDriver:
         with open(self.root / "calls.log", "a") as log:  # one short line per call: atomic append
             log.write(f"{resource.provider} {resource.handle} {resource.attempt}\n")
         hang = float(told.get("hang", ["0"])[0])
-        if hang:
+        if hang and resource.attempt <= int(told.get("hang_calls", ["1"])[0]):
             time.sleep(hang)
         if resource.attempt <= int(told.get("fail", ["0"])[0]):
             return Closing(Closed.FAILED, f"sandbox refused the close (attempt {resource.attempt})")

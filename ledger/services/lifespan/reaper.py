@@ -42,6 +42,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from ledger.actors import SYSTEM_RESOURCE_REAPER
+from ledger.boundary import credential_kind
 from ledger.models import LeaseGrant, ResourceAlert, Run, RunResource
 from ledger.services.core.fencing import locked_runs
 from ledger.services.evidence.append import ChainBatch, json_safe
@@ -184,6 +185,13 @@ def _close_all(refs: list[ResourceRef]) -> list[tuple[ResourceRef, str, Closing]
 # --- 4. settle ------------------------------------------------------------------------
 
 
+def failure_text(detail: str) -> str:
+    """A driver's word on a failure, as it is kept and shown: at most 300 characters, and
+    withheld if it looks like a credential (a driver may echo what its provider said)."""
+    detail = (detail or "failed")[:300]
+    return "(withheld: the driver's message looked like a credential)" if credential_kind(detail) else detail
+
+
 def backoff_s(attempts: int) -> float:
     """Exponential backoff with full jitter between half and all of the step."""
     step = min(_option("RESOURCE_BACKOFF_MAX_S"), _option("RESOURCE_BACKOFF_BASE_S") * 2 ** max(attempts - 1, 0))
@@ -268,7 +276,7 @@ def _settle(reaper_id: str, answers: list[tuple[ResourceRef, str, Closing]], res
                 )
                 continue
             resource.state = ResourceState.CLEANUP_FAILED
-            resource.last_error = closing.detail[:300]
+            resource.last_error = failure_text(closing.detail)
             resource.first_failed_at = resource.first_failed_at or now
             resource.next_attempt_at = now + timedelta(seconds=backoff_s(resource.attempts))
             resource.claimed_by, resource.claim_expires_at = "", None
@@ -281,7 +289,7 @@ def _settle(reaper_id: str, answers: list[tuple[ResourceRef, str, Closing]], res
                     "resource_id": resource.pk,
                     "driver": driver,
                     "attempt": resource.attempts,
-                    "error": resource.last_error,
+                    "failure": resource.last_error,
                     "next_attempt_at": resource.next_attempt_at,
                 },
             )
