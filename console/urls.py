@@ -1,13 +1,16 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from console.views import approvals, cases, credentials, dashboard, runs, tenants, workers
+from console.views import approvals, cases, credentials, dashboard, resources, runs, tenants, workers
 from ledger.api import api
 
 urlpatterns = [
     path("", dashboard.home, name="home"),
     path("runs/", runs.run_list, name="runs"),
     path("runs/<uuid:run_id>/", runs.run_detail, name="run_detail"),
+    path("runs/<uuid:run_id>/cancel", runs.run_cancel_view, name="run-cancel"),
+    path("resources/", resources.resource_list, name="resources"),
+    path("resources/<uuid:resource_id>/act", resources.resource_act, name="resource-act"),
     path("cases/", cases.queue, name="cases"),
     path("cases/bulk", cases.bulk, name="cases-bulk"),
     path("cases/<uuid:case_id>/claim", cases.claim, name="case-claim"),

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
-from django.db.models import Count, F, IntegerField, OuterRef, Q, Subquery, Value
+from django.db.models import Count, F, IntegerField, Min, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from guardian.models import UserObjectPermission
@@ -19,7 +19,9 @@ from ledger.models import (
     CredentialLease,
     LeaseGrant,
     Operation,
+    ResourceAlert,
     RunLease,
+    RunResource,
     Tenant,
     TenantPolicy,
     Worker,
@@ -31,7 +33,7 @@ from ledger.services.authority.credential_leases import (
     credential_leases_matching,
     lease_id_prefix_range,
 )
-from ledger.states import CapabilityStatus, LeaseEnd, Phase, WorkerStatus
+from ledger.states import INSTANCE_LIVE, CapabilityStatus, InstanceState, LeaseEnd, Phase, ResourceState, WorkerStatus
 
 LEASE_STATES = ("active", "revoked", "expired", "all")
 PREVIEW_LIMIT = 200
@@ -227,3 +229,95 @@ def tenant_detail_parts(*, tenant: Tenant) -> dict:
         "actions": list(AdminAction.objects.filter(tenant=tenant).order_by("-occurred_at", "-id")[:RECENT]),
         "now": now,
     }
+
+
+# --- what runs hold (the resources page) -------------------------------------------------
+
+
+def lifespan_overview(*, user) -> list[dict]:
+    """Per visible tenant: live instances beside active operations (the article's signal of
+    silent accumulation), open resources by state with the oldest, orphaned resources (open,
+    of an instance whose lease is gone) and open alerts. Bounded aggregates over indexes."""
+    tenants = list(visible_tenants(user=user).order_by("slug"))
+    ids = [t.pk for t in tenants]
+    live = dict(
+        LeaseGrant.objects.filter(tenant_id__in=ids, state__in=INSTANCE_LIVE)
+        .values_list("tenant_id")
+        .annotate(n=Count("pk"))
+    )
+    reaping = dict(
+        LeaseGrant.objects.filter(tenant_id__in=ids, state__in=[InstanceState.EXPIRED, InstanceState.REAPING])
+        .values_list("tenant_id")
+        .annotate(n=Count("pk"))
+    )
+    active_ops = dict(
+        Operation.objects.filter(
+            tenant_id__in=ids, phase__in=[Phase.PENDING_APPROVAL, Phase.AUTHORIZED, Phase.DISPATCHED]
+        )
+        .values_list("tenant_id")
+        .annotate(n=Count("pk"))
+    )
+    states: dict[int, dict] = {}
+    for tenant_id, state, n, oldest in (
+        RunResource.objects.filter(tenant_id__in=ids)
+        .exclude(state=ResourceState.RELEASED)
+        .values_list("tenant_id", "state")
+        .annotate(n=Count("pk"), oldest=Min("created_at"))
+    ):
+        states.setdefault(tenant_id, {})[state] = {"n": n, "oldest": oldest}
+    orphaned = dict(
+        RunResource.objects.filter(tenant_id__in=ids)
+        .exclude(state=ResourceState.RELEASED)
+        .filter(~Q(instance__state__in=INSTANCE_LIVE))
+        .values_list("tenant_id")
+        .annotate(n=Count("pk"))
+    )
+    alerts = dict(
+        ResourceAlert.objects.filter(tenant_id__in=ids, cleared_at__isnull=True)
+        .values_list("tenant_id")
+        .annotate(n=Count("pk"))
+    )
+    return [
+        {
+            "tenant": t,
+            "live_instances": live.get(t.pk, 0),
+            "reaping_instances": reaping.get(t.pk, 0),
+            "active_operations": active_ops.get(t.pk, 0),
+            "by_state": [
+                {"state": state, **states.get(t.pk, {}).get(state, {"n": 0, "oldest": None})}
+                for state in ResourceState.values
+                if state != ResourceState.RELEASED
+            ],
+            "orphaned": orphaned.get(t.pk, 0),
+            "alerts": alerts.get(t.pk, 0),
+        }
+        for t in tenants
+    ]
+
+
+RESOURCE_FILTERS = ("open", "ACTIVE", "RELEASE_REQUESTED", "RELEASING", "CLEANUP_FAILED", "RELEASED", "alerted")
+
+
+def resources_listed(*, user, tenant: str = "", state: str = "open", limit: int = 200) -> list:
+    """Resources of the visible tenants, oldest first: ``state`` is a ResourceState, "open"
+    (anything not RELEASED) or "alerted" (an open alert)."""
+    qs = RunResource.objects.filter(tenant__in=visible_tenants(user=user)).select_related(
+        "tenant", "instance__worker", "alert"
+    )
+    if tenant:
+        qs = qs.filter(tenant__slug=tenant)
+    if state == "open":
+        qs = qs.exclude(state=ResourceState.RELEASED)
+    elif state == "alerted":
+        qs = qs.filter(alert__cleared_at__isnull=True, alert__isnull=False)
+    elif state in ResourceState.values:
+        qs = qs.filter(state=state)
+    return list(qs.order_by("created_at", "pk")[:limit])
+
+
+def alerts_open(*, user, limit: int = 50) -> list:
+    return list(
+        ResourceAlert.objects.filter(tenant__in=visible_tenants(user=user), cleared_at__isnull=True)
+        .select_related("resource", "tenant")
+        .order_by("-raised_at")[:limit]
+    )

@@ -227,7 +227,7 @@ def run_detail_parts(*, run: Run, limit: int = 100) -> dict:
     from django.db.models import Prefetch
 
     from approvals.models import ReconciliationCase
-    from ledger.models import CapabilityBudget, CostWindow, Event, LeaseGrant, Operation
+    from ledger.models import CapabilityBudget, CostWindow, CredentialLease, Event, LeaseGrant, Operation, RunResource
 
     cases = ReconciliationCase.objects.order_by("-attempt")
     return {
@@ -240,6 +240,13 @@ def run_detail_parts(*, run: Run, limit: int = 100) -> dict:
             .prefetch_related(Prefetch("cases", queryset=cases))[:limit]
         ),
         "capabilities": list(CapabilityBudget.objects.filter(run=run).order_by("created_at")[:limit]),
+        # What the run holds: its registered resources, and its credential leases beside them.
+        "resources": list(
+            RunResource.objects.filter(run=run).select_related("instance", "alert").order_by("created_at")[:limit]
+        ),
+        "credential_leases": list(
+            CredentialLease.objects.filter(run=run).select_related("credential").order_by("issued_at")[:limit]
+        ),
         "cost_windows": list(
             CostWindow.objects.filter(tenant_id=run.tenant_id, kind="RUN", key=str(run.pk)).order_by("-starts_at")[
                 :limit

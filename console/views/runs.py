@@ -1,11 +1,21 @@
 """Runs: the list with search, status and indicator filters (keyset pages), and one run's
 page with its indicators, timeline, lease history, operations and budgets."""
 
+from django import forms
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
 from django.views.decorators.vary import vary_on_headers
 
+from console.views.common import BAD_INPUT, done, form_errors
 from ledger import selectors
+from ledger.actors import user_actor
+from ledger.errors import DomainError
+from ledger.roles import OPERATE, can
+from ledger.services.core.decisions import acting_name
+from ledger.services.fence.ending import run_cancel
 from ledger.states import RunStatus
 
 BADGE = {
@@ -66,23 +76,66 @@ def run_list(request):
     return render(request, template, context)
 
 
-@login_required
-@vary_on_headers("HX-Request")
-def run_detail(request, run_id):
-    qs = selectors.runs_for_user(user=request.user).select_related("tenant", "lease", "lease__worker")
-    run = get_object_or_404(qs, pk=run_id)
+def _detail_context(request, run, **extra) -> dict:
     try:
         after = max(int(request.GET.get("after", 0)), 0)
     except ValueError:
         after = 0
     events, next_after = selectors.run_events_page(run=run, after=after)
-    context = {
+    return {
         "run": run,
         "badges": badges(run),
+        "can_cancel": run.status == RunStatus.ACTIVE and can(request.user, run.tenant, OPERATE),
         "events": events,
         "after": after,
         "next_after": next_after,
+        "now": timezone.now(),
         **selectors.run_detail_parts(run=run),
+        **extra,
     }
+
+
+def _visible_run(request, run_id):
+    qs = selectors.runs_for_user(user=request.user).select_related("tenant", "lease", "lease__worker")
+    return get_object_or_404(qs, pk=run_id)
+
+
+@login_required
+@vary_on_headers("HX-Request")
+def run_detail(request, run_id):
+    run = _visible_run(request, run_id)
     template = "console/run_detail.html#timeline" if partial(request) else "console/run_detail.html"
-    return render(request, template, context)
+    return render(request, template, _detail_context(request, run))
+
+
+class CancelForm(forms.Form):
+    reason = forms.CharField(max_length=500, strip=True)
+
+
+@require_POST
+@login_required
+def run_cancel_view(request, run_id):
+    """An operator or admin cancels a run (and its children) with a reason; another
+    tenant's run is a 404, a role without OPERATE 403."""
+    run = _visible_run(request, run_id)
+    if not can(request.user, run.tenant, OPERATE):
+        raise PermissionDenied("your role on this tenant does not allow this action")
+    form = CancelForm(request.POST)
+    if not form.is_valid():
+        context = _detail_context(request, run, cancel_error=form_errors(form))
+        return render(request, "console/run_detail.html", context, status=BAD_INPUT)
+    try:
+        name = acting_name(user=request.user, name="", tenant_id=run.tenant_id, perm=OPERATE)
+        run = run_cancel(tenant=run.tenant, run_id=run.pk, reason=form.cleaned_data["reason"], actor=user_actor(name))
+    except DomainError as exc:
+        return render(
+            request,
+            "console/run_detail.html",
+            _detail_context(request, run, cancel_error=exc.detail),
+            status=exc.status,
+        )
+    if run.status == RunStatus.CANCELLING:
+        message = f"Run is CANCELLING: its in-flight effects may report until {run.cancel_grace_until:%H:%M:%S} UTC."
+    else:
+        message = f"Run is {run.status}."
+    return done(request, message, f"/runs/{run.pk}/")

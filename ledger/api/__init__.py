@@ -197,9 +197,14 @@ def _op_out(op) -> dict:
 # --- runs and leases ------------------------------------------------------------------
 
 
-@api.post("/runs", response={201: RunCreatedOut, 200: RunCreatedOut, **BODY, 404: E, 409: E}, tags=["runs"])
+@api.post(
+    "/runs",
+    response={201: RunCreatedOut, 200: RunCreatedOut, **BODY, 403: DecisionError, 404: E, 409: E},
+    tags=["runs"],
+)
 def create_run(request, body: RunCreateIn):
-    """Create a run. The same external_id returns the existing run with 200."""
+    """Create a run. The same external_id returns the existing run with 200. A
+    max_runtime_s above the policy's is 403 DENY_POLICY naming the field."""
     run, created = runs.run_create(
         worker=request.worker,
         schema_version=body.schema_version,

@@ -1,10 +1,13 @@
 """Builders for the admin-page tests, over the real services: credentials with active
-leases held by runs, and workers in each lifecycle state."""
+leases held by runs, workers in each lifecycle state, and a resource whose cleanup is stuck."""
 
-from ledger.models import Credential, CredentialLease
+from django.utils import timezone
+
+from ledger.models import Credential, CredentialLease, RunResource
 from ledger.services.authority import credential_leases, credentials
 from ledger.services.fleet.lifecycle import worker_drain, worker_quarantine
 from ledger.services.fleet.workers import worker_create
+from ledger.services.lifespan.resources import Attach, resource_attach, resource_release
 from tests.ledger.factories import leased_run
 
 SECRET_REF = "vault:kv/github-bot"
@@ -45,3 +48,20 @@ def worker_in(tenant, status: str, name: str):
         worker_quarantine(worker_id=worker.pk, reason="suspicious", name="setup")
     worker.refresh_from_db()
     return worker
+
+
+def stuck_resource(worker) -> RunResource:
+    """A browser session of a leased run whose cleanup failed three times."""
+    run, token = leased_run(worker)
+    resource, _ = resource_attach(
+        worker=worker,
+        run_id=run.pk,
+        fencing_token=token,
+        attach=Attach(kind="browser_session", provider="portal", handle=f"stuck-{run.pk}"),
+    )
+    resource_release(worker=worker, resource_id=resource.pk, fencing_token=token)
+    RunResource.objects.filter(pk=resource.pk).update(
+        state="CLEANUP_FAILED", attempts=3, last_error="no cleanup driver is configured", next_attempt_at=timezone.now()
+    )
+    resource.refresh_from_db()
+    return resource

@@ -11,12 +11,12 @@ import pytest
 from django.urls import reverse
 
 from ledger.models import AdminAction, Event
-from tests.console.admin_fixtures import active_leases, worker_in
+from tests.console.admin_fixtures import active_leases, stuck_resource, worker_in
 from tests.console.queues_fixtures import ROLES, Browser, pending_approvals, snapshot, unknown_case, user_with
 from tests.ledger.factories import leased_run
 
 REASON = "checked with the provider console"
-OPERATOR_ACTIONS = {"claim", "resolve", "escalate", "bulk_resolve"}
+OPERATOR_ACTIONS = {"claim", "resolve", "escalate", "bulk_resolve", "cancel_run"}
 APPROVER_ACTIONS = {"approve", "deny"}
 ADMIN_ACTIONS = {
     "revoke_lease",
@@ -28,6 +28,8 @@ ADMIN_ACTIONS = {
     "quarantine",
     "resume",
     "grant_role",
+    "retry_cleanup",
+    "mark_released",
 }
 MAY = {
     **{a: {"operator", "admin"} for a in OPERATOR_ACTIONS},
@@ -44,7 +46,18 @@ class Target:
         self.identity, self.tenant, self.run_id = identity, identity.tenant, None
         self.event_type = None  # an event in run_id's chain, naming the user and reason
         self.admin_action = None  # an AdminAction of the tenant, naming the user and reason
-        if action in OPERATOR_ACTIONS:
+        if action == "cancel_run":
+            self.run_id = leased_run(identity.worker)[0].pk
+            self.event_type = "RUN_CANCELLING"
+        elif action in ("retry_cleanup", "mark_released"):
+            self.resource = stuck_resource(identity.worker)
+            self.run_id = self.resource.run_id
+            self.event_type = {
+                "retry_cleanup": "RESOURCE_RETRY_REQUESTED",
+                "mark_released": "RESOURCE_MARKED_RELEASED",
+            }[action]
+            self.admin_action = {"retry_cleanup": "resource.retry", "mark_released": "resource.mark_released"}[action]
+        elif action in OPERATOR_ACTIONS:
             self.case = unknown_case(identity.worker)
             self.run_id = self.case.run_id
             self.event_type = {"claim": "CASE_CLAIMED", "escalate": "CASE_ESCALATED"}.get(
@@ -74,6 +87,11 @@ class Target:
 def perform(browser: Browser, action: str, t: Target):
     """The POST(s) a person makes for ``action`` on ``t``; returns the final response."""
     slug = t.tenant.slug
+    if action == "cancel_run":
+        return browser.post(reverse("run-cancel", args=[t.run_id]), {"reason": REASON})
+    if action in ("retry_cleanup", "mark_released"):
+        verb = "retry" if action == "retry_cleanup" else "mark_released"
+        return browser.post(reverse("resource-act", args=[t.resource.pk]), {"action": verb, "reason": REASON})
     if action == "claim":
         return browser.post(reverse("case-claim", args=[t.case.pk]))
     if action == "resolve":

@@ -103,13 +103,18 @@ def _set(body: dict, path: tuple, value) -> dict:
 
 @pytest.fixture
 def world(api_for, acme):
-    """A leased run (token 1) with one authorized operation: every path has something to name."""
+    """A leased run (token 1) with one authorized operation and one resource: every path has
+    something to name."""
     client = api_for(acme)
     run_id = client.create_run()
     assert client.acquire(run_id, "worker-a").status == 200
     op_id = client.intend(run_id, 1, "existing").body["operation_id"]
     assert client.authorize(op_id, 1).status == 200
-    return client, {"run_id": run_id, "operation_id": op_id}
+    resource = client.post(
+        f"/runs/{run_id}/resources", {"fencing_token": 1, "kind": "sandbox", "provider": "sandbox", "handle": "sb-1"}
+    )
+    assert resource.status == 201, resource
+    return client, {"run_id": run_id, "operation_id": op_id, "resource_id": resource.body["resource_id"]}
 
 
 def test_the_matrix_covers_every_body_endpoint_and_field_kind():

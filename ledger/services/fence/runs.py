@@ -6,7 +6,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.actors import worker_actor
-from ledger.errors import InvalidInput, NotFound, WorkerNotAccepting, parse_id
+from ledger.errors import Denied, InvalidInput, NotFound, WorkerNotAccepting, parse_id
 from ledger.models import Run, RunLease, Worker
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.fencing import Fenced, fenced
@@ -29,7 +29,7 @@ def run_create(
     returns ``(run, created)``.
 
     The run times out (TIMED_OUT) once it is older than the policy's ``max_runtime_s``, or
-    the lower ``max_runtime_s`` asked here (a higher one is refused: 422 naming the field).
+    the lower ``max_runtime_s`` asked here (a higher one is refused: 403 DENY_POLICY naming the field).
     A child never outlives its parent's deadline either.
 
     A run is new work: only an ACCEPTING worker may create one (409 WORKER_NOT_ACCEPTING
@@ -39,12 +39,10 @@ def run_create(
         raise WorkerNotAccepting(f"worker is {worker.status} and cannot create runs")
     _, policy = policy_current(tenant=worker.tenant)
     limit = policy.get("max_runtime_s")
-    if max_runtime_s is not None and (
-        type(max_runtime_s) is not int or max_runtime_s < 1 or (limit is not None and max_runtime_s > limit)
-    ):
-        raise InvalidInput(
-            f"max_runtime_s must be an integer from 1 to {limit or 'any'} (policy max_runtime_s)", field="max_runtime_s"
-        )
+    if max_runtime_s is not None and (type(max_runtime_s) is not int or max_runtime_s < 1):
+        raise InvalidInput("max_runtime_s must be a positive integer", field="max_runtime_s")
+    if max_runtime_s is not None and limit is not None and max_runtime_s > limit:
+        raise Denied("DENY_POLICY", f"the policy allows a run at most {limit} s (max_runtime_s)", field="max_runtime_s")
     runtime = max_runtime_s or limit
     parent = None
     if parent_run_id is not None:

@@ -61,8 +61,12 @@ def _checked(attach: Attach, policy: dict) -> tuple[ResourceKind, int]:
     max_age = quotas_of(policy)["resource_max_age_s"]
     for name in ("ttl_s", "idle_s"):
         value = getattr(attach, name)
-        if value is not None and (type(value) is not int or not 1 <= value <= max_age):
-            raise InvalidInput(f"{name} must be an integer from 1 to {max_age} (policy resource_max_age_s)", field=name)
+        if value is not None and (type(value) is not int or value < 1):
+            raise InvalidInput(f"{name} must be a positive integer", field=name)
+        if value is not None and value > max_age:
+            raise Denied(
+                "DENY_POLICY", f"the policy allows a resource at most {max_age} s (resource_max_age_s)", field=name
+            )
     return ResourceKind(attach.kind), attach.ttl_s or max_age
 
 
