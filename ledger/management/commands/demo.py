@@ -15,17 +15,20 @@ from django.utils import timezone
 from approvals.models import ApprovalRequest
 from approvals.services.approvals import approvals_expire
 from ledger.errors import ApprovalRequired, Denied, StaleToken
-from ledger.models import Event, Run, RunLease, Worker
+from ledger.models import Event, Run, RunLease, RunResource, Worker
 from ledger.services.authority.credential_leases import credential_lease_issue, credential_lease_revoke
 from ledger.services.authority.credentials import credential_create
 from ledger.services.authority.policy import policy_change
 from ledger.services.evidence.append import build_event
 from ledger.services.evidence.verification import ledger_verify
 from ledger.services.fence import leases, notes, operations, outcomes, runs
+from ledger.services.fence.ending import run_cancel
 from ledger.services.fence.operations import Intent
 from ledger.services.fleet.lifecycle import worker_drain, worker_quarantine
 from ledger.services.fleet.workers import worker_create, worker_rotate_token
+from ledger.services.lifespan import resources
 from ledger.services.lifespan.checkpoints import checkpoint_save
+from ledger.services.lifespan.reaper import resources_reap
 from ledger.services.tenancy.roles import role_grant
 from ledger.services.tenancy.tenants import tenant_ensure
 from ledger.states import EffectClass
@@ -258,6 +261,40 @@ class Command(BaseCommand):
         run, _ = runs.run_create(worker=batch, schema_version=1, external_id="demo-batch")
         leases.lease_acquire(worker=batch, run_id=run.pk, owner_id="batch-1", ttl_s=3600)
         worker_drain(worker_id=batch.pk, reason="host maintenance tonight", deadline_s=3600, name="admin")
+        self.seed_lifespan(tenant, worker)
+
+    def seed_lifespan(self, tenant, worker: Worker) -> None:
+        """What runs hold and how they end: a worker that vanished with two browser sessions
+        (the reaper closes them once the jobs run), a connection nobody can close (its
+        cleanup keeps failing and raises an alert), and a run an operator cancelled."""
+        leaky, _ = worker_create(tenant=tenant, name="leaky-worker")
+        run, _ = runs.run_create(worker=leaky, schema_version=1, external_id="demo-leaky")
+        token = leases.lease_acquire(worker=leaky, run_id=run.pk, owner_id="leaky-1", ttl_s=60).fencing_token
+        for n in (1, 2):
+            resources.resource_attach(
+                worker=leaky,
+                run_id=run.pk,
+                fencing_token=token,
+                attach=resources.Attach(kind="browser_session", provider="sandbox", handle=f"supplier-portal-{n}"),
+            )
+        RunLease.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))  # it vanished
+
+        run, _ = runs.run_create(worker=worker, schema_version=1, external_id="demo-legacy-crm")
+        token = leases.lease_acquire(worker=worker, run_id=run.pk, owner_id="agent-a", ttl_s=3600).fencing_token
+        stuck, _ = resources.resource_attach(
+            worker=worker,
+            run_id=run.pk,
+            fencing_token=token,
+            attach=resources.Attach(kind="connection", provider="legacy-crm", handle="crm-conn-7"),
+        )
+        runs.run_complete(worker=worker, run_id=run.pk, fencing_token=token)
+        for _ in range(3):  # no driver knows legacy-crm: three failed cleanups raise an alert
+            RunResource.objects.filter(pk=stuck.pk).update(next_attempt_at=timezone.now())  # the demo's clock
+            resources_reap()
+
+        run, _ = runs.run_create(worker=worker, schema_version=1, external_id="demo-cancelled")
+        leases.lease_acquire(worker=worker, run_id=run.pk, owner_id="agent-a", ttl_s=3600)
+        run_cancel(tenant=tenant, run_id=run.pk, reason="the customer withdrew the request", actor="user:operator")
 
     def seed_other_tenants(self) -> None:
         # Another tenant: the demo users see nothing of it.
