@@ -93,6 +93,11 @@ class RunResource(Versioned):
                 fields=["claim_expires_at"], condition=Q(state=ResourceState.RELEASING), name="resource_claimed"
             ),
             models.Index(fields=["expires_at"], condition=Q(state=ResourceState.ACTIVE), name="resource_active_expiry"),
+            models.Index(
+                fields=["created_at"],
+                condition=Q(state=ResourceState.ACTIVE, idle_s__isnull=False),
+                name="resource_active_idle",
+            ),
         ]
 
 

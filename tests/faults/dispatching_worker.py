@@ -1,25 +1,18 @@
 """A worker process for the kill test: takes the lease, dispatches one operation, says so
 on stdout, then "calls the provider" (sleeps) until it is killed."""
 
-import json
 import os
 import sys
 import time
+from pathlib import Path
 
-import requests
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository root
+
+from tests.faults.worker_http import poster
 
 
 def main(run_id: str) -> None:
-    base = os.environ["FENCELINE_URL"].rstrip("/") + "/api/v1"
-    session = requests.Session()
-    session.headers.update(
-        {"Authorization": f"Bearer {os.environ['FENCELINE_TOKEN']}", "Content-Type": "application/json"}
-    )
-
-    def post(path: str, body: dict) -> dict:
-        response = session.post(base + path, data=json.dumps(body), timeout=10)
-        response.raise_for_status()
-        return response.json()
+    post = poster()
 
     token = post(f"/runs/{run_id}/lease", {"owner_id": f"worker-pid-{os.getpid()}", "ttl_s": 30})["fencing_token"]
     op_id = post(

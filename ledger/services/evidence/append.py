@@ -11,7 +11,7 @@ import uuid
 from contextlib import contextmanager
 from datetime import datetime
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from ledger.boundary import check_fields, check_text, path_segment
 from ledger.chain import canonical_bytes, format_time, hash_bytes
@@ -134,9 +134,31 @@ class ChainBatch:
         if len(runs) == 1:  # the common case: one UPDATE without CASE expressions
             run = runs[0]
             Run.objects.filter(pk=run.pk).update(**{name: getattr(run, name) for name in HEAD_FIELDS})
+        elif connection.vendor == "postgresql":
+            _update_heads(runs)
         else:
             Run.objects.bulk_update(runs, HEAD_FIELDS)
         return self.events
+
+
+def _update_heads(runs: list[Run]) -> None:
+    """The heads of many runs in one ``UPDATE ... FROM (VALUES ...)``: what bulk_update's
+    CASE expressions say, without the ORM compiling one expression per run and field (the
+    reapers commit hundreds of runs at a time; that compiling was 90 % of their time)."""
+    qn = connection.ops.quote_name
+    fields = [Run._meta.get_field("id"), *(Run._meta.get_field(name) for name in HEAD_FIELDS)]
+    casts = [f"%s::{field.cast_db_type(connection)}" for field in fields]
+    row = f"({', '.join(casts)})"
+    names = [qn(field.column) for field in fields]
+    assignments = ", ".join(f"{name} = v.{name}" for name in names[1:])
+    # Table and column names come from the model; every value is a parameter.
+    sql = (
+        f"UPDATE {qn(Run._meta.db_table)} AS r SET {assignments} "  # noqa: S608
+        f"FROM (VALUES {', '.join([row] * len(runs))}) AS v({', '.join(names)}) WHERE r.id = v.id"
+    )
+    params = [field.get_db_prep_value(getattr(run, field.attname), connection) for run in runs for field in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
 
 
 def phase_count_field(phase: str) -> str:

@@ -37,7 +37,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import DateTimeField, DurationField, Exists, ExpressionWrapper, F, OuterRef, Q, Value
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -85,26 +85,27 @@ def _request_overdue(batch_size: int, result: ResourceReapResult) -> None:
     while True:
         with transaction.atomic():
             now = timezone.now()
-            overdue = (
-                RunResource.objects.filter(state=ResourceState.ACTIVE)
-                .annotate(idle_due=_idle_due())
-                .filter(Q(expires_at__lte=now) | Q(idle_s__isnull=False, idle_due__lte=now))
-            )
-            rows = list(overdue.values_list("run_id", "pk", "expires_at")[:batch_size])
+            # Two reads, each along its own index: past the lifetime, then idle-overdue.
+            active = RunResource.objects.filter(state=ResourceState.ACTIVE)
+            rows = list(active.filter(expires_at__lte=now).values_list("run_id", "pk", "expires_at")[:batch_size])
+            if len(rows) < batch_size:
+                idle = active.filter(idle_s__isnull=False, expires_at__gt=now).annotate(idle_due=_idle_due())
+                rows += list(
+                    idle.filter(idle_due__lte=now).values_list("run_id", "pk", "expires_at")[: batch_size - len(rows)]
+                )
             if not rows:
                 return
             runs = {run.pk: run for run in locked_runs({"run_id__in": {r[0] for r in rows}}, skip_locked=True)}
-            by_run: dict[Run, list] = {}
-            reasons: dict[Run, str] = {}
+            by_reason: dict[str, dict[Run, list]] = {}
             for run_id, pk, expires_at in rows:
                 if run_id in runs:
-                    by_run.setdefault(runs[run_id], []).append(pk)
-                    reasons[runs[run_id]] = "deadline" if expires_at <= now else "idle"
+                    reason = "deadline" if expires_at <= now else "idle"
+                    by_reason.setdefault(reason, {}).setdefault(runs[run_id], []).append(pk)
             batch = ChainBatch(now)
-            for run, pks in by_run.items():
-                result.requested += resources_request({run: pks}, batch, SYSTEM_RESOURCE_REAPER, reasons[run])
+            for reason, by_run in by_reason.items():  # one UPDATE per reason
+                result.requested += resources_request(by_run, batch, SYSTEM_RESOURCE_REAPER, reason)
             batch.commit()
-        if len(rows) < batch_size or not by_run:
+        if len(rows) < batch_size or not by_reason:
             return
 
 
@@ -335,32 +336,46 @@ def _alert_past_deadline(result: ResourceReapResult) -> None:
 
 def instances_settle(*, batch_size: int, result: ResourceReapResult) -> None:
     """EXPIRED -> REAPING (INSTANCE_REAPING); REAPING -> RELEASED (INSTANCE_RELEASED) once
-    none of the instance's resources is open. Runs are claimed with SKIP LOCKED."""
-    open_resources = RunResource.objects.filter(instance_id=OuterRef("pk")).exclude(state=ResourceState.RELEASED)
+    none of the instance's resources is open. One walk along the ``grant_reaping`` index in
+    (state_changed_at, id) order, so an instance still holding open resources is read once
+    per pass, not once per batch; runs are claimed with SKIP LOCKED."""
+    after: tuple | None = None
     while True:
         with transaction.atomic():
             now = timezone.now()
-            candidates = (
-                LeaseGrant.objects.filter(state__in=[InstanceState.EXPIRED, InstanceState.REAPING])
-                .annotate(holds=Exists(open_resources))
-                .filter(Q(state=InstanceState.EXPIRED) | Q(holds=False))
-                .order_by("state_changed_at")
-                .values_list("pk", "run_id", "state", "holds", "fencing_token")[:batch_size]
+            candidates = LeaseGrant.objects.filter(state__in=[InstanceState.EXPIRED, InstanceState.REAPING])
+            if after is not None:
+                candidates = candidates.filter(
+                    Q(state_changed_at__gt=after[0]) | Q(state_changed_at=after[0], pk__gt=after[1])
+                )
+            rows = list(
+                candidates.order_by("state_changed_at", "pk").values_list(
+                    "pk", "run_id", "state", "fencing_token", "state_changed_at"
+                )[:batch_size]
             )
-            rows = list(candidates)
             if not rows:
                 return
-            runs = {run.pk: run for run in locked_runs({"run_id__in": {r[1] for r in rows}}, skip_locked=True)}
+            after = (rows[-1][4], rows[-1][0])
+            holding = set(
+                RunResource.objects.filter(instance_id__in=[r[0] for r in rows])
+                .exclude(state=ResourceState.RELEASED)
+                .values_list("instance_id", flat=True)
+                .distinct()
+            )
+            movable = [r for r in rows if r[2] == InstanceState.EXPIRED or r[0] not in holding]
+            runs = {}
+            if movable:
+                runs = {run.pk: run for run in locked_runs({"run_id__in": {r[1] for r in movable}}, skip_locked=True)}
             batch = ChainBatch(now)
             to_reaping, to_released = [], []
-            for pk, run_id, state, holds, token in rows:
+            for pk, run_id, state, token, _ in movable:
                 run = runs.get(run_id)
                 if run is None:
-                    continue
+                    continue  # its run is being written to: the next pass
                 if state == InstanceState.EXPIRED:
                     to_reaping.append(pk)
                     batch.append(run, "INSTANCE_REAPING", actor=SYSTEM_RESOURCE_REAPER, fields={"fencing_token": token})
-                if not holds:
+                if pk not in holding:
                     to_released.append(pk)
                     batch.append(
                         run,
@@ -368,15 +383,17 @@ def instances_settle(*, batch_size: int, result: ResourceReapResult) -> None:
                         actor=SYSTEM_RESOURCE_REAPER,
                         fields={"fencing_token": token, "cleanup": "verified"},
                     )
-            LeaseGrant.objects.filter(pk__in=to_reaping, state=InstanceState.EXPIRED).update(
-                state=InstanceState.REAPING, state_changed_at=now
-            )
-            LeaseGrant.objects.filter(pk__in=to_released, state=InstanceState.REAPING).update(
-                state=InstanceState.RELEASED, state_changed_at=now
-            )
+            if to_reaping:
+                LeaseGrant.objects.filter(pk__in=to_reaping, state=InstanceState.EXPIRED).update(
+                    state=InstanceState.REAPING, state_changed_at=now
+                )
+            if to_released:
+                LeaseGrant.objects.filter(pk__in=to_released, state=InstanceState.REAPING).update(
+                    state=InstanceState.RELEASED, state_changed_at=now
+                )
             batch.commit()
         result.instances_released += len(to_released)
-        if len(rows) < batch_size or not runs:
+        if len(rows) < batch_size:
             return
 
 
