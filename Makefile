@@ -2,7 +2,7 @@
 #   make demo   the console and API with a seeded tenant and worker, on the embedded default
 #   make test   the whole test suite (PostgreSQL at 127.0.0.1:5432, Redis at 127.0.0.1:6379)
 # make lint: ruff (lint and format), mypy, and no missing migration; CI runs it before the tests
-# Benchmarks (docs/performance.md): make bench, make bench-ledger, make bench-console
+# Benchmarks (docs/performance.md): make bench, make bench-ledger, make bench-console, make bench-reapers
 
 DATABASE_URL_TEST ?= postgres://postgres@127.0.0.1:5432/fenceline
 REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
@@ -10,7 +10,7 @@ REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
 DATABASE_URL_SCALE ?= postgres://postgres@127.0.0.1:5432/fl_scale
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test lint bench bench-ledger bench-console
+.PHONY: demo test lint bench bench-ledger bench-console bench-reapers
 
 demo:
 	@.ci/bootstrap
@@ -40,3 +40,7 @@ bench-ledger:
 bench-console:
 	@.ci/bootstrap
 	DATABASE_URL=$(DATABASE_URL_SCALE) .venv/bin/python tests/bench/console_pages.py $(BENCH_ARGS)
+
+bench-reapers:
+	@.ci/bootstrap
+	DATABASE_URL=$(DATABASE_URL_TEST) .venv/bin/python tests/bench/reapers.py $(BENCH_ARGS)

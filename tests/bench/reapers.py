@@ -186,10 +186,10 @@ def measure(name: str, items: int, fn) -> dict:
         "peak_python_mb": peak / 2**20,
         "max_rss_mb": rss_mb,
     }
+    traced = f"; peak Python memory {row['peak_python_mb']:.1f} MB" if TRACE_MEMORY else ""
     say(
         f"[{name}] {done:,} items in {seconds:.1f} s = {row['per_s']:,.0f}/s; "
-        f"{row['statements_per_item']:.3f} statements per item; peak Python memory {row['peak_python_mb']:.1f} MB"
-        f" (with --trace-memory); max RSS so far {rss_mb:.0f} MB"
+        f"{row['statements_per_item']:.3f} statements per item{traced}; max RSS so far {rss_mb:.0f} MB"
     )
     if done != items:
         say(f"[{name}] WARNING: expected {items:,} items")
@@ -226,7 +226,7 @@ def main() -> None:
     for row in rows:
         say(
             f"{row['sweep']:<18}{row['items']:>10,}{row['per_s']:>10,.0f}{row['statements_per_item']:>12.3f}"
-            f"{row['peak_python_mb']:>10.1f}{row['max_rss_mb']:>12.0f}"
+            f"{(format(row['peak_python_mb'], '.1f') if TRACE_MEMORY else '-'):>10}{row['max_rss_mb']:>12.0f}"
         )
 
 

@@ -35,3 +35,11 @@ def test_demo_seeds_on_sqlite_and_prints_a_working_token(tmp_path):
     )
     assert again.returncode == 0, again.stderr[-2000:]
     assert token not in again.stdout
+    # The jobs run on the embedded default too: the leaky worker's lease ends, its two browser
+    # sessions are closed, and the connection nobody can close fails again.
+    for command, expected in (("reap_leases", "reaped 1 expired leases"), ("reap_resources", "2 released")):
+        job = subprocess.run(
+            [sys.executable, "manage.py", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert job.returncode == 0, job.stderr[-2000:]
+        assert expected in job.stdout, job.stdout

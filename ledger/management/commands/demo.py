@@ -275,7 +275,9 @@ class Command(BaseCommand):
                 worker=leaky,
                 run_id=run.pk,
                 fencing_token=token,
-                attach=resources.Attach(kind="browser_session", provider="sandbox", handle=f"supplier-portal-{n}"),
+                attach=resources.Attach(
+                    kind="browser_session", provider="sandbox", handle=f"supplier-portal-{n}", idle_s=600
+                ),
             )
         RunLease.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))  # it vanished
 

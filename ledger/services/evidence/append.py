@@ -169,7 +169,7 @@ PHASE_COUNT_FIELDS = [phase_count_field(phase) for phase in Phase.values]
 # Written with every commit; the runs are locked, so the in-memory values are current.
 HEAD_FIELDS = ["last_seq", "last_hash", "last_progress_at", *PHASE_COUNT_FIELDS]
 # Events that are not progress: a lease kept alive, a stale write refused, what an instance's
-# idleness or the reapers record. Every other event moves Run.last_progress_at, from which
+# idleness, the reapers or an admin's cleanup decisions record. Every other event moves Run.last_progress_at, from which
 # the idle limit counts (fence/leases.py lease_renew).
 NOT_PROGRESS = frozenset(
     {
@@ -183,7 +183,8 @@ NOT_PROGRESS = frozenset(
         "RESOURCE_RELEASE_REQUESTED",
         "RESOURCE_RELEASED",
         "RESOURCE_CLEANUP_FAILED",
-        "RESOURCE_ALERT_RAISED",
+        "RESOURCE_RETRY_REQUESTED",
+        "RESOURCE_MARKED_RELEASED",
     }
 )
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -81,6 +81,24 @@ def _idle_due():
     return ExpressionWrapper(since + idle, output_field=DateTimeField())
 
 
+def _idle_overdue(idle, now, limit: int) -> list[tuple]:
+    """(run_id, pk, expires_at) of idle-overdue resources: in SQL on PostgreSQL; on the
+    embedded default (SQLite has no integer x interval) compared here, row by row."""
+    if connection.vendor == "postgresql":
+        return list(
+            idle.annotate(idle_due=_idle_due())
+            .filter(idle_due__lte=now)
+            .values_list("run_id", "pk", "expires_at")[:limit]
+        )
+    rows = idle.values_list("run_id", "pk", "expires_at", "idle_s", "created_at", "run__last_progress_at")
+    due = [
+        (run_id, pk, expires_at)
+        for run_id, pk, expires_at, idle_s, created_at, progress in rows.iterator()
+        if max(created_at, progress or created_at) + timedelta(seconds=idle_s) <= now
+    ]
+    return due[:limit]
+
+
 def _request_overdue(batch_size: int, result: ResourceReapResult) -> None:
     while True:
         with transaction.atomic():
@@ -89,9 +107,8 @@ def _request_overdue(batch_size: int, result: ResourceReapResult) -> None:
             active = RunResource.objects.filter(state=ResourceState.ACTIVE)
             rows = list(active.filter(expires_at__lte=now).values_list("run_id", "pk", "expires_at")[:batch_size])
             if len(rows) < batch_size:
-                idle = active.filter(idle_s__isnull=False, expires_at__gt=now).annotate(idle_due=_idle_due())
-                rows += list(
-                    idle.filter(idle_due__lte=now).values_list("run_id", "pk", "expires_at")[: batch_size - len(rows)]
+                rows += _idle_overdue(
+                    active.filter(idle_s__isnull=False, expires_at__gt=now), now, batch_size - len(rows)
                 )
             if not rows:
                 return
