@@ -297,6 +297,8 @@ def _every(task: str, interval_key: str) -> dict:
 
 CELERY_BEAT_SCHEDULE = {
     "reap-leases": _every("ledger.tasks.reap_leases_task", "REAPER_INTERVAL_S"),
+    # Runs past their maximum runtime -> TIMED_OUT; cancellations past their grace finish.
+    "enforce-run-limits": _every("ledger.tasks.enforce_run_limits_task", "REAPER_INTERVAL_S"),
     # Closes what runs left behind through each kind's driver, independently of any worker.
     "reap-resources": _every("ledger.tasks.reap_resources_task", "RESOURCE_REAPER_INTERVAL_S"),
     "verify-ledger": _every("ledger.tasks.verify_ledger_task", "VERIFIER_INTERVAL_S"),

@@ -45,17 +45,15 @@ def job(**options: Any) -> Any:
 
 @job()
 def reap_leases_task() -> dict[str, int]:
-    """Expired leases end (their DISPATCHED effects become UNKNOWN); runs past their maximum
-    runtime time out, cancellations past their grace finish."""
     result = leases_reap()
-    limits = runs_enforce_limits()
-    return {
-        "leases": result.leases,
-        "operations": result.operations,
-        "batches": result.batches,
-        "timed_out": limits.timed_out,
-        "cancels_finished": limits.finished,
-    }
+    return {"leases": result.leases, "operations": result.operations, "batches": result.batches}
+
+
+@job()
+def enforce_run_limits_task() -> dict[str, int]:
+    """Runs past their maximum runtime time out; cancellations past their grace finish."""
+    result = runs_enforce_limits()
+    return {"timed_out": result.timed_out, "cancels_finished": result.finished}
 
 
 @job()

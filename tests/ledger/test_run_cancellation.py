@@ -3,14 +3,17 @@ CANCELLED, no new work from the cancel on, in-flight effects report until the gr
 and become UNKNOWN with a case after it, children go with their parent, flow 5 order at the end."""
 
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 
 from approvals.models import ReconciliationCase
 from ledger.models import CapabilityBudget, Event, LeaseGrant, Operation, Run
 from ledger.services.authority.policy import policy_change
 from ledger.services.fence.ending import run_cancel, runs_enforce_limits
+from ledger.tasks import enforce_run_limits_task
 from tests.conftest import make_worker
 from tests.helpers import assert_chain_intact
 
@@ -230,3 +233,14 @@ def test_an_operator_cancels_from_a_service_call_with_their_name(leased, acme):
     _, run_id = leased
     run = run_cancel(tenant=acme.tenant, run_id=run_id, reason="runaway loop", actor="user:olga")
     assert (run.status, run.cancel_requested_by) == ("CANCELLED", "user:olga")
+
+
+def test_the_limits_command_and_task_time_out_overdue_runs(api_for, acme):
+    client = api_for(acme)
+    first, second = client.create_run(), client.create_run()
+    Run.objects.filter(pk__in=[first, second]).update(deadline_at=timezone.now() - timedelta(seconds=1))
+    out = StringIO()
+    call_command("enforce_run_limits", "--batch-size", "1", stdout=out)
+    assert out.getvalue().strip() == "2 runs timed out; 0 cancellations finished"
+    assert enforce_run_limits_task.apply().get() == {"timed_out": 0, "cancels_finished": 0}
+    assert set(Run.objects.filter(pk__in=[first, second]).values_list("status", flat=True)) == {"TIMED_OUT"}

@@ -1,14 +1,10 @@
 from django.core.management.base import BaseCommand
 
-from ledger.services.fence.ending import runs_enforce_limits
 from ledger.services.fence.leases import ReapResult, leases_reap
 
 
 class Command(BaseCommand):
-    help = (
-        "Sweep expired run leases (their DISPATCHED operations become UNKNOWN with a reconciliation case), "
-        "time out runs past their maximum runtime and finish cancellations past their grace."
-    )
+    help = "Sweep expired run leases: their DISPATCHED operations become UNKNOWN with a reconciliation case."
 
     def add_arguments(self, parser):
         parser.add_argument("--batch-size", type=int, default=None, help="runs claimed per transaction")
@@ -21,5 +17,3 @@ class Command(BaseCommand):
 
         result = leases_reap(batch_size=batch_size, progress=progress)
         self.stdout.write(f"reaped {result.leases} expired leases; {result.operations} operations now UNKNOWN")
-        limits = runs_enforce_limits(batch_size=batch_size)
-        self.stdout.write(f"{limits.timed_out} runs timed out; {limits.finished} cancellations finished")

@@ -146,10 +146,11 @@ def _update_heads(runs: list[Run]) -> None:
     CASE expressions say, without the ORM compiling one expression per run and field (the
     reapers commit hundreds of runs at a time; that compiling was 90 % of their time)."""
     qn = connection.ops.quote_name
-    fields = [Run._meta.get_field("id"), *(Run._meta.get_field(name) for name in HEAD_FIELDS)]
+    concrete = {field.name: field for field in Run._meta.concrete_fields}
+    fields = [concrete["id"], *(concrete[name] for name in HEAD_FIELDS)]
     casts = [f"%s::{field.cast_db_type(connection)}" for field in fields]
     row = f"({', '.join(casts)})"
-    names = [qn(field.column) for field in fields]
+    names = [qn(field.column or field.name) for field in fields]
     assignments = ", ".join(f"{name} = v.{name}" for name in names[1:])
     # Table and column names come from the model; every value is a parameter.
     sql = (
