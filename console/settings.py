@@ -245,6 +245,8 @@ FENCELINE: dict[str, Any] = {
     "RESERVATION_EXPIRY_INTERVAL_S": env_int("FENCELINE_RESERVATION_EXPIRY_INTERVAL_S", 30, minimum=1),
     "RESERVATION_EXPIRY_BATCH_SIZE": env_int("FENCELINE_RESERVATION_EXPIRY_BATCH_SIZE", 500, minimum=1),
     "DRAIN_INTERVAL_S": env_int("FENCELINE_DRAIN_INTERVAL_S", 15, minimum=1),
+    # A QUIESCED worker whose process heartbeat (POST /workers/me/heartbeat) is older is STOPPED.
+    "WORKER_HEARTBEAT_LAPSE_S": env_int("FENCELINE_WORKER_HEARTBEAT_LAPSE_S", 60, minimum=1),
     # The resource reaper (ledger/services/lifespan/reaper.py): how often, how many
     # resources one claim takes, how many driver calls at once and how long each may take,
     # the backoff of a failed close, and when a stuck resource raises an alert.

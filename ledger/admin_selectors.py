@@ -25,6 +25,7 @@ from ledger.models import (
     Tenant,
     TenantPolicy,
     Worker,
+    WorkerDrain,
 )
 from ledger.pagination import keyset_page
 from ledger.roles import ROLES, VIEW, tenants_for
@@ -179,7 +180,8 @@ def worker_detail_parts(*, worker: Worker) -> dict:
         .select_related("run")
         .order_by("expires_at")[:RECENT]
     )
-    return {"grants": grants, "held": held, "now": timezone.now()}
+    drains = list(WorkerDrain.objects.filter(worker=worker).order_by("-started_at")[:RECENT])
+    return {"grants": grants, "held": held, "drains": drains, "now": timezone.now()}
 
 
 # --- tenants: policy, budgets, roles, activity ----------------------------------------------

@@ -107,6 +107,21 @@ class WorkerNotAccepting(DomainError):
     status = 409
 
 
+class WorkerDraining(WorkerNotAccepting):
+    """The worker is DRAINING: no new lease, no new intent, no dispatch of an operation not
+    yet DISPATCHED (it stays for the replacement under the same idempotency key). Outcomes,
+    checkpoints and resource releases are still accepted."""
+
+    code = "WORKER_DRAINING"
+
+
+def worker_refusal(status: str, what: str) -> WorkerNotAccepting:
+    """The refusal of new work for a worker that is not ACCEPTING."""
+    if status == "DRAINING":
+        return WorkerDraining(f"the worker is draining and {what}")
+    return WorkerNotAccepting(f"worker is {status} and {what}")
+
+
 class ForbiddenField(DomainError):
     """A forbidden key or a credential-like value crossed the secret boundary
     (``ledger/boundary.py``). Names the path and the rule, never the value."""

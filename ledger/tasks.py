@@ -8,6 +8,7 @@ so a backlog of missed runs is never replayed at once.
 from typing import Any
 
 from celery import shared_task
+from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
@@ -15,7 +16,7 @@ from ledger.services.authority.reservations import reservations_expire
 from ledger.services.evidence.verification import ledger_verify
 from ledger.services.fence.ending import runs_enforce_limits
 from ledger.services.fence.leases import leases_reap
-from ledger.services.fleet.lifecycle import workers_drain_enforce
+from ledger.services.fleet.lifecycle import workers_drain_enforce, workers_stop_lapsed
 from ledger.services.lifespan.reaper import resources_reap
 
 # The one retry policy of every job: what a passing outage raises — the database going
@@ -84,5 +85,8 @@ def expire_reservations_task() -> dict[str, int]:
 
 @job()
 def enforce_drains_task() -> dict[str, int]:
-    """DRAINING workers with no lease left, or past their deadline, become QUIESCED."""
-    return {"workers": workers_drain_enforce()}
+    """DRAINING workers with no lease left, or past their deadline, become QUIESCED; QUIESCED
+    ones whose process heartbeat lapsed are STOPPED."""
+    moved = workers_drain_enforce()
+    stopped = workers_stop_lapsed(lapse_s=settings.FENCELINE["WORKER_HEARTBEAT_LAPSE_S"])
+    return {"workers": moved, "stopped": stopped}

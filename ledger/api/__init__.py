@@ -26,6 +26,7 @@ from ledger.api.schemas import (
     CredentialLeaseIn,
     CredentialLeaseOut,
     DecisionError,
+    DrainIn,
     Error,
     EventAppendedOut,
     EventIn,
@@ -53,6 +54,7 @@ from ledger.api.schemas import (
     RunCreateIn,
     RunOut,
     TokenIn,
+    WorkerOut,
 )
 from ledger.chain import format_time
 from ledger.models import Checkpoint, Event
@@ -61,6 +63,7 @@ from ledger.services.core.fencing import fence_check
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.fence import ending, leases, notes, operations, outcomes, retry, runs
 from ledger.services.fence.operations import Intent
+from ledger.services.fleet import lifecycle
 from ledger.services.lifespan import checkpoints, resources
 from ledger.states import Outcome, Phase
 
@@ -572,6 +575,40 @@ def issue_credential_lease(request, run_id: str, body: CredentialLeaseIn):
             "expires_at": lease.expires_at,
         },
     )
+
+
+# --- the worker itself -----------------------------------------------------------------
+
+
+def _worker_out(worker) -> dict:
+    return {
+        "name": worker.name,
+        "status": worker.status,
+        "drain_deadline": worker.drain_deadline,
+        "last_heartbeat_at": worker.last_heartbeat_at,
+    }
+
+
+@api.post("/workers/me/drain", response={200: WorkerOut, **BODY, 409: E}, tags=["workers"])
+def drain_me(request, body: DrainIn):
+    """The worker drains itself (its SIGTERM handler): no new lease, intent or dispatch from
+    now on (409 WORKER_DRAINING); outcomes, checkpoints and resource releases are accepted
+    until deadline_s, after which its leases are revoked. Draining again changes nothing."""
+    change = lifecycle.worker_drain_self(worker=request.worker, deadline_s=body.deadline_s, reason=body.reason or "")
+    return _worker_out(change.worker)
+
+
+@api.post("/workers/me/heartbeat", response={200: WorkerOut, **BODY}, tags=["workers"])
+def heartbeat(request):
+    """The process is alive, apart from any lease it holds. A QUIESCED worker whose heartbeat
+    lapses (FENCELINE_WORKER_HEARTBEAT_LAPSE_S, 60 s) is STOPPED."""
+    return _worker_out(lifecycle.worker_heartbeat(worker=request.worker))
+
+
+@api.post("/workers/me/exit", response={200: WorkerOut, **BODY, 409: PhaseError | Error}, tags=["workers"])
+def exit_me(request):
+    """The worker is exiting: QUIESCED (or DRAINING with no live lease) -> STOPPED."""
+    return _worker_out(lifecycle.worker_exit(worker=request.worker))
 
 
 # --- resources ------------------------------------------------------------------------

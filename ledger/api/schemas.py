@@ -243,6 +243,18 @@ class LeaseRenewedOut(Schema):
     cancel: CancelOut | None = None
 
 
+class DrainIn(In):
+    deadline_s: Annotated[StrictInt, Field(ge=1, le=7 * 86400), WHOLE]
+    reason: Annotated[StrictStr, Field(min_length=1, max_length=MAX_REASON_LENGTH)] | None = None
+
+
+class WorkerOut(Schema):
+    name: str
+    status: str
+    drain_deadline: datetime | None
+    last_heartbeat_at: datetime | None
+
+
 class ResourceIn(In):
     fencing_token: Token
     kind: Annotated[ResourceKind, Field(strict=False)]  # one of the values; nothing is coerced into one

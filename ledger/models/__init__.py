@@ -5,7 +5,7 @@ from ledger.models.authority import CapabilityBudget, CostReservation, CostWindo
 from ledger.models.evidence import Checkpoint, Event
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
 from ledger.models.runs import LeaseGrant, Operation, Run, RunLease
-from ledger.models.tenancy import AdminAction, Tenant, TenantPolicy, Worker
+from ledger.models.tenancy import AdminAction, Tenant, TenantPolicy, Worker, WorkerDrain
 
 __all__ = [
     "AdminAction",
@@ -26,4 +26,5 @@ __all__ = [
     "Tenant",
     "TenantPolicy",
     "Worker",
+    "WorkerDrain",
 ]

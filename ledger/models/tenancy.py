@@ -47,6 +47,9 @@ class Worker(Versioned):
     status_reason = models.CharField(max_length=500, blank=True, default="")
     drain_deadline = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
+    # The process heartbeat (POST /workers/me/heartbeat), apart from any lease: a QUIESCED
+    # worker whose heartbeat lapses is STOPPED.
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -57,6 +60,34 @@ class Worker(Versioned):
 
     def __str__(self) -> str:
         return f"{self.tenant.slug}/{self.name}"
+
+
+class WorkerDrain(Versioned):
+    """One drain of a worker, with the drain article's five signals: when it started, its
+    deadline, when the worker quiesced, how many effects it left UNKNOWN, and how many claims
+    it made during the drain that were refused (new leases, intents, dispatches)."""
+
+    worker = models.ForeignKey(Worker, on_delete=models.PROTECT, related_name="drains")
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    started_at = models.DateTimeField()
+    deadline_at = models.DateTimeField()
+    started_by = models.CharField(max_length=250)
+    reason = models.CharField(max_length=500)
+    quiesced_at = models.DateTimeField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    # How it ended: "released" (the worker gave everything up), "deadline" (its leases were
+    # revoked), "resumed" or "quarantined" (a person's decision cut it short).
+    outcome = models.CharField(max_length=16, blank=True, default="")
+    unknown_count = models.PositiveIntegerField(default=0)
+    stale_claim_rejections = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-started_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["worker"], condition=Q(quiesced_at__isnull=True), name="worker_one_open_drain"
+            ),
+        ]
 
 
 class TenantPolicy(Versioned):

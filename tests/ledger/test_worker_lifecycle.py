@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from approvals.models import ReconciliationCase
-from ledger.errors import Forbidden, InvalidInput, NotFound, StaleToken, WorkerNotAccepting, WrongPhase
+from ledger.errors import Forbidden, InvalidInput, NotFound, StaleToken, WorkerDraining, WorkerNotAccepting, WrongPhase
 from ledger.models import AdminAction, Event, Operation, RunLease, Worker
 from ledger.services.evidence.verification import ledger_verify
 from ledger.services.fence import leases, outcomes
@@ -33,8 +33,8 @@ def test_a_draining_worker_takes_no_new_lease_but_finishes_what_it_holds(acme):
     worker = Worker.objects.get(pk=acme.worker.pk)
     with pytest.raises(WorkerNotAccepting):
         leases.lease_acquire(worker=worker, run_id=new_run(worker).pk, owner_id="o", ttl_s=30)
-    op = dispatched_operation(worker, run, token, "still-mine")  # the held run goes on
-    assert op.phase == "DISPATCHED"
+    with pytest.raises(WorkerDraining):  # nothing new on the held run either (issue 13)
+        dispatched_operation(worker, run, token, "not-now")
     leases.lease_renew(worker=worker, run_id=run.pk, owner_id="owner-a", fencing_token=token, ttl_s=30)
 
 

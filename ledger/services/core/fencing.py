@@ -18,8 +18,8 @@ from django.db.models import F, Field
 from django.utils import timezone
 
 from ledger.actors import worker_actor
-from ledger.errors import DomainError, NotFound, RunCancelled, RunCompleted, StaleToken, parse_id
-from ledger.models import Operation, Run, RunLease, Tenant, Worker
+from ledger.errors import DomainError, NotFound, RunCancelled, RunCompleted, StaleToken, parse_id, worker_refusal
+from ledger.models import Operation, Run, RunLease, Tenant, Worker, WorkerDrain
 from ledger.services.evidence.append import ChainBatch
 
 T = TypeVar("T")
@@ -166,6 +166,17 @@ def run_cancelled(run: Run) -> RunCancelled:
     return RunCancelled(
         run_status=run.status, ending=run.ending, cancel_reason=run.cancel_reason, grace_until=run.cancel_grace_until
     )
+
+
+def worker_refused(worker: Worker, what: str) -> DomainError:
+    """The refusal of new work to a worker that is not ACCEPTING. A DRAINING worker's refused
+    claim is counted on its open drain (the drain article's stale_claim_rejections), in its own
+    statement: the refusal writes nothing else."""
+    if worker.status == "DRAINING":
+        WorkerDrain.objects.filter(worker_id=worker.pk, quiesced_at__isnull=True).update(
+            stale_claim_rejections=F("stale_claim_rejections") + 1
+        )
+    return worker_refusal(worker.status, what)
 
 
 def refuse_new_work(run: Run) -> None:

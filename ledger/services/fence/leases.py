@@ -19,7 +19,7 @@ from ledger.actors import SYSTEM_LIMITS, SYSTEM_REAPER, worker_actor
 from ledger.errors import DomainError, InvalidInput, LeaseHeld, LeaseLost, RunCompleted, WorkerNotAccepting
 from ledger.models import LeaseGrant, Run, RunLease, Worker
 from ledger.services.authority.policy import policy_current
-from ledger.services.core.fencing import Fenced, fenced, lock_run, locked_runs, run_cancelled
+from ledger.services.core.fencing import Fenced, fenced, lock_run, locked_runs, run_cancelled, worker_refused
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.ending import IN_FLIGHT, TIMEOUT_REASON, runs_cancel
 from ledger.services.fence.lease_end import leases_end
@@ -52,7 +52,7 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int, 
     if not isinstance(tool, str) or len(tool) > MAX_TOOL_LENGTH:
         raise InvalidInput(f"tool must be at most {MAX_TOOL_LENGTH} characters", field="tool")
     if worker.status != WorkerStatus.ACCEPTING:
-        raise WorkerNotAccepting(f"worker is {worker.status} and cannot take new leases")
+        raise worker_refused(worker, "takes no new lease")
     _, policy = policy_current(tenant=worker.tenant)
     refused: DomainError | None = None
     with transaction.atomic():

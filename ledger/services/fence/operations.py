@@ -14,11 +14,11 @@ from ledger.boundary import check_fields
 from ledger.errors import ApprovalRequired, Denied, DomainError, IdempotencyMismatch, NotFound, WrongPhase, parse_id
 from ledger.models import Operation, Run, Tenant, Worker
 from ledger.services.authority import evaluation
-from ledger.services.core.fencing import Fenced, decided, fenced
+from ledger.services.core.fencing import Fenced, decided, fenced, worker_refused
 from ledger.services.core.handoff import queues
 from ledger.services.core.phases import transition
 from ledger.services.fence.ending import NEW_WORK
-from ledger.states import ApprovalKind, EffectClass, Phase
+from ledger.states import ApprovalKind, EffectClass, Phase, WorkerStatus
 
 # The parameters that identify an intent. The fencing token is deliberately not one of
 # them: a new owner replaying the same intent gets the same operation.
@@ -58,6 +58,8 @@ def operation_get(*, tenant: Tenant, operation_id: object) -> Operation:
 def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, intent: Intent) -> tuple[Operation, bool]:
     """Record the intent to perform a side effect. Idempotent per (tenant, key):
     returns ``(operation, created)``; the same key with other parameters is refused."""
+    if worker.status == WorkerStatus.DRAINING:  # other statuses hold no lease: the fence answers
+        raise worker_refused(worker, "records no new intent")
     check_fields(asdict(intent))  # every parameter is stored, not all of them in the event
 
     def write(ctx: Fenced) -> tuple[Operation, bool]:
@@ -210,7 +212,11 @@ def operation_authorize(
 def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: int) -> Operation:
     """AUTHORIZED -> DISPATCHED after every authorize check passes again under the current
     policy and the reservations hold. Only after this succeeds may the worker call the
-    provider. A refusal moves the operation to DENIED (and reserves nothing)."""
+    provider. A refusal moves the operation to DENIED (and reserves nothing). A DRAINING
+    worker dispatches nothing new (409 WORKER_DRAINING): the operation stays AUTHORIZED for
+    the replacement, under the same idempotency key."""
+    if worker.status == WorkerStatus.DRAINING:
+        raise worker_refused(worker, "dispatches nothing new")
     op_id = parse_id(operation_id, "operation")
 
     def write(ctx: Fenced) -> tuple[Operation, DomainError | None]:

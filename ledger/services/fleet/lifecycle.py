@@ -1,7 +1,10 @@
 """A worker's lifecycle, as people and the drain job change it (article "Your Agent Deploy Is
 Not Safe Until In-Flight Tools Quiesce").
 
-ACCEPTING -> DRAINING -> QUIESCED, any of those -> QUARANTINED, and back to ACCEPTING.
+ACCEPTING -> DRAINING -> QUIESCED -> STOPPED, any of the first three -> QUARANTINED, and back
+to ACCEPTING. A worker drains itself (its SIGTERM path) or is drained by an admin; each drain
+is a ``WorkerDrain`` with the drain article's five signals. A QUIESCED worker is STOPPED when
+it reports its exit or its process heartbeat lapses.
 Only an ACCEPTING worker takes new leases (lease_acquire). A DRAINING worker keeps its
 leases until it releases them or its deadline passes; then the deadline job revokes
 them, exactly as a quarantine does at once: each held lease ends (LEASE_REVOKED), its
@@ -17,12 +20,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
-from ledger.actors import SYSTEM_DRAIN, user_actor
+from ledger.actors import SYSTEM_DRAIN, user_actor, worker_actor
 from ledger.errors import InvalidInput, WrongPhase
-from ledger.models import RunLease, Worker
+from ledger.models import Operation, RunLease, Worker, WorkerDrain
 from ledger.roles import ADMINISTER
 from ledger.services.core.decisions import acting_name, admin_action_record, decision_reason
 from ledger.services.core.fencing import locked_runs
@@ -30,11 +33,11 @@ from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.lease_end import leases_end
 from ledger.services.fleet.workers import worker_get
 from ledger.services.lifespan.instances import instances_drain
-from ledger.states import LeaseEnd, WorkerStatus
+from ledger.states import LeaseEnd, Phase, WorkerStatus
 
 DRAIN_FROM = (WorkerStatus.ACCEPTING,)
 QUARANTINE_FROM = (WorkerStatus.ACCEPTING, WorkerStatus.DRAINING, WorkerStatus.QUIESCED)
-RESUME_FROM = (WorkerStatus.DRAINING, WorkerStatus.QUIESCED, WorkerStatus.QUARANTINED)
+RESUME_FROM = (WorkerStatus.DRAINING, WorkerStatus.QUIESCED, WorkerStatus.QUARANTINED, WorkerStatus.STOPPED)
 DEFAULT_DRAIN_S = 600
 MAX_DRAIN_S = 7 * 86400
 
@@ -88,7 +91,38 @@ def _change_status(
     batch.commit()
     worker.status, worker.status_changed_at, worker.status_changed_by = status, now, actor
     worker.status_reason, worker.drain_deadline = reason, drain_deadline
+    if status == WorkerStatus.DRAINING and drain_deadline is not None:
+        WorkerDrain.objects.create(
+            worker=worker,
+            tenant_id=worker.tenant_id,
+            started_at=now,
+            deadline_at=drain_deadline,
+            started_by=actor,
+            reason=reason,
+        )
+    else:
+        _drain_close(worker, now, outcome=DRAIN_OUTCOMES.get(status, "released"), quiesced=runs)
     return WorkerChange(worker=worker, affected_run_ids=[run.pk for run in runs])
+
+
+DRAIN_OUTCOMES = {WorkerStatus.QUARANTINED: "quarantined", WorkerStatus.ACCEPTING: "resumed"}
+
+
+def _drain_close(worker: Worker, now, *, outcome: str, quiesced: list) -> None:
+    """Close the worker's open drain (if any) with its last signals: when it quiesced, how
+    it ended, and how many effects of the worker's runs it left UNKNOWN."""
+    drain = WorkerDrain.objects.filter(worker=worker, quiesced_at__isnull=True).first()
+    if drain is None:
+        return
+    unknown = Operation.objects.filter(
+        phase=Phase.UNKNOWN,
+        updated_at__gte=drain.started_at,
+        run__lease_grants__worker=worker,
+        run__lease_grants__fencing_token=F("dispatch_token"),
+    ).count()
+    if outcome == "released" and quiesced:
+        outcome = "deadline"  # it still held leases: the deadline revoked them
+    WorkerDrain.objects.filter(pk=drain.pk).update(quiesced_at=now, outcome=outcome, unknown_count=unknown)
 
 
 def _decided(*, worker_id: object, user, name: str, reason: object) -> tuple[Worker, str, str]:
@@ -200,3 +234,87 @@ def workers_drain_enforce(*, now=None) -> int:
             continue  # resumed or quarantined meanwhile: nothing to enforce
         moved += 1
     return moved
+
+
+def worker_drain_self(*, worker: Worker, deadline_s: int, reason: str = "") -> WorkerChange:
+    """The worker drains itself (its SIGTERM handler): ACCEPTING -> DRAINING until now +
+    ``deadline_s``. Draining again changes nothing and returns the worker as it is."""
+    if type(deadline_s) is not int or not 1 <= deadline_s <= MAX_DRAIN_S:
+        raise InvalidInput(f"deadline_s must be an integer from 1 to {MAX_DRAIN_S}", field="deadline_s")
+    reason = decision_reason(reason or "the worker is shutting down")
+    if worker.status == WorkerStatus.DRAINING:
+        return WorkerChange(worker=worker, affected_run_ids=[])
+    with transaction.atomic():
+        now = timezone.now()
+        change = _change_status(
+            worker=worker,
+            allowed_from=DRAIN_FROM,
+            status=WorkerStatus.DRAINING,
+            actor=worker_actor(worker, "-"),
+            reason=reason,
+            event="WORKER_DRAINING",
+            end_leases=False,
+            drain_deadline=now + timedelta(seconds=deadline_s),
+            now=now,
+        )
+    return change
+
+
+def worker_exit(*, worker: Worker) -> Worker:
+    """The worker reports its exit: a QUIESCED worker is STOPPED; a DRAINING one that holds
+    no live lease quiesces first. A worker still holding leases cannot exit this way (409)."""
+    now = timezone.now()
+    with transaction.atomic():
+        if worker.status == WorkerStatus.DRAINING:
+            holds = RunLease.objects.filter(worker=worker, owner_id__isnull=False, expires_at__gt=now).exists()
+            if holds:
+                raise WrongPhase(phase="DRAINING with live leases", wanted="QUIESCED (release the leases first)")
+            _change_status(
+                worker=worker,
+                allowed_from=(WorkerStatus.DRAINING,),
+                status=WorkerStatus.QUIESCED,
+                actor=worker_actor(worker, "-"),
+                reason="drained: no lease left",
+                event="WORKER_QUIESCED",
+                end_leases=True,
+                now=now,
+            )
+        _stop(worker, now, reason="the worker reported its exit")
+    return worker
+
+
+def _stop(worker: Worker, now, *, reason: str) -> None:
+    changed = Worker.objects.filter(pk=worker.pk, status=WorkerStatus.QUIESCED).update(
+        status=WorkerStatus.STOPPED, status_changed_at=now, status_changed_by=SYSTEM_DRAIN, status_reason=reason
+    )
+    if changed != 1:
+        current = Worker.objects.filter(pk=worker.pk).values_list("status", flat=True).get()
+        raise WrongPhase(phase=current, wanted=WorkerStatus.QUIESCED)
+    WorkerDrain.objects.filter(worker=worker, stopped_at__isnull=True, quiesced_at__isnull=False).update(stopped_at=now)
+    worker.status, worker.status_changed_at, worker.status_reason = WorkerStatus.STOPPED, now, reason
+
+
+def worker_heartbeat(*, worker: Worker) -> Worker:
+    """The worker's process is alive (apart from any lease it holds)."""
+    now = timezone.now()
+    Worker.objects.filter(pk=worker.pk).update(last_heartbeat_at=now, last_seen_at=now)
+    worker.last_heartbeat_at = worker.last_seen_at = now
+    return worker
+
+
+def workers_stop_lapsed(*, lapse_s: int, now=None) -> int:
+    """QUIESCED workers whose process heartbeat lapsed (none for ``lapse_s``) are STOPPED."""
+    now = now or timezone.now()
+    stopped = 0
+    cutoff = now - timedelta(seconds=lapse_s)
+    quiet = Worker.objects.filter(status=WorkerStatus.QUIESCED).filter(
+        Q(last_heartbeat_at__lt=cutoff) | Q(last_heartbeat_at__isnull=True, status_changed_at__lt=cutoff)
+    )
+    for worker in quiet.order_by("pk"):
+        try:
+            with transaction.atomic():
+                _stop(worker, now, reason="its process heartbeat lapsed")
+        except WrongPhase:
+            continue
+        stopped += 1
+    return stopped
