@@ -105,7 +105,7 @@ def _change_status(
     return WorkerChange(worker=worker, affected_run_ids=[run.pk for run in runs])
 
 
-DRAIN_OUTCOMES = {WorkerStatus.QUARANTINED: "quarantined", WorkerStatus.ACCEPTING: "resumed"}
+DRAIN_OUTCOMES: dict[str, str] = {WorkerStatus.QUARANTINED: "quarantined", WorkerStatus.ACCEPTING: "resumed"}
 
 
 def _drain_close(worker: Worker, now, *, outcome: str, quiesced: list) -> None:
