@@ -10,6 +10,7 @@ from ledger.errors import NotFound, parse_id
 from ledger.models import Run, Tenant, Worker
 from ledger.pagination import keyset_page
 from ledger.services.fleet.workers import token_digest
+from ledger.states import RUN_FINISHED
 
 
 def worker_for_token(token: str) -> Worker | None:
@@ -39,7 +40,7 @@ def run_indicators(run: Run) -> dict[str, dict[str, Any]]:
             "value": "INCOMPLETE",
             "reason": f"events {run.broken_first_seq}..{run.broken_last_seq} are missing",
         }
-    elif run.status == "COMPLETED" and open_at_completion:
+    elif run.status in RUN_FINISHED and open_at_completion:
         completeness = {
             "value": "INCOMPLETE",
             "reason": f"{open_at_completion} dispatched effect(s) had no terminal outcome at completion",
@@ -343,4 +344,94 @@ def dashboard_counts(*, user) -> dict:
         "broken_runs": sum(r["broken_runs"] for r in per_tenant),
         "breakers_not_normal": [t for t in tenants if t.breaker_state != "NORMAL"],
         "last_verified_at": max(verified) if verified else None,
+    }
+
+
+# --- liveness apart from ownership (article "Your Agent Needs a Run Lease") --------------
+
+LIVENESS_STATES = ("PROCESS_ALIVE", "LEASE_VALID", "LEASE_LOST", "OUTCOME_UNKNOWN", "RECONCILIATION_REQUIRED")
+
+
+def process_alive(worker: Worker | None, now) -> bool:
+    """The worker's process heartbeat is fresh (FENCELINE_WORKER_HEARTBEAT_LAPSE_S)."""
+    from django.conf import settings
+
+    if worker is None or worker.last_heartbeat_at is None:
+        return False
+    return (now - worker.last_heartbeat_at).total_seconds() <= settings.FENCELINE["WORKER_HEARTBEAT_LAPSE_S"]
+
+
+def _unknown_time(cases, now) -> dict[str, Any]:
+    """How long outcomes of these cases were (or still are) UNKNOWN: open ones count to now."""
+    from approvals.models import OPEN_CASE_STATUSES
+
+    rows = list(cases.values_list("status", "opened_at", "resolved_at"))
+    open_since = [opened for status, opened, _ in rows if status in OPEN_CASE_STATUSES]
+    spent = sum(((resolved or now) - opened).total_seconds() for _, opened, resolved in rows)
+    return {
+        "open_cases": len(open_since),
+        "seconds_in_unknown": round(spent, 1),
+        "unknown_since": min(open_since) if open_since else None,
+    }
+
+
+def run_liveness(*, run: Run, now=None) -> dict[str, Any]:
+    """The run-lease article's separate states for one run: is the holder's process alive,
+    is the lease valid or lost, is some outcome UNKNOWN (or in flight under a lost lease),
+    does a person need to reconcile; and the time spent in OUTCOME_UNKNOWN. A few reads."""
+    from django.utils import timezone
+
+    from approvals.models import ReconciliationCase
+
+    now = now or timezone.now()
+    lease = run.lease
+    owned = lease.owner_id is not None and lease.expires_at is not None
+    valid = owned and lease.expires_at > now
+    lost = (owned and not valid) or (not owned and lease.end_reason in ("EXPIRED", "REVOKED"))
+    unknown = _unknown_time(ReconciliationCase.objects.filter(run=run), now)
+    holds = {
+        "PROCESS_ALIVE": process_alive(lease.worker if owned else None, now),
+        "LEASE_VALID": valid,
+        "LEASE_LOST": lost,
+        "OUTCOME_UNKNOWN": run.n_unknown > 0 or (lost and run.n_dispatched > 0),
+        "RECONCILIATION_REQUIRED": unknown["open_cases"] > 0,
+    }
+    return {"states": [name for name in LIVENESS_STATES if holds[name]], **unknown}
+
+
+def worker_liveness(*, worker: Worker, now=None) -> dict[str, Any]:
+    """The same states for a worker: its process heartbeat, the leases it holds and has lost,
+    and the UNKNOWN outcomes of effects it dispatched (their cases, time spent in UNKNOWN)."""
+    from django.utils import timezone
+
+    from approvals.models import ReconciliationCase
+    from ledger.models import LeaseGrant, RunLease
+
+    now = now or timezone.now()
+    held = RunLease.objects.filter(worker=worker, owner_id__isnull=False)
+    valid = held.filter(expires_at__gt=now).count()
+    lost = (
+        held.filter(expires_at__lte=now).count()
+        + LeaseGrant.objects.filter(worker=worker, end_reason__in=["EXPIRED", "REVOKED"]).count()
+    )
+    mine = ReconciliationCase.objects.filter(
+        operation__run__lease_grants__worker=worker,
+        operation__run__lease_grants__fencing_token=F("operation__dispatch_token"),
+    )
+    unknown = _unknown_time(mine, now)
+    holds = {
+        "PROCESS_ALIVE": process_alive(worker, now),
+        "LEASE_VALID": valid > 0,
+        "LEASE_LOST": lost > 0,
+        # An effect whose outcome nobody can report: a case is open, or a lost lease still
+        # has effects in flight (the reaper has not turned them UNKNOWN yet).
+        "OUTCOME_UNKNOWN": unknown["open_cases"] > 0
+        or held.filter(expires_at__lte=now, run__n_dispatched__gt=0).exists(),
+        "RECONCILIATION_REQUIRED": unknown["open_cases"] > 0,
+    }
+    return {
+        "states": [name for name in LIVENESS_STATES if holds[name]],
+        "leases_valid": valid,
+        "leases_lost": lost,
+        **unknown,
     }

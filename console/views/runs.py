@@ -90,6 +90,7 @@ def _detail_context(request, run, **extra) -> dict:
         "after": after,
         "next_after": next_after,
         "now": timezone.now(),
+        "liveness": selectors.run_liveness(run=run),
         **selectors.run_detail_parts(run=run),
         **extra,
     }

@@ -129,6 +129,7 @@ def _run_out(run) -> dict:
         "indicators": selectors.run_indicators(run),
         "deadline_at": run.deadline_at,
         "cancel": _cancel_out(run),
+        "liveness": selectors.run_liveness(run=run),
     }
 
 

@@ -176,6 +176,9 @@ class RunOut(Schema):
     indicators: dict[str, dict[str, Any]]
     deadline_at: datetime | None
     cancel: CancelOut | None
+    # The run-lease article's states that hold now (PROCESS_ALIVE, LEASE_VALID, LEASE_LOST,
+    # OUTCOME_UNKNOWN, RECONCILIATION_REQUIRED), open cases and the time spent in UNKNOWN.
+    liveness: dict[str, Any]
 
 
 class CancelIn(In):

@@ -1,0 +1,436 @@
+"""Fenceline's Python worker client: the lease renewal thread, the fenced calls and the
+operation walk, so a worker does not hand-write them. No Django import (like
+``ledger/evidence_verifier.py``): copy it next to a worker, or import it; it needs only
+``requests``.
+
+    client = Client("https://fenceline.example", token)
+    run_id = client.create_run(external_id="invoice-17")
+    with client.lease(run_id, ttl_s=30) as lease:        # renews every ttl/3 in a thread
+        resume = lease.checkpoint_state                   # the last saved progress, or None
+        charged = lease.operation(
+            tool="payments", action="charge", resource="customer:881",
+            effect_class="NON_RETRYABLE", idempotency_key="charge:881:invoice-17",
+            perform=lambda: provider.charge(...),         # returns Done(...) or raises
+        )
+        lease.checkpoint("charged", {"invoice": 17})
+        lease.complete()
+
+Every refusal of the API is one exception class (``ERRORS``, by the API's error code); a
+renewal that fails in the background (LEASE_LOST, RUN_CANCELLED, STALE_TOKEN) is raised at
+the worker's next call on the lease, in the worker's own thread. See ``docs/client.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+SCHEMA_VERSION = 1
+
+
+# --- errors: one class per code --------------------------------------------------------
+
+
+class FencelineError(Exception):
+    """A refusal of the API: ``code`` and ``status`` as documented in docs/api.md, ``body`` as sent."""
+
+    code = "ERROR"
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        self.status = status
+        self.body = body
+        self.detail = str(body.get("detail", ""))
+        super().__init__(f"{body.get('error', self.code)} ({status}): {self.detail}")
+
+
+class InvalidRequest(FencelineError):
+    code = "VALIDATION_ERROR"
+
+
+class MalformedJSON(FencelineError):
+    code = "MALFORMED_JSON"
+
+
+class PayloadTooLarge(FencelineError):
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class Unauthorized(FencelineError):
+    code = "UNAUTHORIZED"
+
+
+class Forbidden(FencelineError):
+    code = "FORBIDDEN"
+
+
+class ForbiddenField(FencelineError):
+    code = "FORBIDDEN_FIELD"
+
+
+class NotFound(FencelineError):
+    code = "NOT_FOUND"
+
+
+class LeaseHeld(FencelineError):
+    code = "LEASE_HELD"
+
+
+class LeaseLost(FencelineError):
+    """This worker no longer owns the run: stop acting on it (``body['reason']`` says why)."""
+
+    code = "LEASE_LOST"
+
+
+class StaleToken(FencelineError):
+    """A write under a token that is not current: the run moved on without this worker."""
+
+    code = "STALE_TOKEN"
+
+
+class WrongPhase(FencelineError):
+    code = "WRONG_PHASE"
+
+
+class IdempotencyMismatch(FencelineError):
+    code = "IDEMPOTENCY_MISMATCH"
+
+
+class WorkerNotAccepting(FencelineError):
+    code = "WORKER_NOT_ACCEPTING"
+
+
+class WorkerDraining(WorkerNotAccepting):
+    """This worker is draining: finish what is in flight, checkpoint, release, exit."""
+
+    code = "WORKER_DRAINING"
+
+
+class RunCompleted(FencelineError):
+    code = "RUN_COMPLETED"
+
+
+class RunCancelled(FencelineError):
+    """The run is cancelled or timed out: report what is in flight, then release."""
+
+    code = "RUN_CANCELLED"
+
+
+class ReconcileFirst(FencelineError):
+    code = "RECONCILE_FIRST"
+
+
+class ResourceInUse(FencelineError):
+    code = "RESOURCE_IN_USE"
+
+
+class UnknownSchemaVersion(FencelineError):
+    code = "UNKNOWN_SCHEMA_VERSION"
+
+
+class Denied(FencelineError):
+    """An authority check refused: ``decision`` is the DENY_* code (``budget`` / ``quota`` name what)."""
+
+    code = "DENY"
+
+    @property
+    def decision(self) -> str:
+        return str(self.body.get("decision") or self.body.get("error", ""))
+
+
+class ApprovalDenied(FencelineError):
+    """A person denied the approval an operation waited for."""
+
+    code = "APPROVAL_DENIED"
+
+
+class ServerError(FencelineError):
+    code = "SERVER_ERROR"
+
+
+ERRORS: dict[str, type[FencelineError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidRequest,
+        MalformedJSON,
+        PayloadTooLarge,
+        Unauthorized,
+        Forbidden,
+        ForbiddenField,
+        NotFound,
+        LeaseHeld,
+        LeaseLost,
+        StaleToken,
+        WrongPhase,
+        IdempotencyMismatch,
+        WorkerNotAccepting,
+        WorkerDraining,
+        RunCompleted,
+        RunCancelled,
+        ReconcileFirst,
+        ResourceInUse,
+        UnknownSchemaVersion,
+    )
+}
+
+
+def error_for(status: int, body: dict[str, Any]) -> FencelineError:
+    code = str(body.get("error", ""))
+    if code.startswith("DENY_"):
+        return Denied(status, body)
+    cls = ERRORS.get(code) or (ServerError if status >= 500 else FencelineError)
+    return cls(status, body)
+
+
+# --- the client ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Done:
+    """What ``perform`` returns when the provider answered: CONFIRMED (default) or FAILED."""
+
+    provider_request_id: str = ""
+    outcome: str = "CONFIRMED"
+    actual_cost_cents: int | None = None
+    error_code: str = ""
+
+
+class Client:
+    """One worker identity talking to Fenceline over HTTP (one keep-alive session)."""
+
+    def __init__(self, base_url: str, token: str, *, timeout: float = 10.0) -> None:
+        self.base = base_url.rstrip("/") + "/api/v1"
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.session.headers.update({"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        """One request; a refusal raises its exception. Returns (status, body) otherwise."""
+        response = self.session.request(method, self.base + path, json=body, timeout=self.timeout)
+        try:
+            data = response.json()
+        except ValueError:
+            data = {"error": "SERVER_ERROR" if response.status_code >= 500 else "", "detail": response.text[:200]}
+        if response.status_code >= 400:
+            raise error_for(response.status_code, data)
+        return response.status_code, data
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.call("POST", path, body or {})[1]
+
+    def get(self, path: str) -> dict[str, Any]:
+        return self.call("GET", path)[1]
+
+    def create_run(
+        self, *, external_id: str | None = None, parent_run_id: str | None = None, max_runtime_s: int | None = None
+    ) -> str:
+        body: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+        for name, value in (
+            ("external_id", external_id),
+            ("parent_run_id", parent_run_id),
+            ("max_runtime_s", max_runtime_s),
+        ):
+            if value is not None:
+                body[name] = value
+        return str(self.post("/runs", body)["run_id"])
+
+    def lease(self, run_id: str, *, ttl_s: int = 30, owner_id: str | None = None, tool: str | None = None) -> Lease:
+        return Lease(self, run_id, ttl_s=ttl_s, owner_id=owner_id or f"owner-{uuid.uuid4().hex[:12]}", tool=tool)
+
+    def heartbeat(self) -> dict[str, Any]:
+        return self.post("/workers/me/heartbeat")
+
+    def drain(self, *, deadline_s: int, reason: str | None = None) -> dict[str, Any]:
+        """What a SIGTERM handler calls first: no new lease, intent or dispatch from now on."""
+        return self.post("/workers/me/drain", {"deadline_s": deadline_s, **({"reason": reason} if reason else {})})
+
+    def exit(self) -> dict[str, Any]:
+        return self.post("/workers/me/exit")
+
+
+class Lease:
+    """A held run lease. Use it as a context manager: it is acquired on entry, renewed in a
+    background thread every ``ttl_s / 3`` seconds, and released on exit (unless the run was
+    completed). Every call carries the fencing token; a background failure is raised at the
+    next call."""
+
+    def __init__(self, client: Client, run_id: str, *, ttl_s: int, owner_id: str, tool: str | None) -> None:
+        self.client, self.run_id, self.ttl_s, self.owner_id, self.tool = client, run_id, ttl_s, owner_id, tool
+        self.token = 0
+        self.checkpoint_state: dict[str, Any] | None = None
+        self.checkpoint_position: str | None = None
+        self.cancel: dict[str, Any] | None = None  # set once a renewal says the run is cancelled
+        self.renewals = 0
+        self._failure: FencelineError | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ended = False
+
+    # -- lifetime --
+
+    def __enter__(self) -> Lease:
+        body: dict[str, Any] = {"owner_id": self.owner_id, "ttl_s": self.ttl_s}
+        if self.tool:
+            body["tool"] = self.tool
+        granted = self.client.post(f"/runs/{self.run_id}/lease", body)
+        self.token = int(granted["fencing_token"])
+        checkpoint = granted.get("checkpoint")
+        if checkpoint:
+            self.checkpoint_state, self.checkpoint_position = checkpoint["state"], checkpoint["position"]
+        self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.run_id[:8]}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.client.timeout + 1)
+        if not self._ended and self._failure is None:
+            with contextlib.suppress(LeaseLost, StaleToken, RunCancelled):  # it ended on its own meanwhile
+                self.release()
+
+    def _renew_loop(self) -> None:
+        interval = max(self.ttl_s / 3, 0.2)
+        while not self._stop.wait(interval):
+            try:
+                renewed = self.client.post(
+                    f"/runs/{self.run_id}/lease/renew",
+                    {"owner_id": self.owner_id, "fencing_token": self.token, "ttl_s": self.ttl_s},
+                )
+            except (LeaseLost, StaleToken, RunCancelled, RunCompleted) as failure:
+                self._failure = failure  # raised at the worker's next call
+                return
+            except (requests.RequestException, ServerError):
+                continue  # a passing outage: the lease may still be valid; try again next tick
+            self.renewals += 1
+            self.cancel = renewed.get("cancel") or self.cancel
+
+    def _check(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    @property
+    def alive(self) -> bool:
+        return self._failure is None and not self._ended
+
+    # -- fenced calls --
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A fenced call: the token is added; a background failure is raised first."""
+        self._check()
+        try:
+            return self.client.post(path, {"fencing_token": self.token, **(body or {})})
+        except (LeaseLost, StaleToken, RunCancelled) as failure:
+            self._failure = self._failure or failure
+            raise
+
+    def checkpoint(self, position: str, state: dict[str, Any]) -> dict[str, Any]:
+        saved = self.post(f"/runs/{self.run_id}/checkpoints", {"position": position, "state": state})
+        self.checkpoint_state, self.checkpoint_position = state, position
+        return saved
+
+    def event(self, type: str, fields: dict[str, Any]) -> dict[str, Any]:
+        return self.post(f"/runs/{self.run_id}/events", {"type": type, "fields": fields})
+
+    def attach(self, kind: str, provider: str, handle: str, **limits: int) -> str:
+        """Register a resource the run holds; returns its id (the reaper closes it later)."""
+        body = {"kind": kind, "provider": provider, "handle": handle, **limits}
+        return str(self.post(f"/runs/{self.run_id}/resources", body)["resource_id"])
+
+    def release_resource(self, resource_id: str) -> dict[str, Any]:
+        return self.post(f"/resources/{resource_id}/release")
+
+    def operation(
+        self,
+        *,
+        tool: str,
+        action: str,
+        resource: str,
+        effect_class: str,
+        idempotency_key: str,
+        perform: Callable[[], Done],
+        approval_timeout_s: float = 600,
+        poll_s: float = 2.0,
+        **intent: Any,
+    ) -> dict[str, Any]:
+        """Intent -> authorize (waiting for a person's approval when one is needed) ->
+        dispatch -> ``perform()`` -> outcome. The idempotency key is the caller's and stays
+        the same on every retry, so a replacement worker replays the same operation. If
+        ``perform`` raises, the outcome is reported UNKNOWN (nobody knows whether the effect
+        happened) and the exception propagates."""
+        created = self.post(
+            f"/runs/{self.run_id}/operations",
+            {
+                "tool": tool,
+                "action": action,
+                "resource": resource,
+                "effect_class": effect_class,
+                "idempotency_key": idempotency_key,
+                **intent,
+            },
+        )
+        op = str(created["operation_id"])
+        phase = created["phase"]
+        if phase in ("PLANNED", "PENDING_APPROVAL"):
+            self._authorize(op, approval_timeout_s, poll_s)
+            phase = "AUTHORIZED"
+        if phase == "AUTHORIZED":
+            self.post(f"/operations/{op}/dispatch")
+        elif phase != "DISPATCHED":
+            return {"operation_id": op, "phase": phase}  # already decided by an earlier attempt
+        try:
+            done = perform()
+        except BaseException:
+            self.post(f"/operations/{op}/outcome", {"outcome": "UNKNOWN"})
+            raise
+        report: dict[str, Any] = {"outcome": done.outcome}
+        if done.provider_request_id:
+            report["provider_request_id"] = done.provider_request_id
+        if done.actual_cost_cents is not None:
+            report["actual_cost_cents"] = done.actual_cost_cents
+        if done.error_code:
+            report["error_code"] = done.error_code
+        outcome = self.post(f"/operations/{op}/outcome", report)
+        return {"operation_id": op, "phase": outcome["phase"]}
+
+    def _authorize(self, op: str, timeout_s: float, poll_s: float) -> None:
+        self._check()
+        status, body = self.client.call("POST", f"/operations/{op}/authorize", {"fencing_token": self.token})
+        if status != 202:
+            return
+        approval, deadline = body["approval_id"], time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(poll_s)
+            self._check()
+            decided = self.client.get(f"/approvals/{approval}")
+            if decided["status"] == "APPROVED":
+                self.post(f"/operations/{op}/authorize")
+                return
+            if decided["status"] in ("DENIED", "EXPIRED", "VOID"):
+                raise ApprovalDenied(403, {"error": "APPROVAL_DENIED", "detail": decided.get("reason") or ""})
+        raise ApprovalDenied(408, {"error": "APPROVAL_DENIED", "detail": "no decision before the timeout"})
+
+    # -- the end --
+
+    def complete(self) -> dict[str, Any]:
+        done = self.post(f"/runs/{self.run_id}/complete")
+        self._ended = True
+        self._stop.set()
+        return done
+
+    def release(self) -> dict[str, Any]:
+        self._stop.set()
+        done = self.client.post(
+            f"/runs/{self.run_id}/lease/release", {"owner_id": self.owner_id, "fencing_token": self.token}
+        )
+        self._ended = True
+        return done
+
+    def cancel_run(self, reason: str) -> dict[str, Any]:
+        return self.client.post(f"/runs/{self.run_id}/cancel", {"reason": reason})
