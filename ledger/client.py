@@ -23,6 +23,8 @@ the worker's next call on the lease, in the worker's own thread. See ``docs/clie
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import threading
 import time
 import uuid
@@ -112,6 +114,16 @@ class WorkerDraining(WorkerNotAccepting):
     code = "WORKER_DRAINING"
 
 
+class NotReady(WorkerNotAccepting):
+    """The worker's last boot reported a domain not ready: no lease until a ready boot."""
+
+    code = "NOT_READY"
+
+
+class CredentialsNotReady(NotReady):
+    code = "CREDENTIALS_NOT_READY"
+
+
 class RunCompleted(FencelineError):
     code = "RUN_COMPLETED"
 
@@ -171,6 +183,8 @@ ERRORS: dict[str, type[FencelineError]] = {
         IdempotencyMismatch,
         WorkerNotAccepting,
         WorkerDraining,
+        NotReady,
+        CredentialsNotReady,
         RunCompleted,
         RunCancelled,
         ReconcileFirst,
@@ -242,6 +256,35 @@ class Client:
 
     def lease(self, run_id: str, *, ttl_s: int = 30, owner_id: str | None = None, tool: str | None = None) -> Lease:
         return Lease(self, run_id, ttl_s=ttl_s, owner_id=owner_id or f"owner-{uuid.uuid4().hex[:12]}", tool=tool)
+
+    def boot(
+        self,
+        *,
+        config_hash: str,
+        code_version: str,
+        readiness: dict[str, dict[str, Any]],
+        state_schema_version: int = SCHEMA_VERSION,
+        credential_version: int | None = None,
+        honour_delay: bool = True,
+    ) -> dict[str, Any]:
+        """Report this process's start with its readiness per domain (runtime, state,
+        credentials, outbound_delivery, admission: each ``{"ok": bool, "evidence": {...}}``)
+        and, unless told otherwise, wait the restart delay the answer gives."""
+        body: dict[str, Any] = {
+            "boot_id": uuid.uuid4().hex,
+            "config_hash": config_hash,
+            "code_version": code_version,
+            "state_schema_version": state_schema_version,
+            "pid": os.getpid(),
+            "host": socket.gethostname()[:200] or "unknown",
+            "readiness": readiness,
+        }
+        if credential_version is not None:
+            body["credential_version"] = credential_version
+        answer = self.post("/workers/me/boots", body)
+        if honour_delay and answer["delay_s"]:
+            time.sleep(answer["delay_s"])
+        return answer
 
     def heartbeat(self) -> dict[str, Any]:
         return self.post("/workers/me/heartbeat")

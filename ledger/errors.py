@@ -122,6 +122,18 @@ def worker_refusal(status: str, what: str) -> WorkerNotAccepting:
     return WorkerNotAccepting(f"worker is {status} and {what}")
 
 
+class NotReady(WorkerNotAccepting):
+    """The worker's last boot reported a domain not ready: no lease until a boot is ready."""
+
+    code = "NOT_READY"
+
+
+class CredentialsNotReady(NotReady):
+    """The worker's last boot reported only its credentials not ready (expired, unreadable)."""
+
+    code = "CREDENTIALS_NOT_READY"
+
+
 class ForbiddenField(DomainError):
     """A forbidden key or a credential-like value crossed the secret boundary
     (``ledger/boundary.py``). Names the path and the rule, never the value."""

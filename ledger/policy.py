@@ -26,6 +26,9 @@ module only reads documents; ``ledger.services.policy`` stores and changes them.
                                             # for less at creation (null: no limit)
       "cancel_grace_s": 60,                 # after a cancel, how long DISPATCHED effects may
                                             # still report before they become UNKNOWN
+      "restart_budget": {                   # boots in a restart episode before QUARANTINED
+        "max_restarts": 5, "window_s": 600
+      },
       "quotas": {                           # null (or a missing key): no limit
         "instances_per_tenant": null,       # live instances (held leases) of the tenant
         "instances_per_worker": null,       # ... held by one worker
@@ -65,6 +68,7 @@ STARTER_POLICY: dict = {
     "idle_limit_s": 900,
     "max_runtime_s": 86400,
     "cancel_grace_s": 60,
+    "restart_budget": {"max_restarts": 5, "window_s": 600},
     "quotas": {
         "instances_per_tenant": None,
         "instances_per_worker": None,
@@ -133,6 +137,13 @@ def validate_policy(document: object) -> dict:
     ):
         raise InvalidInput("policy.cost_limits_cents.provider must map provider names to cents")
     _validate_quotas(merged)
+    budget = merged["restart_budget"]
+    if (
+        not isinstance(budget, dict)
+        or set(budget) != {"max_restarts", "window_s"}
+        or any(type(v) is not int or v < 1 for v in budget.values())
+    ):
+        raise InvalidInput("policy.restart_budget must be {max_restarts, window_s}: positive integers")
     breaker = merged["breaker"]
     if not isinstance(breaker, dict) or set(breaker) != set(STARTER_POLICY["breaker"]):
         raise InvalidInput("policy.breaker must have throttled_at, degraded_at, open_at, throttled_max_dispatched")

@@ -16,6 +16,8 @@ from ledger.api.schemas import (
     ApprovalRequiredOut,
     AuthorizedOut,
     AuthorizeIn,
+    BootIn,
+    BootOut,
     CancelIn,
     CancelledOut,
     CapabilityIn,
@@ -63,7 +65,7 @@ from ledger.services.core.fencing import fence_check
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.fence import ending, leases, notes, operations, outcomes, retry, runs
 from ledger.services.fence.operations import Intent
-from ledger.services.fleet import lifecycle
+from ledger.services.fleet import boots, lifecycle
 from ledger.services.lifespan import checkpoints, resources
 from ledger.states import Outcome, Phase
 
@@ -597,6 +599,32 @@ def drain_me(request, body: DrainIn):
     until deadline_s, after which its leases are revoked. Draining again changes nothing."""
     change = lifecycle.worker_drain_self(worker=request.worker, deadline_s=body.deadline_s, reason=body.reason or "")
     return _worker_out(change.worker)
+
+
+@api.post("/workers/me/boots", response={201: BootOut, **BODY}, tags=["workers"])
+def report_boot(request, body: BootIn):
+    """Report a start of the worker process with its readiness per domain (runtime, state,
+    credentials, outbound_delivery, admission). A failed domain stops admission: lease
+    acquisition answers 409 NOT_READY (CREDENTIALS_NOT_READY when only credentials failed)
+    until a ready boot. The answer's delay_s is how long to wait first; past the policy's
+    restart_budget the worker is QUARANTINED (quarantined: true) until a person resumes it."""
+    answer = boots.worker_boot(
+        worker=request.worker,
+        report=boots.BootReport(**{**body.model_dump(exclude={"readiness"}), "readiness": body.readiness.model_dump()}),
+    )
+    boot = answer.boot
+    return Status(
+        201,
+        {
+            "boot_id": boot.boot_id,
+            "phase": boot.phase,
+            "failed_domains": boot.failed_domains,
+            "delay_s": answer.delay_s,
+            "episode_boot": boot.episode_boot,
+            "quarantined": answer.quarantined,
+            "worker_status": request.worker.status,
+        },
+    )
 
 
 @api.post("/workers/me/heartbeat", response={200: WorkerOut, **BODY}, tags=["workers"])

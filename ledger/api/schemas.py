@@ -251,6 +251,42 @@ class DrainIn(In):
     reason: Annotated[StrictStr, Field(min_length=1, max_length=MAX_REASON_LENGTH)] | None = None
 
 
+class DomainReadiness(In):
+    ok: bool
+    # What the check saw (a storable JSON object of at most 4 KB, through the secret boundary).
+    evidence: dict[str, Any] = {}
+
+
+class Readiness(In):
+    runtime: DomainReadiness
+    state: DomainReadiness
+    credentials: DomainReadiness
+    outbound_delivery: DomainReadiness
+    admission: DomainReadiness
+
+
+class BootIn(In):
+    boot_id: Annotated[StrictStr, Field(min_length=1, max_length=64)]
+    config_hash: Annotated[StrictStr, Field(min_length=1, max_length=100)]
+    code_version: Annotated[StrictStr, Field(min_length=1, max_length=100)]
+    state_schema_version: Annotated[StrictInt, Field(ge=1, le=32767), WHOLE]
+    credential_version: Annotated[StrictInt, Field(ge=1, le=2**31 - 1), WHOLE] | None = None
+    pid: Annotated[StrictInt, Field(ge=1, le=2**31 - 1), WHOLE]
+    host: Annotated[StrictStr, Field(min_length=1, max_length=200)]
+    readiness: Readiness
+
+
+class BootOut(Schema):
+    boot_id: str
+    phase: str
+    failed_domains: list[str]
+    # Wait this long before starting work (min(300, 2^n) s in a restart episode).
+    delay_s: int
+    episode_boot: int
+    quarantined: bool
+    worker_status: str
+
+
 class WorkerOut(Schema):
     name: str
     status: str

@@ -5,7 +5,7 @@ from ledger.models.authority import CapabilityBudget, CostReservation, CostWindo
 from ledger.models.evidence import Checkpoint, Event
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
 from ledger.models.runs import LeaseGrant, Operation, Run, RunLease
-from ledger.models.tenancy import AdminAction, Tenant, TenantPolicy, Worker, WorkerDrain
+from ledger.models.tenancy import AdminAction, Tenant, TenantPolicy, Worker, WorkerBoot, WorkerDrain
 
 __all__ = [
     "AdminAction",
@@ -26,5 +26,6 @@ __all__ = [
     "Tenant",
     "TenantPolicy",
     "Worker",
+    "WorkerBoot",
     "WorkerDrain",
 ]

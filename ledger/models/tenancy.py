@@ -50,6 +50,10 @@ class Worker(Versioned):
     # The process heartbeat (POST /workers/me/heartbeat), apart from any lease: a QUIESCED
     # worker whose heartbeat lapses is STOPPED.
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The latest boot report's phase (PROCESS_UP, READY, EXECUTING; blank before any) and,
+    # while a domain failed, the code its lease acquisitions are refused with.
+    boot_phase = models.CharField(max_length=16, blank=True, default="")
+    not_ready_code = models.CharField(max_length=32, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -60,6 +64,34 @@ class Worker(Versioned):
 
     def __str__(self) -> str:
         return f"{self.tenant.slug}/{self.name}"
+
+
+class WorkerBoot(Versioned):
+    """One start of a worker process, as it reported it: what it runs (config hash, code and
+    schema versions, credential version, pid, host) and its readiness per domain with evidence
+    (through the secret boundary). Consecutive boots that end in a crash or never reach
+    EXECUTING form a restart episode (``episode_boot``: its place in the episode, 1 first)."""
+
+    worker = models.ForeignKey(Worker, on_delete=models.PROTECT, related_name="boots")
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    boot_id = models.CharField(max_length=64)
+    reported_at = models.DateTimeField()
+    config_hash = models.CharField(max_length=100)
+    code_version = models.CharField(max_length=100)
+    state_schema_version = models.PositiveIntegerField()
+    credential_version = models.PositiveIntegerField(null=True, blank=True)
+    pid = models.PositiveIntegerField()
+    host = models.CharField(max_length=200)
+    readiness = models.JSONField()
+    failed_domains = models.JSONField(default=list)
+    phase = models.CharField(max_length=16)  # PROCESS_UP, READY, EXECUTING
+    episode_boot = models.PositiveIntegerField(default=1)
+    delay_s = models.PositiveIntegerField(default=0)
+    ended = models.CharField(max_length=8, blank=True, default="")  # "exit" or "crash", told by the next boot
+
+    class Meta:
+        ordering = ["-reported_at"]
+        constraints = [models.UniqueConstraint(fields=["worker", "boot_id"], name="boot_unique_id_per_worker")]
 
 
 class WorkerDrain(Versioned):

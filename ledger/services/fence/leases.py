@@ -19,6 +19,7 @@ from ledger.actors import SYSTEM_LIMITS, SYSTEM_REAPER, worker_actor
 from ledger.errors import DomainError, InvalidInput, LeaseHeld, LeaseLost, RunCompleted, WorkerNotAccepting
 from ledger.models import LeaseGrant, Run, RunLease, Worker
 from ledger.services.authority.policy import policy_current
+from ledger.services.core.admission import admission_refusal, worker_executing
 from ledger.services.core.fencing import Fenced, fenced, lock_run, locked_runs, run_cancelled, worker_refused
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.ending import IN_FLIGHT, TIMEOUT_REASON, runs_cancel
@@ -53,6 +54,9 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int, 
         raise InvalidInput(f"tool must be at most {MAX_TOOL_LENGTH} characters", field="tool")
     if worker.status != WorkerStatus.ACCEPTING:
         raise worker_refused(worker, "takes no new lease")
+    not_admitted = admission_refusal(worker)
+    if not_admitted is not None:
+        raise not_admitted
     _, policy = policy_current(tenant=worker.tenant)
     refused: DomainError | None = None
     with transaction.atomic():
@@ -75,6 +79,7 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int, 
             lease = _grant(run=run, worker=worker, owner_id=owner_id, ttl_s=ttl_s, tool=tool, policy=policy, now=now)
     if refused is not None:
         raise refused
+    worker_executing(worker)
     return lease
 
 

@@ -1,0 +1,181 @@
+"""Boot reports, readiness and restart episodes (article "Your Agent Restart Loop Needs a
+Budget"): each start of a worker process reports what it runs and whether each domain is
+ready; a failed domain stops admission (lease acquisition: 409 NOT_READY, or
+CREDENTIALS_NOT_READY), not the process. Boots that follow each other after a crash, or
+without ever reaching EXECUTING, form a restart episode: each boot is answered with the delay
+to wait, min(300, 2^n) s, and past the policy's ``restart_budget`` (5 restarts in 600 s) the
+worker is QUARANTINED with its boots kept as the diagnostic bundle, until a person resumes it.
+"""
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from ledger.boundary import check_text
+from ledger.errors import CredentialsNotReady, InvalidInput, NotReady
+from ledger.models import Worker, WorkerBoot
+from ledger.services.authority.policy import policy_current
+from ledger.services.core.decisions import admin_action_record
+from ledger.services.evidence.append import checked_document
+from ledger.services.fleet.lifecycle import QUARANTINE_FROM, _change_status
+from ledger.states import WorkerStatus
+
+DOMAINS = ("runtime", "state", "credentials", "outbound_delivery", "admission")
+MAX_DELAY_S = 300
+MAX_EVIDENCE_BYTES = 4096
+SYSTEM_RESTART_BUDGET = "system:restart-budget"
+
+
+@dataclass(frozen=True)
+class BootReport:
+    boot_id: str
+    config_hash: str
+    code_version: str
+    state_schema_version: int
+    pid: int
+    host: str
+    readiness: dict
+    credential_version: int | None = None
+
+
+@dataclass(frozen=True)
+class BootAnswer:
+    boot: WorkerBoot
+    delay_s: int
+    quarantined: bool
+
+
+def _text(value: object, name: str, limit: int) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= limit:
+        raise InvalidInput(f"{name} must be 1 to {limit} characters", field=name)
+    check_text(value, path=name)
+    return value
+
+
+def _readiness(readiness: object) -> tuple[dict, list[str]]:
+    if not isinstance(readiness, dict) or set(readiness) != set(DOMAINS):
+        raise InvalidInput(f"readiness must name exactly {', '.join(DOMAINS)}", field="readiness")
+    checked, failed = {}, []
+    for domain in DOMAINS:
+        entry = readiness[domain]
+        if not isinstance(entry, dict) or not isinstance(entry.get("ok"), bool) or set(entry) - {"ok", "evidence"}:
+            raise InvalidInput("each domain is {ok: true|false, evidence: {...}}", field=f"readiness.{domain}")
+        evidence = checked_document(
+            entry.get("evidence", {}), field=f"readiness.{domain}.evidence", max_bytes=MAX_EVIDENCE_BYTES
+        )
+        checked[domain] = {"ok": entry["ok"], "evidence": evidence}
+        if not entry["ok"]:
+            failed.append(domain)
+    return checked, failed
+
+
+def not_ready_code(failed: list[str]) -> str:
+    if not failed:
+        return ""
+    return CredentialsNotReady.code if failed == ["credentials"] else NotReady.code
+
+
+def worker_boot(*, worker: Worker, report: BootReport) -> BootAnswer:
+    """Record a boot, tell the previous one how it ended, and answer with the restart delay;
+    quarantine the worker once its episode passes the restart budget."""
+    boot_id = _text(report.boot_id, "boot_id", 64)
+    config_hash = _text(report.config_hash, "config_hash", 100)
+    code_version = _text(report.code_version, "code_version", 100)
+    host = _text(report.host, "host", 200)
+    readiness, failed = _readiness(report.readiness)
+    _, policy = policy_current(tenant=worker.tenant)
+    budget = policy.get("restart_budget", {"max_restarts": 5, "window_s": 600})
+    with transaction.atomic():
+        locked = Worker.objects.select_for_update().get(pk=worker.pk)
+        now = timezone.now()
+        previous = WorkerBoot.objects.filter(worker=locked).order_by("-reported_at").first()
+        if previous is not None and not previous.ended:
+            clean = locked.status in (WorkerStatus.STOPPED, WorkerStatus.QUIESCED)
+            previous.ended = "exit" if clean else "crash"
+            WorkerBoot.objects.filter(pk=previous.pk).update(ended=previous.ended)
+        # A boot after a crash (no clean exit before it) continues the episode; a clean exit ends it.
+        in_episode = previous is not None and previous.ended == "crash"
+        recent = previous is not None and previous.reported_at >= now - timedelta(seconds=budget["window_s"])
+        place = previous.episode_boot + 1 if previous is not None and in_episode and recent else 1
+        restarts = place - 1
+        delay = 0 if restarts == 0 else min(MAX_DELAY_S, 2**restarts)
+        phase = "READY" if not failed else "PROCESS_UP"
+        try:
+            with transaction.atomic():
+                boot = WorkerBoot.objects.create(
+                    worker=locked,
+                    tenant_id=locked.tenant_id,
+                    boot_id=boot_id,
+                    reported_at=now,
+                    config_hash=config_hash,
+                    code_version=code_version,
+                    state_schema_version=report.state_schema_version,
+                    credential_version=report.credential_version,
+                    pid=report.pid,
+                    host=host,
+                    readiness=readiness,
+                    failed_domains=failed,
+                    phase=phase,
+                    episode_boot=place,
+                    delay_s=delay,
+                )
+        except IntegrityError:
+            raise InvalidInput("boot_id was reported already", field="boot_id") from None
+        started = {}
+        if locked.status == WorkerStatus.STOPPED:  # a new process after a clean stop accepts work again
+            started = {
+                "status": WorkerStatus.ACCEPTING,
+                "status_changed_at": now,
+                "status_changed_by": "system:boot",
+                "status_reason": "a new process booted",
+                "drain_deadline": None,
+            }
+        Worker.objects.filter(pk=locked.pk).update(
+            boot_phase=phase, not_ready_code=not_ready_code(failed), last_heartbeat_at=now, last_seen_at=now, **started
+        )
+        quarantined = restarts > budget["max_restarts"] and locked.status in QUARANTINE_FROM
+        if quarantined:
+            _quarantine(locked, place, budget, now)
+    worker.refresh_from_db()
+    return BootAnswer(boot=boot, delay_s=delay, quarantined=quarantined)
+
+
+def _quarantine(worker: Worker, place: int, budget: dict, now) -> None:
+    reason = f"restart budget exceeded: {place - 1} restarts within {budget['window_s']} s"
+    _change_status(
+        worker=worker,
+        allowed_from=QUARANTINE_FROM,
+        status=WorkerStatus.QUARANTINED,
+        actor=SYSTEM_RESTART_BUDGET,
+        reason=reason,
+        event="WORKER_QUARANTINED",
+        end_leases=True,
+        now=now,
+    )
+    boots = list(WorkerBoot.objects.filter(worker=worker).order_by("-reported_at")[:place])
+    good = WorkerBoot.objects.filter(worker=worker, phase="EXECUTING").order_by("-reported_at").first()
+    admin_action_record(
+        tenant=worker.tenant,
+        actor=SYSTEM_RESTART_BUDGET,
+        action="worker.quarantine",
+        subject=worker.name,
+        reason=reason,
+        fields={
+            "diagnostic_bundle": {
+                "boots": [
+                    {
+                        "boot_id": b.boot_id,
+                        "reported_at": b.reported_at.isoformat(),
+                        "config_hash": b.config_hash,
+                        "failed_domains": b.failed_domains,
+                        "ended": b.ended,
+                    }
+                    for b in boots
+                ],
+                "last_good_config_hash": good.config_hash if good else None,
+            }
+        },
+        now=now,
+    )
