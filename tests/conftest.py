@@ -151,6 +151,15 @@ def api_for(live_server):
     return build
 
 
+@pytest.fixture
+def leased(api_for, acme):
+    """A run of acme's worker whose lease it holds (token 1, owner "worker-a"), over HTTP."""
+    client = api_for(acme)
+    run_id = client.create_run()
+    assert client.acquire(run_id, "worker-a").status == 200
+    return client, run_id
+
+
 # --- concurrency helpers ----------------------------------------------------------------
 
 

@@ -11,14 +11,6 @@ from tests.conftest import make_worker
 from tests.helpers import assert_chain_intact, database_fingerprint
 
 
-@pytest.fixture
-def leased(api_for, acme):
-    client = api_for(acme)
-    run_id = client.create_run()
-    assert client.acquire(run_id, "worker-a").status == 200
-    return client, run_id
-
-
 def attach(client, run_id, handle, token=1, **extra):
     body = {"fencing_token": token, "kind": "browser_session", "provider": "sandbox", "handle": handle, **extra}
     return client.post(f"/runs/{run_id}/resources", body)

@@ -18,14 +18,6 @@ from tests.conftest import make_worker
 from tests.helpers import assert_chain_intact
 
 
-@pytest.fixture
-def leased(api_for, acme):
-    client = api_for(acme)
-    run_id = client.create_run()
-    assert client.acquire(run_id, "worker-a").status == 200
-    return client, run_id
-
-
 def dispatched(client, run_id, key):
     op = client.intend(run_id, 1, key, effect_class="IDEMPOTENT").body["operation_id"]
     assert client.authorize(op, 1).status == 200
