@@ -25,6 +25,7 @@ from ledger.models import (
     Tenant,
     TenantPolicy,
     Worker,
+    WorkerBoot,
     WorkerDrain,
 )
 from ledger.pagination import keyset_page
@@ -181,7 +182,8 @@ def worker_detail_parts(*, worker: Worker) -> dict:
         .order_by("expires_at")[:RECENT]
     )
     drains = list(WorkerDrain.objects.filter(worker=worker).order_by("-started_at")[:RECENT])
-    return {"grants": grants, "held": held, "drains": drains, "now": timezone.now()}
+    boots = list(WorkerBoot.objects.filter(worker=worker).order_by("-reported_at")[:RECENT])
+    return {"grants": grants, "held": held, "drains": drains, "boots": boots, "now": timezone.now()}
 
 
 # --- tenants: policy, budgets, roles, activity ----------------------------------------------
