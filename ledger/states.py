@@ -242,3 +242,14 @@ RESOURCE_TRANSITIONS: dict[ResourceState, frozenset[ResourceState]] = {
     ResourceState.RELEASED: frozenset(),
 }
 RESOURCE_OPEN = frozenset(set(ResourceState) - {ResourceState.RELEASED})
+
+
+def resource_sources(target: ResourceState) -> tuple[ResourceState, ...]:
+    """The states from which ``target`` may be reached, in the table's order."""
+    return tuple(src for src, targets in RESOURCE_TRANSITIONS.items() if target in targets)
+
+
+# Waiting for the reaper's next call (RELEASING is claimed again only once its claim expired);
+# what a person may mark released.
+RESOURCE_CLAIMABLE = tuple(s for s in resource_sources(ResourceState.RELEASING) if s != ResourceState.RELEASING)
+RESOURCE_MARKABLE = resource_sources(ResourceState.RELEASED)

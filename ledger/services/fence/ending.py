@@ -81,12 +81,14 @@ def runs_cancel(*, runs: list[Run], batch: ChainBatch, actor: str, reason: str, 
     if ending not in CANCEL_ENDS:
         raise AssertionError(f"a cancellation ends CANCELLED or TIMED_OUT, not {ending}")
     cancelled = 0
+    grace_s: dict[int, int] = {}  # per tenant: one policy read however many runs go
     while runs:
         for run in runs:
             if run.status != RunStatus.ACTIVE:
                 continue
-            _, policy = policy_current(tenant=run.tenant)
-            grace_until = batch.now + timedelta(seconds=policy["cancel_grace_s"])
+            if run.tenant_id not in grace_s:
+                grace_s[run.tenant_id] = policy_current(tenant=run.tenant)[1]["cancel_grace_s"]
+            grace_until = batch.now + timedelta(seconds=grace_s[run.tenant_id])
             Run.objects.filter(pk=run.pk, status=RunStatus.ACTIVE).update(
                 status=RunStatus.CANCELLING,
                 ending=ending,

@@ -19,7 +19,7 @@ from ledger.models import Worker, WorkerBoot
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.decisions import admin_action_record
 from ledger.services.evidence.append import checked_document
-from ledger.services.fleet.lifecycle import QUARANTINE_FROM, _change_status
+from ledger.services.fleet.lifecycle import QUARANTINE_FROM, worker_quarantine_by_system
 from ledger.states import WorkerStatus
 
 DOMAINS = ("runtime", "state", "credentials", "outbound_delivery", "admission")
@@ -144,16 +144,7 @@ def worker_boot(*, worker: Worker, report: BootReport) -> BootAnswer:
 
 def _quarantine(worker: Worker, place: int, budget: dict, now) -> None:
     reason = f"restart budget exceeded: {place - 1} restarts within {budget['window_s']} s"
-    _change_status(
-        worker=worker,
-        allowed_from=QUARANTINE_FROM,
-        status=WorkerStatus.QUARANTINED,
-        actor=SYSTEM_RESTART_BUDGET,
-        reason=reason,
-        event="WORKER_QUARANTINED",
-        end_leases=True,
-        now=now,
-    )
+    worker_quarantine_by_system(worker=worker, actor=SYSTEM_RESTART_BUDGET, reason=reason, now=now)
     boots = list(WorkerBoot.objects.filter(worker=worker).order_by("-reported_at")[:place])
     good = WorkerBoot.objects.filter(worker=worker, phase="EXECUTING").order_by("-reported_at").first()
     admin_action_record(

@@ -236,6 +236,21 @@ def workers_drain_enforce(*, now=None) -> int:
     return moved
 
 
+def worker_quarantine_by_system(*, worker: Worker, actor: str, reason: str, now=None) -> WorkerChange:
+    """A quarantine no person decided (``actor`` is a ``system:`` job, e.g. the restart budget):
+    the same transition as a person's, in the caller's transaction; a person resumes it."""
+    return _change_status(
+        worker=worker,
+        allowed_from=QUARANTINE_FROM,
+        status=WorkerStatus.QUARANTINED,
+        actor=actor,
+        reason=reason,
+        event="WORKER_QUARANTINED",
+        end_leases=True,
+        now=now,
+    )
+
+
 def worker_drain_self(*, worker: Worker, deadline_s: int, reason: str = "") -> WorkerChange:
     """The worker drains itself (its SIGTERM handler): ACCEPTING -> DRAINING until now +
     ``deadline_s``. Draining again changes nothing and returns the worker as it is."""

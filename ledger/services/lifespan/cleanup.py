@@ -18,10 +18,10 @@ from ledger.roles import ADMINISTER
 from ledger.services.core.decisions import acting_name, admin_action_record, decision_reason
 from ledger.services.core.fencing import lock_run
 from ledger.services.evidence.append import ChainBatch
-from ledger.states import ResourceState
+from ledger.states import RESOURCE_CLAIMABLE, RESOURCE_MARKABLE, ResourceState
 
-RETRYABLE = (ResourceState.RELEASE_REQUESTED, ResourceState.CLEANUP_FAILED)
-MARKABLE = (ResourceState.RELEASE_REQUESTED, ResourceState.CLEANUP_FAILED, ResourceState.RELEASING)
+RETRYABLE = RESOURCE_CLAIMABLE  # the reaper's next pass calls the driver again
+MARKABLE = RESOURCE_MARKABLE
 
 
 @dataclass

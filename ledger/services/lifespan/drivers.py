@@ -81,12 +81,12 @@ class SandboxDriver:
         (root / "closed").mkdir(parents=True, exist_ok=True)
         return root
 
-    def _marker(self, resource: ResourceRef) -> Path:
-        digest = hashlib.sha256(f"{resource.provider}\0{resource.handle}".encode()).hexdigest()
+    def _marker(self, provider: str, handle: str) -> Path:
+        digest = hashlib.sha256(f"{provider}\0{handle}".encode()).hexdigest()
         return self.root / "closed" / digest
 
     def is_closed(self, provider: str, handle: str) -> bool:
-        return self._marker(ResourceRef("", "", provider, handle, 0)).exists()
+        return self._marker(provider, handle).exists()
 
     def calls(self) -> list[str]:
         log = self.root / "calls.log"
@@ -102,7 +102,7 @@ class SandboxDriver:
         if resource.attempt <= int(told.get("fail", ["0"])[0]):
             return Closing(Closed.FAILED, f"sandbox refused the close (attempt {resource.attempt})")
         try:
-            fd = os.open(self._marker(resource), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(self._marker(resource.provider, resource.handle), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             return Closing(Closed.ALREADY_GONE)
         os.close(fd)

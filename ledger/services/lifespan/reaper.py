@@ -48,11 +48,9 @@ from ledger.services.core.fencing import locked_runs
 from ledger.services.evidence.append import ChainBatch, json_safe
 from ledger.services.lifespan.drivers import Closed, Closing, ResourceRef, driver_for
 from ledger.services.lifespan.resources import resources_request
-from ledger.states import InstanceState, ResourceState
+from ledger.states import RESOURCE_CLAIMABLE, InstanceState, ResourceState
 
 log = logging.getLogger("fenceline.reaper")
-
-CLAIMABLE = (ResourceState.RELEASE_REQUESTED, ResourceState.CLEANUP_FAILED)
 
 
 @dataclass
@@ -132,7 +130,9 @@ def _request_overdue(batch_size: int, result: ResourceReapResult) -> None:
 def _claim(reaper_id: str, batch_size: int) -> list[ResourceRef]:
     with transaction.atomic():
         now = timezone.now()
-        due = RunResource.objects.filter(state__in=CLAIMABLE, next_attempt_at__lte=now).order_by("next_attempt_at")
+        due = RunResource.objects.filter(state__in=RESOURCE_CLAIMABLE, next_attempt_at__lte=now).order_by(
+            "next_attempt_at"
+        )
         ids = list(due.select_for_update(skip_locked=True).values_list("pk", flat=True)[:batch_size])
         if len(ids) < batch_size:  # claims whose reaper died before it settled them
             stale = RunResource.objects.filter(state=ResourceState.RELEASING, claim_expires_at__lte=now)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count
 
 from ledger.boundary import check_text
 from ledger.errors import Denied, DomainError, InvalidInput, NotFound, parse_id
@@ -191,8 +190,3 @@ def resources_request_release(*, runs: list[Run], batch: ChainBatch, actor: str,
     ):
         by_run.setdefault(by_pk[run_id], []).append(pk)
     return resources_request(by_run, batch, actor, reason)
-
-
-def resources_by_state(*, run: Run) -> dict[str, int]:
-    counts = RunResource.objects.filter(run=run).values_list("state").annotate(n=Count("id"))
-    return dict(counts)
