@@ -100,6 +100,7 @@ def test_the_run_resource_quota_is_counted_per_kind(leased, acme):
         ({"handle": "x" * 501}, "handle"),
         ({"handle": "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"}, "handle"),
         ({"handle": "https://u:hunter2hunter2@example.com/s"}, "handle"),
+        ({"provider": "sk_live_" + "51HxQ2aLkT9vW3mZr8YbC4dN7pJ6sF0g"}, "provider"),
         ({"ttl_s": 0}, "ttl_s"),
         ({"idle_s": "60"}, "idle_s"),
         ({"extra": 1}, "*"),  # an unknown key is not echoed back
@@ -114,4 +115,15 @@ def test_bad_input_is_refused_naming_the_field_and_nothing_is_stored(leased, cha
     assert (
         field in {problem["field"].split(".")[0] for problem in r.body.get("fields", [])} or r.body.get("path") == field
     ), r
+    assert database_fingerprint() == before
+
+
+def test_a_secret_looking_tool_name_on_acquire_is_refused_and_nothing_is_stored(api_for, acme):
+    client = api_for(acme)
+    run_id = client.create_run()
+    before = database_fingerprint()
+    canary = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+    r = client.post(f"/runs/{run_id}/lease", {"owner_id": "worker-a", "ttl_s": 30, "tool": canary})
+    assert (r.status, r.body["error"], r.body["path"]) == (422, "FORBIDDEN_FIELD", "tool"), r
+    assert canary not in r.raw.text
     assert database_fingerprint() == before

@@ -16,6 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ledger.actors import SYSTEM_LIMITS, SYSTEM_REAPER, worker_actor
+from ledger.boundary import check_text
 from ledger.errors import DomainError, InvalidInput, LeaseHeld, LeaseLost, RunCompleted, WorkerNotAccepting
 from ledger.models import LeaseGrant, Run, RunLease, Worker
 from ledger.services.authority.policy import policy_current
@@ -52,6 +53,8 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int, 
     _check_ttl(ttl_s)
     if not isinstance(tool, str) or len(tool) > MAX_TOOL_LENGTH:
         raise InvalidInput(f"tool must be at most {MAX_TOOL_LENGTH} characters", field="tool")
+    if tool:
+        check_text(tool, path="tool")  # stored on the instance and in LEASE_ACQUIRED
     if worker.status != WorkerStatus.ACCEPTING:
         raise worker_refused(worker, "takes no new lease")
     not_admitted = admission_refusal(worker)

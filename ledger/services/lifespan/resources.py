@@ -54,6 +54,7 @@ def _checked(attach: Attach, policy: dict) -> tuple[ResourceKind, int]:
         raise InvalidInput(f"kind must be one of {', '.join(ResourceKind.values)}", field="kind")
     if not isinstance(attach.provider, str) or not PROVIDER.match(attach.provider):
         raise InvalidInput("provider must be 1 to 100 letters, digits and _ . : -", field="provider")
+    check_text(attach.provider, path="provider")  # stored and in the chain: an API key fits the pattern
     if not isinstance(attach.handle, str) or not 1 <= len(attach.handle) <= MAX_HANDLE_LENGTH:
         raise InvalidInput(f"handle must be 1 to {MAX_HANDLE_LENGTH} characters", field="handle")
     check_text(attach.handle, path="handle")
