@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -35,6 +36,7 @@ from typing import Any
 import requests
 
 SCHEMA_VERSION = 1
+DIRECTIVE_HEADER = "Fenceline-Directive"
 
 
 # --- errors: one class per code --------------------------------------------------------
@@ -166,6 +168,15 @@ class ServerError(FencelineError):
     code = "SERVER_ERROR"
 
 
+class StopWorker(FencelineError):
+    """The server told this worker to stop (``Fenceline-Directive: STOP_WORKER`` on a
+    response): it is QUARANTINED, e.g. after too many writes with dead tokens. Exit without
+    acting further; a person decides when it may resume. Not an error code of a body: the
+    directive rides on every response, answers included."""
+
+    code = "STOP_WORKER"
+
+
 ERRORS: dict[str, type[FencelineError]] = {
     cls.code: cls
     for cls in (
@@ -202,6 +213,162 @@ def error_for(status: int, body: dict[str, Any]) -> FencelineError:
     return cls(status, body)
 
 
+# --- the container self-audit (article "Your Agent Container Is Not Isolated Until You
+# Test the Mounts"), run by the worker on itself and sent with its boot report ------------
+
+# Linux capability numbers 0..40, in order (linux/capability.h).
+CAPABILITIES = [
+    "chown",
+    "dac_override",
+    "dac_read_search",
+    "fowner",
+    "fsetid",
+    "kill",
+    "setgid",
+    "setuid",
+    "setpcap",
+    "linux_immutable",
+    "net_bind_service",
+    "net_broadcast",
+    "net_admin",
+    "net_raw",
+    "ipc_lock",
+    "ipc_owner",
+    "sys_module",
+    "sys_rawio",
+    "sys_chroot",
+    "sys_ptrace",
+    "sys_pacct",
+    "sys_admin",
+    "sys_boot",
+    "sys_nice",
+    "sys_resource",
+    "sys_time",
+    "sys_tty_config",
+    "mknod",
+    "lease",
+    "audit_write",
+    "audit_control",
+    "setfcap",
+    "mac_override",
+    "mac_admin",
+    "syslog",
+    "wake_alarm",
+    "block_suspend",
+    "audit_read",
+    "perfmon",
+    "bpf",
+    "checkpoint_restore",
+]
+# Paths that give control of the host when reachable from inside: (path, what makes it so).
+HOST_CONTROL = (
+    ("var/run/docker.sock", "socket"),
+    ("run/docker.sock", "socket"),
+    ("run/containerd/containerd.sock", "socket"),
+    ("root/.ssh", "dir"),
+    ("proc/1/root/etc/shadow", "readable"),
+)
+# A mount whose source (or mount point) is one of these reaches host secrets or control.
+SENSITIVE_SOURCES = ("/home", "/root", "/etc", "/var/run/docker.sock", "/run/docker.sock", "/var/lib/docker")
+SENSITIVE_NAMES = (".ssh", ".aws", ".kube", ".docker", ".gnupg")
+PSEUDO_FILESYSTEMS = {
+    "proc",
+    "sysfs",
+    "cgroup",
+    "cgroup2",
+    "devpts",
+    "mqueue",
+    "devtmpfs",
+    "securityfs",
+    "debugfs",
+    "tracefs",
+    "pstore",
+    "bpf",
+    "hugetlbfs",
+    "fusectl",
+    "configfs",
+    "binfmt_misc",
+    "autofs",
+    "nsfs",
+}
+MAX_LISTED = 16  # the evidence of a boot stays small (the server caps it at 4 KiB)
+
+
+def _capabilities(hex_mask: str) -> list[str]:
+    mask = int(hex_mask, 16)
+    return [name for bit, name in enumerate(CAPABILITIES) if mask >> bit & 1]
+
+
+def _host_control(root: str) -> list[str]:
+    found = []
+    for path, kind in HOST_CONTROL:
+        full = os.path.join(root, path)
+        try:
+            mode = os.stat(full).st_mode
+        except OSError:
+            continue
+        if (
+            (kind == "socket" and stat.S_ISSOCK(mode))
+            or (kind == "dir" and stat.S_ISDIR(mode))
+            or (kind == "readable" and os.access(full, os.R_OK))
+        ):
+            found.append("/" + path)
+    return found
+
+
+def _mounts(mountinfo: str) -> tuple[list[str], list[str], bool]:
+    """(sensitive mounts, writable mounts, root read-only) from /proc/self/mountinfo lines:
+    ``id parent dev root mount_point options ... - fstype source super_options``."""
+    sensitive, writable, root_read_only = [], [], False
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 6:
+            continue
+        source_root, point, options = fields[3], fields[4], fields[5].split(",")
+        fstype = line.split(" - ", 1)[1].split()[0]
+        if point == "/":
+            root_read_only = "ro" in options
+        if fstype in PSEUDO_FILESYSTEMS:
+            continue
+        if "rw" in options and point != "/":
+            writable.append(point)
+        reaches = any(p == s or p.startswith(s + "/") for s in SENSITIVE_SOURCES for p in (source_root, point)) or any(
+            name in p.split("/") for name in SENSITIVE_NAMES for p in (source_root, point)
+        )
+        if reaches:
+            sensitive.append(f"{source_root} -> {point}" if source_root != point else point)
+    return sensitive[:MAX_LISTED], list(dict.fromkeys(writable))[:MAX_LISTED], root_read_only
+
+
+def runtime_audit(*, proc: str = "/proc", root: str = "/") -> dict[str, Any]:
+    """What this process can reach, checked from inside: its user id, its effective Linux
+    capabilities, writable and sensitive mounts, and host-control paths such as a docker
+    socket. Sent as ``readiness.runtime.evidence.audit``; a tenant policy with
+    ``runtime_audit`` refuses admission to a boot that fails it. Paths only, no contents."""
+    status: dict[str, str] = {}
+    with contextlib.suppress(OSError), open(os.path.join(proc, "self/status")) as lines:
+        status = dict(line.rstrip("\n").split(":\t", 1) for line in lines if ":\t" in line)
+    mountinfo = ""
+    with contextlib.suppress(OSError), open(os.path.join(proc, "self/mountinfo")) as text:
+        mountinfo = text.read()
+    sensitive, writable, root_read_only = _mounts(mountinfo)
+    uid = status.get("Uid", "").split()
+    return {
+        "uid": int(uid[1]) if len(uid) > 1 else None,  # the effective user id
+        "capabilities": _capabilities(status["CapEff"]) if "CapEff" in status else None,
+        "no_new_privileges": status.get("NoNewPrivs", "").strip() == "1",
+        "read_only_root": root_read_only,
+        "writable_mounts": writable,
+        "sensitive_mounts": sensitive,
+        "host_control": _host_control(root),
+    }
+
+
+def runtime_readiness(audit: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``runtime`` domain of a boot report: up, with the self-audit as its evidence."""
+    return {"ok": True, "evidence": {"audit": audit if audit is not None else runtime_audit()}}
+
+
 # --- the client ------------------------------------------------------------------------
 
 
@@ -223,10 +390,13 @@ class Client:
         self.timeout = timeout
         self.session = requests.Session()
         self.session.headers.update({"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        self.stop_requested = False  # set once a response carries the STOP_WORKER directive
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
         """One request; a refusal raises its exception. Returns (status, body) otherwise."""
         response = self.session.request(method, self.base + path, json=body, timeout=self.timeout)
+        if response.headers.get(DIRECTIVE_HEADER) == StopWorker.code:
+            self.stop_requested = True
         try:
             data = response.json()
         except ValueError:
@@ -265,11 +435,15 @@ class Client:
         readiness: dict[str, dict[str, Any]],
         state_schema_version: int = SCHEMA_VERSION,
         credential_version: int | None = None,
+        error: dict[str, str] | None = None,
         honour_delay: bool = True,
     ) -> dict[str, Any]:
         """Report this process's start with its readiness per domain (runtime, state,
-        credentials, outbound_delivery, admission: each ``{"ok": bool, "evidence": {...}}``)
-        and, unless told otherwise, wait the restart delay the answer gives."""
+        credentials, outbound_delivery, admission: each ``{"ok": bool, "evidence": {...}}``;
+        ``runtime_readiness()`` gives the runtime domain with the container self-audit) and,
+        unless told otherwise, wait the restart delay the answer gives. ``error`` is what the
+        process failed with while starting, ``{"kind", "message", "at"}`` (kind one of config,
+        migration, credentials, dependency, crash; a migration error quarantines the worker)."""
         body: dict[str, Any] = {
             "boot_id": uuid.uuid4().hex,
             "config_hash": config_hash,
@@ -281,6 +455,8 @@ class Client:
         }
         if credential_version is not None:
             body["credential_version"] = credential_version
+        if error is not None:
+            body["error"] = error
         answer = self.post("/workers/me/boots", body)
         if honour_delay and answer["delay_s"]:
             time.sleep(answer["delay_s"])
@@ -353,14 +529,19 @@ class Lease:
                 continue  # a passing outage: the lease may still be valid; try again next tick
             self.renewals += 1
             self.cancel = renewed.get("cancel") or self.cancel
+            if self.client.stop_requested:
+                return  # raised at the worker's next call
 
     def _check(self) -> None:
         if self._failure is not None:
             raise self._failure
+        if self.client.stop_requested:
+            self._failure = StopWorker(409, {"error": StopWorker.code, "detail": "the server told this worker to stop"})
+            raise self._failure
 
     @property
     def alive(self) -> bool:
-        return self._failure is None and not self._ended
+        return self._failure is None and not self._ended and not self.client.stop_requested
 
     # -- fenced calls --
 

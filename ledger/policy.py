@@ -29,6 +29,14 @@ module only reads documents; ``ledger.services.policy`` stores and changes them.
       "restart_budget": {                   # boots in a restart episode before QUARANTINED
         "max_restarts": 5, "window_s": 600
       },
+      "stale_token_limit": {                # stale-token rejections of one worker in a window
+        "max_rejections": 50, "window_s": 60  # before it is told to stop and QUARANTINED
+      },
+      "runtime_audit": null,                # null: not enforced; else what a boot's container
+                                            # self-audit must show to be admitted:
+                                            # {"allow_root": false, "allowed_capabilities": [],
+                                            #  "allow_host_control": false,
+                                            #  "allow_sensitive_mounts": false}
       "quotas": {                           # null (or a missing key): no limit
         "instances_per_tenant": null,       # live instances (held leases) of the tenant
         "instances_per_worker": null,       # ... held by one worker
@@ -69,6 +77,8 @@ STARTER_POLICY: dict = {
     "max_runtime_s": 86400,
     "cancel_grace_s": 60,
     "restart_budget": {"max_restarts": 5, "window_s": 600},
+    "stale_token_limit": {"max_rejections": 50, "window_s": 60},
+    "runtime_audit": None,
     "quotas": {
         "instances_per_tenant": None,
         "instances_per_worker": None,
@@ -137,13 +147,9 @@ def validate_policy(document: object) -> dict:
     ):
         raise InvalidInput("policy.cost_limits_cents.provider must map provider names to cents")
     _validate_quotas(merged)
-    budget = merged["restart_budget"]
-    if (
-        not isinstance(budget, dict)
-        or set(budget) != {"max_restarts", "window_s"}
-        or any(type(v) is not int or v < 1 for v in budget.values())
-    ):
-        raise InvalidInput("policy.restart_budget must be {max_restarts, window_s}: positive integers")
+    _validate_window(merged, "restart_budget", "max_restarts")
+    _validate_window(merged, "stale_token_limit", "max_rejections")
+    _validate_runtime_audit(merged["runtime_audit"])
     breaker = merged["breaker"]
     if not isinstance(breaker, dict) or set(breaker) != set(STARTER_POLICY["breaker"]):
         raise InvalidInput("policy.breaker must have throttled_at, degraded_at, open_at, throttled_max_dispatched")
@@ -156,6 +162,37 @@ def validate_policy(document: object) -> dict:
     if type(breaker["throttled_max_dispatched"]) is not int or breaker["throttled_max_dispatched"] < 1:
         raise InvalidInput("policy.breaker.throttled_max_dispatched must be a positive integer")
     return merged
+
+
+def _validate_window(merged: dict, name: str, count: str) -> None:
+    window = merged[name]
+    if (
+        not isinstance(window, dict)
+        or set(window) != {count, "window_s"}
+        or any(type(v) is not int or v < 1 for v in window.values())
+    ):
+        raise InvalidInput(f"policy.{name} must be {{{count}, window_s}}: positive integers")
+
+
+RUNTIME_AUDIT_RULES = {
+    "allow_root": False,
+    "allowed_capabilities": [],
+    "allow_host_control": False,
+    "allow_sensitive_mounts": False,
+}
+
+
+def _validate_runtime_audit(rules: object) -> None:
+    if rules is None:
+        return
+    if not isinstance(rules, dict) or set(rules) != set(RUNTIME_AUDIT_RULES):
+        raise InvalidInput(f"policy.runtime_audit must be null or {{{', '.join(RUNTIME_AUDIT_RULES)}}}")
+    for flag in ("allow_root", "allow_host_control", "allow_sensitive_mounts"):
+        if not isinstance(rules[flag], bool):
+            raise InvalidInput(f"policy.runtime_audit.{flag} must be true or false")
+    allowed = rules["allowed_capabilities"]
+    if not isinstance(allowed, list) or not all(isinstance(v, str) and v for v in allowed):
+        raise InvalidInput("policy.runtime_audit.allowed_capabilities must be a list of capability names")
 
 
 def _limits(value: object, path: str) -> None:
@@ -209,3 +246,33 @@ def allows(policy: dict, *, tool: str, action: str, resource: str) -> str | None
 
 def needs_human(policy: dict, tool: str) -> bool:
     return any(fnmatchcase(tool, pattern) for pattern in policy["human_approval_tools"])
+
+
+def runtime_audit_failures(rules: dict | None, audit: object) -> list[str]:
+    """What a boot's container self-audit (``readiness.runtime.evidence.audit``, written by
+    ``ledger.client.runtime_audit``) shows that the policy's ``runtime_audit`` forbids; empty
+    when the policy sets no rules or the audit passes them. A missing audit fails closed."""
+    if rules is None:
+        return []
+    if not isinstance(audit, dict):
+        return ["the boot carries no container self-audit (readiness.runtime.evidence.audit)"]
+    failures = []
+    uid = audit.get("uid")
+    if not rules["allow_root"] and (type(uid) is not int or uid == 0):
+        failures.append("runs as root (uid 0)" if uid == 0 else "reports no user id")
+    kept = audit.get("capabilities")
+    extra = sorted(set(kept) - set(rules["allowed_capabilities"])) if isinstance(kept, list) else ["(unreported)"]
+    if extra:
+        failures.append(f"keeps capabilities: {', '.join(map(str, extra))}")
+    for name, flag, what in (
+        ("host_control", "allow_host_control", "host-control paths reachable"),
+        ("sensitive_mounts", "allow_sensitive_mounts", "sensitive or broad mounts"),
+    ):
+        found = audit.get(name)
+        if rules[flag]:
+            continue
+        if not isinstance(found, list):
+            failures.append(f"{what}: (unreported)")
+        elif found:
+            failures.append(f"{what}: {', '.join(map(str, found))}")
+    return failures

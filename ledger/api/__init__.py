@@ -66,6 +66,7 @@ from ledger.services.evidence.append import phase_count_field
 from ledger.services.fence import ending, leases, notes, operations, outcomes, retry, runs
 from ledger.services.fence.operations import Intent
 from ledger.services.fleet import boots, lifecycle
+from ledger.services.fleet.stale_tokens import DIRECTIVE_HEADER, directive_for
 from ledger.services.lifespan import checkpoints, resources
 from ledger.states import Outcome, Phase
 
@@ -91,6 +92,14 @@ class FencelineAPI(NinjaAPI):
         for (component, name), schema in STORABLE_OBJECT_PROPERTIES.items():
             components[component]["properties"][name] = schema
         return document
+
+    def create_response(self, request, data, *args, **kwargs):
+        """Every response (answer or refusal) to a QUARANTINED worker tells it to stop."""
+        response = super().create_response(request, data, *args, **kwargs)
+        directive = directive_for(getattr(request, "worker", None))
+        if directive:
+            response[DIRECTIVE_HEADER] = directive
+        return response
 
 
 api = FencelineAPI(
@@ -607,11 +616,12 @@ def report_boot(request, body: BootIn):
     credentials, outbound_delivery, admission). A failed domain stops admission: lease
     acquisition answers 409 NOT_READY (CREDENTIALS_NOT_READY when only credentials failed)
     until a ready boot. The answer's delay_s is how long to wait first; past the policy's
-    restart_budget the worker is QUARANTINED (quarantined: true) until a person resumes it."""
-    answer = boots.worker_boot(
-        worker=request.worker,
-        report=boots.BootReport(**{**body.model_dump(exclude={"readiness"}), "readiness": body.readiness.model_dump()}),
-    )
+    restart_budget the worker is QUARANTINED (quarantined: true) until a person resumes it,
+    and so is a boot whose error is a state migration. A ready boot of a worker that left
+    effects in doubt is admitted only once they are decided (409 RECONCILE_FIRST). A policy
+    with runtime_audit refuses admission to a boot whose container self-audit
+    (readiness.runtime.evidence.audit) fails it."""
+    answer = boots.worker_boot(worker=request.worker, report=boots.BootReport(**body.model_dump()))
     boot = answer.boot
     return Status(
         201,
@@ -623,6 +633,8 @@ def report_boot(request, body: BootIn):
             "episode_boot": boot.episode_boot,
             "quarantined": answer.quarantined,
             "worker_status": request.worker.status,
+            "not_ready_code": request.worker.not_ready_code,
+            "unknown_left": boot.unknown_left,
         },
     )
 

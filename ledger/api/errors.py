@@ -15,7 +15,8 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from ledger.boundary import path_segment
-from ledger.errors import DomainError, MalformedJSON, PayloadTooLarge
+from ledger.errors import DomainError, LeaseLost, MalformedJSON, PayloadTooLarge, StaleToken
+from ledger.services.fleet.stale_tokens import worker_stale_rejected
 
 log = logging.getLogger("fenceline.api")
 
@@ -36,6 +37,9 @@ def _field_path(error: dict[str, Any]) -> str:
 def install(api: NinjaAPI) -> None:
     @api.exception_handler(DomainError)
     def on_domain_error(request: HttpRequest, exc: DomainError) -> HttpResponse:
+        worker = getattr(request, "worker", None)
+        if isinstance(exc, (StaleToken, LeaseLost)) and worker is not None:
+            worker_stale_rejected(worker=worker)  # past the policy's limit: quarantined, told to stop
         return api.create_response(request, exc.body(), status=exc.status)
 
     @api.exception_handler(ValidationError)

@@ -265,6 +265,13 @@ class Readiness(In):
     admission: DomainReadiness
 
 
+class BootError(In):
+    # What the process failed with while starting; "migration" quarantines the worker.
+    kind: Literal["config", "migration", "credentials", "dependency", "crash"]
+    message: Annotated[StrictStr, Field(min_length=1, max_length=500)]
+    at: Annotated[datetime, Field(strict=False)]  # an ISO 8601 date-time string
+
+
 class BootIn(In):
     boot_id: Annotated[StrictStr, Field(min_length=1, max_length=64)]
     config_hash: Annotated[StrictStr, Field(min_length=1, max_length=100)]
@@ -274,6 +281,7 @@ class BootIn(In):
     pid: Annotated[StrictInt, Field(ge=1, le=2**31 - 1), WHOLE]
     host: Annotated[StrictStr, Field(min_length=1, max_length=200)]
     readiness: Readiness
+    error: BootError | None = None
 
 
 class BootOut(Schema):
@@ -285,6 +293,11 @@ class BootOut(Schema):
     episode_boot: int
     quarantined: bool
     worker_status: str
+    # Why lease acquisition is refused after this boot ("" when admitted): NOT_READY,
+    # CREDENTIALS_NOT_READY, or RECONCILE_FIRST (ready, but admission is paused until the
+    # unknown_left effects this worker left in doubt are decided).
+    not_ready_code: str
+    unknown_left: int
 
 
 class WorkerOut(Schema):

@@ -52,8 +52,13 @@ class Worker(Versioned):
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     # The latest boot report's phase (PROCESS_UP, READY, EXECUTING; blank before any) and,
     # while a domain failed, the code its lease acquisitions are refused with.
+    # RECONCILE_FIRST: the boot was ready but the worker left effects in doubt (admission paused).
     boot_phase = models.CharField(max_length=16, blank=True, default="")
     not_ready_code = models.CharField(max_length=32, blank=True, default="")
+    # Stale-token rejections in the current window (policy stale_token_limit): past the
+    # limit the worker is told to stop and QUARANTINED.
+    stale_window_started_at = models.DateTimeField(null=True, blank=True)
+    stale_in_window = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -88,6 +93,10 @@ class WorkerBoot(Versioned):
     episode_boot = models.PositiveIntegerField(default=1)
     delay_s = models.PositiveIntegerField(default=0)
     ended = models.CharField(max_length=8, blank=True, default="")  # "exit" or "crash", told by the next boot
+    # The error the process reported failing with ({kind, message, at}; kind "migration"
+    # quarantines), and how many effects the worker had left in doubt (DISPATCHED or UNKNOWN).
+    error = models.JSONField(null=True, blank=True)
+    unknown_left = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["-reported_at"]

@@ -1,13 +1,23 @@
 """The restart-loop article's failure matrix over HTTP (issue 13, items 3 and 4): a bad
-config boots NOT_READY with its config hash and takes no claims; an expired credential is
-CREDENTIALS_NOT_READY; a ready boot admits again; consecutive crashes form an episode whose
-boots are answered min(300, 2^n) s, and the restart past the budget quarantines the worker
-with its boots as the diagnostic bundle."""
+config boots NOT_READY with its config hash and takes no claims; a state migration error
+is QUARANTINED; an expired credential is CREDENTIALS_NOT_READY; an unknown outcome left by
+the crashed process boots READY with admission paused until it is reconciled; a ready boot
+admits again; consecutive crashes form an episode whose boots are answered min(300, 2^n) s,
+and the restart past the budget quarantines the worker with its boots as the diagnostic
+bundle. A policy with runtime_audit refuses admission to a boot whose self-audit fails it."""
+
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
+from approvals.models import ReconciliationCase
+from approvals.services.cases import case_resolve
 from ledger import client as fl
-from ledger.models import AdminAction, Worker, WorkerBoot
+from ledger.models import AdminAction, Operation, RunLease, Worker, WorkerBoot
+from ledger.policy import RUNTIME_AUDIT_RULES
+from ledger.services.authority.policy import policy_change
+from ledger.services.fence.leases import leases_reap
 
 READY = {d: {"ok": True, "evidence": {}} for d in ("runtime", "state", "credentials", "outbound_delivery", "admission")}
 
@@ -73,3 +83,157 @@ def test_a_boot_report_with_a_secret_in_its_evidence_is_refused_and_stores_nothi
         worker.boot(config_hash="cfg-1", code_version="v1", readiness=readiness(credentials={"token": canary}))
     assert "readiness.credentials.evidence" in str(refused.value.body) and canary not in str(refused.value.body)
     assert not WorkerBoot.objects.exists()
+
+
+def test_a_state_migration_error_quarantines_at_once_with_its_error_in_the_bundle(live_server, acme):
+    worker = fl.Client(live_server.url, acme.token)
+    failed_at = timezone.now().isoformat()
+    answer = worker.boot(
+        config_hash="cfg-9",
+        code_version="v4",
+        state_schema_version=2,
+        readiness=readiness(state={"migration": "1->2", "recovery_position": "step 3 of 5"}),
+        error={"kind": "migration", "message": "column runs.plan missing after step 3", "at": failed_at},
+    )
+    assert (answer["quarantined"], answer["worker_status"], answer["delay_s"]) == (True, "QUARANTINED", 0)
+    record = AdminAction.objects.get(tenant=acme.tenant, action="worker.quarantine")
+    assert record.actor == "system:state-migration" and "column runs.plan missing" in record.reason
+    (boot,) = record.fields["diagnostic_bundle"]["boots"]
+    assert boot["error"]["kind"] == "migration" and boot["state_schema_version"] == 2
+    assert boot["readiness"]["state"]["evidence"]["recovery_position"] == "step 3 of 5"
+    with pytest.raises(fl.WorkerNotAccepting):  # no admission until a person decides
+        worker.lease(worker.create_run()).__enter__()
+
+
+def test_a_migration_error_with_its_state_ready_is_refused_and_stores_nothing(live_server, acme):
+    worker = fl.Client(live_server.url, acme.token)
+    error = {"kind": "migration", "message": "half applied", "at": timezone.now().isoformat()}
+    with pytest.raises(fl.InvalidRequest) as refused:
+        worker.boot(config_hash="cfg-1", code_version="v1", readiness=READY, error=error)
+    assert refused.value.body["fields"][0]["field"] == "error.kind"
+    assert not WorkerBoot.objects.exists() and Worker.objects.get(pk=acme.worker.pk).status == "ACCEPTING"
+
+
+def test_an_unknown_outcome_after_a_restart_boots_ready_with_admission_paused_until_reconciled(live_server, acme):
+    worker = fl.Client(live_server.url, acme.token)
+    worker.boot(config_hash="cfg-1", code_version="v1", readiness=READY)
+    run_id = worker.create_run()
+    lease = worker.lease(run_id, ttl_s=30).__enter__()
+    created = lease.post(
+        f"/runs/{run_id}/operations",
+        {
+            "tool": "payments",
+            "action": "charge",
+            "resource": "c:1",
+            "effect_class": "NON_RETRYABLE",
+            "idempotency_key": "charge-1",
+        },
+    )
+    op = created["operation_id"]
+    lease.post(f"/operations/{op}/authorize")
+    lease.post(f"/operations/{op}/dispatch")
+    lease._stop.set()  # the process dies here: no outcome, no release, no exit
+
+    answer = worker.boot(config_hash="cfg-1", code_version="v1", readiness=READY, honour_delay=False)
+    assert (answer["phase"], answer["not_ready_code"], answer["unknown_left"]) == ("READY", "RECONCILE_FIRST", 1)
+    other = worker.create_run()
+    with pytest.raises(fl.ReconcileFirst) as paused:
+        worker.lease(other).__enter__()
+    assert "1 effect(s)" in paused.value.detail
+    # The old lease expires; the reaper makes the effect UNKNOWN and opens a case ...
+    RunLease.objects.filter(run_id=run_id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    leases_reap()
+    assert Operation.objects.get(pk=op).phase == "UNKNOWN"
+    with pytest.raises(fl.ReconcileFirst):
+        worker.lease(other).__enter__()
+    # ... and once it is decided, the next acquire lifts the pause.
+    case = ReconciliationCase.objects.get(operation_id=op)
+    case_resolve(
+        case_id=case.pk,
+        resolution="HAPPENED",
+        reason="the provider shows the charge",
+        resolved_by="ops@example.com",
+        provider_request_id="ch_1",
+    )
+    with worker.lease(other) as resumed:
+        assert resumed.token == 1
+    assert Worker.objects.get(pk=acme.worker.pk).not_ready_code == ""
+
+
+@pytest.fixture
+def strict_audit(acme):
+    policy_change(
+        tenant=acme.tenant,
+        document={"runtime_audit": RUNTIME_AUDIT_RULES},
+        reason="containers must be locked down",
+        changed_by="admin@example.com",
+    )
+
+
+CLEAN_AUDIT = {
+    "uid": 10001,
+    "capabilities": [],
+    "no_new_privileges": True,
+    "read_only_root": True,
+    "writable_mounts": ["/workspace"],
+    "sensitive_mounts": [],
+    "host_control": [],
+}
+
+
+def test_the_policy_refuses_admission_to_a_boot_whose_self_audit_fails(live_server, acme, strict_audit):
+    worker = fl.Client(live_server.url, acme.token)
+    audit = {
+        **CLEAN_AUDIT,
+        "uid": 0,
+        "capabilities": ["sys_admin", "net_admin"],
+        "host_control": ["/var/run/docker.sock"],
+        "sensitive_mounts": ["/home/dev -> /workspace"],
+    }
+    answer = worker.boot(
+        config_hash="cfg-1", code_version="v1", readiness={**READY, "runtime": fl.runtime_readiness(audit)}
+    )
+    assert (answer["phase"], answer["failed_domains"], answer["not_ready_code"]) == (
+        "PROCESS_UP",
+        ["admission"],
+        "NOT_READY",
+    )
+    refused = WorkerBoot.objects.get(worker=acme.worker).readiness["admission"]["evidence"]["refused_by_policy"]
+    assert refused == [
+        "runs as root (uid 0)",
+        "keeps capabilities: net_admin, sys_admin",
+        "host-control paths reachable: /var/run/docker.sock",
+        "sensitive or broad mounts: /home/dev -> /workspace",
+    ]
+    with pytest.raises(fl.NotReady):
+        worker.lease(worker.create_run()).__enter__()
+
+
+def test_a_boot_without_a_self_audit_fails_closed_and_a_clean_one_is_admitted(live_server, acme, strict_audit):
+    worker = fl.Client(live_server.url, acme.token)
+    answer = worker.boot(config_hash="cfg-1", code_version="v1", readiness=READY)
+    assert answer["failed_domains"] == ["admission"]
+    worker.post("/workers/me/drain", {"deadline_s": 5})
+    worker.exit()
+    answer = worker.boot(
+        config_hash="cfg-2", code_version="v1", readiness={**READY, "runtime": fl.runtime_readiness(CLEAN_AUDIT)}
+    )
+    assert (answer["phase"], answer["not_ready_code"]) == ("READY", "")
+    with worker.lease(worker.create_run()) as lease:
+        assert lease.token == 1
+
+
+def test_this_process_self_audit_travels_through_the_secret_boundary(live_server, acme):
+    worker = fl.Client(live_server.url, acme.token)
+    answer = worker.boot(config_hash="cfg-1", code_version="v1", readiness={**READY, "runtime": fl.runtime_readiness()})
+    assert answer["phase"] == "READY"  # the starter policy sets no runtime_audit
+    stored = WorkerBoot.objects.get(worker=acme.worker).readiness["runtime"]["evidence"]["audit"]
+    assert set(stored) == {
+        "uid",
+        "capabilities",
+        "no_new_privileges",
+        "read_only_root",
+        "writable_mounts",
+        "sensitive_mounts",
+        "host_control",
+    }

@@ -1,18 +1,47 @@
 """Admission: whether a worker's last boot lets it take leases (``fleet/boots.py`` records
 the boots), read from the worker row its request already loaded, and its first lease after
-a ready boot (READY -> EXECUTING)."""
+a ready boot (READY -> EXECUTING).
 
-from ledger.errors import CredentialsNotReady, NotReady, WorkerNotAccepting
-from ledger.models import Worker, WorkerBoot
+A boot that was ready but found effects the worker had left in doubt (the restart article's
+"unknown tool outcome: READY, admission paused") stays paused until they are decided: each
+acquire then counts them again, and the first that finds none lifts the pause."""
+
+from django.db.models import F, QuerySet
+
+from ledger.errors import CredentialsNotReady, NotReady, ReconcileFirst, WorkerNotAccepting
+from ledger.models import Operation, Worker, WorkerBoot
+from ledger.states import Phase
 
 
-def admission_refusal(worker: Worker) -> WorkerNotAccepting | None:
+def operations_in_doubt(worker: Worker) -> QuerySet[Operation]:
+    """Effects this worker dispatched whose outcome nobody has reported or decided: still
+    DISPATCHED (its process may have died with them) or UNKNOWN."""
+    return Operation.objects.filter(
+        tenant_id=worker.tenant_id,
+        phase__in=(Phase.DISPATCHED, Phase.UNKNOWN),
+        run__lease_grants__worker=worker,
+        run__lease_grants__fencing_token=F("dispatch_token"),
+    )
+
+
+def admission_refusal(worker: Worker) -> WorkerNotAccepting | ReconcileFirst | None:
     """Why the worker's latest boot keeps it from taking leases (None: admitted)."""
-    if worker.not_ready_code == CredentialsNotReady.code:
+    code = worker.not_ready_code
+    if not code:
+        return None
+    if code == CredentialsNotReady.code:
         return CredentialsNotReady("the worker's last boot reported its credentials not ready")
-    if worker.not_ready_code:
-        return NotReady("the worker's last boot reported a domain not ready")
-    return None
+    if code == ReconcileFirst.code:
+        left = operations_in_doubt(worker).count()
+        if left:
+            return ReconcileFirst(
+                f"admission is paused: {left} effect(s) this worker dispatched are in doubt; "
+                "they are reconciled first (the provider, or an operator, decides them)"
+            )
+        Worker.objects.filter(pk=worker.pk, not_ready_code=code).update(not_ready_code="")
+        worker.not_ready_code = ""
+        return None
+    return NotReady("the worker's last boot reported a domain not ready")
 
 
 def worker_executing(worker: Worker) -> None:

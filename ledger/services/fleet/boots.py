@@ -5,6 +5,13 @@ CREDENTIALS_NOT_READY), not the process. Boots that follow each other after a cr
 without ever reaching EXECUTING, form a restart episode: each boot is answered with the delay
 to wait, min(300, 2^n) s, and past the policy's ``restart_budget`` (5 restarts in 600 s) the
 worker is QUARANTINED with its boots kept as the diagnostic bundle, until a person resumes it.
+
+The rest of the article's failure matrix: a boot that failed a state migration is
+QUARANTINED at once (rollback or repair is a person's decision, not another restart); a
+ready boot of a worker that left effects in doubt is READY with admission paused (409
+RECONCILE_FIRST, ``core/admission.py``) until they are decided; and a tenant whose policy
+sets ``runtime_audit`` refuses admission (the ``admission`` domain fails) to a boot whose
+container self-audit shows root, extra capabilities, host-control paths or sensitive mounts.
 """
 
 from dataclasses import dataclass
@@ -14,9 +21,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.boundary import check_text
-from ledger.errors import CredentialsNotReady, InvalidInput, NotReady
+from ledger.errors import CredentialsNotReady, InvalidInput, NotReady, ReconcileFirst
 from ledger.models import Worker, WorkerBoot
+from ledger.policy import runtime_audit_failures
 from ledger.services.authority.policy import policy_current
+from ledger.services.core.admission import operations_in_doubt
 from ledger.services.core.decisions import admin_action_record
 from ledger.services.evidence.append import checked_document
 from ledger.services.fleet.lifecycle import QUARANTINE_FROM, worker_quarantine_by_system
@@ -26,6 +35,9 @@ DOMAINS = ("runtime", "state", "credentials", "outbound_delivery", "admission")
 MAX_DELAY_S = 300
 MAX_EVIDENCE_BYTES = 4096
 SYSTEM_RESTART_BUDGET = "system:restart-budget"
+SYSTEM_STATE_MIGRATION = "system:state-migration"
+ERROR_KINDS = ("config", "migration", "credentials", "dependency", "crash")
+MAX_ERROR_MESSAGE = 500
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,8 @@ class BootReport:
     host: str
     readiness: dict
     credential_version: int | None = None
+    # The error this process failed with while starting: {kind, message, at}.
+    error: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -71,9 +85,37 @@ def _readiness(readiness: object) -> tuple[dict, list[str]]:
     return checked, failed
 
 
-def not_ready_code(failed: list[str]) -> str:
+def _error(error: object, readiness: dict) -> dict | None:
+    if error is None:
+        return None
+    if not isinstance(error, dict) or set(error) != {"kind", "message", "at"}:
+        raise InvalidInput("error must be {kind, message, at}", field="error")
+    if error["kind"] not in ERROR_KINDS:
+        raise InvalidInput(f"error.kind must be one of {', '.join(ERROR_KINDS)}", field="error.kind")
+    message = _text(error["message"], "error.message", MAX_ERROR_MESSAGE)
+    if error["kind"] == "migration" and readiness["state"]["ok"]:
+        raise InvalidInput("a migration error leaves the state domain not ready", field="error.kind")
+    at = error["at"]
+    if not hasattr(at, "isoformat"):
+        raise InvalidInput("error.at must be a date-time", field="error.at")
+    return {"kind": error["kind"], "message": message, "at": at.isoformat()}
+
+
+def _audited(readiness: dict, failed: list[str], policy: dict) -> None:
+    """Fail the admission domain of a boot whose container self-audit the policy refuses."""
+    refused = runtime_audit_failures(policy.get("runtime_audit"), readiness["runtime"]["evidence"].get("audit"))
+    if not refused:
+        return
+    admission = readiness["admission"]
+    admission["ok"] = False
+    admission["evidence"] = {**admission["evidence"], "refused_by_policy": refused}
+    if "admission" not in failed:
+        failed.append("admission")
+
+
+def not_ready_code(failed: list[str], *, in_doubt: int = 0) -> str:
     if not failed:
-        return ""
+        return ReconcileFirst.code if in_doubt else ""
     return CredentialsNotReady.code if failed == ["credentials"] else NotReady.code
 
 
@@ -85,7 +127,9 @@ def worker_boot(*, worker: Worker, report: BootReport) -> BootAnswer:
     code_version = _text(report.code_version, "code_version", 100)
     host = _text(report.host, "host", 200)
     readiness, failed = _readiness(report.readiness)
+    error = _error(report.error, readiness)
     _, policy = policy_current(tenant=worker.tenant)
+    _audited(readiness, failed, policy)
     budget = policy.get("restart_budget", {"max_restarts": 5, "window_s": 600})
     with transaction.atomic():
         locked = Worker.objects.select_for_update().get(pk=worker.pk)
@@ -102,6 +146,7 @@ def worker_boot(*, worker: Worker, report: BootReport) -> BootAnswer:
         restarts = place - 1
         delay = 0 if restarts == 0 else min(MAX_DELAY_S, 2**restarts)
         phase = "READY" if not failed else "PROCESS_UP"
+        in_doubt = operations_in_doubt(locked).count()
         try:
             with transaction.atomic():
                 boot = WorkerBoot.objects.create(
@@ -120,6 +165,8 @@ def worker_boot(*, worker: Worker, report: BootReport) -> BootAnswer:
                     phase=phase,
                     episode_boot=place,
                     delay_s=delay,
+                    error=error,
+                    unknown_left=in_doubt,
                 )
         except IntegrityError:
             raise InvalidInput("boot_id was reported already", field="boot_id") from None
@@ -133,23 +180,39 @@ def worker_boot(*, worker: Worker, report: BootReport) -> BootAnswer:
                 "drain_deadline": None,
             }
         Worker.objects.filter(pk=locked.pk).update(
-            boot_phase=phase, not_ready_code=not_ready_code(failed), last_heartbeat_at=now, last_seen_at=now, **started
+            boot_phase=phase,
+            not_ready_code=not_ready_code(failed, in_doubt=in_doubt),
+            last_heartbeat_at=now,
+            last_seen_at=now,
+            **started,
         )
-        quarantined = restarts > budget["max_restarts"] and locked.status in QUARANTINE_FROM
-        if quarantined:
-            _quarantine(locked, place, budget, now)
+        reason = ""
+        if locked.status in QUARANTINE_FROM:
+            if error is not None and error["kind"] == "migration":
+                actor, reason = SYSTEM_STATE_MIGRATION, f"state migration failed: {error['message']}"
+            elif restarts > budget["max_restarts"]:
+                actor = SYSTEM_RESTART_BUDGET
+                reason = f"restart budget exceeded: {restarts} restarts within {budget['window_s']} s"
+        if reason:
+            quarantine_with_bundle(locked, actor=actor, reason=reason, boots=place, now=now)
+    quarantined = bool(reason)
     worker.refresh_from_db()
     return BootAnswer(boot=boot, delay_s=delay, quarantined=quarantined)
 
 
-def _quarantine(worker: Worker, place: int, budget: dict, now) -> None:
-    reason = f"restart budget exceeded: {place - 1} restarts within {budget['window_s']} s"
-    worker_quarantine_by_system(worker=worker, actor=SYSTEM_RESTART_BUDGET, reason=reason, now=now)
-    boots = list(WorkerBoot.objects.filter(worker=worker).order_by("-reported_at")[:place])
+def quarantine_with_bundle(
+    worker: Worker, *, actor: str, reason: str, boots: int = 1, now, evidence: dict | None = None
+) -> None:
+    """QUARANTINE the worker (a system decision a person must undo) and retain the
+    diagnostic bundle with the decision: its last ``boots`` boots (errors, readiness,
+    config hashes, how each ended, what each left in doubt), the last good config hash and
+    the caller's ``evidence``."""
+    worker_quarantine_by_system(worker=worker, actor=actor, reason=reason, now=now)
+    recent = list(WorkerBoot.objects.filter(worker=worker).order_by("-reported_at")[: max(boots, 1)])
     good = WorkerBoot.objects.filter(worker=worker, phase="EXECUTING").order_by("-reported_at").first()
     admin_action_record(
         tenant=worker.tenant,
-        actor=SYSTEM_RESTART_BUDGET,
+        actor=actor,
         action="worker.quarantine",
         subject=worker.name,
         reason=reason,
@@ -160,12 +223,18 @@ def _quarantine(worker: Worker, place: int, budget: dict, now) -> None:
                         "boot_id": b.boot_id,
                         "reported_at": b.reported_at.isoformat(),
                         "config_hash": b.config_hash,
+                        "code_version": b.code_version,
+                        "state_schema_version": b.state_schema_version,
                         "failed_domains": b.failed_domains,
+                        "readiness": b.readiness,
+                        "error": b.error,
+                        "unknown_left": b.unknown_left,
                         "ended": b.ended,
                     }
-                    for b in boots
+                    for b in recent
                 ],
                 "last_good_config_hash": good.config_hash if good else None,
+                **(evidence or {}),
             }
         },
         now=now,
