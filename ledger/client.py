@@ -522,11 +522,11 @@ class Lease:
                     f"/runs/{self.run_id}/lease/renew",
                     {"owner_id": self.owner_id, "fencing_token": self.token, "ttl_s": self.ttl_s},
                 )
-            except (LeaseLost, StaleToken, RunCancelled, RunCompleted) as failure:
-                self._failure = failure  # raised at the worker's next call
-                return
             except (requests.RequestException, ServerError):
                 continue  # a passing outage: the lease may still be valid; try again next tick
+            except FencelineError as failure:  # LEASE_LOST, STALE_TOKEN, RUN_CANCELLED, a revoked token ...
+                self._failure = failure  # raised at the worker's next call
+                return
             self.renewals += 1
             self.cancel = renewed.get("cancel") or self.cancel
             if self.client.stop_requested:

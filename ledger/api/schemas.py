@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import ConfigDict, Field, StrictInt, StrictStr
+from pydantic import AfterValidator, ConfigDict, Field, StrictInt, StrictStr
 
 from ledger.api.columns import WHOLE, bounds, length
 from ledger.models import (
@@ -265,11 +265,26 @@ class Readiness(In):
     admission: DomainReadiness
 
 
+def _date_time(value: str) -> datetime:
+    """An ISO 8601 date-time with its offset (a string, never a number coerced into one)."""
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("not an ISO 8601 date-time") from None  # the message never echoes the value
+    if parsed.tzinfo is None:
+        raise ValueError("a date-time needs its UTC offset, e.g. 2026-12-04T05:00:00Z")
+    return parsed
+
+
 class BootError(In):
     # What the process failed with while starting; "migration" quarantines the worker.
     kind: Literal["config", "migration", "credentials", "dependency", "crash"]
     message: Annotated[StrictStr, Field(min_length=1, max_length=500)]
-    at: Annotated[datetime, Field(strict=False)]  # an ISO 8601 date-time string
+    at: Annotated[
+        StrictStr,
+        Field(min_length=10, max_length=40, json_schema_extra={"format": "date-time"}),
+        AfterValidator(_date_time),
+    ]
 
 
 class BootIn(In):

@@ -51,6 +51,8 @@ def example(schema: dict, name: str = ""):
         return max(schema.get("minimum", 0), 1)
     if kind == "boolean":
         return True
+    if schema.get("format") == "date-time":
+        return "2026-12-04T05:00:00+00:00"
     return "a"
 
 
