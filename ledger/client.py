@@ -140,6 +140,12 @@ class ReconcileFirst(FencelineError):
     code = "RECONCILE_FIRST"
 
 
+class BootIdReused(FencelineError):
+    """The boot_id was reported already with other content: a new process needs a new id."""
+
+    code = "BOOT_ID_REUSED"
+
+
 class ResourceInUse(FencelineError):
     code = "RESOURCE_IN_USE"
 
@@ -199,6 +205,7 @@ ERRORS: dict[str, type[FencelineError]] = {
         RunCompleted,
         RunCancelled,
         ReconcileFirst,
+        BootIdReused,
         ResourceInUse,
         UnknownSchemaVersion,
     )
@@ -458,7 +465,7 @@ class Client:
         if error is not None:
             body["error"] = error
         answer = self.post("/workers/me/boots", body)
-        if honour_delay and answer["delay_s"]:
+        if honour_delay and answer["delay_s"] and not answer["quarantined"]:
             time.sleep(answer["delay_s"])
         return answer
 

@@ -198,6 +198,14 @@ class ApprovalRequired(DomainError):
         return {"decision": "APPROVAL_REQUIRED", "approval_id": str(self.approval_id)}
 
 
+class BootIdReused(DomainError):
+    """A boot report under a boot_id already reported with other content (a replay of the
+    same report is answered as it was the first time)."""
+
+    code = "BOOT_ID_REUSED"
+    status = 409
+
+
 class ReconcileFirst(DomainError):
     code = "RECONCILE_FIRST"
     status = 409

@@ -610,7 +610,7 @@ def drain_me(request, body: DrainIn):
     return _worker_out(change.worker)
 
 
-@api.post("/workers/me/boots", response={201: BootOut, **BODY}, tags=["workers"])
+@api.post("/workers/me/boots", response={201: BootOut, 200: BootOut, **BODY, 409: Error}, tags=["workers"])
 def report_boot(request, body: BootIn):
     """Report a start of the worker process with its readiness per domain (runtime, state,
     credentials, outbound_delivery, admission). A failed domain stops admission: lease
@@ -620,11 +620,13 @@ def report_boot(request, body: BootIn):
     and so is a boot whose error is a state migration. A ready boot of a worker that left
     effects in doubt is admitted only once they are decided (409 RECONCILE_FIRST). A policy
     with runtime_audit refuses admission to a boot whose container self-audit
-    (readiness.runtime.evidence.audit) fails it."""
+    (readiness.runtime.evidence.audit) fails it. The same report again under its boot_id
+    (a retry after a lost answer) is answered as the first time, with 200; other content
+    under a reported boot_id is 409 BOOT_ID_REUSED."""
     answer = boots.worker_boot(worker=request.worker, report=boots.BootReport(**body.model_dump()))
     boot = answer.boot
     return Status(
-        201,
+        200 if answer.replayed else 201,
         {
             "boot_id": boot.boot_id,
             "phase": boot.phase,

@@ -265,15 +265,16 @@ class Readiness(In):
     admission: DomainReadiness
 
 
-def _date_time(value: str) -> datetime:
-    """An ISO 8601 date-time with its offset (a string, never a number coerced into one)."""
+def _date_time(value: str) -> str:
+    """An ISO 8601 date-time with its offset (a string, never a number coerced into one),
+    given on in its normal form."""
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         raise ValueError("not an ISO 8601 date-time") from None  # the message never echoes the value
     if parsed.tzinfo is None:
         raise ValueError("a date-time needs its UTC offset, e.g. 2026-12-04T05:00:00Z")
-    return parsed
+    return parsed.isoformat()
 
 
 class BootError(In):

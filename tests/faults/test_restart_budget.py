@@ -18,6 +18,7 @@ from ledger.models import AdminAction, Operation, RunLease, Worker, WorkerBoot
 from ledger.policy import RUNTIME_AUDIT_RULES
 from ledger.services.authority.policy import policy_change
 from ledger.services.fence.leases import leases_reap
+from ledger.services.fleet.lifecycle import workers_drain_enforce
 
 READY = {d: {"ok": True, "evidence": {}} for d in ("runtime", "state", "credentials", "outbound_delivery", "admission")}
 
@@ -58,6 +59,50 @@ def test_an_expired_credential_is_credentials_not_ready_and_a_ready_boot_admits_
     with worker.lease(run_id) as lease:
         assert lease.token == 1
     assert WorkerBoot.objects.filter(worker=acme.worker).latest("reported_at").phase == "EXECUTING"
+
+
+def test_a_boot_after_a_drain_that_quiesced_stops_the_old_process_and_accepts(live_server, acme):
+    # The drained process died before reporting its exit (or its exit raced the drain job):
+    # the new process's boot is proof the old one is gone.
+    worker = fl.Client(live_server.url, acme.token)
+    worker.boot(config_hash="cfg-1", code_version="v2", readiness=READY)
+    worker.drain(deadline_s=5)
+    assert workers_drain_enforce() == 1  # no lease held: the drain job quiesces it
+    answer = worker.boot(config_hash="cfg-1", code_version="v2", readiness=READY)
+    assert (answer["worker_status"], answer["episode_boot"], answer["delay_s"]) == ("ACCEPTING", 1, 0)
+    drain = acme.worker.drains.get()
+    assert drain.stopped_at is not None
+    with worker.lease(worker.create_run()) as lease:
+        assert lease.token == 1
+
+
+def test_an_exit_after_the_drain_job_quiesced_the_worker_is_accepted(live_server, acme):
+    worker = fl.Client(live_server.url, acme.token)
+    worker.drain(deadline_s=5)
+    assert workers_drain_enforce() == 1  # no lease held: QUIESCED before the exit arrives
+    assert worker.exit()["status"] == "STOPPED"
+
+
+def test_a_boot_report_sent_again_is_answered_as_before_and_another_under_its_id_is_refused(live_server, acme):
+    # The answer to a boot was lost and the client sends the same report again.
+    worker = fl.Client(live_server.url, acme.token)
+    body = {
+        "boot_id": "b-1",
+        "config_hash": "cfg-1",
+        "code_version": "v1",
+        "state_schema_version": 1,
+        "pid": 41,
+        "host": "h",
+        "readiness": READY,
+    }
+    first = worker.call("POST", "/workers/me/boots", body)
+    again = worker.call("POST", "/workers/me/boots", body)
+    assert (first[0], again[0]) == (201, 200) and first[1] == again[1]
+    assert WorkerBoot.objects.filter(worker=acme.worker).count() == 1
+    with pytest.raises(fl.BootIdReused) as reused:
+        worker.call("POST", "/workers/me/boots", {**body, "pid": 42})
+    assert reused.value.status == 409
+    assert WorkerBoot.objects.filter(worker=acme.worker).count() == 1
 
 
 def test_the_restart_past_the_budget_quarantines_with_a_diagnostic_bundle(live_server, acme):

@@ -15,20 +15,20 @@ container self-audit shows root, extra capabilities, host-control paths or sensi
 """
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.boundary import check_text
-from ledger.errors import CredentialsNotReady, InvalidInput, NotReady, ReconcileFirst
+from ledger.errors import BootIdReused, CredentialsNotReady, InvalidInput, NotReady, ReconcileFirst
 from ledger.models import Worker, WorkerBoot
 from ledger.policy import runtime_audit_failures
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.admission import operations_in_doubt
 from ledger.services.core.decisions import admin_action_record
 from ledger.services.evidence.append import checked_document
-from ledger.services.fleet.lifecycle import QUARANTINE_FROM, worker_quarantine_by_system
+from ledger.services.fleet.lifecycle import QUARANTINE_FROM, worker_quarantine_by_system, worker_stopped
 from ledger.states import WorkerStatus
 
 DOMAINS = ("runtime", "state", "credentials", "outbound_delivery", "admission")
@@ -59,6 +59,7 @@ class BootAnswer:
     boot: WorkerBoot
     delay_s: int
     quarantined: bool
+    replayed: bool = False  # the same report again (a retry after a lost answer)
 
 
 def _text(value: object, name: str, limit: int) -> str:
@@ -95,9 +96,12 @@ def _error(error: object, readiness: dict) -> dict | None:
     message = _text(error["message"], "error.message", MAX_ERROR_MESSAGE)
     if error["kind"] == "migration" and readiness["state"]["ok"]:
         raise InvalidInput("a migration error leaves the state domain not ready", field="error.kind")
-    at = error["at"]
-    if not hasattr(at, "isoformat"):
-        raise InvalidInput("error.at must be a date-time", field="error.at")
+    try:
+        at = datetime.fromisoformat(error["at"]) if isinstance(error["at"], str) else error["at"]
+    except ValueError:
+        at = None
+    if not isinstance(at, datetime) or at.tzinfo is None:
+        raise InvalidInput("error.at must be an ISO 8601 date-time with its offset", field="error.at")
     return {"kind": error["kind"], "message": message, "at": at.isoformat()}
 
 
@@ -134,6 +138,9 @@ def worker_boot(*, worker: Worker, report: BootReport) -> BootAnswer:
     with transaction.atomic():
         locked = Worker.objects.select_for_update().get(pk=worker.pk)
         now = timezone.now()
+        same = WorkerBoot.objects.filter(worker=locked, boot_id=boot_id).first()
+        if same is not None:
+            return _replayed(same, locked, config_hash=config_hash, code_version=code_version, report=report)
         previous = WorkerBoot.objects.filter(worker=locked).order_by("-reported_at").first()
         if previous is not None and not previous.ended:
             clean = locked.status in (WorkerStatus.STOPPED, WorkerStatus.QUIESCED)
@@ -168,9 +175,11 @@ def worker_boot(*, worker: Worker, report: BootReport) -> BootAnswer:
                     error=error,
                     unknown_left=in_doubt,
                 )
-        except IntegrityError:
-            raise InvalidInput("boot_id was reported already", field="boot_id") from None
+        except IntegrityError:  # not reachable under the worker's row lock; kept as the last word
+            raise BootIdReused("boot_id was reported already") from None
         started = {}
+        if locked.status == WorkerStatus.QUIESCED:  # the drained process is gone: a new one booted
+            worker_stopped(locked, now, reason="a new process booted after the drain")
         if locked.status == WorkerStatus.STOPPED:  # a new process after a clean stop accepts work again
             started = {
                 "status": WorkerStatus.ACCEPTING,
@@ -198,6 +207,17 @@ def worker_boot(*, worker: Worker, report: BootReport) -> BootAnswer:
     quarantined = bool(reason)
     worker.refresh_from_db()
     return BootAnswer(boot=boot, delay_s=delay, quarantined=quarantined)
+
+
+def _replayed(
+    boot: WorkerBoot, worker: Worker, *, config_hash: str, code_version: str, report: BootReport
+) -> BootAnswer:
+    """The answer to a boot report sent again under its boot_id: the first answer when the
+    report is the same, 409 BOOT_ID_REUSED when it is not."""
+    if (boot.config_hash, boot.code_version, boot.pid) != (config_hash, code_version, report.pid):
+        raise BootIdReused("boot_id was reported already by another process or configuration")
+    quarantined = worker.status == WorkerStatus.QUARANTINED
+    return BootAnswer(boot=boot, delay_s=boot.delay_s, quarantined=quarantined, replayed=True)
 
 
 def quarantine_with_bundle(

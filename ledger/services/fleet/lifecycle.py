@@ -280,7 +280,8 @@ def worker_exit(*, worker: Worker) -> Worker:
     no live lease quiesces first. A worker still holding leases cannot exit this way (409)."""
     now = timezone.now()
     with transaction.atomic():
-        if worker.status == WorkerStatus.DRAINING:
+        worker.status = Worker.objects.select_for_update().values_list("status", flat=True).get(pk=worker.pk)
+        if worker.status == WorkerStatus.DRAINING:  # read under the lock: the drain job may have quiesced it
             holds = RunLease.objects.filter(worker=worker, owner_id__isnull=False, expires_at__gt=now).exists()
             if holds:
                 raise WrongPhase(phase="DRAINING with live leases", wanted="QUIESCED (release the leases first)")
@@ -294,11 +295,12 @@ def worker_exit(*, worker: Worker) -> Worker:
                 end_leases=True,
                 now=now,
             )
-        _stop(worker, now, reason="the worker reported its exit")
+        worker_stopped(worker, now, reason="the worker reported its exit")
     return worker
 
 
-def _stop(worker: Worker, now, *, reason: str) -> None:
+def worker_stopped(worker: Worker, now, *, reason: str) -> None:
+    """QUIESCED -> STOPPED (in the caller's transaction), closing its drain record."""
     changed = Worker.objects.filter(pk=worker.pk, status=WorkerStatus.QUIESCED).update(
         status=WorkerStatus.STOPPED, status_changed_at=now, status_changed_by=SYSTEM_DRAIN, status_reason=reason
     )
@@ -328,7 +330,7 @@ def workers_stop_lapsed(*, lapse_s: int, now=None) -> int:
     for worker in quiet.order_by("pk"):
         try:
             with transaction.atomic():
-                _stop(worker, now, reason="its process heartbeat lapsed")
+                worker_stopped(worker, now, reason="its process heartbeat lapsed")
         except WrongPhase:
             continue
         stopped += 1

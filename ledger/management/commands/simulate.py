@@ -1,0 +1,47 @@
+"""`python manage.py simulate`: a fleet of real worker processes built on the client, with
+chaos, against the API and a sandbox provider; ends with a report read from the database."""
+
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ledger.simulation.fleet import Settings, report_json, simulate
+
+
+class Command(BaseCommand):
+    help = (
+        "Run N client workers (and one with a bad config) against a sandbox payments provider for "
+        "S seconds, with pauses past the TTL, SIGKILL, SIGTERM drains and dropped responses; "
+        "report what the ledger recorded."
+    )
+
+    def add_arguments(self, parser):
+        defaults = Settings()
+        parser.add_argument("--seconds", type=int, default=defaults.seconds, help="how long (default 60)")
+        parser.add_argument("--workers", type=int, default=defaults.workers, help="healthy workers (default 4)")
+        parser.add_argument("--ttl", type=int, default=defaults.ttl, help="lease TTL in seconds (default 3)")
+        parser.add_argument("--steps", type=int, default=defaults.steps, help="charges per run (default 4)")
+        parser.add_argument("--seed", type=int, default=defaults.seed, help="chaos and fault seed (default 1)")
+        parser.add_argument("--drop", type=float, default=defaults.drop, help="share of answers dropped")
+        parser.add_argument("--slow", type=float, default=defaults.slow, help="share of slow answers")
+        parser.add_argument("--fail", type=float, default=defaults.fail, help="share of 503s")
+        parser.add_argument(
+            "--people-share", type=float, default=defaults.people_share, help="share of cases left to people"
+        )
+        parser.add_argument("--url", default="", help="a Fenceline already serving (default: one in-process)")
+        parser.add_argument("--json", dest="json_path", type=Path, help="also write the report to this file as JSON")
+
+    def handle(self, *args, json_path=None, **options):
+        if options["seconds"] < 15:
+            raise CommandError("--seconds must be at least 15 (the chaos plan needs the time)")
+        if not 1 <= options["workers"] <= 32:
+            raise CommandError("--workers must be between 1 and 32")
+        for name in ("drop", "slow", "fail", "people_share"):
+            if not 0 <= options[name] <= 1:
+                raise CommandError(f"--{name.replace('_', '-')} must be between 0 and 1")
+        if options["drop"] + options["slow"] + options["fail"] > 1:
+            raise CommandError("--drop, --slow and --fail add up to more than 1")
+        wanted = {name: options[name] for name in Settings.__dataclass_fields__}
+        report = simulate(Settings(**wanted), lambda line: self.stdout.write(line))
+        if json_path is not None:
+            json_path.write_text(report_json(report))

@@ -1,0 +1,472 @@
+"""The fleet simulator's supervisor (``manage.py simulate``): real worker processes built on
+the client, against a real API server and the sandbox provider, with chaos, for S seconds.
+
+    supervisor (this process)
+      ├── API server thread      the project's WSGI app (or ``--url`` for one already running)
+      ├── sandbox provider       charges under idempotency keys; drops, slows or fails some
+      ├── jobs, every second     reap leases and resources, enforce drains and run limits,
+      │                          reconcile open cases by looking the key up at the provider
+      └── N worker processes     ``python -m ledger.simulation.worker`` (+1 with a bad config)
+            chaos: SIGSTOP past the TTL then SIGCONT, SIGKILL, SIGTERM (drain); restarted
+
+Everything it reports is read back from the database (and the provider's own books) at the
+end, never counted on the side: what the console shows is what the report says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import requests
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.handlers.wsgi import WSGIHandler
+from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
+from django.db import close_old_connections
+from django.db.models import Q, Sum
+from django.utils import timezone
+
+from approvals.models import OPEN_CASE_STATUSES, CaseStatus, ReconciliationCase
+from approvals.services.cases import case_resolve
+from ledger.evidence_verifier import BROKEN
+from ledger.models import Operation, Run, Worker, WorkerBoot, WorkerDrain
+from ledger.services.authority.policy import policy_change
+from ledger.services.evidence.verification import run_verify
+from ledger.services.fence.runs import run_create
+from ledger.services.fleet.workers import worker_create
+from ledger.services.tenancy.roles import role_grant
+from ledger.services.tenancy.tenants import tenant_ensure
+from ledger.simulation.provider import SandboxProvider
+from ledger.states import Phase, RunStatus, WorkerStatus
+from ledger.tasks import (
+    enforce_drains_task,
+    enforce_run_limits_task,
+    expire_reservations_task,
+    reap_leases_task,
+    reap_resources_task,
+)
+
+RECONCILER = "simulator (provider lookup)"
+CONSOLE_ROLES = {"viewer": "viewer", "operator": "operator", "approver": "approver", "admin": "admin"}
+JOBS = (reap_leases_task, enforce_run_limits_task, reap_resources_task, expire_reservations_task, enforce_drains_task)
+# A case is looked up only once the fenced owner can no longer reach the provider: its
+# request timeout is 2 x TTL, and a paused process is held for TTL + 2 s.
+LOOKUP_AFTER_S = 12
+EXIT_NAMES = {0: "drained", 3: "bad config", 4: "quarantined", 5: "told to stop", -9: "killed"}
+
+
+@dataclass
+class Settings:
+    seconds: int = 60
+    workers: int = 4
+    ttl: int = 3
+    steps: int = 4
+    seed: int = 1
+    drop: float = 0.10
+    slow: float = 0.05
+    fail: float = 0.05
+    people_share: float = 0.25  # cases the provider lookup leaves to a person (the console's triage)
+    url: str = ""
+
+
+@dataclass
+class Report:
+    tenant: str
+    seconds: float
+    runs: int
+    runs_completed: int
+    dispatched: int
+    confirmed: int
+    failed: int
+    stale_refused: int
+    unknown_opened: int
+    reconciled_by_lookup: int
+    left_to_people: int
+    drains: int
+    drains_stopped: int
+    boots: int
+    restart_episodes: int
+    quarantines: int
+    chains_verified: int
+    chains_broken: int
+    provider_charges: int
+    provider_replayed_keys: int
+    provider_faults: dict[str, int]
+    effects_missing_from_ledger: int
+    chaos: dict[str, int] = field(default_factory=dict)
+    exits: dict[str, int] = field(default_factory=dict)
+    logs: str = ""
+
+    def lines(self) -> list[str]:
+        faults = ", ".join(f"{name} {count}" for name, count in self.provider_faults.items())
+        chaos = ", ".join(f"{name} {count}" for name, count in self.chaos.items()) or "none"
+        return [
+            f"Fleet simulation on tenant {self.tenant!r}, {self.seconds:.0f} s",
+            f"  runs                 {self.runs} ({self.runs_completed} completed)",
+            f"  dispatched           {self.dispatched} ({self.confirmed} confirmed, {self.failed} failed)",
+            f"  stale refused        {self.stale_refused}",
+            f"  UNKNOWN opened       {self.unknown_opened}",
+            f"  reconciled           {self.reconciled_by_lookup} by provider lookup, "
+            f"{self.left_to_people} left to people",
+            f"  drains               {self.drains} ({self.drains_stopped} reached STOPPED)",
+            f"  boots                {self.boots} in {self.restart_episodes} restart episodes",
+            f"  quarantines          {self.quarantines}",
+            f"  chains verified      {self.chains_verified} ({self.chains_broken} broken)",
+            f"  provider             {self.provider_charges} charges, {self.provider_replayed_keys} keys "
+            f"replayed, faults: {faults}",
+            f"  effects the ledger missed  {self.effects_missing_from_ledger}",
+            f"  chaos                {chaos}",
+            f"  worker logs          {self.logs}",
+        ]
+
+
+class QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+class ApiServer:
+    """The project's WSGI application on a free port, in daemon threads."""
+
+    def __init__(self) -> None:
+        self.server = ThreadedWSGIServer(("127.0.0.1", 0), QuietHandler, allow_reuse_address=False)
+        self.server.daemon_threads = True
+        self.server.set_app(WSGIHandler())
+        self.thread = threading.Thread(target=self.server.serve_forever, name="sim-api", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> ApiServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@dataclass
+class Slot:
+    """One worker identity and the process currently running as it."""
+
+    name: str
+    token: str
+    bad_config: bool = False
+    process: subprocess.Popen | None = None
+    restart_at: float = 0.0
+    resume_at: float = 0.0  # when a SIGSTOPped process gets its SIGCONT
+    retired: bool = False  # quarantined or told to stop: the supervisor leaves it down
+
+
+class Fleet:
+    def __init__(self, options: Settings, say: Callable[[str], None]) -> None:
+        self.options = options
+        self.say = say
+        self.random = random.Random(options.seed)  # noqa: S311 - chaos, not security
+        stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+        self.tenant, _ = tenant_ensure(slug=f"sim-{stamp}", name=f"Fleet simulation {stamp}")
+        self.logs = Path(tempfile.mkdtemp(prefix=f"fenceline-sim-{stamp}-"))
+        self.runs_file = self.logs / "runs.json"
+        self.chaos: dict[str, int] = {"paused": 0, "killed": 0, "terminated": 0}
+        self.exits: dict[str, int] = {}
+        self.slots: list[Slot] = []
+        self.dispatcher: Worker | None = None
+
+    # -- setup --
+
+    def setup(self) -> None:
+        policy_change(
+            tenant=self.tenant,
+            document={"restart_budget": {"max_restarts": 2, "window_s": 600}},
+            changed_by="simulator",
+            reason="a small restart budget, so the crash-looping worker is quarantined within seconds",
+        )
+        users = set(get_user_model().objects.filter(username__in=CONSOLE_ROLES).values_list("username", flat=True))
+        for username in sorted(users):  # the demo's console users see the simulation too
+            role_grant(username=username, tenant=self.tenant, role=CONSOLE_ROLES[username])
+        self.dispatcher, _ = worker_create(tenant=self.tenant, name="sim-dispatcher")
+        for index in range(self.options.workers):
+            worker, token = worker_create(tenant=self.tenant, name=f"sim-worker-{index + 1}")
+            self.slots.append(Slot(name=worker.name, token=token))
+        worker, token = worker_create(tenant=self.tenant, name="sim-bad-config")
+        self.slots.append(Slot(name=worker.name, token=token, bad_config=True))
+        self.top_up_runs()
+
+    def top_up_runs(self) -> None:
+        """Keep two runs of work per worker on offer, and tell the workers which."""
+        if self.dispatcher is None:
+            raise RuntimeError("setup() first")
+        active = list(  # a run waiting for a person's decision is not on offer
+            Run.objects.filter(tenant=self.tenant, status=RunStatus.ACTIVE)
+            .exclude(cases__status__in=OPEN_CASE_STATUSES)
+            .values_list("pk", flat=True)
+            .distinct()
+        )
+        for _ in range(max(0, 2 * self.options.workers - len(active))):
+            run, _ = run_create(worker=self.dispatcher, schema_version=1)
+            active.append(run.pk)
+        partial = self.runs_file.with_suffix(".tmp")
+        partial.write_text(json.dumps([str(pk) for pk in active]))
+        partial.replace(self.runs_file)  # a worker never reads half a list
+
+    # -- processes --
+
+    def spawn(self, slot: Slot, env: dict[str, str]) -> None:
+        command = [sys.executable, "-m", "ledger.simulation.worker", "--ttl", str(self.options.ttl)]
+        command += ["--steps", str(self.options.steps)] + (["--bad-config"] if slot.bad_config else [])
+        log = (self.logs / f"{slot.name}.log").open("a")
+        slot.process = subprocess.Popen(  # noqa: S603 - our own module, no shell
+            command,
+            env={**env, "FENCELINE_TOKEN": slot.token},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=settings.BASE_DIR,
+        )
+        log.close()
+
+    def supervise(self, env: dict[str, str], now: float) -> None:
+        for slot in self.slots:
+            process = slot.process
+            if slot.resume_at and now >= slot.resume_at and process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGCONT)
+                slot.resume_at = 0.0
+            if process is not None and process.poll() is not None:
+                name = EXIT_NAMES.get(process.returncode, f"exit {process.returncode}")
+                self.exits[name] = self.exits.get(name, 0) + 1
+                slot.process = None
+                slot.retired = process.returncode in (4, 5)
+                slot.restart_at = now + 0.5
+            if slot.process is None and not slot.retired and now >= slot.restart_at:
+                self.spawn(slot, env)
+
+    def healthy(self) -> list[Slot]:
+        return [s for s in self.slots if s.process is not None and not s.bad_config and not s.resume_at]
+
+    def strike(self, kind: str, now: float) -> None:
+        """One chaos event on the healthy worker that was struck least recently."""
+        targets = self.healthy()
+        if not targets:
+            return
+        slot = targets[self.chaos[kind] % len(targets)]
+        process = slot.process
+        if process is None:
+            return
+        if kind == "paused":  # a long GC pause or a frozen VM: the lease expires under it
+            process.send_signal(signal.SIGSTOP)
+            slot.resume_at = now + self.options.ttl + 2
+        elif kind == "killed":
+            process.send_signal(signal.SIGKILL)
+        else:
+            process.send_signal(signal.SIGTERM)  # the orchestrator's stop: drain, then exit 0
+        self.chaos[kind] += 1
+
+    def chaos_plan(self) -> list[tuple[float, str]]:
+        """First one of each, at fixed times, then random events every few seconds."""
+        plan = [(3.0, "paused"), (6.0, "killed"), (9.0, "terminated")]
+        at = 12.0
+        while at < self.options.seconds - 4:
+            plan.append((at, self.random.choice(("paused", "killed", "terminated"))))
+            at += self.random.uniform(2.5, 5.0)
+        return [(t, kind) for t, kind in plan if t < self.options.seconds - 2]
+
+    # -- jobs --
+
+    def jobs(self) -> None:
+        for job in JOBS:
+            job()
+        self.reconcile()
+        close_old_connections()
+
+    def reconcile(self) -> None:
+        """What a provider-backed reconciler does before anyone is paged: look the stable
+        idempotency key up; found, it HAPPENED (with the charge id); not found, it did not.
+        A share of the cases is left to people, so the console has triage work."""
+        due = timezone.now() - timedelta(seconds=LOOKUP_AFTER_S)
+        cases = ReconciliationCase.objects.filter(
+            tenant=self.tenant, status=CaseStatus.OPEN, opened_at__lte=due
+        ).select_related("operation")
+        for case in cases:
+            if self.left_to_people(case):
+                continue
+            found = requests.get(
+                self.provider_url + "/v1/charges",
+                params={"idempotency_key": case.operation.idempotency_key},
+                timeout=5,
+            )
+            if found.status_code == 200:
+                charge = found.json()
+                case_resolve(
+                    case_id=case.pk,
+                    resolution="HAPPENED",
+                    reason=f"the provider has charge {charge['id']} under the operation's idempotency key",
+                    resolved_by=RECONCILER,
+                    provider_request_id=charge["id"],
+                    actual_cost_cents=charge["amount_cents"],
+                )
+            elif found.status_code == 404:
+                case_resolve(
+                    case_id=case.pk,
+                    resolution="DID_NOT_HAPPEN",
+                    reason="the provider has no charge under the operation's idempotency key",
+                    resolved_by=RECONCILER,
+                )
+
+    def left_to_people(self, case: ReconciliationCase) -> bool:
+        return (case.pk.int % 1000) / 1000 < self.options.people_share
+
+    # -- the run --
+
+    def run(self) -> Report:
+        started = time.monotonic()
+        self.setup()
+        provider = SandboxProvider(
+            drop=self.options.drop, slow=self.options.slow, fail=self.options.fail, seed=self.options.seed
+        ).start()
+        self.provider_url = provider.url
+        server = None if self.options.url else ApiServer().start()
+        url = self.options.url or server.url  # type: ignore[union-attr]
+        env = {
+            **os.environ,
+            "FENCELINE_URL": url,
+            "PROVIDER_URL": provider.url,
+            "RUNS_FILE": str(self.runs_file),
+            "PYTHONUNBUFFERED": "1",
+        }
+        if server is not None:  # its refusals (409s) are the point; the progress line tells them
+            logging.getLogger("django.request").setLevel(logging.ERROR)
+        self.say(f"tenant {self.tenant.slug}, API {url}, provider {provider.url}, logs {self.logs}")
+        plan = self.chaos_plan()
+        try:
+            last_shown = 0.0
+            while (elapsed := time.monotonic() - started) < self.options.seconds:
+                self.supervise(env, elapsed)
+                while plan and plan[0][0] <= elapsed:
+                    self.strike(plan.pop(0)[1], elapsed)
+                self.top_up_runs()
+                self.jobs()
+                if elapsed - last_shown >= 1:
+                    self.say(self.progress(elapsed))
+                    last_shown = elapsed
+                time.sleep(0.5)
+            self.say("time is up: SIGTERM to every worker (drain, checkpoint, release, exit)")
+            self.stop_all(time.monotonic() - started)
+            self.jobs()
+            return self.report(provider, time.monotonic() - started)
+        finally:
+            for slot in self.slots:
+                if slot.process is not None and slot.process.poll() is None:
+                    slot.process.kill()
+            provider.stop()
+            if server is not None:
+                server.stop()
+
+    def stop_all(self, elapsed: float) -> None:
+        for slot in self.slots:
+            slot.retired = True
+            if slot.process is not None and slot.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    slot.process.send_signal(signal.SIGCONT)
+                    slot.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(s.process is not None for s in self.slots):
+            self.supervise({}, elapsed)
+            self.jobs()
+            time.sleep(0.2)
+
+    def progress(self, elapsed: float) -> str:
+        ops = Operation.objects.filter(tenant=self.tenant)
+        up = sum(1 for s in self.slots if s.process is not None and not s.resume_at)
+        completed = Run.objects.filter(tenant=self.tenant, status=RunStatus.COMPLETED).count()
+        cases = ReconciliationCase.objects.filter(tenant=self.tenant)
+        quarantined = Worker.objects.filter(tenant=self.tenant, status=WorkerStatus.QUARANTINED).count()
+        return (
+            f"[{elapsed:5.1f}/{self.options.seconds}s] workers up {up}/{len(self.slots)}"
+            f" · runs completed {completed} · dispatched {ops.exclude(dispatched_at=None).count()}"
+            f" · UNKNOWN cases {cases.count()} ({cases.exclude(status=CaseStatus.RESOLVED).count()} open)"
+            f" · quarantined {quarantined}"
+        )
+
+    def report(self, provider: SandboxProvider, elapsed: float) -> Report:
+        tenant = self.tenant
+        ops = Operation.objects.filter(tenant=tenant)
+        cases = ReconciliationCase.objects.filter(tenant=tenant)
+        runs = Run.objects.filter(tenant=tenant)
+        verified = broken = 0
+        for run_id in runs.values_list("pk", flat=True):
+            if run_verify(run_id=run_id, seal=True).status != BROKEN:
+                verified += 1
+            else:
+                broken += 1
+        recorded = set(
+            ops.filter(Q(phase=Phase.CONFIRMED) | Q(phase=Phase.RECONCILED, reconciliation="HAPPENED")).values_list(
+                "idempotency_key", flat=True
+            )
+        )
+        stats = provider.ledger.stats()
+        with provider.ledger.lock:
+            charged = set(provider.ledger.charges)
+        boots = WorkerBoot.objects.filter(tenant=tenant)
+        return Report(
+            tenant=tenant.slug,
+            seconds=elapsed,
+            runs=runs.count(),
+            runs_completed=runs.filter(status=RunStatus.COMPLETED).count(),
+            dispatched=ops.exclude(dispatched_at=None).count(),
+            confirmed=ops.filter(phase=Phase.CONFIRMED).count(),
+            failed=ops.filter(phase=Phase.FAILED).count(),
+            stale_refused=runs.aggregate(n=Sum("stale_rejections"))["n"] or 0,
+            unknown_opened=cases.count(),
+            reconciled_by_lookup=cases.filter(resolved_by=RECONCILER).count(),
+            left_to_people=cases.exclude(status=CaseStatus.RESOLVED).count(),
+            drains=WorkerDrain.objects.filter(tenant=tenant).count(),
+            drains_stopped=WorkerDrain.objects.filter(tenant=tenant).exclude(stopped_at=None).count(),
+            boots=boots.count(),
+            restart_episodes=boots.filter(episode_boot=1).count(),
+            quarantines=Worker.objects.filter(tenant=tenant, status=WorkerStatus.QUARANTINED).count(),
+            chains_verified=verified,
+            chains_broken=broken,
+            provider_charges=stats["charges"],
+            provider_replayed_keys=stats["replayed_keys"],
+            provider_faults=stats["faults"],
+            effects_missing_from_ledger=len(charged - recorded - self.undecided_keys()),
+            chaos=dict(self.chaos),
+            exits=dict(self.exits),
+            logs=str(self.logs),
+        )
+
+    def undecided_keys(self) -> set[str]:
+        """Keys still UNKNOWN (a person's to decide): in doubt, not missed."""
+        return set(
+            Operation.objects.filter(tenant=self.tenant, phase__in=(Phase.UNKNOWN, Phase.DISPATCHED)).values_list(
+                "idempotency_key", flat=True
+            )
+        )
+
+
+def simulate(options: Settings, say: Callable[[str], None]) -> Report:
+    report = Fleet(options, say).run()
+    for line in report.lines():
+        say(line)
+    return report
+
+
+def report_json(report: Report) -> str:
+    return json.dumps(asdict(report), indent=2)

@@ -1,0 +1,174 @@
+"""A sandbox payments provider for the fleet simulator: a small HTTP service that honours
+idempotency keys the way a real payments API does, and can be told to misbehave.
+
+    POST /v1/charges            Idempotency-Key: <key>   {"amount_cents": 1200, "customer": "c:1"}
+        201 {"id": "ch_17", ...}                         a new charge
+        200 {"id": "ch_17", ..., "replayed": true}       the same key again: the same charge
+    GET  /v1/charges?idempotency_key=<key>               200 the charge, or 404: never made
+    GET  /v1/stats                                       what happened, for the final report
+
+A request may ask for a fault with ``Sandbox-Fault: drop | slow | fail``, and the provider
+draws faults on its own with the probabilities it was started with:
+
+    drop  the charge is made, then the connection closes without an answer (the caller
+          cannot know: its outcome is UNKNOWN until someone looks the key up)
+    slow  the answer comes after ``slow_s`` seconds
+    fail  503 before anything is made (the caller knows nothing happened)
+
+No Django import: it runs in a thread of ``manage.py simulate`` or on its own
+(``python -m ledger.simulation.provider 8765``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+FAULTS = ("drop", "slow", "fail")
+
+
+@dataclass
+class Ledger:
+    """The provider's own books: charges by idempotency key, and what it was asked."""
+
+    charges: dict[str, dict[str, Any]] = field(default_factory=dict)
+    requests_by_key: dict[str, int] = field(default_factory=dict)
+    faults: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAULTS, 0))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def charge(self, key: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        with self.lock:
+            self.requests_by_key[key] = self.requests_by_key.get(key, 0) + 1
+            existing = self.charges.get(key)
+            if existing is not None:
+                return existing, False
+            made = {
+                "id": f"ch_{len(self.charges) + 1}",
+                "idempotency_key": key,
+                "amount_cents": body.get("amount_cents"),
+                "customer": body.get("customer"),
+                "created_at": time.time(),
+            }
+            self.charges[key] = made
+            return made, True
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "charges": len(self.charges),
+                "requests": sum(self.requests_by_key.values()),
+                "replayed_keys": sum(1 for n in self.requests_by_key.values() if n > 1),
+                "faults": dict(self.faults),
+            }
+
+
+class SandboxProvider:
+    """The provider, served on ``127.0.0.1:port`` (0: a free port) in a daemon thread."""
+
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        drop: float = 0.0,
+        slow: float = 0.0,
+        fail: float = 0.0,
+        slow_s: float = 2.0,
+        seed: int | None = None,
+    ) -> None:
+        self.ledger = Ledger()
+        self.odds = {"drop": drop, "slow": slow, "fail": fail}
+        self.slow_s = slow_s
+        self.random = random.Random(seed)  # noqa: S311 - fault injection, not security
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, name="sandbox-provider", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> SandboxProvider:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def fault_for(self, asked: str) -> str:
+        if asked in FAULTS:
+            return asked
+        draw = self.random.random()
+        for name in FAULTS:
+            if draw < self.odds[name]:
+                return name
+            draw -= self.odds[name]
+        return ""
+
+
+def _handler(provider: SandboxProvider) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet: the simulator shows progress
+            return
+
+        def _answer(self, status: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            url = urlparse(self.path)
+            if url.path == "/v1/stats":
+                return self._answer(200, provider.ledger.stats())
+            if url.path == "/v1/charges":
+                key = parse_qs(url.query).get("idempotency_key", [""])[0]
+                with provider.ledger.lock:
+                    found = provider.ledger.charges.get(key)
+                return self._answer(200, found) if found else self._answer(404, {"error": "no_such_charge"})
+            return self._answer(404, {"error": "not_found"})
+
+        def do_POST(self) -> None:
+            if urlparse(self.path).path != "/v1/charges":
+                return self._answer(404, {"error": "not_found"})
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                return self._answer(400, {"error": "invalid_json"})
+            key = self.headers.get("Idempotency-Key", "")
+            if not key or not isinstance(body, dict):
+                return self._answer(400, {"error": "an Idempotency-Key header and a JSON object are required"})
+            fault = provider.fault_for(self.headers.get("Sandbox-Fault", ""))
+            if fault:
+                with provider.ledger.lock:
+                    provider.ledger.faults[fault] += 1
+            if fault == "fail":
+                return self._answer(503, {"error": "provider_unavailable"})
+            charge, created = provider.ledger.charge(key, body)
+            if fault == "drop":  # made, but the answer never arrives
+                self.close_connection = True
+                self.connection.close()
+                return None
+            if fault == "slow":
+                time.sleep(provider.slow_s)
+            return self._answer(201 if created else 200, {**charge, "replayed": not created})
+
+    return Handler
+
+
+if __name__ == "__main__":
+    served = SandboxProvider(port=int(sys.argv[1]) if len(sys.argv) > 1 else 8765).start()
+    print(f"sandbox provider at {served.url}", flush=True)
+    served.thread.join()
