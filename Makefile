@@ -10,11 +10,16 @@ REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
 DATABASE_URL_SCALE ?= postgres://postgres@127.0.0.1:5432/fl_scale
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test lint bench bench-ledger bench-console bench-reapers
+.PHONY: demo simulate test lint bench bench-ledger bench-console bench-reapers
 
 demo:
 	@.ci/bootstrap
 	.venv/bin/python manage.py demo
+
+simulate:
+	@.ci/bootstrap
+	.venv/bin/python manage.py migrate --verbosity 0
+	.venv/bin/python manage.py simulate $(SIM_ARGS)
 
 test:
 	@.ci/bootstrap

@@ -122,7 +122,7 @@ class Report:
             f"  stale refused        {self.stale_refused}",
             f"  UNKNOWN opened       {self.unknown_opened}",
             f"  reconciled           {self.reconciled_by_lookup} by provider lookup, "
-            f"{self.left_to_people} left to people",
+            f"{self.left_to_people} left open for people",
             f"  drains               {self.drains} ({self.drains_stopped} reached STOPPED)",
             f"  boots                {self.boots} in {self.restart_episodes} restart episodes",
             f"  quarantines          {self.quarantines}",
@@ -350,8 +350,10 @@ class Fleet:
             "RUNS_FILE": str(self.runs_file),
             "PYTHONUNBUFFERED": "1",
         }
+        request_log = logging.getLogger("django.request")
+        level = request_log.level
         if server is not None:  # its refusals (409s) are the point; the progress line tells them
-            logging.getLogger("django.request").setLevel(logging.ERROR)
+            request_log.setLevel(logging.ERROR)
         self.say(f"tenant {self.tenant.slug}, API {url}, provider {provider.url}, logs {self.logs}")
         plan = self.chaos_plan()
         try:
@@ -377,6 +379,7 @@ class Fleet:
             provider.stop()
             if server is not None:
                 server.stop()
+            request_log.setLevel(level)
 
     def stop_all(self, elapsed: float) -> None:
         for slot in self.slots:
