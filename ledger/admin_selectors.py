@@ -28,8 +28,11 @@ from ledger.models import (
     WorkerBoot,
     WorkerDrain,
 )
+from ledger.errors import ReconcileFirst
 from ledger.pagination import keyset_page
 from ledger.roles import ROLES, VIEW, tenants_for
+from ledger.services.authority.policy import policy_current
+from ledger.services.core.admission import operations_in_doubt
 from ledger.services.authority.credential_leases import (
     credential_lease_get,
     credential_leases_matching,
@@ -183,7 +186,35 @@ def worker_detail_parts(*, worker: Worker) -> dict:
     )
     drains = list(WorkerDrain.objects.filter(worker=worker).order_by("-started_at")[:RECENT])
     boots = list(WorkerBoot.objects.filter(worker=worker).order_by("-reported_at")[:RECENT])
-    return {"grants": grants, "held": held, "drains": drains, "boots": boots, "now": timezone.now()}
+    return {
+        "grants": grants,
+        "held": held,
+        "drains": drains,
+        "boots": boots,
+        "now": timezone.now(),
+        **worker_admission(worker=worker),
+    }
+
+
+def worker_admission(*, worker: Worker) -> dict:
+    """Why the worker may or may not take leases now: the last boot's refusal (with the
+    effects in doubt when admission is paused for them), its stale-token window against the
+    policy's limit, and the quarantine decision with its diagnostic bundle."""
+    _, policy = policy_current(tenant=worker.tenant)
+    paused = worker.not_ready_code == ReconcileFirst.code
+    quarantine = None
+    if worker.status == WorkerStatus.QUARANTINED:
+        quarantine = (
+            AdminAction.objects.filter(tenant_id=worker.tenant_id, action="worker.quarantine", subject=worker.name)
+            .order_by("-occurred_at")
+            .first()
+        )
+    return {
+        "in_doubt": operations_in_doubt(worker).count() if paused else 0,
+        "stale_limit": policy["stale_token_limit"],
+        "quarantine": quarantine,
+        "bundle": (quarantine.fields.get("diagnostic_bundle") if quarantine else None),
+    }
 
 
 # --- tenants: policy, budgets, roles, activity ----------------------------------------------

@@ -7,9 +7,10 @@ from django.urls import reverse
 
 from ledger.models import Worker
 from ledger.services.fence import leases
+from ledger.services.fleet.boots import BootReport, worker_boot
 from tests.console.admin_fixtures import worker_in
 from tests.console.queues_fixtures import Browser, user_with
-from tests.ledger.factories import expire, leased_run
+from tests.ledger.factories import dispatched_operation, expire, leased_run
 
 URL = reverse("workers")
 
@@ -100,3 +101,31 @@ def test_the_list_and_the_detail_cost_the_same_queries_with_10_and_200_rows(acme
     grants(190)
     with_200 = (queries_for(browser, URL), queries_for(browser, detail))
     assert with_10 == with_200
+
+
+READY = {d: {"ok": True, "evidence": {}} for d in ("runtime", "state", "credentials", "outbound_delivery", "admission")}
+
+
+def boot(worker, n: int, **changes):
+    report = {"boot_id": f"b-{n}", "config_hash": f"cfg-{n}", "code_version": "v1", "state_schema_version": 1}
+    report |= {"pid": 100 + n, "host": "node-1", "readiness": READY} | changes
+    return worker_boot(worker=worker, report=BootReport(**report))
+
+
+def test_the_page_shows_paused_admission_the_boot_error_and_the_quarantine_bundle(acme):
+    browser = Browser(user_with("viewer", acme.tenant))
+    page = reverse("worker_detail", args=[acme.worker.pk])
+    boot(acme.worker, 1)
+    run, token = leased_run(acme.worker)
+    dispatched_operation(acme.worker, run, token, "charge:1")  # then the process died
+    assert boot(acme.worker, 2).boot.unknown_left == 1
+    body = browser.get(page).content.decode()
+    assert "paused: RECONCILE_FIRST" in body and "1 effect it dispatched in doubt" in body
+
+    failed = {**READY, "state": {"ok": False, "evidence": {"schema": "7 of 8"}}}
+    error = {"kind": "migration", "message": "column runs.x is missing", "at": "2026-12-04T05:00:00+00:00"}
+    assert boot(acme.worker, 3, readiness=failed, error=error).quarantined
+    body = browser.get(page).content.decode()
+    assert "system:state-migration" in body and "column runs.x is missing" in body
+    assert "Diagnostic bundle: 3 boots kept" in body and "cfg-3" in body
+    assert "none refused" in body and "limit 50 in 60 s" in body
