@@ -11,6 +11,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from guardian.models import UserObjectPermission
 
+from ledger.errors import ReconcileFirst
 from ledger.models import (
     AdminAction,
     CapabilityBudget,
@@ -28,16 +29,15 @@ from ledger.models import (
     WorkerBoot,
     WorkerDrain,
 )
-from ledger.errors import ReconcileFirst
 from ledger.pagination import keyset_page
 from ledger.roles import ROLES, VIEW, tenants_for
-from ledger.services.authority.policy import policy_current
-from ledger.services.core.admission import operations_in_doubt
 from ledger.services.authority.credential_leases import (
     credential_lease_get,
     credential_leases_matching,
     lease_id_prefix_range,
 )
+from ledger.services.authority.policy import policy_current
+from ledger.services.core.admission import operations_in_doubt
 from ledger.states import INSTANCE_LIVE, CapabilityStatus, InstanceState, LeaseEnd, Phase, ResourceState, WorkerStatus
 
 LEASE_STATES = ("active", "revoked", "expired", "all")
