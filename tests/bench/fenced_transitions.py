@@ -69,7 +69,8 @@ if str(ROOT) not in sys.path:
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 KINDS = ("acquire", "credential", "capability", "intend", "authorize", "dispatch", "outcome", "release")
-MODES = ("plain", "authority")
+MODES = ("plain", "authority", "http")
+MODE_SETS = {"all": MODES, "both": ("plain", "authority"), **{mode: (mode,) for mode in MODES}}
 TENANT_SLUG = "bench"
 LEASE_TTL_S = 600
 PROGRESS_EVERY_S = 3.0
@@ -744,6 +745,30 @@ def run_fenced(
     }
 
 
+def http_phase_run(server: Server, args) -> dict:
+    """The plain cycle through the client over HTTP (tests/bench/http_phase.py)."""
+    from tests.bench.http_phase import run_http
+
+    pks = prepare_fenced_db(server, BENCH_DB, args.workers, analyze=not args.no_analyze)
+    django_setup(server.url_for(BENCH_DB))
+    from django.db import connection
+
+    from ledger.models import Worker
+    from ledger.services.fleet.workers import worker_rotate_token
+
+    tokens = [worker_rotate_token(worker=Worker.objects.get(pk=pk)) for pk in pks]
+    connection.close()
+    checkpoint(server, BENCH_DB)
+    phase = run_http(
+        server.url_for(BENCH_DB), tokens, args, tool=(AUTH_TOOL, AUTH_ACTION), say=say, percentile=percentile,
+        stats=ServerStats(server, BENCH_DB), backends=BackendCpu(BENCH_DB), cpu=cpu_busy,
+    )  # fmt: skip
+    before, after = phase["machine_busy_cores"]
+    phase["machine_busy_cores"] = cpu_busy_cores(before, after)
+    phase["steal_cores"] = cpu_busy_cores(before, after, 1)
+    return phase
+
+
 def prepare_pgbench(server: Server, database: str, pgbench: str, scale: int) -> None:
     created = ensure_database(server, database)
     say(f"[setup] database {database}: {'created' if created else 'exists'}; pgbench -i -s {scale} (a few seconds)")
@@ -909,7 +934,10 @@ def report(context: dict, args, fenced_phases: list[dict], pg: dict) -> None:
         lambda ph, n: ms(ph["elapsed"] * args.workers / max(1, n)) if ph is not pg else f"{ph['latency_ms']:.2f} ms",
     )
     row("count", lambda ph, n: f"{n:,}")
-    row("SQL statements per transition", fenced_only(lambda ph, n: f"{ph['statements'] / n:.2f}" if n else None))
+    row(
+        "SQL statements per transition",
+        fenced_only(lambda ph, n: f"{ph['statements'] / n:.2f}" if n and ph["statements"] is not None else None),
+    )
     row("server commits per transition", lambda ph, n: per(ph["commits"], n))
     row("WAL per transition", lambda ph, n: f"{ph['wal'] / n:,.0f} B" if ph["wal"] is not None and n else None)
 
@@ -922,9 +950,11 @@ def report(context: dict, args, fenced_phases: list[dict], pg: dict) -> None:
     def rest(ph, n):
         if ph.get("machine_busy_cores") is None or ph.get("client_cpu_s") is None or ph.get("server_cpu_s") is None:
             return None
-        return f"{ph['machine_busy_cores'] - (ph['client_cpu_s'] + ph['server_cpu_s']) / ph['elapsed']:.2f}"
+        mine = ph["client_cpu_s"] + ph["server_cpu_s"] + (ph.get("app_cpu_s") or 0)
+        return f"{ph['machine_busy_cores'] - mine / ph['elapsed']:.2f}"
 
     row("client CPU (cores busy)", cores("client_cpu_s"))
+    row("app server CPU (gunicorn, cores busy)", cores("app_cpu_s"))
     row("server backends CPU (cores busy)", cores("server_cpu_s"))
     row("rest of machine (cores busy)", rest)
     row(
@@ -942,20 +972,19 @@ def report(context: dict, args, fenced_phases: list[dict], pg: dict) -> None:
         "client preemptions per transition",
         lambda ph, n: f"{ph['client_preempted'] / n:.2f}" if ph.get("client_preempted") is not None and n else None,
     )
-    if len(fenced_phases) == 2 and fenced_phases[0]["tps"]:
-        plain, auth = fenced_phases
-        say(f"authority / plain transitions/s: {auth['tps'] / plain['tps']:.3f}")
+    by_mode = {f["mode"]: f for f in fenced_phases}
+    if by_mode.get("plain", {}).get("tps"):
+        for mode in ("authority", "http"):
+            if mode in by_mode:
+                say(f"{mode} / plain transitions/s: {by_mode[mode]['tps'] / by_mode['plain']['tps']:.3f}")
     for fenced in fenced_phases:
         say("-" * 72)
         say(f"{fenced['mode'] + ', per kind':18}{'count':>9}{'p50':>11}{'p99':>11}{'SQL stmts':>11}{'in execute':>12}")
-        for kind in KINDS:
-            k = fenced["by_kind"][kind]
+        for kind, k in fenced["by_kind"].items():
             if not k["count"]:
                 continue
-            say(
-                f"{kind:18}{k['count']:>9,}{ms(k['p50']):>11}{ms(k['p99']):>11}"
-                f"{k['statements']:>11.1f}{k['sql_share'] * 100:>11.0f}%"
-            )
+            sql = "" if k["statements"] is None else f"{k['statements']:>11.1f}{k['sql_share'] * 100:>11.0f}%"
+            say(f"{kind:18}{k['count']:>9,}{ms(k['p50']):>11}{ms(k['p99']):>11}{sql}")
         say(f"(+ {fenced['runs']:,} run_create calls, not counted)")
     say("'in execute' = share of the call's wall time spent inside cursor.execute, i.e. round trip +")
     say(" server work; BEGIN/COMMIT are outside it and not in 'SQL stmts'; 'rest of machine' = other")
@@ -1027,9 +1056,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--mode",
-        choices=("both", *MODES),
-        default="both",
-        help="fenced phases to run: plain, authority, or both back to back (default %(default)s)",
+        choices=tuple(MODE_SETS),
+        default="all",
+        help="fenced phases to run: plain, authority, http (the client over HTTP against gunicorn), "
+        "both (plain and authority) or all, back to back (default %(default)s)",
+    )
+    parser.add_argument(
+        "--http-workers", type=int, default=4, help="gunicorn worker processes in the http phase (default 4)"
     )
     parser.add_argument(
         "--authority", dest="mode", action="store_const", const="authority", help="same as --mode authority"
@@ -1068,7 +1101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 1 or args.seconds < 1 or args.ops_per_lease < 1:
         parser.error("--workers, --seconds and --ops-per-lease must be at least 1")
-    modes = list(MODES) if args.mode == "both" else [args.mode]
+    modes = list(MODE_SETS[args.mode])
     if "authority" in modes and args.ops_per_lease > AUTH_MAX_OPS_PER_LEASE:
         parser.error(
             f"authority mode: --ops-per-lease may be at most {AUTH_MAX_OPS_PER_LEASE} (resources per credential lease)"
@@ -1093,6 +1126,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         fenced_phases = []
         for mode in modes:
+            if mode == "http":
+                if args.show_sql:
+                    continue
+                fenced = http_phase_run(server, args)
+                say(f"[http] done: {fenced['total']:,} transitions in {fenced['elapsed']:.1f} s = {fenced['tps']:,.1f}/s")
+                fenced_phases.append(fenced)
+                continue
             authority = mode == "authority"
             worker_pks = prepare_fenced_db(
                 server, BENCH_DB, args.workers, analyze=not args.no_analyze, authority=authority,
