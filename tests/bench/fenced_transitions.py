@@ -1130,7 +1130,9 @@ def main(argv: list[str] | None = None) -> int:
                 if args.show_sql:
                     continue
                 fenced = http_phase_run(server, args)
-                say(f"[http] done: {fenced['total']:,} transitions in {fenced['elapsed']:.1f} s = {fenced['tps']:,.1f}/s")
+                say(
+                    f"[http] done: {fenced['total']:,} transitions in {fenced['elapsed']:.1f} s = {fenced['tps']:,.1f}/s"
+                )
                 fenced_phases.append(fenced)
                 continue
             authority = mode == "authority"

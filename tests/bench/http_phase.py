@@ -169,7 +169,7 @@ class Gunicorn:
             "--log-level",
             "warning",
         ]
-        self.process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # noqa: S603
+        self.process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 60) -> None:
         import requests
@@ -180,9 +180,9 @@ class Gunicorn:
                 output = self.process.stdout.read().decode(errors="replace") if self.process.stdout else ""
                 raise RuntimeError(f"gunicorn exited: {output[-500:]}")
             try:
-                if requests.get(self.url + "/api/v1/openapi.json", timeout=2).status_code == 200:
-                    if len(children_of(self.process.pid)) >= self.workers:
-                        return
+                answered = requests.get(self.url + "/api/v1/openapi.json", timeout=2).status_code == 200
+                if answered and len(children_of(self.process.pid)) >= self.workers:
+                    return
             except requests.RequestException:
                 pass
             time.sleep(0.2)
@@ -199,7 +199,9 @@ class Gunicorn:
             self.process.kill()
 
 
-def run_http(database_url: str, tokens: list[str], args, *, tool: tuple[str, str], say, percentile, stats, backends, cpu) -> dict:
+def run_http(
+    database_url: str, tokens: list[str], args, *, tool: tuple[str, str], say, percentile, stats, backends, cpu
+) -> dict:
     """The HTTP phase; ``stats``/``backends``/``cpu`` are the plain phase's meters."""
     n = len(tokens)
     server = Gunicorn(database_url, args.http_workers)
@@ -211,13 +213,9 @@ def run_http(database_url: str, tokens: list[str], args, *, tool: tuple[str, str
         ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         start_at = ctx.Value("d", 0.0, lock=False)
         key_prefix = uuid.uuid4().hex
+        shared = (args.ops_per_lease, args.seconds, key_prefix, counters, ready, go, start_at, results, tool)
         procs = [
-            ctx.Process(
-                target=client_main,
-                args=(i, server.url, tokens[i], args.ops_per_lease, args.seconds, key_prefix, counters, ready, go,
-                      start_at, results, tool),
-                name=f"bench-http-{i}",
-            )  # fmt: skip
+            ctx.Process(target=client_main, args=(i, server.url, tokens[i], *shared), name=f"bench-http-{i}")
             for i in range(n)
         ]
         for proc in procs:
