@@ -48,17 +48,54 @@ module only reads documents; ``ledger.services.policy`` stores and changes them.
       "breaker": {                          # share of the tenant limit (reserved + settled)
         "throttled_at": 0.6, "degraded_at": 0.85, "open_at": 1.0,
         "throttled_max_dispatched": 2       # in-flight operations allowed while THROTTLED
-      }
+      },
+      "tool_contracts": [                   # per tool (and action): what the effect is,
+        {"tool": "payments",                # whatever the worker declares
+         "action": "charge",                # "*" (the default): every action of the tool
+         "effect_class": "NON_RETRYABLE",   # one of ledger.states.EffectClass
+         "provider": "sandbox-payments",    # where the effect goes, or null (the default)
+         "reconciler": "sandbox-payments",  # null (the default), or a reconciler configured
+                                            # in settings.FENCELINE["RECONCILERS"]
+         "worst_case_cost_cents": 5000,     # an integer >= 0, or null (the default)
+         "human_approval": false}           # a person approves every operation of it
+      ],                                    # (the starter's: []); (tool, action) unique
+      "unknown_tool_class": "WORKER_DECLARED"  # a tool with no contract: "WORKER_DECLARED"
+                                            # (the starter's: the worker's declared class is
+                                            # taken), "REFUSE", or an EffectClass imposed
     }
+
+A contract names its tool exactly (``contract_for``: the exact action's contract, else the
+tool's "*" one). A policy stored before a key existed reads as the starter's
+(``quotas_of``, ``contracts_of``, ``unknown_tool_class_of``).
 
 Patterns in rules use shell-style wildcards (``repo:acme/*``). Capability and credential
 scopes are matched exactly at dispatch; policy rules bound what may be requested.
 """
 
 import copy
+import hashlib
+import json
+from collections.abc import Collection
 from fnmatch import fnmatchcase
 
 from ledger.errors import InvalidInput
+from ledger.states import EffectClass
+
+# What a tool without a contract is taken as: the worker's declared class (the starter's),
+# refused outright, or one side-effect class imposed on every such tool.
+WORKER_DECLARED = "WORKER_DECLARED"
+REFUSE = "REFUSE"
+UNKNOWN_TOOL_CLASSES: tuple[str, ...] = (WORKER_DECLARED, REFUSE, *EffectClass.values)
+
+# A contract's optional keys and what a missing one means.
+CONTRACT_DEFAULTS: dict = {
+    "action": "*",
+    "provider": None,
+    "reconciler": None,
+    "worst_case_cost_cents": None,
+    "human_approval": False,
+}
+CONTRACT_KEYS: tuple[str, ...] = ("tool", "action", "effect_class", *tuple(CONTRACT_DEFAULTS)[1:])
 
 STARTER_POLICY: dict = {
     "starter": True,
@@ -87,6 +124,8 @@ STARTER_POLICY: dict = {
         "resource_max_age_s": 86400,
     },
     "breaker": {"throttled_at": 0.6, "degraded_at": 0.85, "open_at": 1.0, "throttled_max_dispatched": 2},
+    "tool_contracts": [],
+    "unknown_tool_class": WORKER_DECLARED,
 }
 
 
@@ -94,74 +133,130 @@ def starter_policy() -> dict:
     return copy.deepcopy(STARTER_POLICY)
 
 
+def _invalid(path: str, problem: str) -> InvalidInput:
+    """The refusal of the value at ``path``: the message starts with the path, and the
+    error carries it as its field."""
+    return InvalidInput(f"{path}{'' if problem.startswith(':') else ' '}{problem}", field=path)
+
+
 def _positive_int(document: dict, name: str, *, nullable: bool = False) -> None:
     value = document.get(name)
     if value is None and nullable:
         return
     if type(value) is not int or value < 1:
-        raise InvalidInput(f"policy.{name} must be a positive integer{' or null' if nullable else ''}")
+        raise _invalid(f"policy.{name}", f"must be a positive integer{' or null' if nullable else ''}")
 
 
 def _strings(value: object, path: str) -> list[str]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        raise InvalidInput(f"{path} must be a non-empty list of strings")
+        raise _invalid(path, "must be a non-empty list of strings")
     return value
 
 
-def validate_policy(document: object) -> dict:
-    """The document completed with the starter defaults, or InvalidInput naming the field."""
+def validate_policy(document: object, *, reconcilers: Collection[str] | None = None) -> dict:
+    """The document completed with the starter defaults, or InvalidInput naming the field
+    (its ``field`` is the path, e.g. ``policy.tool_contracts.2.effect_class``). Given
+    ``reconcilers`` (the configured names), a contract's reconciler must be one of them."""
     if not isinstance(document, dict):
-        raise InvalidInput("policy must be a JSON object")
-    unknown = set(document) - set(STARTER_POLICY)
+        raise _invalid("policy", "must be a JSON object")
+    unknown = sorted(set(document) - set(STARTER_POLICY))
     if unknown:
-        raise InvalidInput(f"policy has unknown field(s): {', '.join(sorted(unknown))}")
+        raise _invalid(f"policy.{unknown[0]}", f"is not a policy field (unknown: {', '.join(unknown)})")
     merged = {**starter_policy(), **copy.deepcopy(document), "starter": False}
     if not isinstance(merged["rules"], list):
-        raise InvalidInput("policy.rules must be a list")
+        raise _invalid("policy.rules", "must be a list")
     for index, rule in enumerate(merged["rules"]):
         if (
             not isinstance(rule, dict)
             or set(rule) != {"tool", "actions", "resources"}
             or not isinstance(rule["tool"], str)
         ):
-            raise InvalidInput(f"policy.rules.{index} must be {{tool, actions, resources}}")
+            raise _invalid(f"policy.rules.{index}", "must be {tool, actions, resources}")
         _strings(rule["actions"], f"policy.rules.{index}.actions")
         _strings(rule["resources"], f"policy.rules.{index}.resources")
     if not isinstance(merged["human_approval_tools"], list):
-        raise InvalidInput("policy.human_approval_tools must be a list of tool names")
+        raise _invalid("policy.human_approval_tools", "must be a list of tool names")
     for flag in ("require_credential", "require_capability"):
         if not isinstance(merged[flag], bool):
-            raise InvalidInput(f"policy.{flag} must be true or false")
+            raise _invalid(f"policy.{flag}", "must be true or false")
     for name in ("max_ttl_s", "max_calls", "approval_ttl_s", "cost_window_s", "reservation_ttl_s", "cancel_grace_s"):
         _positive_int(merged, name)
     for name in ("max_bytes", "idle_limit_s", "max_runtime_s"):
         _positive_int(merged, name, nullable=True)
     limits = merged["cost_limits_cents"]
     if not isinstance(limits, dict) or set(limits) != {"run", "tenant", "retry", "provider"}:
-        raise InvalidInput("policy.cost_limits_cents must have run, tenant, retry and provider")
+        raise _invalid("policy.cost_limits_cents", "must have run, tenant, retry and provider")
     for key in ("run", "tenant", "retry"):
         if limits[key] is not None and (type(limits[key]) is not int or limits[key] < 0):
-            raise InvalidInput(f"policy.cost_limits_cents.{key} must be cents (an integer >= 0) or null")
+            raise _invalid(f"policy.cost_limits_cents.{key}", "must be cents (an integer >= 0) or null")
     if not isinstance(limits["provider"], dict) or any(
         type(v) is not int or v < 0 for v in limits["provider"].values()
     ):
-        raise InvalidInput("policy.cost_limits_cents.provider must map provider names to cents")
+        raise _invalid("policy.cost_limits_cents.provider", "must map provider names to cents")
     _validate_quotas(merged)
     _validate_window(merged, "restart_budget", "max_restarts")
     _validate_window(merged, "stale_token_limit", "max_rejections")
     _validate_runtime_audit(merged["runtime_audit"])
     breaker = merged["breaker"]
     if not isinstance(breaker, dict) or set(breaker) != set(STARTER_POLICY["breaker"]):
-        raise InvalidInput("policy.breaker must have throttled_at, degraded_at, open_at, throttled_max_dispatched")
+        raise _invalid("policy.breaker", "must have throttled_at, degraded_at, open_at, throttled_max_dispatched")
     shares = [breaker["throttled_at"], breaker["degraded_at"], breaker["open_at"]]
     if (
         not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in shares)
         or not 0 < shares[0] <= shares[1] <= shares[2] <= 1
     ):
-        raise InvalidInput("policy.breaker thresholds must satisfy 0 < throttled_at <= degraded_at <= open_at <= 1")
+        raise _invalid("policy.breaker", "thresholds must satisfy 0 < throttled_at <= degraded_at <= open_at <= 1")
     if type(breaker["throttled_max_dispatched"]) is not int or breaker["throttled_max_dispatched"] < 1:
-        raise InvalidInput("policy.breaker.throttled_max_dispatched must be a positive integer")
+        raise _invalid("policy.breaker.throttled_max_dispatched", "must be a positive integer")
+    merged["tool_contracts"] = _validate_contracts(merged["tool_contracts"], reconcilers)
+    if merged["unknown_tool_class"] not in UNKNOWN_TOOL_CLASSES:
+        raise _invalid("policy.unknown_tool_class", f"must be one of {', '.join(UNKNOWN_TOOL_CLASSES)}")
     return merged
+
+
+def _name(value: object) -> bool:
+    """A tool or action name: a non-empty string without shell wildcards."""
+    return isinstance(value, str) and bool(value.strip()) and not any(c in value for c in "*?[]")
+
+
+def _validate_contracts(contracts: object, reconcilers: Collection[str] | None) -> list[dict]:
+    if not isinstance(contracts, list):
+        raise _invalid("policy.tool_contracts", "must be a list of contracts")
+    completed: list[dict] = []
+    seen: set[tuple[str, str]] = set()
+    for index, contract in enumerate(contracts):
+        path = f"policy.tool_contracts.{index}"
+        if not isinstance(contract, dict):
+            raise _invalid(path, "must be an object {tool, action, effect_class, ...}")
+        unknown = sorted(set(contract) - set(CONTRACT_KEYS))
+        if unknown:
+            raise _invalid(
+                f"{path}.{unknown[0]}", f"is not a contract field (a contract has {', '.join(CONTRACT_KEYS)})"
+            )
+        contract = {**CONTRACT_DEFAULTS, **contract}
+        if "tool" not in contract or not _name(contract["tool"]):
+            raise _invalid(f"{path}.tool", "must be a tool name (no wildcards)")
+        if contract["action"] != "*" and not _name(contract["action"]):
+            raise _invalid(f"{path}.action", 'must be an action name, or "*" for every action of the tool')
+        if contract.get("effect_class") not in EffectClass.values:
+            raise _invalid(f"{path}.effect_class", f"must be one of {', '.join(EffectClass.values)}")
+        for key in ("provider", "reconciler"):
+            value = contract[key]
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise _invalid(f"{path}.{key}", "must be a name or null")
+        if reconcilers is not None and contract["reconciler"] is not None and contract["reconciler"] not in reconcilers:
+            raise _invalid(f"{path}.reconciler", f": no reconciler named {contract['reconciler']!r} is configured")
+        cost = contract["worst_case_cost_cents"]
+        if cost is not None and (type(cost) is not int or cost < 0):
+            raise _invalid(f"{path}.worst_case_cost_cents", "must be cents (an integer >= 0) or null")
+        if not isinstance(contract["human_approval"], bool):
+            raise _invalid(f"{path}.human_approval", "must be true or false")
+        pair = (contract["tool"], contract["action"])
+        if pair in seen:
+            raise _invalid(path, f"repeats {pair[0]}.{pair[1]}")
+        seen.add(pair)
+        completed.append({key: contract[key] for key in CONTRACT_KEYS})
+    return completed
 
 
 def _validate_window(merged: dict, name: str, count: str) -> None:
@@ -171,7 +266,7 @@ def _validate_window(merged: dict, name: str, count: str) -> None:
         or set(window) != {count, "window_s"}
         or any(type(v) is not int or v < 1 for v in window.values())
     ):
-        raise InvalidInput(f"policy.{name} must be {{{count}, window_s}}: positive integers")
+        raise _invalid(f"policy.{name}", f"must be {{{count}, window_s}}: positive integers")
 
 
 RUNTIME_AUDIT_RULES = {
@@ -186,35 +281,35 @@ def _validate_runtime_audit(rules: object) -> None:
     if rules is None:
         return
     if not isinstance(rules, dict) or set(rules) != set(RUNTIME_AUDIT_RULES):
-        raise InvalidInput(f"policy.runtime_audit must be null or {{{', '.join(RUNTIME_AUDIT_RULES)}}}")
+        raise _invalid("policy.runtime_audit", f"must be null or {{{', '.join(RUNTIME_AUDIT_RULES)}}}")
     for flag in ("allow_root", "allow_host_control", "allow_sensitive_mounts"):
         if not isinstance(rules[flag], bool):
-            raise InvalidInput(f"policy.runtime_audit.{flag} must be true or false")
+            raise _invalid(f"policy.runtime_audit.{flag}", "must be true or false")
     allowed = rules["allowed_capabilities"]
     if not isinstance(allowed, list) or not all(isinstance(v, str) and v for v in allowed):
-        raise InvalidInput("policy.runtime_audit.allowed_capabilities must be a list of capability names")
+        raise _invalid("policy.runtime_audit.allowed_capabilities", "must be a list of capability names")
 
 
 def _limits(value: object, path: str) -> None:
     if not isinstance(value, dict) or any(
         not isinstance(k, str) or type(v) is not int or v < 0 for k, v in value.items()
     ):
-        raise InvalidInput(f"{path} must map names to limits (integers >= 0)")
+        raise _invalid(path, "must map names to limits (integers >= 0)")
 
 
 def _validate_quotas(merged: dict) -> None:
     quotas = merged["quotas"]
     if not isinstance(quotas, dict) or not set(quotas) <= set(STARTER_POLICY["quotas"]):
-        raise InvalidInput(f"policy.quotas may have only {', '.join(STARTER_POLICY['quotas'])}")
+        raise _invalid("policy.quotas", f"may have only {', '.join(STARTER_POLICY['quotas'])}")
     merged["quotas"] = quotas = {**STARTER_POLICY["quotas"], **quotas}
     for name in ("instances_per_tenant", "instances_per_worker"):
         value = quotas[name]
         if value is not None and (type(value) is not int or value < 0):
-            raise InvalidInput(f"policy.quotas.{name} must be an integer >= 0 or null")
+            raise _invalid(f"policy.quotas.{name}", "must be an integer >= 0 or null")
     _limits(quotas["instances_per_tool"], "policy.quotas.instances_per_tool")
     _limits(quotas["resources_per_run"], "policy.quotas.resources_per_run")
     if type(quotas["resource_max_age_s"]) is not int or quotas["resource_max_age_s"] < 1:
-        raise InvalidInput("policy.quotas.resource_max_age_s must be a positive integer")
+        raise _invalid("policy.quotas.resource_max_age_s", "must be a positive integer")
 
 
 def quotas_of(policy: dict) -> dict:
@@ -226,6 +321,34 @@ def resource_limit(policy: dict, kind: str) -> int | None:
     """The most open resources of ``kind`` one run may hold under ``policy`` (None: no limit)."""
     limits = quotas_of(policy)["resources_per_run"]
     return limits.get(kind, limits.get("*"))
+
+
+def contracts_of(policy: dict) -> list[dict]:
+    """The policy's tool contracts, each completed with the optional keys' defaults (a
+    policy stored before contracts existed has none)."""
+    return [{**CONTRACT_DEFAULTS, **contract} for contract in policy.get("tool_contracts", [])]
+
+
+def unknown_tool_class_of(policy: dict) -> str:
+    """What a tool without a contract is taken as (a policy stored before contracts existed:
+    the starter's, the worker's declared class)."""
+    return policy.get("unknown_tool_class", STARTER_POLICY["unknown_tool_class"])
+
+
+def contract_for(policy: dict, tool: str, action: str) -> dict | None:
+    """The contract for ``tool`` doing ``action``: the exact (tool, action) one first, then
+    the tool's "*" contract; None when the tool has neither (``unknown_tool_class_of``
+    says what happens then)."""
+    contracts = contracts_of(policy)
+    exact = next((c for c in contracts if c["tool"] == tool and c["action"] == action), None)
+    return exact or next((c for c in contracts if c["tool"] == tool and c["action"] == "*"), None)
+
+
+def policy_digest(document: dict) -> str:
+    """ "sha256:" + hex SHA-256 of the document's canonical JSON (sorted keys, no spaces,
+    UTF-8, ensure_ascii false): what a decision records of the policy it was made under."""
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def rule_for(policy: dict, tool: str) -> dict | None:
