@@ -200,12 +200,12 @@ WHITENOISE_USE_FINDERS = True
 # --- Fenceline --------------------------------------------------------------------------
 
 
-def _checkpoint_keys() -> dict[str, bytes]:
-    """FENCELINE_CHECKPOINT_KEYS="id1:base64key,id2:base64key" (or _FILE). Without it, one
-    key derived from SECRET_KEY, for development and tests."""
-    raw = env("FENCELINE_CHECKPOINT_KEYS")
+def _hmac_keys(name: str, label: bytes) -> dict[str, bytes]:
+    """NAME="id1:base64key,id2:base64key" (or NAME_FILE), in the order given. Without it, one
+    key "local-1" derived from SECRET_KEY under ``label``, for development and tests."""
+    raw = env(name)
     if not raw:
-        return {"local-1": hmac.new(SECRET_KEY.encode(), b"fenceline checkpoint key", hashlib.sha256).digest()}
+        return {"local-1": hmac.new(SECRET_KEY.encode(), label, hashlib.sha256).digest()}
     keys = {}
     for item in raw.split(","):
         key_id, sep, encoded = item.strip().partition(":")
@@ -213,25 +213,40 @@ def _checkpoint_keys() -> dict[str, bytes]:
             secret = base64.b64decode(encoded, validate=True)
         except (ValueError, binascii.Error):
             secret = b""
-        if not sep or not key_id or len(secret) < 16:
+        if not sep or not key_id or len(key_id) > 64 or len(secret) < 16:
             raise ImproperlyConfigured(
-                "FENCELINE_CHECKPOINT_KEYS must be 'id:base64key,...' with keys of at least 16 bytes"
+                f"{name} must be 'id:base64key,...' with ids of at most 64 characters and keys of at least 16 bytes"
             )
+        if key_id in keys:
+            raise ImproperlyConfigured(f"{name} names key id {key_id!r} twice")
         keys[key_id] = secret
     return keys
 
 
-_CHECKPOINT_KEYS = _checkpoint_keys()
-_SIGNING_KEY_ID = env("FENCELINE_CHECKPOINT_SIGNING_KEY_ID") or list(_CHECKPOINT_KEYS)[-1]
-if _SIGNING_KEY_ID not in _CHECKPOINT_KEYS:
-    raise ImproperlyConfigured(
-        f"FENCELINE_CHECKPOINT_SIGNING_KEY_ID={_SIGNING_KEY_ID!r} is not among the checkpoint keys"
-    )
+def _signing_key_id(name: str, keys: dict[str, bytes]) -> str:
+    """NAME (or NAME_FILE): the key id new signatures use, by default the last one listed.
+    The other keys stay to verify what was signed before a rotation."""
+    key_id = env(name) or list(keys)[-1]
+    if key_id not in keys:
+        raise ImproperlyConfigured(f"{name}={key_id!r} is not among the keys ({', '.join(keys)})")
+    return key_id
+
+
+# Checkpoints (the verifier's seals) and events (every append) are signed under separate
+# keys with separate ids: the event key sits in every app process, the checkpoint key
+# need only be where the verifier runs.
+_CHECKPOINT_KEYS = _hmac_keys("FENCELINE_CHECKPOINT_KEYS", b"fenceline checkpoint key")
+_SIGNING_KEY_ID = _signing_key_id("FENCELINE_CHECKPOINT_SIGNING_KEY_ID", _CHECKPOINT_KEYS)
+_EVENT_KEYS = _hmac_keys("FENCELINE_EVENT_KEYS", b"fenceline event key")
+_EVENT_SIGNING_KEY_ID = _signing_key_id("FENCELINE_EVENT_SIGNING_KEY_ID", _EVENT_KEYS)
 
 FENCELINE: dict[str, Any] = {
     # Checkpoint keys by id (old ones stay to verify old checkpoints) and the one that signs.
     "CHECKPOINT_KEYS": _CHECKPOINT_KEYS,
     "CHECKPOINT_SIGNING_KEY_ID": _SIGNING_KEY_ID,
+    # Event MAC keys by id (old ones stay to verify old events) and the one new events use.
+    "EVENT_KEYS": _EVENT_KEYS,
+    "EVENT_SIGNING_KEY_ID": _EVENT_SIGNING_KEY_ID,
     # The verifier seals a checkpoint every this many events (and at a run's completion).
     "CHECKPOINT_EVERY": env_int("FENCELINE_CHECKPOINT_EVERY", 1000, minimum=1),
     # The periodic jobs: how often beat runs each one, and how much one transaction of it

@@ -9,6 +9,8 @@ canonical(event) = JSON of {run_id, seq, event_id, type, schema_version, actor,
 occurred_at, fields, prev_hash}, keys sorted, separators (",", ":"), UTF-8,
 ensure_ascii false; occurred_at in UTC, ISO-8601 with microseconds and a trailing Z.
 hash = "sha256:" + hex(SHA-256(canonical bytes)).
+Beside the hash, outside the canonical form: mac_key_id and mac = "hmac-sha256:" +
+hex(HMAC-SHA256(event key, canonical JSON of {run_id, seq, hash, key_id})).
 """
 
 from collections.abc import Mapping
@@ -18,21 +20,36 @@ from ledger.evidence_verifier import (
     GENESIS_HASH,
     HASH_PREFIX,
     VERIFIER_VERSION,
+    EventSigner,
     canonical_bytes,
     canonical_json,
     checkpoint_mac,
     event_hash,
+    event_mac,
     format_time,
     hash_bytes,
 )
 
 # The stored columns of an event that its document is made of (run_id aside).
-EVENT_COLUMNS = ("seq", "event_id", "type", "schema_version", "actor", "occurred_at", "fields", "prev_hash", "hash")
+EVENT_COLUMNS = (
+    "seq",
+    "event_id",
+    "type",
+    "schema_version",
+    "actor",
+    "occurred_at",
+    "fields",
+    "prev_hash",
+    "hash",
+    "mac_key_id",
+    "mac",
+)
 
 
 def event_document(event: Any, run_id: object = None) -> dict[str, Any]:
     """A stored event as the chain's document: every field of the canonical form with ids
-    as strings and ``occurred_at`` formatted, plus its ``hash``. ``event`` is an Event row
+    as strings and ``occurred_at`` formatted, plus its ``hash``, ``mac_key_id`` and ``mac``.
+    ``event`` is an Event row
     or a mapping of EVENT_COLUMNS (the verifier streams ``values()`` rows); ``run_id``
     defaults to the row's own."""
     if isinstance(event, Mapping):
@@ -52,11 +69,13 @@ __all__ = [
     "GENESIS_HASH",
     "HASH_PREFIX",
     "VERIFIER_VERSION",
+    "EventSigner",
     "canonical_bytes",
     "canonical_json",
     "checkpoint_mac",
     "event_document",
     "event_hash",
+    "event_mac",
     "format_time",
     "hash_bytes",
 ]

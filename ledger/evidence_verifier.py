@@ -4,13 +4,16 @@
 Self-contained on purpose: it imports only the Python standard library, so the file can be
 copied to a clean host and run against an exported chain without Fenceline or Django:
 
-    python evidence_verifier.py EXPORT.json --keys KEYS.json [--trusted SEQ:HASH] [--json]
+    python evidence_verifier.py EXPORT.json --keys KEYS.json [--event-keys EVENT_KEYS.json]
+                                [--trusted SEQ:HASH] [--json]
 
 EXPORT.json is what ``GET /api/v1/runs/{run_id}/events`` returns:
 ``{"run_id": ..., "events": [...], "checkpoints": [...], "head": {"last_seq", "last_hash"}}``
 ("checkpoints" and "head" may be absent). KEYS.json maps checkpoint key ids to secrets,
-written ``"hex:..."`` or ``"base64:..."``. Exit status: 0 VERIFIED, 1 UNSEALED, 2 BROKEN,
-3 bad input (one line on stderr saying why).
+written ``"hex:..."`` or ``"base64:..."``; EVENT_KEYS.json maps event key ids to secrets the
+same way. Without --event-keys the events' MACs are not checked, and the report says so on
+its first line. Exit status: 0 VERIFIED, 1 UNSEALED, 2 BROKEN, 3 bad input (one line on
+stderr saying why).
 
 The chain's exact form
 ----------------------
@@ -19,6 +22,15 @@ fields, prev_hash}: keys sorted, separators (",", ":"), UTF-8, ensure_ascii fals
 occurred_at is UTC ISO-8601 with microseconds and a trailing Z; ids are strings.
 hash = "sha256:" + hex(SHA-256(canonical bytes)); seq starts at 1; the prev_hash of seq 1
 is GENESIS_HASH ("sha256:" + 64 zeros).
+
+Each event also carries a MAC beside its hash, made by Fenceline when it appends the event:
+mac_key_id names the key, and mac = "hmac-sha256:" + hex(HMAC-SHA256(event_keys[mac_key_id],
+canonical JSON of {run_id, seq, hash, key_id})) where key_id is the mac_key_id, with the same
+JSON rules. The hash chain alone can be extended by anyone who knows the algorithm; the MAC
+says that the holder of the event key wrote this event at this seq with this hash. Events
+written before MACs existed have an empty mac; the verifier accepts them only at the start of
+a chain, before the first event with a MAC, and only where a checkpoint covers them (the
+checkpoint's MAC then vouches for them).
 
 A checkpoint states "the chain of run R up to seq N ends in last_hash":
 mac = "hmac-sha256:" + hex(HMAC-SHA256(keys[key_id], canonical JSON of {run_id, seq,
@@ -64,8 +76,11 @@ __all__ = [
     "BROKEN",
     "CHECKPOINT_MAC_PREFIX",
     "DUPLICATE_WINDOW",
+    "EVENT_MAC_PREFIX",
     "GENESIS_HASH",
     "HASH_PREFIX",
+    "MACS_CHECKED",
+    "MACS_NOT_CHECKED",
     "PHASE_TRANSITIONS",
     "REASONS",
     "UNSEALED",
@@ -78,6 +93,8 @@ __all__ = [
     "canonical_json",
     "checkpoint_mac",
     "event_hash",
+    "event_mac",
+    "event_mac_message",
     "format_time",
     "hash_bytes",
     "main",
@@ -89,6 +106,7 @@ __all__ = [
 HASH_PREFIX = "sha256:"
 GENESIS_HASH = HASH_PREFIX + "0" * 64
 CHECKPOINT_MAC_PREFIX = "hmac-sha256:"
+EVENT_MAC_PREFIX = "hmac-sha256:"
 VERIFIER_VERSION = "1"
 
 
@@ -166,6 +184,33 @@ def checkpoint_mac(key: bytes, *, run_id: str, seq: int, last_hash: str, verifie
     return CHECKPOINT_MAC_PREFIX + hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
+def event_mac_message(*, run_id: str, seq: int, hash: str, key_id: str) -> bytes:
+    """The bytes an event's MAC is computed over."""
+    return canonical_json({"run_id": run_id, "seq": seq, "hash": hash, "key_id": key_id})
+
+
+def event_mac(key: bytes, *, run_id: str, seq: int, hash: str, key_id: str) -> str:
+    message = event_mac_message(run_id=run_id, seq=seq, hash=hash, key_id=key_id)
+    return EVENT_MAC_PREFIX + hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+class EventSigner:
+    """One event key, already absorbed into an HMAC state: a MAC costs a copy and an update
+    (a few microseconds, most of it the canonical JSON), not a key schedule per event."""
+
+    __slots__ = ("_base", "key", "key_id")
+
+    def __init__(self, key_id: str, key: bytes) -> None:
+        self.key_id = key_id
+        self.key = key
+        self._base = hmac.new(key, digestmod=hashlib.sha256)
+
+    def mac(self, *, run_id: str, seq: int, hash: str) -> str:
+        state = self._base.copy()
+        state.update(event_mac_message(run_id=run_id, seq=seq, hash=hash, key_id=self.key_id))
+        return EVENT_MAC_PREFIX + state.hexdigest()
+
+
 # --- operation phases (a copy of ledger.states.PHASE_TRANSITIONS, kept equal by a test) ----
 
 PHASE_TRANSITIONS: dict[str, frozenset[str]] = {
@@ -197,6 +242,9 @@ ILLEGAL_TRANSITION = "illegal_transition"
 CHECKPOINT_MISMATCH = "checkpoint_mismatch"
 ROLLBACK = "rollback"
 FORK = "fork"
+MAC_MISSING = "mac_missing"
+MAC_UNKNOWN_KEY_ID = "mac_unknown_key_id"
+MAC_MISMATCH = "mac_mismatch"
 REASONS = (
     GAP,
     REORDER,
@@ -207,7 +255,14 @@ REASONS = (
     CHECKPOINT_MISMATCH,
     ROLLBACK,
     FORK,
+    MAC_MISSING,
+    MAC_UNKNOWN_KEY_ID,
+    MAC_MISMATCH,
 )
+
+# Report.event_macs: whether the events' MACs were checked (event keys given) or not.
+MACS_CHECKED = "checked"
+MACS_NOT_CHECKED = "not_checked"
 
 # How many previous event ids a repeated event_id is looked for among.
 DUPLICATE_WINDOW = 1024
@@ -224,6 +279,8 @@ EVENT_KEYS = (
     "prev_hash",
     "hash",
 )
+# Beside the canonical form and hash: the event's MAC and the id of the key it is under.
+EVENT_MAC_KEYS = ("mac_key_id", "mac")
 _EVENT_TYPES = {
     "run_id": str,
     "event_id": str,
@@ -258,7 +315,10 @@ class Report:
     events accepted before the first finding (the whole chain when there is none), with the
     recomputed hash of the last one (GENESIS_HASH and 0 for an empty prefix).
     ``last_trusted_checkpoint`` is the seq of the highest checkpoint whose MAC verifies and
-    whose last_hash equals the recomputed chain hash at its seq, before any finding."""
+    whose last_hash equals the recomputed chain hash at its seq, before any finding.
+    ``event_macs`` is MACS_CHECKED when event keys were given (every accepted event's MAC
+    verified, apart from ``unsigned_events`` legacy events a checkpoint covers) or
+    MACS_NOT_CHECKED: then VERIFIED speaks for the hash chain and the checkpoints only."""
 
     run_id: str
     status: str
@@ -268,6 +328,8 @@ class Report:
     last_trusted_checkpoint: int | None
     finding: Finding | None = None
     verifier_version: str = field(default=VERIFIER_VERSION)
+    event_macs: str = MACS_CHECKED
+    unsigned_events: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -275,7 +337,8 @@ class Report:
     def summary(self) -> str:
         """A few lines for humans."""
         trusted = "none" if self.last_trusted_checkpoint is None else f"seq {self.last_trusted_checkpoint}"
-        lines = [f"run {self.run_id}: {self.status}"]
+        macs = "" if self.event_macs == MACS_CHECKED else " (event MACs NOT checked: no event keys given)"
+        lines = [f"run {self.run_id}: {self.status}{macs}"]
         if self.finding is not None:
             f = self.finding
             lines.append(f"first bad seq: {f.first_seq} (range {f.first_seq}..{f.last_seq}), reason: {f.reason}")
@@ -289,6 +352,11 @@ class Report:
                     "is not covered by a trusted checkpoint"
                 )
         lines.append(f"last trusted checkpoint: {trusted}")
+        if self.event_macs == MACS_CHECKED:
+            legacy = f", {self.unsigned_events} legacy events without one" if self.unsigned_events else ""
+            lines.append(f"event MACs: checked ({self.events_checked - self.unsigned_events} verified{legacy})")
+        else:
+            lines.append("event MACs: not checked (pass --event-keys to check them)")
         return "\n".join(lines)
 
 
@@ -341,6 +409,7 @@ class _Verifier:
         keys: Mapping[str, bytes],
         expected_head: tuple[int, str] | None,
         trusted: tuple[int, str] | None,
+        event_keys: Mapping[str, bytes] | None = None,
     ) -> None:
         if not isinstance(run_id, str) or not run_id:
             raise InputError("run_id must be a non-empty string")
@@ -362,6 +431,15 @@ class _Verifier:
         self.phases: dict[object, str] = {}
         self.recent_ids: deque[str] = deque()
         self.recent_set: set[str] = set()
+        self.signers: dict[str, EventSigner] | None = None
+        if event_keys is not None:
+            if not isinstance(event_keys, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, bytes) and v for k, v in event_keys.items()
+            ):
+                raise InputError("event_keys must map key ids to non-empty bytes")
+            self.signers = {key_id: EventSigner(key_id, key) for key_id, key in event_keys.items()}
+        self.signed_seen = False
+        self.unsigned = 0
         self._next_checkpoint()
 
     # -- checkpoints --
@@ -441,6 +519,40 @@ class _Verifier:
         return _recompute(event, event["seq"] + 1) == event.get("hash") and _recompute(
             following, event["seq"]
         ) == following.get("hash")
+
+    def _check_mac(self, event: Mapping, seq: int, digest: str) -> None:
+        """The event's MAC under its key id, once the event is known to be the stored,
+        linked event at ``seq`` (its hash recomputes to ``digest``)."""
+        signers = self.signers
+        if signers is None:
+            return
+        mac, key_id = event.get("mac"), event.get("mac_key_id")
+        if mac is None or mac == "":
+            # A legacy event (written before MACs): only before the first signed event, and
+            # only under a checkpoint yet to come, whose MAC then vouches for it.
+            covered = self.pending_cp is not None and self.pending_cp["seq"] >= seq
+            if self.signed_seen or not covered or key_id not in (None, ""):
+                why = "the events before it are signed" if self.signed_seen else "no checkpoint covers it"
+                raise _Stop(Finding(MAC_MISSING, seq, seq, f"event {seq} has no MAC ({why})"))
+            self.unsigned += 1
+            return
+        if not isinstance(mac, str) or not isinstance(key_id, str):
+            raise _Stop(Finding(MAC_MISSING, seq, seq, f"event {seq} has no string 'mac' and 'mac_key_id'"))
+        signer = signers.get(key_id)
+        if signer is None:
+            raise _Stop(Finding(MAC_UNKNOWN_KEY_ID, seq, seq, f"event {seq} is signed with unknown key id {key_id!r}"))
+        expected = signer.mac(run_id=self.run_id, seq=seq, hash=digest)
+        if not hmac.compare_digest(expected.encode(), mac.encode()):
+            raise _Stop(
+                Finding(
+                    MAC_MISMATCH,
+                    seq,
+                    seq,
+                    f"the MAC of event {seq} (key id {key_id!r}) does not verify: "
+                    "not written with the event key at this seq with this hash",
+                )
+            )
+        self.signed_seen = True
 
     def _transition(self, event: Mapping) -> tuple[object, str] | None:
         """For an OPERATION_* event, the (operation_id, new phase) it records; raises a
@@ -532,6 +644,7 @@ class _Verifier:
                     f"event {seq} links to {event['prev_hash']}, but the chain before it ends in {self.head_hash}",
                 )
             )
+        self._check_mac(event, seq, digest)
         moved = self._transition(event)
 
         # accepted
@@ -616,6 +729,8 @@ class _Verifier:
             head_hash=self.head_hash,
             last_trusted_checkpoint=self.trusted_cp,
             finding=finding,
+            event_macs=MACS_NOT_CHECKED if self.signers is None else MACS_CHECKED,
+            unsigned_events=self.unsigned,
         )
 
 
@@ -639,13 +754,15 @@ def verify_chain(
     *,
     expected_head: tuple[int, str] | None = None,
     trusted: tuple[int, str] | None = None,
+    event_keys: Mapping[str, bytes] | None = None,
 ) -> Report:
     """Verify one run's chain, streaming, and report the first bad seq.
 
     ``events``: dicts with EVENT_KEYS in ascending seq order as stored. ``checkpoints``:
     dicts with CHECKPOINT_KEYS, ascending seq. ``keys``: checkpoint keys by id.
     ``expected_head``: (last_seq, last_hash) the store records for the run. ``trusted``:
-    (seq, hash) of the checkpoint this verifier trusted at its previous run.
+    (seq, hash) of the checkpoint this verifier trusted at its previous run. ``event_keys``:
+    event keys by id; None leaves the events' MACs unchecked (the report says so).
 
     Rules, checked per event in this order (the first that applies is the finding):
 
@@ -663,6 +780,10 @@ def verify_chain(
       recompute -> (seq, seq).
     * prev_hash_mismatch: the hash recomputes but prev_hash is not the previous event's
       hash -> (seq, seq).
+    * mac_missing / mac_unknown_key_id / mac_mismatch (only with ``event_keys``): the event
+      is the linked event at its seq, but it has no MAC (allowed only for legacy events
+      before the first signed one and at or below a checkpoint), or its mac_key_id is not
+      among the event keys, or the MAC does not verify -> (seq, seq).
     * illegal_transition: an OPERATION_<PHASE> event whose phase is unknown, whose "to" is
       not <PHASE>, whose "from" is not the operation's last phase in this chain, or whose
       from -> to is not in PHASE_TRANSITIONS; OPERATION_PLANNED without "from" starts an
@@ -681,7 +802,7 @@ def verify_chain(
     Raises InputError when the input is not a chain at all (an event without an integer
     seq, checkpoints out of order, malformed arguments).
     """
-    verifier = _Verifier(run_id, checkpoints, keys, expected_head, trusted)
+    verifier = _Verifier(run_id, checkpoints, keys, expected_head, trusted, event_keys)
     finding = None
     stream = iter(events)
     end = _End()
@@ -764,10 +885,15 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, str]:
     )
     parser.add_argument("export", help="the export: {run_id, events, checkpoints?, head?}")
     parser.add_argument("--keys", required=True, help="JSON {key_id: 'hex:...' | 'base64:...'}")
+    parser.add_argument(
+        "--event-keys",
+        help="JSON {key_id: 'hex:...' | 'base64:...'} of the event keys; without it MACs are not checked",
+    )
     parser.add_argument("--trusted", help="SEQ:HASH of the checkpoint trusted at the previous verification")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     keys = load_keys(args.keys)
+    event_keys = None if args.event_keys is None else load_keys(args.event_keys)
     trusted = _parse_trusted(args.trusted)
     document = _load_json(args.export, "export")
     if not isinstance(document, dict):
@@ -787,7 +913,9 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, str]:
         if not isinstance(head, dict) or not _int(head.get("last_seq")) or not isinstance(head.get("last_hash"), str):
             raise InputError("the export's head must be {last_seq: int, last_hash: str}")
         expected_head = (head["last_seq"], head["last_hash"])
-    report = verify_chain(run_id, events, checkpoints, keys, expected_head=expected_head, trusted=trusted)
+    report = verify_chain(
+        run_id, events, checkpoints, keys, expected_head=expected_head, trusted=trusted, event_keys=event_keys
+    )
     text = json.dumps(report.to_dict(), indent=2, ensure_ascii=False) if args.json else report.summary()
     return EXIT_CODES[report.status], text
 

@@ -516,8 +516,9 @@ def append_event(request, run_id: str, body: EventIn):
 @api.get("/runs/{run_id}/events", response={200: ChainExportOut, **READ, 404: E}, tags=["events"])
 def export_events(request, run_id: str):
     """The run's chain in seq order, streamed: {"run_id", "head", "events": [...],
-    "checkpoints": [...]}; each event has every field of the canonical form plus its hash.
-    Check it anywhere with `python ledger/evidence_verifier.py EXPORT.json --keys KEYS.json`."""
+    "checkpoints": [...]}; each event has every field of the canonical form plus its hash,
+    and its MAC with the id of the event key it is under. Check it anywhere with
+    `python ledger/evidence_verifier.py EXPORT.json --keys KEYS.json --event-keys EVENT_KEYS.json`."""
     run = selectors.run_get(tenant=request.worker.tenant, run_id=run_id)
     response = StreamingHttpResponse(_export(run), content_type="application/json")
     return response
@@ -540,6 +541,8 @@ def _export(run):
                 "fields": event.fields,
                 "prev_hash": event.prev_hash,
                 "hash": event.hash,
+                "mac_key_id": event.mac_key_id,
+                "mac": event.mac,
             },
             ensure_ascii=False,
             separators=(",", ":"),

@@ -530,7 +530,7 @@ class ChainHeadOut(Schema):
 
 
 class ExportedEventOut(Schema):
-    """Every field of the canonical form (ledger/chain.py) and the event's hash."""
+    """Every field of the canonical form (ledger/chain.py), the event's hash, and its MAC."""
 
     run_id: str
     seq: int
@@ -542,6 +542,10 @@ class ExportedEventOut(Schema):
     fields: dict[str, Any]
     prev_hash: str
     hash: str
+    # The id of the event key and "hmac-sha256:" + hex HMAC-SHA256 of canonical JSON
+    # {run_id, seq, hash, key_id}; both empty on events written before MACs existed.
+    mac_key_id: str
+    mac: str
 
 
 class ExportedCheckpointOut(Schema):

@@ -53,11 +53,14 @@ def say(line: str = "") -> None:
 
 def seed_chain(run, events: int, actor: str) -> None:
     """Append NOTE events to ``run`` with COPY until its chain holds ``events`` events,
-    chained exactly as build_event does (continuing from the run's head)."""
+    chained and signed exactly as build_event does (continuing from the run's head)."""
     from django.db import connection
 
     from ledger.chain import canonical_bytes, format_time, hash_bytes
     from ledger.models import Run
+    from ledger.services.evidence.append import event_signer
+
+    signer = event_signer()
 
     run_id = str(run.pk)
     prev = run.last_hash
@@ -97,6 +100,8 @@ def seed_chain(run, events: int, actor: str) -> None:
                             json.dumps(fields),
                             prev,
                             digest,
+                            signer.key_id,
+                            signer.mac(run_id=run_id, seq=seq, hash=digest),
                             "1",
                         ]
                     )
@@ -104,7 +109,8 @@ def seed_chain(run, events: int, actor: str) -> None:
                 )
                 prev = digest
             with raw.copy(
-                "COPY ledger_event (run_id, seq, event_id, type, actor, occurred_at, fields, prev_hash, hash, schema_version) FROM STDIN"
+                "COPY ledger_event (run_id, seq, event_id, type, actor, occurred_at, fields, prev_hash, hash, mac_key_id, mac, "
+                "schema_version) FROM STDIN"
             ) as copy:
                 copy.write(buffer.getvalue())
             rate = seq / max(time.monotonic() - started, 1e-9)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from approvals.models import ReconciliationCase
-from ledger.chain import canonical_bytes, format_time, hash_bytes
+from ledger.chain import canonical_bytes, event_mac, format_time, hash_bytes
 from ledger.models import Checkpoint, Event, Operation, Run
 from ledger.services.evidence.verification import run_verify
 from tests.faults.test_races import expire_lease
@@ -22,6 +22,8 @@ from tests.helpers import tampering
 STANDALONE = Path(__file__).resolve().parents[2] / "ledger" / "evidence_verifier.py"
 K1 = b"k1-secret-for-tamper-tests-0001!"
 K2 = b"k2-secret-for-tamper-tests-0002!"
+E1 = b"e1-event-key-for-tamper-tests-01"
+E2 = b"e2-event-key-for-tamper-tests-02"
 
 # The scenario's chain, pinned so every row below names real seqs.
 CHAIN = [
@@ -53,6 +55,8 @@ def keys(settings):
         "CHECKPOINT_EVERY": 5,
         "CHECKPOINT_KEYS": {"k1": K1},
         "CHECKPOINT_SIGNING_KEY_ID": "k1",
+        "EVENT_KEYS": {"e1": E1},
+        "EVENT_SIGNING_KEY_ID": "e1",
     }
     return settings
 
@@ -99,14 +103,16 @@ def verify_in_app(run_id):
     return report.status, finding, report.last_trusted_checkpoint
 
 
-def verify_standalone(client, run_id, tmp_path, keys=None):
+def _keys_file(path: Path, keys: dict[str, bytes]) -> str:
+    path.write_text(json.dumps({k: "base64:" + base64.b64encode(v).decode() for k, v in keys.items()}))
+    return str(path)
+
+
+def verify_standalone(client, run_id, tmp_path, keys=None, event_keys=None):
     export = client.get(f"/runs/{run_id}/events")
     assert export.status == 200
     (tmp_path / "export.json").write_bytes(export.raw.content)
-    keyring = keys or {"k1": K1}
-    (tmp_path / "keys.json").write_text(
-        json.dumps({k: "base64:" + base64.b64encode(v).decode() for k, v in keyring.items()})
-    )
+    _keys_file(tmp_path / "keys.json", keys or {"k1": K1})
     run = Run.objects.get(pk=run_id)
     args = [
         sys.executable,
@@ -115,6 +121,8 @@ def verify_standalone(client, run_id, tmp_path, keys=None):
         str(tmp_path / "export.json"),
         "--keys",
         str(tmp_path / "keys.json"),
+        "--event-keys",
+        _keys_file(tmp_path / "event-keys.json", event_keys or {"e1": E1}),
         "--json",
     ]
     if run.trusted_seq:
@@ -122,6 +130,7 @@ def verify_standalone(client, run_id, tmp_path, keys=None):
     done = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert done.returncode in (0, 1, 2), done.stderr
     report = json.loads(done.stdout)
+    assert report["event_macs"] == "checked"
     finding = report["finding"] and (
         report["finding"]["reason"],
         report["finding"]["first_seq"],
@@ -180,9 +189,20 @@ def event_id_not_unique(db):
         cursor.execute(f"ALTER TABLE ledger_event ADD CONSTRAINT {name} UNIQUE (event_id)")
 
 
-def _forge(run_id: str, seq: int, *, event_id: str, type: str, fields: dict, prev_hash: str) -> str:
+def _forge(
+    run_id: str,
+    seq: int,
+    *,
+    event_id: str,
+    type: str,
+    fields: dict,
+    prev_hash: str,
+    mac_key: tuple[str, bytes] | None = None,
+) -> str:
     """Insert an event hashed and linked exactly as Fenceline would, and move the run head
-    to it: an attacker who knows the algorithm but not the checkpoint key."""
+    to it: an attacker who knows the algorithm but not the checkpoint key. Without
+    ``mac_key`` (key id, key) the attacker has no event key either and the event has no MAC;
+    with it, the event is signed as Fenceline would sign it."""
     template = Event.objects.filter(run_id=run_id).order_by("-seq").first()
     occurred_at = format_time(template.occurred_at)
     digest = hash_bytes(
@@ -198,10 +218,25 @@ def _forge(run_id: str, seq: int, *, event_id: str, type: str, fields: dict, pre
             prev_hash=prev_hash,
         )
     )
+    key_id, mac = "", ""
+    if mac_key is not None:
+        key_id, mac = mac_key[0], event_mac(mac_key[1], run_id=run_id, seq=seq, hash=digest, key_id=mac_key[0])
     sql(
-        "INSERT INTO ledger_event (run_id, seq, event_id, type, actor, occurred_at, fields, prev_hash, hash, schema_version) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, 1)",
-        [run_id, seq, event_id, type, template.actor, template.occurred_at, json.dumps(fields), prev_hash, digest],
+        "INSERT INTO ledger_event (run_id, seq, event_id, type, actor, occurred_at, fields, prev_hash, hash, "
+        "mac_key_id, mac, schema_version) VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, 1)",
+        [
+            run_id,
+            seq,
+            event_id,
+            type,
+            template.actor,
+            template.occurred_at,
+            json.dumps(fields),
+            prev_hash,
+            digest,
+            key_id,
+            mac,
+        ],
     )
     Run.objects.filter(pk=run_id).update(last_seq=seq, last_hash=digest)
     return digest
@@ -233,6 +268,7 @@ def test_fake_confirmation_of_an_unknown_effect_is_an_illegal_transition(scenari
         type="OPERATION_CONFIRMED",
         fields=fields,
         prev_hash=head.hash,
+        mac_key=("e1", E1),  # even with the event key: the phase table refuses it
     )
     assert_both(scenario, tmp_path, "BROKEN", ("illegal_transition", 18, 18), 17)
     assert Operation.objects.get(pk=op2).phase == "UNKNOWN"
@@ -260,6 +296,108 @@ def test_checkpoint_with_a_forged_mac_is_a_mismatch(scenario, tmp_path):
         ["hmac-sha256:" + "0" * 64, scenario["run_id"]],
     )
     assert_both(scenario, tmp_path, "BROKEN", ("checkpoint_mismatch", 10, 10), 5)
+
+
+def test_forged_event_appended_after_the_last_checkpoint_with_a_correct_hash_is_broken_at_its_seq_for_its_mac(
+    scenario, tmp_path
+):
+    # The attack the hash chain alone misses: the head moved with it, no checkpoint after it.
+    run_id = scenario["run_id"]
+    head = Event.objects.get(run_id=run_id, seq=HEAD)
+    _forge(
+        run_id,
+        HEAD + 1,
+        event_id="00000000-0000-4000-8000-000000000118",
+        type="NOTE",
+        fields={"step": "all good"},
+        prev_hash=head.hash,
+    )
+    assert_both(scenario, tmp_path, "BROKEN", ("mac_missing", 18, 18), 17)
+    run = Run.objects.get(pk=run_id)
+    assert (run.broken_reason, run.broken_first_seq) == ("mac_missing", 18)
+
+
+def test_forged_event_with_a_mac_under_a_guessed_key_is_a_mac_mismatch(scenario, tmp_path):
+    run_id = scenario["run_id"]
+    head = Event.objects.get(run_id=run_id, seq=HEAD)
+    _forge(
+        run_id,
+        HEAD + 1,
+        event_id="00000000-0000-4000-8000-000000000218",
+        type="NOTE",
+        fields={"step": "all good"},
+        prev_hash=head.hash,
+        mac_key=("e1", b"not-the-event-key-but-its-id-0001"),
+    )
+    assert_both(scenario, tmp_path, "BROKEN", ("mac_mismatch", 18, 18), 17)
+
+
+def _rewrite_from(run_id: str, seq: int, fields: dict) -> None:
+    """Change event ``seq``'s fields and recompute its hash and every following hash and
+    link, as an attacker with database access and no event key would; the run head follows."""
+    prev = Event.objects.get(run_id=run_id, seq=seq - 1).hash
+    for event in Event.objects.filter(run_id=run_id, seq__gte=seq).order_by("seq"):
+        new_fields = fields if event.seq == seq else event.fields
+        digest = hash_bytes(
+            canonical_bytes(
+                run_id=run_id,
+                seq=event.seq,
+                event_id=str(event.event_id),
+                type=event.type,
+                schema_version=event.schema_version,
+                actor=event.actor,
+                occurred_at=format_time(event.occurred_at),
+                fields=new_fields,
+                prev_hash=prev,
+            )
+        )
+        sql(
+            "UPDATE ledger_event SET fields = %s::jsonb, prev_hash = %s, hash = %s WHERE run_id = %s AND seq = %s",
+            [json.dumps(new_fields), prev, digest, run_id, event.seq],
+        )
+        prev = digest
+    Run.objects.filter(pk=run_id).update(last_hash=prev)
+
+
+def test_rewritten_event_with_recomputed_hashes_is_a_mac_mismatch_at_its_seq(scenario, tmp_path):
+    run_id = scenario["run_id"]
+    # NOTE at 14 rewritten, 14..17 re-hashed and re-linked: without MACs only the checkpoint
+    # at 15 would notice, as a range 11..15; the MAC names seq 14.
+    _rewrite_from(run_id, 14, {"step": "nothing happened"})
+    assert_both(scenario, tmp_path, "BROKEN", ("mac_mismatch", 14, 14), 10)
+    run = Run.objects.get(pk=run_id)
+    assert (run.broken_reason, run.broken_first_seq, run.broken_last_seq) == ("mac_mismatch", 14, 14)
+
+
+def test_event_under_an_unknown_key_id_is_broken_at_its_seq(scenario, tmp_path):
+    run_id = scenario["run_id"]
+    event = Event.objects.get(run_id=run_id, seq=8)
+    mac = event_mac(b"some-key-fenceline-never-had-0001", run_id=run_id, seq=8, hash=event.hash, key_id="e9")
+    sql("UPDATE ledger_event SET mac_key_id = 'e9', mac = %s WHERE run_id = %s AND seq = 8", [mac, run_id])
+    assert_both(scenario, tmp_path, "BROKEN", ("mac_unknown_key_id", 8, 8), 5)
+
+
+def test_events_signed_under_an_old_key_still_verify_after_the_signing_key_changes(api_for, acme, keys, tmp_path):
+    client = api_for(acme)
+    run_id = client.create_run()
+    client.acquire(run_id, "worker-a")
+    for n in range(3):
+        client.post(f"/runs/{run_id}/events", {"fencing_token": 1, "type": "NOTE", "fields": {"n": n}})
+    keys.FENCELINE = {**keys.FENCELINE, "EVENT_KEYS": {"e1": E1, "e2": E2}, "EVENT_SIGNING_KEY_ID": "e2"}
+    for n in range(3):
+        client.post(f"/runs/{run_id}/events", {"fencing_token": 1, "type": "NOTE", "fields": {"n": n}})
+    assert list(Event.objects.filter(run_id=run_id).order_by("seq").values_list("mac_key_id", flat=True)) == [
+        *["e1"] * 5,
+        *["e2"] * 3,
+    ]
+    run_verify(run_id=run_id)  # seals seq 5
+    assert verify_in_app(run_id) == ("UNSEALED", None, 5)
+    assert verify_standalone(client, run_id, tmp_path, event_keys={"e1": E1, "e2": E2}) == ("UNSEALED", None, 5)
+    # The old key id dropped from the keyring too early: the old events can no longer be checked.
+    assert verify_standalone(client, run_id, tmp_path, event_keys={"e2": E2})[:2] == (
+        "BROKEN",
+        ("mac_unknown_key_id", 1, 1),
+    )
 
 
 def test_truncation_after_dispatch_is_a_gap_and_the_effect_stays_unknown(scenario, tmp_path, api_for, acme):
@@ -315,10 +453,11 @@ def test_forged_dispatch_under_a_token_that_never_held_the_lease_is_an_authoriza
         type="OPERATION_DISPATCHED",
         fields=fields,
         prev_hash=head.hash,
+        mac_key=("e1", E1),  # an insider with the event key
     )
 
     status, finding, _ = verify_in_app(run_id)
-    assert (status, finding) == ("UNSEALED", None)  # hashed and linked like the real thing...
+    assert (status, finding) == ("UNSEALED", None)  # hashed, linked and signed like the real thing...
     authorization = client.get(f"/runs/{run_id}").body["indicators"]["authorization"]
     assert authorization["value"] == "MISMATCH"  # ...but no lease ever issued token 7
     assert authorization["reason"] == f"seq {head.seq + 1}: dispatched under token 7 while the chain shows token 1"
@@ -366,6 +505,7 @@ def test_forged_dispatch_with_a_rotated_credential_version_is_an_authorization_m
         type="OPERATION_DISPATCHED",
         fields=fields,
         prev_hash=head.prev_hash,
+        mac_key=("e1", E1),
     )
 
     assert verify_in_app(run_id)[:2] == ("UNSEALED", None)

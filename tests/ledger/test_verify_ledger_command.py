@@ -48,3 +48,21 @@ def test_verify_ledger_task_verifies_pending_runs_and_is_safe_to_repeat(acme, se
     assert verify_ledger_task.apply().get() == {"runs": 0, "events": 0, "broken": 0}
     assert verify_ledger_task.apply(args=[str(run.pk)]).get() == {"runs": 1, "events": 2, "broken": 0}
     assert Checkpoint.objects.filter(run=run).count() == 1
+
+
+def test_verify_ledger_reports_a_forged_event_without_a_mac_at_its_seq(acme, capsys):
+    from ledger.models import Event
+    from ledger.services.evidence.append import build_event
+
+    run, _ = leased_run(acme.worker)
+    run = Run.objects.get(pk=run.pk)
+    forged = build_event(run, type="NOTE", actor="worker:intruder/x", fields={}, occurred_at=run.created_at)
+    forged.mac_key_id = forged.mac = ""  # hashed and linked correctly, but not by the event key's holder
+    Event.objects.bulk_create([forged])
+    Run.objects.filter(pk=run.pk).update(last_seq=forged.seq, last_hash=forged.hash)
+    with pytest.raises(SystemExit) as exited:
+        call_command("verify_ledger", "--run", str(run.pk))
+    assert exited.value.code == 1
+    assert f"BROKEN at seq {forged.seq}..{forged.seq}: mac_missing" in capsys.readouterr().out
+    run = Run.objects.get(pk=run.pk)
+    assert (run.broken_reason, run.broken_first_seq) == ("mac_missing", forged.seq)

@@ -24,6 +24,9 @@ OP_B = "0b7a4a1e-0000-4000-8000-00000000000b"
 K1 = b"k1-secret-key-of-32-bytes-000000"
 K2 = b"k2-secret-key-of-32-bytes-111111"
 KEYS = {"k1": K1, "k2": K2}
+E1 = b"e1-event-key-of-32-bytes-0000000"
+E2 = b"e2-event-key-of-32-bytes-2222222"
+EVENT_KEYS = {"e1": E1, "e2": E2}
 T0 = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC)
 ACTOR = "worker:w1/owner-a"
 
@@ -124,7 +127,10 @@ SPECS = [
 HEAD = len(SPECS)
 
 
-def make_event(seq: int, type: str, fields: dict, prev_hash: str, *, event_id: str | None = None) -> dict:
+def make_event(
+    seq: int, type: str, fields: dict, prev_hash: str, *, event_id: str | None = None, key_id: str | None = "e1"
+) -> dict:
+    """An event hashed and linked as Fenceline does, signed under ``key_id`` (None: no MAC)."""
     event = {
         "run_id": RUN,
         "seq": seq,
@@ -137,6 +143,16 @@ def make_event(seq: int, type: str, fields: dict, prev_hash: str, *, event_id: s
         "prev_hash": prev_hash,
     }
     event["hash"] = ev.event_hash(event)
+    return sign(event, key_id)
+
+
+def sign(event: dict, key_id: str | None = "e1", key: bytes | None = None) -> dict:
+    if key_id is None:
+        event["mac_key_id"] = event["mac"] = ""
+        return event
+    key = EVENT_KEYS[key_id] if key is None else key
+    event["mac_key_id"] = key_id
+    event["mac"] = ev.event_mac(key, run_id=event["run_id"], seq=event["seq"], hash=event["hash"], key_id=key_id)
     return event
 
 
@@ -149,8 +165,10 @@ def build(specs=SPECS) -> list[dict]:
     return events
 
 
-def rechain(events: list[dict], start: int = 1) -> list[dict]:
-    """Renumber from ``start`` and re-hash/re-link everything: a consistent forgery."""
+def rechain(events: list[dict], start: int = 1, *, key_id: str | None = "e1") -> list[dict]:
+    """Renumber from ``start`` and re-hash/re-link everything: a consistent forgery, re-signed
+    under ``key_id`` (by someone holding the event key) or, with None, left with the MACs the
+    events had (by someone without it)."""
     events = copy.deepcopy(events)
     prev = ev.GENESIS_HASH if start == 1 else events[start - 2]["hash"]
     for index in range(start - 1, len(events)):
@@ -158,6 +176,8 @@ def rechain(events: list[dict], start: int = 1) -> list[dict]:
         event["seq"] = index + 1
         event["prev_hash"] = prev
         event["hash"] = ev.event_hash(event)
+        if key_id is not None:
+            sign(event, key_id)
         prev = event["hash"]
     return events
 
@@ -187,6 +207,7 @@ CHECKPOINTS = checkpoints_for(CHAIN)
 
 
 def verify(events=None, checkpoints=None, keys=KEYS, **kwargs) -> ev.Report:
+    kwargs.setdefault("event_keys", EVENT_KEYS)
     return ev.verify_chain(
         RUN,
         CHAIN if events is None else events,
@@ -335,6 +356,7 @@ def relink_prev_hash():
     events = copy.deepcopy(CHAIN)
     events[8]["prev_hash"] = HASH[7]  # skips event 8, but re-hashed so the hash recomputes
     events[8]["hash"] = ev.event_hash(events[8])
+    sign(events[8])
     return events, None, {}
 
 
@@ -452,6 +474,34 @@ def foreign_event():
     events = copy.deepcopy(CHAIN)
     events[3]["run_id"] = "another-run"
     events[3]["hash"] = ev.event_hash(events[3])
+    sign(events[3])
+    return events, None, {}
+
+
+def forged_append_without_a_mac():
+    # Hashed and linked exactly as Fenceline would, after the last checkpoint, by someone
+    # without the event key.
+    events = copy.deepcopy(CHAIN)
+    events.append(make_event(15, "NOTE", {"text": "all fine"}, HASH[HEAD], key_id=None))
+    return events, None, {}
+
+
+def rewritten_and_rehashed_without_the_event_key():
+    # As rewritten_and_rehashed, by someone without the event key: the MACs are stale.
+    events = copy.deepcopy(CHAIN)
+    events[7]["fields"]["text"] = "nothing to see"
+    return rechain(events, 8, key_id=None), None, {}
+
+
+def event_under_an_unknown_key_id():
+    events = copy.deepcopy(CHAIN)
+    sign(events[7], "e9", key=b"a key the verifier was not given")
+    return events, None, {}
+
+
+def mac_stripped_from_a_signed_chain():
+    events = copy.deepcopy(CHAIN)
+    sign(events[8], None)
     return events, None, {}
 
 
@@ -482,6 +532,10 @@ TAMPER_CASES = {
     fork_after_restore: ("fork", 10, 10),
     chain_continues_past_head: ("fork", 13, 13),
     head_hash_differs: ("fork", 14, 14),
+    forged_append_without_a_mac: ("mac_missing", 15, 15),
+    mac_stripped_from_a_signed_chain: ("mac_missing", 9, 9),
+    event_under_an_unknown_key_id: ("mac_unknown_key_id", 8, 8),
+    rewritten_and_rehashed_without_the_event_key: ("mac_mismatch", 8, 8),
 }
 
 
@@ -578,6 +632,72 @@ def test_memory_stays_bounded_over_a_long_chain():
     assert large < small * 1.5 + 64 * 1024  # 4x the events, about the same memory
 
 
+# --- event MACs -----------------------------------------------------------------------------
+
+
+def test_event_mac_is_hmac_sha256_over_the_canonical_json_of_run_seq_hash_and_key_id():
+    event = CHAIN[0]
+    message = f'{{"hash":"{event["hash"]}","key_id":"e1","run_id":"{RUN}","seq":1}}'.encode()
+    assert ev.event_mac_message(run_id=RUN, seq=1, hash=event["hash"], key_id="e1") == message
+    assert event["mac"] == "hmac-sha256:" + __import__("hmac").new(E1, message, "sha256").hexdigest()
+    assert ev.EventSigner("e1", E1).mac(run_id=RUN, seq=1, hash=event["hash"]) == event["mac"]
+
+
+def test_the_mac_sits_beside_the_chain_and_does_not_change_the_hash():
+    unsigned = make_event(3, "NOTE", {"n": 1}, ev.GENESIS_HASH, key_id=None)
+    signed = make_event(3, "NOTE", {"n": 1}, ev.GENESIS_HASH, key_id="e2")
+    assert unsigned["hash"] == signed["hash"] == ev.event_hash(signed)
+
+
+def test_a_forged_append_with_a_correct_hash_passes_the_chain_and_fails_the_mac():
+    events, checkpoints, _ = forged_append_without_a_mac()
+    assert verify(events, checkpoints, event_keys=None).finding is None  # what the hash chain alone says
+    report = verify(events, checkpoints)
+    assert (report.finding.reason, report.finding.first_seq) == ("mac_missing", 15)
+    assert (report.events_checked, report.last_trusted_checkpoint) == (HEAD, HEAD)
+
+
+def test_a_mac_under_the_right_key_id_but_a_wrong_key_is_a_mismatch():
+    events = copy.deepcopy(CHAIN)
+    sign(events[11], "e1", key=b"a guessed key, not the event key")
+    finding = verify(events).finding
+    assert (finding.reason, finding.first_seq, finding.last_seq) == ("mac_mismatch", 12, 12)
+    assert "key id 'e1'" in finding.detail
+
+
+def test_events_signed_before_a_key_rotation_still_verify():
+    events = copy.deepcopy(CHAIN)
+    for event in events[7:]:
+        sign(event, "e2")  # the signing key moved from e1 to e2 at seq 8
+    assert verify(events).status == ev.VERIFIED
+    finding = verify(events, event_keys={"e2": E2}).finding  # the old key dropped too early
+    assert (finding.reason, finding.first_seq) == ("mac_unknown_key_id", 1)
+
+
+def test_without_event_keys_the_report_says_the_macs_were_not_checked():
+    report = verify(event_keys=None)
+    assert (report.status, report.event_macs) == (ev.VERIFIED, ev.MACS_NOT_CHECKED)
+    assert report.summary().splitlines()[0] == f"run {RUN}: VERIFIED (event MACs NOT checked: no event keys given)"
+    assert report.to_dict()["event_macs"] == "not_checked"
+    report = verify()
+    assert (report.status, report.event_macs, report.unsigned_events) == (ev.VERIFIED, ev.MACS_CHECKED, 0)
+    assert "event MACs: checked (14 verified)" in report.summary()
+
+
+def test_legacy_events_without_a_mac_verify_only_before_the_signed_ones_and_under_a_checkpoint():
+    events = copy.deepcopy(CHAIN)
+    for event in events[:10]:
+        sign(event, None)  # written before MACs existed, sealed by the checkpoint at seq 10
+    report = verify(events)
+    assert (report.status, report.unsigned_events) == (ev.VERIFIED, 10)
+    assert "10 legacy events without one" in report.summary()
+    for event in events[10:12]:
+        sign(event, None)  # 11..12 unsigned too, but no checkpoint covers them
+    report = verify(events, checkpoints_for(CHAIN, (5, 10)))
+    assert (report.finding.reason, report.finding.first_seq) == ("mac_missing", 11)
+    assert "no checkpoint covers it" in report.finding.detail
+
+
 # --- the module is standard library only --------------------------------------------------
 
 
@@ -597,12 +717,15 @@ def test_module_imports_only_the_standard_library():
 # --- command line ---------------------------------------------------------------------------
 
 
-def run_cli(tmp_path, export: dict, *args, keys=None) -> subprocess.CompletedProcess:
+def run_cli(tmp_path, export: dict, *args, keys=None, event_keys=None) -> subprocess.CompletedProcess:
     export_path = tmp_path / "export.json"
     export_path.write_text(json.dumps(export, ensure_ascii=False), encoding="utf-8")
     keys_path = tmp_path / "keys.json"
     keys = keys or {"k1": "hex:" + K1.hex(), "k2": "base64:" + __import__("base64").b64encode(K2).decode()}
     keys_path.write_text(json.dumps(keys), encoding="utf-8")
+    if event_keys is not None:
+        (tmp_path / "event-keys.json").write_text(json.dumps(event_keys), encoding="utf-8")
+        args = ("--event-keys", str(tmp_path / "event-keys.json"), *args)
     env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH")}
     return subprocess.run(
         [sys.executable, str(MODULE_PATH), str(export_path), "--keys", str(keys_path), *args],
@@ -691,3 +814,37 @@ def test_cli_does_not_need_django_or_the_project(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["status"] == "VERIFIED"
+
+
+def test_cli_checks_the_event_macs_with_event_keys_and_says_when_it_did_not(tmp_path):
+    event_keys = {"e1": "hex:" + E1.hex(), "e2": "base64:" + __import__("base64").b64encode(E2).decode()}
+    done = run_cli(tmp_path, export_of(), event_keys=event_keys)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == f"run {RUN}: VERIFIED"
+    assert "event MACs: checked (14 verified)" in done.stdout
+
+    done = run_cli(tmp_path, export_of())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == f"run {RUN}: VERIFIED (event MACs NOT checked: no event keys given)"
+    assert "event MACs: not checked (pass --event-keys to check them)" in done.stdout
+
+    forged, _, _ = forged_append_without_a_mac()
+    head = (15, forged[-1]["hash"])
+    done = run_cli(tmp_path, export_of(events=forged, head=head), "--json", event_keys=event_keys)
+    assert done.returncode == 2, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["status"], report["event_macs"]) == ("BROKEN", "checked")
+    assert (report["finding"]["reason"], report["finding"]["first_seq"]) == ("mac_missing", 15)
+
+    done = run_cli(tmp_path, export_of(events=forged, head=head), "--json")  # no event keys: only unsealed
+    assert done.returncode == 1, done.stderr
+    assert (json.loads(done.stdout)["status"], json.loads(done.stdout)["event_macs"]) == ("UNSEALED", "not_checked")
+
+    unknown, _, _ = event_under_an_unknown_key_id()
+    done = run_cli(tmp_path, export_of(events=unknown), event_keys=event_keys)
+    assert done.returncode == 2
+    assert "first bad seq: 8 (range 8..8), reason: mac_unknown_key_id" in done.stdout
+
+    done = run_cli(tmp_path, export_of(), event_keys={"e1": "plain"})
+    assert done.returncode == 3
+    assert "must start with 'hex:' or 'base64:'" in done.stderr

@@ -213,7 +213,8 @@ class Command(BaseCommand):
         with contextlib.suppress(Denied):  # DENY_REVOKED, as intended
             operations.operation_dispatch(worker=worker, operation_id=op.pk, fencing_token=token)
 
-        # A run whose chain is BROKEN: an event slipped in past the recorded head.
+        # A run whose chain is BROKEN: an event slipped in past the recorded head, hashed and
+        # linked like the real thing by an intruder without the event key (so no MAC).
         run, token = leased("demo-broken")
         notes.event_append(worker=worker, run_id=run.pk, fencing_token=token, type="NOTE", fields={"step": "checked"})
         forged = build_event(
@@ -223,6 +224,7 @@ class Command(BaseCommand):
             fields={"step": "forged"},
             occurred_at=timezone.now(),
         )
+        forged.mac_key_id = forged.mac = ""
         Event.objects.bulk_create([forged])  # INSERT is what the trigger allows; the head does not move
 
         # Active credential leases for an admin to preview and revoke in the console; one

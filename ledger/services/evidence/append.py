@@ -11,10 +11,11 @@ import uuid
 from contextlib import contextmanager
 from datetime import datetime
 
+from django.conf import settings
 from django.db import connection, transaction
 
 from ledger.boundary import check_fields, check_text, path_segment
-from ledger.chain import canonical_bytes, format_time, hash_bytes
+from ledger.chain import EventSigner, canonical_bytes, format_time, hash_bytes
 from ledger.errors import InvalidInput
 from ledger.models import Event, Run
 from ledger.states import Phase
@@ -44,16 +45,33 @@ def _encode(value: object) -> str:
     raise TypeError(f"event field of type {type(value).__name__} is not serializable")
 
 
+_signer: EventSigner | None = None
+
+
+def event_signer() -> EventSigner:
+    """The signer of new events: FENCELINE["EVENT_SIGNING_KEY_ID"]'s key, prepared once per
+    process and prepared again only when the settings name another key (tests, rotation)."""
+    global _signer
+    conf = settings.FENCELINE
+    key_id = conf["EVENT_SIGNING_KEY_ID"]
+    key = conf["EVENT_KEYS"][key_id]
+    signer = _signer
+    if signer is None or signer.key_id != key_id or signer.key != key:
+        signer = _signer = EventSigner(key_id, key)
+    return signer
+
+
 def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: datetime) -> Event:
-    """The next event of ``run``'s chain; advances the in-memory chain head."""
+    """The next event of ``run``'s chain, with its MAC; advances the in-memory chain head."""
     fields = json_safe(fields)
     check_fields(fields)  # the secret boundary (invariant 6), before anything is hashed or written
     check_text(actor, path="actor")
     seq = run.last_seq + 1
     event_id = uuid.uuid4()
+    run_id = str(run.pk)
     digest = hash_bytes(
         canonical_bytes(
-            run_id=str(run.pk),
+            run_id=run_id,
             seq=seq,
             event_id=str(event_id),
             type=type,
@@ -64,6 +82,7 @@ def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: d
             prev_hash=run.last_hash,
         )
     )
+    signer = event_signer()
     event = Event(
         run=run,
         seq=seq,
@@ -74,6 +93,8 @@ def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: d
         fields=fields,
         prev_hash=run.last_hash,
         hash=digest,
+        mac_key_id=signer.key_id,
+        mac=signer.mac(run_id=run_id, seq=seq, hash=digest),
         schema_version=CURRENT_SCHEMA_VERSION,
     )
     run.last_seq = seq

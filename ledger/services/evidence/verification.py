@@ -1,6 +1,7 @@
 """The in-app ledger verifier: streams a run's events from the database through the same
-checks as the standalone verifier (``ledger/evidence_verifier.py``), seals checkpoints,
-and records the outcome on the run for the integrity and authorization indicators.
+checks as the standalone verifier (``ledger/evidence_verifier.py``), every event's MAC
+under the settings' event keys included, seals checkpoints, and records the outcome on the
+run for the integrity and authorization indicators.
 
 It never holds a lock while it reads: it verifies the chain up to the head it read first
 (events at or below the head have committed with it), so appends go on meanwhile.
@@ -170,6 +171,7 @@ def run_verify(*, run_id: uuid.UUID | str, seal: bool = True, on_events: Callabl
         settings.FENCELINE["CHECKPOINT_KEYS"],
         expected_head=(head_seq, head_hash),
         trusted=trusted,
+        event_keys=settings.FENCELINE["EVENT_KEYS"],
     )
     if report.finding is None:
         report = _check_beyond_head(run, report)
