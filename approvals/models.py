@@ -12,13 +12,18 @@ from ledger.versioning import Versioned
 
 
 class CaseStatus(models.TextChoices):
+    # A reconciler looks the effect up at its provider first; people see the case when it
+    # cannot tell (OPEN), or may take it over themselves (claim or resolve).
+    LOOKUP = "LOOKUP"
     OPEN = "OPEN"
     CLAIMED = "CLAIMED"
     ESCALATED = "ESCALATED"
     RESOLVED = "RESOLVED"
 
 
-OPEN_CASE_STATUSES = (CaseStatus.OPEN, CaseStatus.CLAIMED, CaseStatus.ESCALATED)
+OPEN_CASE_STATUSES = (CaseStatus.LOOKUP, CaseStatus.OPEN, CaseStatus.CLAIMED, CaseStatus.ESCALATED)
+# The people's queue: open cases no reconciler is still looking up.
+PEOPLE_CASE_STATUSES = (CaseStatus.OPEN, CaseStatus.CLAIMED, CaseStatus.ESCALATED)
 
 
 class ReconciliationCase(Versioned):
@@ -43,6 +48,15 @@ class ReconciliationCase(Versioned):
     resolution_reason = models.CharField(max_length=500, blank=True, default="")
     resolved_by = models.CharField(max_length=150, blank=True, default="")
     resolved_at = models.DateTimeField(null=True, blank=True)
+    # Provider lookups (approvals/services/lookups.py): the reconciler that looks this
+    # effect up (blank: none, the case went straight to people), how many lookups it made,
+    # when the next one is due, the claim of the pass doing it, and every lookup's evidence:
+    # [{at, reconciler, attempt, verdict, asked, status, answer_digest, why, ...}].
+    reconciler = models.CharField(max_length=100, blank=True, default="")
+    lookup_attempts = models.PositiveIntegerField(default=0)
+    next_lookup_at = models.DateTimeField(null=True, blank=True)
+    lookup_claimed_until = models.DateTimeField(null=True, blank=True)
+    lookup_history = models.JSONField(default=list, blank=True)
 
     class Meta:
         constraints = [
@@ -59,6 +73,12 @@ class ReconciliationCase(Versioned):
                 fields=["opened_at", "id"], condition=Q(status__in=OPEN_CASE_STATUSES), name="case_open_queue"
             ),
             models.Index(fields=["tenant"], condition=Q(status__in=OPEN_CASE_STATUSES), name="case_open_tenant"),
+            # The lookup job's claim: due cases, oldest first.
+            models.Index(fields=["next_lookup_at"], condition=Q(status=CaseStatus.LOOKUP), name="case_lookup_due"),
+            # The dashboard's settled-in-the-last-24-h figures.
+            models.Index(
+                fields=["tenant", "resolved_at"], condition=Q(status=CaseStatus.RESOLVED), name="case_resolved_recent"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -1,7 +1,13 @@
 """Reads of the decision queues, scoped to a console user's tenants, keyset-paginated so a
 page costs the same few queries whatever the queue's length."""
 
-from approvals.models import OPEN_CASE_STATUSES, ApprovalRequest, ApprovalStatus, ReconciliationCase
+from approvals.models import (
+    OPEN_CASE_STATUSES,
+    PEOPLE_CASE_STATUSES,
+    ApprovalRequest,
+    ApprovalStatus,
+    ReconciliationCase,
+)
 from ledger.pagination import keyset_page
 from ledger.roles import VIEW, tenants_for
 
@@ -21,7 +27,9 @@ def approvals_for(user):
 
 
 CASE_FILTERS = {
-    "open": OPEN_CASE_STATUSES,
+    "open": PEOPLE_CASE_STATUSES,  # what waits for people; LOOKUP is still with a reconciler
+    "LOOKUP": ("LOOKUP",),
+    "unresolved": OPEN_CASE_STATUSES,
     "OPEN": ("OPEN",),
     "CLAIMED": ("CLAIMED",),
     "ESCALATED": ("ESCALATED",),
@@ -30,7 +38,7 @@ CASE_FILTERS = {
 
 
 def case_queue(*, user, status: str = "open", cursor: str | None = None):
-    statuses = CASE_FILTERS.get(status, OPEN_CASE_STATUSES)
+    statuses = CASE_FILTERS.get(status, PEOPLE_CASE_STATUSES)
     queryset = cases_for(user).filter(status__in=statuses).select_related("operation", "run", "tenant")
     return keyset_page(queryset, order_field="opened_at", cursor=cursor)
 

@@ -75,6 +75,38 @@ def env_json_object(name: str) -> dict[str, str]:
     return value
 
 
+def _reconcilers() -> dict[str, dict[str, Any]]:
+    """FENCELINE_RECONCILERS (or _FILE): a JSON object {name: {"kind": "http", "provider":
+    ..., ...}} (ledger/services/reconciliation/http.py). The built-in "sandbox-payments"
+    looks charges up at the sandbox provider (tests, demo, simulator) and serves only
+    operations whose contract or provider names it."""
+    sandbox = {
+        "kind": "http",
+        "provider": "sandbox-payments",
+        "base_url": env("FENCELINE_SANDBOX_PROVIDER_URL") or "http://127.0.0.1:8766",
+        "by_request_id": "/v1/charges/{provider_request_id}",
+        "by_idempotency_key": "/v1/charges?idempotency_key={idempotency_key}",
+        "id_field": "id",
+        "status_field": "status",
+        "happened": ["succeeded"],
+        "pending": ["pending"],
+        "did_not_happen": ["failed", "canceled"],
+        "cost_field": "amount_cents",
+        "key_retention_s": 86400,
+        "timeout_s": 5,
+    }
+    raw = env("FENCELINE_RECONCILERS")
+    if not raw:
+        return {"sandbox-payments": sandbox}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise ImproperlyConfigured("FENCELINE_RECONCILERS must be a JSON object") from None
+    if not isinstance(value, dict) or not all(isinstance(v, dict) and v.get("kind") for v in value.values()):
+        raise ImproperlyConfigured('FENCELINE_RECONCILERS must map names to {"kind": ..., ...}')
+    return {"sandbox-payments": sandbox, **value}
+
+
 def _local_secret_key() -> str:
     """A per-checkout key kept under the state directory, for development and tests."""
     path = STATE_DIR / "secret_key"
@@ -281,6 +313,20 @@ FENCELINE: dict[str, Any] = {
         **env_json_object("FENCELINE_RESOURCE_DRIVERS"),
     },
     "SANDBOX_DIR": Path(env("FENCELINE_SANDBOX_DIR") or STATE_DIR / "sandbox"),
+    # Provider lookups of UNKNOWN effects (approvals/services/lookups.py): the reconcilers
+    # by name, how often the job runs and how many cases one pass claims, how long after an
+    # UNKNOWN the first lookup waits (longer than a worker's provider timeout, so a fenced
+    # worker's late call cannot land after a "did not happen"), the backoff between lookups
+    # and how many before the case goes to people.
+    "RECONCILERS": _reconcilers(),
+    "RECONCILE_INTERVAL_S": env_int("FENCELINE_RECONCILE_INTERVAL_S", 10, minimum=1),
+    "RECONCILE_BATCH_SIZE": env_int("FENCELINE_RECONCILE_BATCH_SIZE", 100, minimum=1),
+    "RECONCILE_CONCURRENCY": env_int("FENCELINE_RECONCILE_CONCURRENCY", 8, minimum=1),
+    "RECONCILE_AFTER_S": env_int("FENCELINE_RECONCILE_AFTER_S", 30, minimum=0),
+    "RECONCILE_BACKOFF_BASE_S": env_int("FENCELINE_RECONCILE_BACKOFF_BASE_S", 10, minimum=1),
+    "RECONCILE_BACKOFF_MAX_S": env_int("FENCELINE_RECONCILE_BACKOFF_MAX_S", 600, minimum=1),
+    "RECONCILE_MAX_ATTEMPTS": env_int("FENCELINE_RECONCILE_MAX_ATTEMPTS", 5, minimum=1),
+    "RECONCILE_CLAIM_S": env_int("FENCELINE_RECONCILE_CLAIM_S", 120, minimum=1),
 }
 
 # --- Celery -----------------------------------------------------------------------------
@@ -324,6 +370,8 @@ CELERY_BEAT_SCHEDULE = {
     "expire-reservations": _every("ledger.tasks.expire_reservations_task", "RESERVATION_EXPIRY_INTERVAL_S"),
     # DRAINING workers with no lease left, or past their drain deadline -> QUIESCED.
     "enforce-drains": _every("ledger.tasks.enforce_drains_task", "DRAIN_INTERVAL_S"),
+    # UNKNOWN effects looked up at their provider before anyone is asked.
+    "reconcile-unknown": _every("approvals.tasks.reconcile_unknown_task", "RECONCILE_INTERVAL_S"),
 }
 
 # --- logging ----------------------------------------------------------------------------

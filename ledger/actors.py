@@ -1,8 +1,8 @@
 """Who acted: the one spelling of every actor string in the chain and the admin records.
 
 An actor is ``worker:<worker name>/<owner id>`` for a worker's fenced call,
-``user:<username>`` for a person's decision (invariant 8), or ``system:<job>`` for one of
-Fenceline's own jobs. Actors are stored with every event, so what a worker names itself
+``user:<username>`` for a person's decision (invariant 8), ``reconciler:<name>`` for a
+provider lookup that settled an UNKNOWN, or ``system:<job>`` for one of Fenceline's own jobs. Actors are stored with every event, so what a worker names itself
 passes the secret boundary first.
 """
 
@@ -30,3 +30,8 @@ def worker_actor(worker: Named, owner_id: str) -> str:
 
 def user_actor(username: str) -> str:
     return f"user:{username}"
+
+
+def reconciler_actor(name: str) -> str:
+    """A reconciler's settlement: also the case's ``resolved_by`` (the source ``reconciler:<name>``)."""
+    return f"reconciler:{name}"

@@ -140,6 +140,12 @@ class ReconcileFirst(FencelineError):
     code = "RECONCILE_FIRST"
 
 
+class EffectClassMismatch(FencelineError):
+    """The tool contract gives the operation another side-effect class than the one declared."""
+
+    code = "EFFECT_CLASS_MISMATCH"
+
+
 class BootIdReused(FencelineError):
     """The boot_id was reported already with other content: a new process needs a new id."""
 
@@ -206,6 +212,7 @@ ERRORS: dict[str, type[FencelineError]] = {
         RunCancelled,
         ReconcileFirst,
         BootIdReused,
+        EffectClassMismatch,
         ResourceInUse,
         UnknownSchemaVersion,
     )
@@ -583,9 +590,9 @@ class Lease:
         tool: str,
         action: str,
         resource: str,
-        effect_class: str,
         idempotency_key: str,
         perform: Callable[[], Done],
+        effect_class: str | None = None,
         approval_timeout_s: float = 600,
         poll_s: float = 2.0,
         **intent: Any,
@@ -594,18 +601,12 @@ class Lease:
         dispatch -> ``perform()`` -> outcome. The idempotency key is the caller's and stays
         the same on every retry, so a replacement worker replays the same operation. If
         ``perform`` raises, the outcome is reported UNKNOWN (nobody knows whether the effect
-        happened) and the exception propagates."""
-        created = self.post(
-            f"/runs/{self.run_id}/operations",
-            {
-                "tool": tool,
-                "action": action,
-                "resource": resource,
-                "effect_class": effect_class,
-                "idempotency_key": idempotency_key,
-                **intent,
-            },
-        )
+        happened) and the exception propagates. ``effect_class`` may be left out where the
+        tenant's tool contract gives it (a different one is refused: EffectClassMismatch)."""
+        body = {"tool": tool, "action": action, "resource": resource, "idempotency_key": idempotency_key, **intent}
+        if effect_class is not None:
+            body["effect_class"] = effect_class
+        created = self.post(f"/runs/{self.run_id}/operations", body)
         op = str(created["operation_id"])
         phase = created["phase"]
         if phase in ("PLANNED", "PENDING_APPROVAL"):

@@ -102,6 +102,14 @@ class IdempotencyMismatch(DomainError):
     status = 422
 
 
+class EffectClassMismatch(DomainError):
+    """The worker declared another side-effect class than the tool contract (or the policy's
+    class for tools without one) gives: the contract decides, and the intent is refused."""
+
+    code = "EFFECT_CLASS_MISMATCH"
+    status = 422
+
+
 class WorkerNotAccepting(DomainError):
     code = "WORKER_NOT_ACCEPTING"
     status = 409

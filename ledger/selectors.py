@@ -256,9 +256,24 @@ def run_detail_parts(*, run: Run, limit: int = 100) -> dict:
     }
 
 
+def span_text(span: timedelta | None) -> str:
+    """A duration for people: "45 s", "12 min", "3 h 5 min", "2 d 4 h" ("" for none)."""
+    if span is None:
+        return ""
+    seconds = int(span.total_seconds())
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, hours, days = seconds // 60, seconds // 3600, seconds // 86400
+    if hours < 1:
+        return f"{minutes} min"
+    if days < 1:
+        return f"{hours} h {minutes % 60} min" if minutes % 60 else f"{hours} h"
+    return f"{days} d {hours % 24} h" if hours % 24 else f"{days} d"
+
+
 def dashboard_counts(*, user) -> dict:
     """What needs a person now, per visible tenant: bounded aggregates, five queries."""
-    from django.db.models import Count, Sum
+    from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Sum
     from django.utils import timezone
 
     from approvals.models import OPEN_CASE_STATUSES, ApprovalRequest, ApprovalStatus, ReconciliationCase
@@ -272,6 +287,7 @@ def dashboard_counts(*, user) -> dict:
         t.pk: {
             "tenant": t,
             "open_unknown": 0,
+            "with_reconciler": 0,
             "pending_approvals": 0,
             "expiring_leases": 0,
             "stale_rejections": 0,
@@ -281,13 +297,28 @@ def dashboard_counts(*, user) -> dict:
         for t in tenants
     }
     if ids:
-        for r in (
+        for case_row in (
             ReconciliationCase.objects.filter(tenant_id__in=ids, status__in=OPEN_CASE_STATUSES)
-            .values("tenant_id")
+            .values("tenant_id", "status")
             .annotate(n=Count("id"))
             .order_by()
         ):
-            rows[r["tenant_id"]]["open_unknown"] = r["n"]
+            rows[case_row["tenant_id"]]["open_unknown"] += case_row["n"]
+            if case_row["status"] == "LOOKUP":
+                rows[case_row["tenant_id"]]["with_reconciler"] += case_row["n"]
+        # UNKNOWNs settled in the last 24 h, by reconcilers and by people, and the time they
+        # spent in UNKNOWN (index case_resolved_recent).
+        in_unknown = ExpressionWrapper(F("resolved_at") - F("opened_at"), output_field=DurationField())
+        by_reconciler = Q(resolved_by__startswith="reconciler:")
+        settled = ReconciliationCase.objects.filter(
+            tenant_id__in=ids, status="RESOLVED", resolved_at__gte=now - timedelta(hours=24)
+        ).aggregate(
+            by_reconciler=Count("id", filter=by_reconciler),
+            by_people=Count("id", filter=~by_reconciler),
+            mean=Avg(in_unknown),
+            longest=Max(in_unknown),
+        )
+        settled["mean"], settled["longest"] = span_text(settled["mean"]), span_text(settled["longest"])
         for r in (
             ApprovalRequest.objects.filter(tenant_id__in=ids, status=ApprovalStatus.PENDING, expires_at__gt=now)
             .values("tenant_id")
@@ -332,12 +363,16 @@ def dashboard_counts(*, user) -> dict:
             .values_list("pk", "v")
         ):
             rows[tenant_id]["last_verified_at"] = verified
+    else:
+        settled = {"by_reconciler": 0, "by_people": 0, "mean": None, "longest": None}
     per_tenant = list(rows.values())
     verified = [r["last_verified_at"] for r in per_tenant if r["last_verified_at"]]
     return {
         "now": now,
         "tenants": per_tenant,
         "open_unknown": sum(r["open_unknown"] for r in per_tenant),
+        "with_reconciler": sum(r["with_reconciler"] for r in per_tenant),
+        "settled_24h": settled,
         "pending_approvals": sum(r["pending_approvals"] for r in per_tenant),
         "expiring_leases": sum(r["expiring_leases"] for r in per_tenant),
         "stale_rejections": sum(r["stale_rejections"] for r in per_tenant),

@@ -20,6 +20,7 @@ from ledger.services.core.decisions import acting_name
 from ledger.services.core.fencing import Fenced, locked_runs
 from ledger.services.core.phases import transition
 from ledger.services.evidence.append import ChainBatch
+from ledger.services.reconciliation.contracts import policy_digest_of
 from ledger.states import ApprovalKind, CapabilityStatus, Phase
 
 
@@ -74,7 +75,13 @@ def approval_decide(
             run,
             "APPROVAL_APPROVED" if approve else "APPROVAL_DENIED",
             actor=actor,
-            fields={"approval_id": approval.pk, "reason": approval.reason, "kind": approval.kind},
+            fields={
+                "approval_id": approval.pk,
+                "reason": approval.reason,
+                "kind": approval.kind,
+                # the policy in force when the person decided
+                **dict(zip(("policy_version", "policy_digest"), policy_digest_of(run.tenant), strict=True)),
+            },
         )
         if not approve and approval.kind == ApprovalKind.OPERATION:
             _deny_waiting_operation(approval=approval, run=run, batch=batch, actor=actor)

@@ -15,7 +15,7 @@ from ledger.services.authority.reservations import cost_resolve
 from ledger.services.core.decisions import acting_name
 from ledger.services.core.fencing import Fenced, locked_runs
 from ledger.services.core.phases import transition
-from ledger.services.evidence.append import ChainBatch
+from ledger.services.evidence.append import ChainBatch, json_safe
 from ledger.states import Phase
 
 RESOLUTIONS = ("HAPPENED", "DID_NOT_HAPPEN", "COMPENSATED")
@@ -31,42 +31,73 @@ def case_resolve(
     provider_request_id: str = "",
     actual_cost_cents: int | None = None,
 ) -> ReconciliationCase:
-    """Close an UNKNOWN outcome with a named person (or reconciler) and evidence: the
-    operation moves UNKNOWN -> RECONCILED, the case is RESOLVED, the cost reservation is
-    settled (or released when nothing happened), all as events in the run's chain.
-    HAPPENED needs the provider's request id; every resolution needs a reason. Given a
-    console ``user``, their OPERATE role on the case's tenant is checked and their
-    username is the actor."""
-    if resolution not in RESOLUTIONS:
-        raise InvalidInput(f"resolution must be one of {', '.join(RESOLUTIONS)}")
+    """Close an UNKNOWN outcome with a named person and evidence: the operation moves
+    UNKNOWN -> RECONCILED, the case is RESOLVED, the cost reservation is settled (or
+    released when nothing happened), all as events in the run's chain. HAPPENED needs the
+    provider's request id; every resolution needs a reason. Given a console ``user``, their
+    OPERATE role on the case's tenant is checked and their username is the actor. A
+    reconciler settles through :func:`case_settle` (``approvals/services/lookups.py``)."""
     if not (resolved_by or user is not None) or not reason or not reason.strip():
         raise InvalidInput("a resolution names who made it and why")
+    case = _case_for(case_id)
+    resolved_by = acting_name(user=user, name=resolved_by, tenant_id=case.tenant_id, perm=OPERATE)
+    return case_settle(
+        case=case,
+        resolution=resolution,
+        reason=reason,
+        resolved_by=resolved_by,
+        actor=user_actor(resolved_by),
+        provider_request_id=provider_request_id,
+        actual_cost_cents=actual_cost_cents,
+    )
+
+
+def case_settle(
+    *,
+    case: ReconciliationCase,
+    resolution: str,
+    reason: str,
+    resolved_by: str,
+    actor: str,
+    provider_request_id: str = "",
+    actual_cost_cents: int | None = None,
+    lookup: dict | None = None,
+) -> ReconciliationCase:
+    """The one way a case is resolved, by a person (``case_resolve``) or a reconciler (with
+    the ``lookup`` that decided it, recorded on the case and as a CASE_LOOKED_UP event
+    before the operation's RECONCILED). Whoever's conditional UPDATE on the open case wins
+    decides; the other is refused with the case's current status."""
+    if resolution not in RESOLUTIONS:
+        raise InvalidInput(f"resolution must be one of {', '.join(RESOLUTIONS)}", field="resolution")
     if resolution == "HAPPENED" and not provider_request_id:
-        raise InvalidInput("HAPPENED needs the provider's request id as evidence")
+        raise InvalidInput("HAPPENED needs the provider's request id as evidence", field="provider_request_id")
     check_text(reason, path="reason")
     if provider_request_id:
         check_text(provider_request_id, path="provider_request_id")
-    case = _case_for(case_id)
-    resolved_by = acting_name(user=user, name=resolved_by, tenant_id=case.tenant_id, perm=OPERATE)
     with transaction.atomic():
         (run,) = locked_runs({"run_id": case.run_id})
         now = timezone.now()
-        ctx = Fenced(
-            run=run, batch=ChainBatch(now), now=now, actor=user_actor(resolved_by), token=run.lease.fencing_token
-        )
-        won = ReconciliationCase.objects.filter(pk=case.pk, status__in=OPEN_CASE_STATUSES).update(
-            status=CaseStatus.RESOLVED,
-            resolution=resolution,
-            resolution_reason=reason.strip(),
-            resolved_by=resolved_by,
-            resolved_at=now,
-        )
+        ctx = Fenced(run=run, batch=ChainBatch(now), now=now, actor=actor, token=run.lease.fencing_token)
+        values: dict = {
+            "status": CaseStatus.RESOLVED,
+            "resolution": resolution,
+            "resolution_reason": reason.strip(),
+            "resolved_by": resolved_by,
+            "resolved_at": now,
+        }
+        if lookup is not None:
+            values.update(lookup_history_update(case, lookup, now=now))
+        won = ReconciliationCase.objects.filter(pk=case.pk, status__in=OPEN_CASE_STATUSES).update(**values)
         if won != 1:
             case.refresh_from_db()
             raise WrongPhase(phase=f"case {case.status}", wanted="an open case")
         op = Operation.objects.get(pk=case.operation_id)
         if op.phase != Phase.UNKNOWN:
             raise WrongPhase(phase=op.phase, wanted=Phase.UNKNOWN)
+        if lookup is not None:
+            ctx.batch.append(
+                run, "CASE_LOOKED_UP", actor=actor, fields=lookup_event_fields(case, lookup, to="RESOLVED")
+            )
         transition(
             op,
             Phase.RECONCILED,
@@ -75,7 +106,7 @@ def case_resolve(
             reconciliation=resolution,
             provider_request_id=provider_request_id or op.provider_request_id,
             actual_cost_cents=actual_cost_cents if actual_cost_cents is not None else op.actual_cost_cents,
-            event_fields={"case_id": case.pk, "resolution": resolution},
+            event_fields={"case_id": case.pk, "resolution": resolution, "resolved_by": resolved_by},
         )
         cost_resolve(
             op=op,
@@ -88,6 +119,28 @@ def case_resolve(
         ctx.batch.commit()
     case.refresh_from_db()
     return case
+
+
+def lookup_history_update(case: ReconciliationCase, lookup: dict, *, now) -> dict:
+    """The case's lookup columns after one more lookup (the caller holds the run lock and
+    the lookup claim, so nobody else appends to this history meanwhile)."""
+    entry = {"at": now, **lookup}
+    return {
+        "lookup_history": [*case.lookup_history, json_safe(entry)],
+        "lookup_attempts": case.lookup_attempts + 1,
+        "lookup_claimed_until": None,
+    }
+
+
+def lookup_event_fields(case: ReconciliationCase, lookup: dict, *, to: str) -> dict:
+    return {
+        "case_id": case.pk,
+        "operation_id": case.operation_id,
+        "attempt": case.attempt,
+        "lookup": case.lookup_attempts + 1,
+        "to": to,
+        **lookup,
+    }
 
 
 def _case_for(case_id: object) -> ReconciliationCase:
@@ -126,11 +179,12 @@ def _case_move(
 
 
 def case_claim(*, case_id: object, user) -> ReconciliationCase:
-    """An operator takes an OPEN case: OPEN -> CLAIMED, with a CASE_CLAIMED event."""
+    """An operator takes an OPEN case: OPEN -> CLAIMED, with a CASE_CLAIMED event. A case a
+    reconciler is still looking up (LOOKUP) may be taken over too: the lookups stop."""
     return _case_move(
         case_id=case_id,
         user=user,
-        sources=(CaseStatus.OPEN,),
+        sources=(CaseStatus.LOOKUP, CaseStatus.OPEN),
         target=CaseStatus.CLAIMED,
         event="CASE_CLAIMED",
         claim=True,
@@ -145,7 +199,7 @@ def case_escalate(*, case_id: object, user, reason: str) -> ReconciliationCase:
     return _case_move(
         case_id=case_id,
         user=user,
-        sources=(CaseStatus.OPEN, CaseStatus.CLAIMED),
+        sources=(CaseStatus.LOOKUP, CaseStatus.OPEN, CaseStatus.CLAIMED),
         target=CaseStatus.ESCALATED,
         event="CASE_ESCALATED",
         reason=reason.strip(),

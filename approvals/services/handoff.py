@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from approvals.models import OPEN_CASE_STATUSES, ApprovalRequest, ApprovalStatus, ReconciliationCase
+from django.conf import settings
+
+from approvals.models import OPEN_CASE_STATUSES, ApprovalRequest, ApprovalStatus, CaseStatus, ReconciliationCase
 from ledger.errors import WrongPhase
 from ledger.models import CapabilityBudget, Operation, Run
 from ledger.services.evidence.append import ChainBatch
@@ -25,6 +27,7 @@ def cases_open(*, operations: Sequence[Operation], reason: CaseReason, now: date
     Called inside the transaction that moves the operations to UNKNOWN, with their runs
     locked, so the cases and the phase change commit together or not at all.
     """
+    first_lookup = now + timedelta(seconds=settings.FENCELINE["RECONCILE_AFTER_S"])
     cases = [
         ReconciliationCase(
             tenant_id=op.tenant_id,
@@ -33,6 +36,10 @@ def cases_open(*, operations: Sequence[Operation], reason: CaseReason, now: date
             attempt=op.attempt,
             reason=reason,
             opened_at=now,
+            # An effect with a reconciler is looked up at its provider before people see it.
+            status=CaseStatus.LOOKUP if op.reconciler else CaseStatus.OPEN,
+            reconciler=op.reconciler,
+            next_lookup_at=first_lookup if op.reconciler else None,
         )
         for op in operations
     ]

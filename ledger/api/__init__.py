@@ -194,6 +194,7 @@ def _op_out(op) -> dict:
                 "idempotency_key",
                 "args_digest",
                 "provider",
+                "reconciler",
                 "phase",
                 "attempt",
                 "dispatch_token",
@@ -347,12 +348,15 @@ def complete_run(request, run_id: str, body: TokenIn):
 
 @api.post(
     "/runs/{run_id}/operations",
-    response={201: OperationCreatedOut, 200: OperationCreatedOut, **BODY, 404: E, 409: E},
+    response={201: OperationCreatedOut, 200: OperationCreatedOut, **BODY, 403: E, 404: E, 409: E},
     tags=["operations"],
 )
 def create_operation(request, run_id: str, body: OperationIn):
     """Record the intent of a side effect. Replaying the same idempotency_key with the same
-    parameters returns the same operation (200); other parameters: 422 IDEMPOTENCY_MISMATCH."""
+    parameters returns the same operation (200); other parameters: 422 IDEMPOTENCY_MISMATCH.
+    The side-effect class comes from the tenant's tool contract: a different declared one is
+    422 EFFECT_CLASS_MISMATCH; a tool without a contract under a policy that refuses those is
+    403 DENY_POLICY."""
     intent = Intent(**body.model_dump(exclude={"fencing_token"}))
     op, created = operations.operation_intend(
         worker=request.worker, run_id=run_id, fencing_token=body.fencing_token, intent=intent

@@ -359,7 +359,8 @@ class OperationIn(In):
     tool: Name
     action: Name
     resource: Resource
-    effect_class: EffectClassName
+    # Optional where the tenant's tool contract gives the class; a different one: 422 EFFECT_CLASS_MISMATCH.
+    effect_class: EffectClassName | None = None
     idempotency_key: Annotated[StrictStr, Field(min_length=1, max_length=length(Operation, "idempotency_key"))]
     args_digest: Annotated[
         StrictStr, Field(max_length=length(Operation, "args_digest"), pattern=r"^[A-Za-z0-9:_\-]*$")
@@ -384,6 +385,7 @@ class OperationOut(Schema):
     idempotency_key: str
     args_digest: str
     provider: str
+    reconciler: str
     phase: Phase
     attempt: int
     dispatch_token: int | None

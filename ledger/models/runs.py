@@ -236,6 +236,9 @@ class Operation(Versioned):
     decision_code = models.CharField(max_length=32, blank=True, default="")
     # How a person resolved an UNKNOWN outcome: HAPPENED, DID_NOT_HAPPEN or COMPENSATED.
     reconciliation = models.CharField(max_length=16, blank=True, default="")
+    # The reconciler an UNKNOWN of this operation is looked up with, chosen at intent from
+    # the tool contract or the provider (blank: none; its UNKNOWN goes to people).
+    reconciler = models.CharField(max_length=100, blank=True, default="")
 
     class Meta:
         constraints = [

@@ -5,7 +5,7 @@ the client, against a real API server and the sandbox provider, with chaos, for 
       ├── API server thread      the project's WSGI app (or ``--url`` for one already running)
       ├── sandbox provider       charges under idempotency keys; drops, slows or fails some
       ├── jobs, every second     reap leases and resources, enforce drains and run limits,
-      │                          reconcile open cases by looking the key up at the provider
+      │                          and the reconciler job: UNKNOWNs looked up at the provider
       └── N worker processes     ``python -m ledger.simulation.worker`` (+1 with a bad config)
             chaos: SIGSTOP past the TTL then SIGCONT, SIGKILL, SIGTERM (drain); restarted
 
@@ -28,27 +28,28 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
 from django.db import close_old_connections
 from django.db.models import Q, Sum
+from django.test import override_settings
 from django.utils import timezone
 
-from approvals.models import OPEN_CASE_STATUSES, CaseStatus, ReconciliationCase
-from approvals.services.cases import case_resolve
+from approvals.models import OPEN_CASE_STATUSES, PEOPLE_CASE_STATUSES, CaseStatus, ReconciliationCase
+from approvals.services.lookups import cases_look_up
 from ledger.evidence_verifier import BROKEN
 from ledger.models import Operation, Run, Worker, WorkerBoot, WorkerDrain
 from ledger.services.authority.policy import policy_change
 from ledger.services.evidence.verification import run_verify
 from ledger.services.fence.runs import run_create
 from ledger.services.fleet.workers import worker_create
+from ledger.services.reconciliation.http import HttpReconciler
+from ledger.services.reconciliation.registry import register, unregister
 from ledger.services.tenancy.roles import role_grant
 from ledger.services.tenancy.tenants import tenant_ensure
 from ledger.simulation.provider import SandboxProvider
@@ -61,7 +62,7 @@ from ledger.tasks import (
     reap_resources_task,
 )
 
-RECONCILER = "simulator (provider lookup)"
+RECONCILER = "sandbox-payments"  # the tool contract's reconciler, registered at the sandbox's URL
 CONSOLE_ROLES = {"viewer": "viewer", "operator": "operator", "approver": "approver", "admin": "admin"}
 JOBS = (reap_leases_task, enforce_run_limits_task, reap_resources_task, expire_reservations_task, enforce_drains_task)
 # A case is looked up only once the fenced owner can no longer reach the provider: its
@@ -80,7 +81,7 @@ class Settings:
     drop: float = 0.10
     slow: float = 0.05
     fail: float = 0.05
-    people_share: float = 0.25  # cases the provider lookup leaves to a person (the console's triage)
+    people_share: float = 0.25  # share of keys the sandbox answers "cannot tell" about: left to people
     url: str = ""
 
 
@@ -95,8 +96,10 @@ class Report:
     failed: int
     stale_refused: int
     unknown_opened: int
-    reconciled_by_lookup: int
-    left_to_people: int
+    reconciled_by_reconciler: int
+    reconciled_by_people: int
+    handed_to_people: int
+    still_looked_up: int
     drains: int
     drains_stopped: int
     boots: int
@@ -121,8 +124,9 @@ class Report:
             f"  dispatched           {self.dispatched} ({self.confirmed} confirmed, {self.failed} failed)",
             f"  stale refused        {self.stale_refused}",
             f"  UNKNOWN opened       {self.unknown_opened}",
-            f"  reconciled           {self.reconciled_by_lookup} by provider lookup, "
-            f"{self.left_to_people} left open for people",
+            f"  reconciled           {self.reconciled_by_reconciler} by reconciler:{RECONCILER}, "
+            f"{self.reconciled_by_people} by people; {self.handed_to_people} handed to people (cannot tell), "
+            f"{self.still_looked_up} still being looked up",
             f"  drains               {self.drains} ({self.drains_stopped} reached STOPPED)",
             f"  boots                {self.boots} in {self.restart_episodes} restart episodes",
             f"  quarantines          {self.quarantines}",
@@ -194,9 +198,23 @@ class Fleet:
     def setup(self) -> None:
         policy_change(
             tenant=self.tenant,
-            document={"restart_budget": {"max_restarts": 2, "window_s": 600}},
+            document={
+                "restart_budget": {"max_restarts": 2, "window_s": 600},
+                # What a charge is comes from the contract, and its UNKNOWNs are looked up first.
+                "tool_contracts": [
+                    {
+                        "tool": "payments",
+                        "action": "charge",
+                        "effect_class": "NON_RETRYABLE",
+                        "provider": RECONCILER,
+                        "reconciler": RECONCILER,
+                        "worst_case_cost_cents": 500,
+                    }
+                ],
+            },
             changed_by="simulator",
-            reason="a small restart budget, so the crash-looping worker is quarantined within seconds",
+            reason="a small restart budget, so the crash-looping worker is quarantined within seconds; "
+            "the payments contract with its reconciler",
         )
         users = set(get_user_model().objects.filter(username__in=CONSOLE_ROLES).values_list("username", flat=True))
         for username in sorted(users):  # the demo's console users see the simulation too
@@ -292,45 +310,21 @@ class Fleet:
     def jobs(self) -> None:
         for job in JOBS:
             job()
-        self.reconcile()
+        cases_look_up()
         close_old_connections()
 
-    def reconcile(self) -> None:
-        """What a provider-backed reconciler does before anyone is paged: look the stable
-        idempotency key up; found, it HAPPENED (with the charge id); not found, it did not.
-        A share of the cases is left to people, so the console has triage work."""
-        due = timezone.now() - timedelta(seconds=LOOKUP_AFTER_S)
-        cases = ReconciliationCase.objects.filter(
-            tenant=self.tenant, status=CaseStatus.OPEN, opened_at__lte=due
-        ).select_related("operation")
-        for case in cases:
-            if self.left_to_people(case):
-                continue
-            found = requests.get(
-                self.provider_url + "/v1/charges",
-                params={"idempotency_key": case.operation.idempotency_key},
-                timeout=5,
-            )
-            if found.status_code == 200:
-                charge = found.json()
-                case_resolve(
-                    case_id=case.pk,
-                    resolution="HAPPENED",
-                    reason=f"the provider has charge {charge['id']} under the operation's idempotency key",
-                    resolved_by=RECONCILER,
-                    provider_request_id=charge["id"],
-                    actual_cost_cents=charge["amount_cents"],
-                )
-            elif found.status_code == 404:
-                case_resolve(
-                    case_id=case.pk,
-                    resolution="DID_NOT_HAPPEN",
-                    reason="the provider has no charge under the operation's idempotency key",
-                    resolved_by=RECONCILER,
-                )
+    # -- the reconciler --
 
-    def left_to_people(self, case: ReconciliationCase) -> bool:
-        return (case.pk.int % 1000) / 1000 < self.options.people_share
+    @staticmethod
+    def reconciler_config(url: str) -> dict[str, Any]:
+        config = {k: v for k, v in settings.FENCELINE["RECONCILERS"][RECONCILER].items() if k != "provider"}
+        return {**config, "base_url": url}
+
+    @staticmethod
+    def lookup_settings() -> dict[str, Any]:
+        """The lookups wait until a fenced owner can no longer reach the provider, then
+        back off in seconds rather than minutes (a simulation is short)."""
+        return {**settings.FENCELINE, "RECONCILE_AFTER_S": LOOKUP_AFTER_S, "RECONCILE_BACKOFF_BASE_S": 2}
 
     # -- the run --
 
@@ -338,9 +332,15 @@ class Fleet:
         started = time.monotonic()
         self.setup()
         provider = SandboxProvider(
-            drop=self.options.drop, slow=self.options.slow, fail=self.options.fail, seed=self.options.seed
+            drop=self.options.drop,
+            slow=self.options.slow,
+            fail=self.options.fail,
+            cannot_tell=self.options.people_share,
+            seed=self.options.seed,
         ).start()
-        self.provider_url = provider.url
+        register(RECONCILER, HttpReconciler(RECONCILER, self.reconciler_config(provider.url)), provider=RECONCILER)
+        lookups = override_settings(FENCELINE=self.lookup_settings())
+        lookups.enable()
         server = None if self.options.url else ApiServer().start()
         url = self.options.url or server.url  # type: ignore[union-attr]
         env = {
@@ -377,6 +377,8 @@ class Fleet:
                 if slot.process is not None and slot.process.poll() is None:
                     slot.process.kill()
             provider.stop()
+            unregister(RECONCILER)
+            lookups.disable()
             if server is not None:
                 server.stop()
             request_log.setLevel(level)
@@ -437,8 +439,12 @@ class Fleet:
             failed=ops.filter(phase=Phase.FAILED).count(),
             stale_refused=runs.aggregate(n=Sum("stale_rejections"))["n"] or 0,
             unknown_opened=cases.count(),
-            reconciled_by_lookup=cases.filter(resolved_by=RECONCILER).count(),
-            left_to_people=cases.exclude(status=CaseStatus.RESOLVED).count(),
+            reconciled_by_reconciler=cases.filter(resolved_by=f"reconciler:{RECONCILER}").count(),
+            reconciled_by_people=cases.filter(status=CaseStatus.RESOLVED)
+            .exclude(resolved_by__startswith="reconciler:")
+            .count(),
+            handed_to_people=cases.filter(status__in=PEOPLE_CASE_STATUSES).count(),
+            still_looked_up=cases.filter(status=CaseStatus.LOOKUP).count(),
             drains=WorkerDrain.objects.filter(tenant=tenant).count(),
             drains_stopped=WorkerDrain.objects.filter(tenant=tenant).exclude(stopped_at=None).count(),
             boots=boots.count(),

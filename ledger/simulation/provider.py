@@ -5,7 +5,16 @@ idempotency keys the way a real payments API does, and can be told to misbehave.
         201 {"id": "ch_17", ...}                         a new charge
         200 {"id": "ch_17", ..., "replayed": true}       the same key again: the same charge
     GET  /v1/charges?idempotency_key=<key>               200 the charge, or 404: never made
+    GET  /v1/charges/<id>                                200 the charge by its id, or 404
     GET  /v1/stats                                       what happened, for the final report
+
+Lookups (the two GETs on charges) are what a reconciler asks (``sandbox-payments`` in
+settings). The provider can be told, through its Python API or over HTTP, to
+
+    lose a record    POST /v1/_sandbox/lose {"idempotency_key": k}: the charge stays made, but
+                     a lookup by that key answers 404 (as a provider that forgot the key)
+    answer lookups   POST /v1/_sandbox/lookups {"mode": "normal" | "cannot_tell" | "pending" |
+                     "down"}: 200 {"status": "unknown"}, 200 {"status": "pending"}, or 503
 
 A request may ask for a fault with ``Sandbox-Fault: drop | slow | fail``, and the provider
 draws faults on its own with the probabilities it was started with:
@@ -16,11 +25,12 @@ draws faults on its own with the probabilities it was started with:
     fail  503 before anything is made (the caller knows nothing happened)
 
 No Django import: it runs in a thread of ``manage.py simulate`` or on its own
-(``python -m ledger.simulation.provider 8765``).
+(``python -m ledger.simulation.provider 8766``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import sys
@@ -32,6 +42,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 FAULTS = ("drop", "slow", "fail")
+LOOKUP_MODES = ("normal", "cannot_tell", "pending", "down")
 
 
 @dataclass
@@ -39,9 +50,18 @@ class Ledger:
     """The provider's own books: charges by idempotency key, and what it was asked."""
 
     charges: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lost_keys: set[str] = field(default_factory=set)
+    lookups: int = 0
     requests_by_key: dict[str, int] = field(default_factory=dict)
     faults: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAULTS, 0))
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def find(self, *, key: str = "", charge_id: str = "") -> dict[str, Any] | None:
+        with self.lock:
+            self.lookups += 1
+            if key:
+                return None if key in self.lost_keys else self.charges.get(key)
+            return next((c for c in self.charges.values() if c["id"] == charge_id), None)
 
     def charge(self, key: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         with self.lock:
@@ -54,6 +74,7 @@ class Ledger:
                 "idempotency_key": key,
                 "amount_cents": body.get("amount_cents"),
                 "customer": body.get("customer"),
+                "status": "succeeded",
                 "created_at": time.time(),
             }
             self.charges[key] = made
@@ -65,6 +86,7 @@ class Ledger:
                 "charges": len(self.charges),
                 "requests": sum(self.requests_by_key.values()),
                 "replayed_keys": sum(1 for n in self.requests_by_key.values() if n > 1),
+                "lookups": self.lookups,
                 "faults": dict(self.faults),
             }
 
@@ -80,9 +102,13 @@ class SandboxProvider:
         slow: float = 0.0,
         fail: float = 0.0,
         slow_s: float = 2.0,
+        cannot_tell: float = 0.0,
         seed: int | None = None,
     ) -> None:
         self.ledger = Ledger()
+        self.lookup_mode = "normal"  # or LOOKUP_MODES: how lookups answer
+        self.cannot_tell = cannot_tell  # share of keys whose lookups always answer "cannot tell"
+        self.cannot_tell_keys: set[str] = set()  # and these keys
         self.odds = {"drop": drop, "slow": slow, "fail": fail}
         self.slow_s = slow_s
         self.random = random.Random(seed)  # noqa: S311 - fault injection, not security
@@ -101,6 +127,19 @@ class SandboxProvider:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+    def cannot_tell_about(self, key: str) -> bool:
+        """The same answer for a key every time: a share of keys the provider cannot tell about."""
+        if key in self.cannot_tell_keys:
+            return True
+        if not key or not self.cannot_tell:
+            return False
+        return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 1000 < self.cannot_tell * 1000
+
+    def lose(self, key: str) -> None:
+        """Forget the idempotency key of a charge: lookups by that key answer 404."""
+        with self.ledger.lock:
+            self.ledger.lost_keys.add(key)
 
     def fault_for(self, asked: str) -> str:
         if asked in FAULTS:
@@ -132,21 +171,41 @@ def _handler(provider: SandboxProvider) -> type[BaseHTTPRequestHandler]:
             url = urlparse(self.path)
             if url.path == "/v1/stats":
                 return self._answer(200, provider.ledger.stats())
-            if url.path == "/v1/charges":
-                key = parse_qs(url.query).get("idempotency_key", [""])[0]
-                with provider.ledger.lock:
-                    found = provider.ledger.charges.get(key)
-                return self._answer(200, found) if found else self._answer(404, {"error": "no_such_charge"})
+            if url.path == "/v1/charges" or url.path.startswith("/v1/charges/"):
+                return self._lookup(url.path, parse_qs(url.query).get("idempotency_key", [""])[0])
             return self._answer(404, {"error": "not_found"})
 
+        def _lookup(self, path: str, key: str) -> None:
+            mode = provider.lookup_mode
+            if mode == "down":
+                return self._answer(503, {"error": "provider_unavailable"})
+            charge_id = path.removeprefix("/v1/charges").strip("/")
+            if not (key or charge_id):
+                return self._answer(400, {"error": "look up by idempotency_key or by id"})
+            found = provider.ledger.find(key=key, charge_id=charge_id)
+            if mode == "cannot_tell" or provider.cannot_tell_about(key or (found or {}).get("idempotency_key", "")):
+                return self._answer(200, {"status": "unknown"})
+            if found is None:
+                return self._answer(404, {"error": "no_such_charge"})
+            if mode == "pending":
+                return self._answer(200, {**found, "status": "pending"})
+            return self._answer(200, found)
+
         def do_POST(self) -> None:
-            if urlparse(self.path).path != "/v1/charges":
-                return self._answer(404, {"error": "not_found"})
+            path = urlparse(self.path).path
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")
             except ValueError:
                 return self._answer(400, {"error": "invalid_json"})
+            if path == "/v1/_sandbox/lose" and isinstance(body, dict) and body.get("idempotency_key"):
+                provider.lose(str(body["idempotency_key"]))
+                return self._answer(200, {"lost": body["idempotency_key"]})
+            if path == "/v1/_sandbox/lookups" and isinstance(body, dict) and body.get("mode") in LOOKUP_MODES:
+                provider.lookup_mode = body["mode"]
+                return self._answer(200, {"mode": provider.lookup_mode})
+            if path != "/v1/charges":
+                return self._answer(404, {"error": "not_found"})
             key = self.headers.get("Idempotency-Key", "")
             if not key or not isinstance(body, dict):
                 return self._answer(400, {"error": "an Idempotency-Key header and a JSON object are required"})
@@ -169,6 +228,6 @@ def _handler(provider: SandboxProvider) -> type[BaseHTTPRequestHandler]:
 
 
 if __name__ == "__main__":
-    served = SandboxProvider(port=int(sys.argv[1]) if len(sys.argv) > 1 else 8765).start()
+    served = SandboxProvider(port=int(sys.argv[1]) if len(sys.argv) > 1 else 8766).start()
     print(f"sandbox provider at {served.url}", flush=True)
     served.thread.join()

@@ -44,7 +44,11 @@ def test_a_short_simulation_leaves_real_history_that_adds_up(transactional_db, t
     # Cases old enough were decided by looking the key up at the provider, with evidence.
     cases = ReconciliationCase.objects.filter(tenant__slug=report["tenant"])
     assert cases.count() == report["unknown_opened"]
-    for case in cases.filter(resolved_by=RECONCILER):
+    settled = cases.filter(resolved_by=f"reconciler:{RECONCILER}")
+    assert settled.count() == report["reconciled_by_reconciler"] >= 1
+    assert report["reconciled_by_people"] == 0 and report["handed_to_people"] == 0  # people_share 0
+    for case in settled:
+        assert case.lookup_history and case.lookup_history[-1]["verdict"] == case.resolution
         op = Operation.objects.get(pk=case.operation_id)
         assert op.phase == "RECONCILED" and op.reconciliation == case.resolution
         if case.resolution == "HAPPENED":

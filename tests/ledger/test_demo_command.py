@@ -24,6 +24,8 @@ def test_demo_seeds_on_sqlite_and_prints_a_working_token(tmp_path):
     lines = done.stdout.splitlines()
     token = lines[lines.index(next(line for line in lines if "bearer token" in line)) + 1].strip()
     assert token.startswith("flw_")
+    # One lost answer found at the sandbox provider by the reconciler, one it cannot tell about.
+    assert "provider lookups: 1 settled by reconciler:sandbox-payments, 1 handed to people" in done.stdout
     # A second start keeps the data and issues a fresh token.
     again = subprocess.run(
         [sys.executable, "manage.py", "demo", "--no-serve"],
@@ -37,7 +39,11 @@ def test_demo_seeds_on_sqlite_and_prints_a_working_token(tmp_path):
     assert token not in again.stdout
     # The jobs run on the embedded default too: the leaky worker's lease ends, its two browser
     # sessions are closed, and the connection nobody can close fails again.
-    for command, expected in (("reap_leases", "reaped 1 expired leases"), ("reap_resources", "2 released")):
+    for command, expected in (
+        ("reap_leases", "reaped 1 expired leases"),
+        ("reap_resources", "2 released"),
+        ("reconcile_unknown", "UNKNOWN effect(s) looked up"),
+    ):
         job = subprocess.run(
             [sys.executable, "manage.py", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
         )

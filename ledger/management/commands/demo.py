@@ -6,14 +6,18 @@ import signal
 import subprocess
 import sys
 from datetime import timedelta
+from urllib.parse import urlsplit
 
+import requests
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+from django.test import override_settings
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, ReconciliationCase
 from approvals.services.approvals import approvals_expire
+from approvals.services.lookups import cases_look_up
 from ledger.errors import ApprovalRequired, Denied, StaleToken
 from ledger.models import Event, Run, RunLease, RunResource, Worker
 from ledger.services.authority.credential_leases import credential_lease_issue, credential_lease_revoke
@@ -29,12 +33,26 @@ from ledger.services.fleet.workers import worker_create, worker_rotate_token
 from ledger.services.lifespan import resources
 from ledger.services.lifespan.checkpoints import checkpoint_save
 from ledger.services.lifespan.reaper import resources_reap
+from ledger.services.reconciliation.http import HttpReconciler
+from ledger.services.reconciliation.registry import register
 from ledger.services.tenancy.roles import role_grant
 from ledger.services.tenancy.tenants import tenant_ensure
+from ledger.simulation.provider import SandboxProvider
 from ledger.states import EffectClass
 
 TENANT = "demo"
 WORKER = "demo-worker"
+DEMO_CONTRACTS = [
+    {
+        "tool": "payments",
+        "action": "charge",
+        "effect_class": "NON_RETRYABLE",
+        "provider": "sandbox-payments",
+        "reconciler": "sandbox-payments",
+        "worst_case_cost_cents": 5000,
+    },
+    {"tool": "search", "action": "*", "effect_class": "PURE"},
+]
 DEMO_USERS = [("viewer", "viewer"), ("operator", "operator"), ("approver", "approver"), ("admin", "admin")]
 
 
@@ -51,6 +69,7 @@ class Command(BaseCommand):
     def handle(self, *args, addrport, no_serve, no_jobs, **options):
         self.stdout.write("migrating the database ...")
         call_command("migrate", interactive=False, verbosity=0)
+        self.sandbox = self.start_sandbox()
         token = self.seed()
         host = addrport if ":" in addrport else f"127.0.0.1:{addrport}"
         self.stdout.write(
@@ -113,9 +132,19 @@ class Command(BaseCommand):
             return run, token
 
         def intend(
-            run, token, key, *, tool="github", action="create_issue", resource="repo:acme/web", effect="IDEMPOTENT"
+            run,
+            token,
+            key,
+            *,
+            tool="github",
+            action="create_issue",
+            resource="repo:acme/web",
+            effect="IDEMPOTENT",
+            provider="",
         ):
-            intent = Intent(tool=tool, action=action, resource=resource, effect_class=effect, idempotency_key=key)
+            intent = Intent(
+                tool=tool, action=action, resource=resource, effect_class=effect, idempotency_key=key, provider=provider
+            )
             return operations.operation_intend(worker=worker, run_id=run.pk, fencing_token=token, intent=intent)[0]
 
         def dispatch(run, token, key, **kw):
@@ -159,12 +188,19 @@ class Command(BaseCommand):
             error_code="READ_TIMEOUT",
         )
 
-        # Approvals: payments always need a person. One pending, one expired.
+        # Provider lookups before people: two charges whose answers were lost. The sandbox
+        # provider has the first one (the reconciler settles it: RECONCILED by
+        # reconciler:sandbox-payments, with the charge id); of the second it cannot tell, so
+        # it waits in the queue for a person, with the lookup on the case.
+        self.seed_lookups(leased, dispatch, outcome)
+
+        # Approvals: payments always need a person. One pending, one expired. The payments
+        # contract: what a charge is, whatever a worker says, and who looks it up.
         policy_change(
             tenant=tenant,
-            document={"human_approval_tools": ["payments"]},
+            document={"human_approval_tools": ["payments"], "tool_contracts": DEMO_CONTRACTS},
             changed_by="demo",
-            reason="payments need a person",
+            reason="payments need a person; the tool contracts of payments and search",
         )
         run, token = leased("demo-approvals")
         pending = intend(
@@ -265,6 +301,38 @@ class Command(BaseCommand):
         worker_drain(worker_id=batch.pk, reason="host maintenance tonight", deadline_s=3600, name="admin")
         self.seed_lifespan(tenant, worker)
 
+    def seed_lookups(self, leased, dispatch, outcome) -> None:
+        sandbox = self.sandbox
+        lost, unclear = "demo:charge:lost-answer", "demo:charge:cannot-tell"
+        run, token = leased("demo-lookups")
+        for key in (lost, unclear):
+            op = dispatch(
+                run,
+                token,
+                key,
+                tool="payments",
+                action="charge",
+                resource="customer:901",
+                effect="NON_RETRYABLE",
+                provider="sandbox-payments",
+            )
+            with contextlib.suppress(requests.ConnectionError):  # the answer is lost on the way back
+                requests.post(
+                    sandbox.url + "/v1/charges",
+                    headers={"Idempotency-Key": key, "Sandbox-Fault": "drop"},
+                    json={"amount_cents": 1900, "customer": "c:901"},
+                    timeout=5,
+                )
+            outcome(op, token, "UNKNOWN", error_code="READ_TIMEOUT")
+        sandbox.cannot_tell_keys.add(unclear)
+        with override_settings(FENCELINE={**settings.FENCELINE, "RECONCILE_AFTER_S": 0}):
+            ReconciliationCase.objects.filter(run=run).update(next_lookup_at=timezone.now())
+            result = cases_look_up()
+        self.stdout.write(
+            f"provider lookups: {result.happened} settled by reconciler:sandbox-payments, "
+            f"{result.to_people} handed to people"
+        )
+
     def seed_lifespan(self, tenant, worker: Worker) -> None:
         """What runs hold and how they end: a worker that vanished with two browser sessions
         (the reaper closes them once the jobs run), a connection nobody can close (its
@@ -332,6 +400,27 @@ class Command(BaseCommand):
         op, _ = operations.operation_intend(worker=spender, run_id=run.pk, fencing_token=token, intent=intent)
         operations.operation_authorize(worker=spender, operation_id=op.pk, fencing_token=token)
         operations.operation_dispatch(worker=spender, operation_id=op.pk, fencing_token=token)
+
+    def start_sandbox(self) -> SandboxProvider:
+        """The sandbox payments provider at the URL the built-in reconciler looks charges up
+        at (FENCELINE_SANDBOX_PROVIDER_URL, 127.0.0.1:8766), for as long as the demo runs;
+        on another free port, with the reconciler registered there, when that one is taken."""
+        configured = settings.FENCELINE["RECONCILERS"]["sandbox-payments"]
+        port = urlsplit(configured["base_url"]).port or 8766
+        try:
+            sandbox = SandboxProvider(port=port).start()
+        except OSError:
+            sandbox = SandboxProvider().start()
+            config = {k: v for k, v in configured.items() if k != "provider"}
+            register(
+                "sandbox-payments",
+                HttpReconciler("sandbox-payments", {**config, "base_url": sandbox.url}),
+                provider="sandbox-payments",
+            )
+        self.stdout.write(
+            f"sandbox payments provider at {sandbox.url} (reconciler sandbox-payments looks charges up there)"
+        )
+        return sandbox
 
     def start_jobs(self) -> subprocess.Popen:
         schedule = settings.STATE_DIR / "celerybeat-schedule"

@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from ledger.errors import Denied
 from ledger.models import CostReservation, CostWindow, Operation, Run, Tenant
+from ledger.policy import contract_for
 from ledger.services.authority.windows import window_bounds
 from ledger.services.evidence.append import ChainBatch
 from ledger.states import BreakerState, BudgetKind, EffectClass, Phase, ReservationState
@@ -150,10 +151,16 @@ def breaker_allows(*, tenant: Tenant, op: Operation, policy: dict, attempt_is_re
         level, reason = _spend_level(tenant=tenant, policy=policy, now=now)
         if level == BreakerState.OPEN:
             return _breaker_refusal(f"the tenant's cost budget is spent ({reason}): no new work")
-    if level == BreakerState.DEGRADED and op.effect_class != EffectClass.PURE:
-        return _breaker_refusal(
-            f"the tenant's cost breaker is DEGRADED ({reason}): only PURE operations may run; this one is {op.effect_class}"
-        )
+    if level == BreakerState.DEGRADED:
+        # The class the tool contract gives now, not a label the worker chose (an operation
+        # of a tool without a contract keeps the class it was intended with).
+        contract = contract_for(policy, op.tool, op.action)
+        effect = contract["effect_class"] if contract is not None else op.effect_class
+        if effect != EffectClass.PURE:
+            source = "its tool contract says" if contract is not None else "this one is"
+            return _breaker_refusal(
+                f"the tenant's cost breaker is DEGRADED ({reason}): only PURE operations may run; {source} {effect}"
+            )
     if level == BreakerState.THROTTLED:
         most = policy["breaker"]["throttled_max_dispatched"]
         in_flight = Operation.objects.filter(tenant=tenant, phase=Phase.DISPATCHED).exclude(pk=op.pk).values("pk")

@@ -22,7 +22,7 @@ from django.db.models import F
 
 from ledger.errors import Denied, parse_id
 from ledger.models import CapabilityBudget, Credential, CredentialLease, Operation
-from ledger.policy import allows, needs_human
+from ledger.policy import allows, contract_for, needs_human
 from ledger.services.authority.breaker import breaker_allows
 from ledger.services.authority.policy import policy_current
 from ledger.services.authority.reservations import cost_reserve
@@ -55,7 +55,8 @@ def evaluate(*, op: Operation, ctx: Fenced, lease_id: object = None, at_dispatch
     refusal = breaker_allows(tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=op.attempt > 1)
     if refusal is not None:
         raise refusal
-    if needs_human(policy, op.tool):
+    contract = contract_for(policy, op.tool, op.action)
+    if needs_human(policy, op.tool) or (contract is not None and contract.get("human_approval")):
         grounds.approval = queues().approval_usable(
             operation=op, kind=ApprovalKind.OPERATION, token=ctx.token, now=ctx.now
         )

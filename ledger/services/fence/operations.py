@@ -18,6 +18,7 @@ from ledger.services.core.fencing import Fenced, decided, fenced, worker_refused
 from ledger.services.core.handoff import queues
 from ledger.services.core.phases import transition
 from ledger.services.fence.ending import NEW_WORK
+from ledger.services.reconciliation.contracts import intent_terms, policy_digest_of
 from ledger.states import ApprovalKind, EffectClass, Phase, WorkerStatus
 
 # The parameters that identify an intent. The fencing token is deliberately not one of
@@ -35,13 +36,14 @@ INTENT_PARAMETERS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Intent:
     tool: str
     action: str
     resource: str
-    effect_class: EffectClass
     idempotency_key: str
+    # None: the tool contract gives it (ledger/services/reconciliation/contracts.py).
+    effect_class: EffectClass | None = None
     args_digest: str = ""
     provider: str = ""
     estimated_cost_cents: int | None = None
@@ -57,12 +59,17 @@ def operation_get(*, tenant: Tenant, operation_id: object) -> Operation:
 
 def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, intent: Intent) -> tuple[Operation, bool]:
     """Record the intent to perform a side effect. Idempotent per (tenant, key):
-    returns ``(operation, created)``; the same key with other parameters is refused."""
+    returns ``(operation, created)``; the same key with other parameters is refused. Its
+    side-effect class, provider, worst-case cost and reconciler come from the tenant's tool
+    contract; a declared class that differs is refused (EFFECT_CLASS_MISMATCH)."""
     if worker.status == WorkerStatus.DRAINING:  # other statuses hold no lease: the fence answers
         raise worker_refused(worker, "records no new intent")
     check_fields(asdict(intent))  # every parameter is stored, not all of them in the event
+    declared = intent
 
     def write(ctx: Fenced) -> tuple[Operation, bool]:
+        # After the fence: an unknown run is 404 and a stale token 409 before any contract.
+        intent, reconciler = intent_terms(tenant=worker.tenant, intent=declared)
         existing = Operation.objects.filter(tenant=worker.tenant, idempotency_key=intent.idempotency_key).first()
         if existing is not None:
             return _replay(existing, ctx.run, intent), False
@@ -73,11 +80,12 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
             tool=intent.tool,
             action=intent.action,
             resource=intent.resource,
-            effect_class=intent.effect_class,
+            effect_class=EffectClass(str(intent.effect_class)),  # set once the contract has spoken
             args_digest=intent.args_digest,
             provider=intent.provider,
             estimated_cost_cents=intent.estimated_cost_cents,
             payload_bytes=intent.payload_bytes,
+            reconciler=reconciler,
             phase=Phase.PLANNED,
             updated_at=ctx.now,
         )
@@ -106,6 +114,8 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
                 "idempotency_key": op.idempotency_key,
                 "args_digest": op.args_digest,
                 "fencing_token": ctx.token,
+                **({"provider": op.provider} if op.provider else {}),
+                **({"reconciler": op.reconciler} if op.reconciler else {}),
             },
         )
         return op, True
@@ -126,6 +136,14 @@ def _replay(existing: Operation, run: Run, intent: Intent) -> Operation:
     return existing
 
 
+def _digest_field(ctx: Fenced, version: object) -> dict:
+    """The digest of the policy version a decision was made under (none for a refusal made
+    before a policy was read)."""
+    if not isinstance(version, int):
+        return {}
+    return {"policy_digest": policy_digest_of(ctx.run.tenant, version)[1]}
+
+
 def _deny(op: Operation, ctx: Fenced, denial: Denied) -> Denied:
     """Record a refusal as the operation's own transition: a later decision is a new event."""
     transition(
@@ -137,6 +155,7 @@ def _deny(op: Operation, ctx: Fenced, denial: Denied) -> Denied:
         decision_policy_version=denial.extra.get("policy_version"),
         event_fields={
             "decision": denial.code,
+            **_digest_field(ctx, denial.extra.get("policy_version")),
             **({"budget": denial.extra["budget"]} if "budget" in denial.extra else {}),
         },
     )
@@ -177,7 +196,7 @@ def operation_authorize(
                     ctx,
                     reason="a person must approve",
                     decision_policy_version=grounds.policy_version,  # the policy the approver decides under
-                    event_fields={"approval_id": approval.pk},
+                    event_fields={"approval_id": approval.pk, **_digest_field(ctx, grounds.policy_version)},
                 )
             return op, ApprovalRequired(approval.pk)
         transition(
@@ -191,6 +210,7 @@ def operation_authorize(
             decision_policy_version=grounds.policy_version,
             event_fields={
                 "policy_version": grounds.policy_version,
+                **_digest_field(ctx, grounds.policy_version),
                 "credential_lease_id": grounds.lease.pk if grounds.lease else None,
                 "capability_id": grounds.capability.pk if grounds.capability else None,
             },
@@ -240,6 +260,7 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
                     credential_version_at_dispatch=grounds.lease.version if grounds.lease else None,
                     event_fields={
                         "policy_version": grounds.policy_version,
+                        **_digest_field(ctx, grounds.policy_version),
                         "credential_version": grounds.lease.version if grounds.lease else None,
                     },
                 )

@@ -1,0 +1,109 @@
+"""Tool contracts at intent: what an operation *is* comes from the tenant's contract for its
+tool (and action), not from the worker's label (policy document: ``tool_contracts`` and
+``unknown_tool_class``, see ``ledger/policy.py``).
+
+    contract found      its effect_class (a different declared one: EFFECT_CLASS_MISMATCH),
+                        its provider, at least its worst-case cost, its reconciler
+    no contract         the policy's unknown_tool_class: WORKER_DECLARED (the starter's: the
+                        declared class is taken, as before contracts), REFUSE (403
+                        DENY_POLICY), or a class imposed like a contract's
+
+The reconciler an UNKNOWN of the operation will be looked up with is chosen here too: the
+contract's, else the one registered for the operation's provider (``registry``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ledger.errors import Denied, EffectClassMismatch, InvalidInput
+from ledger.models import Tenant, TenantPolicy
+from ledger.policy import contract_for, policy_digest, unknown_tool_class_of
+from ledger.services.reconciliation.registry import reconciler_for_provider
+from ledger.states import EffectClass
+
+if TYPE_CHECKING:
+    from ledger.services.fence.operations import Intent
+
+WORKER_DECLARED = "WORKER_DECLARED"
+REFUSE = "REFUSE"
+
+# Policy documents by (tenant, its slug, version): a version is immutable, so the tenant's
+# current version (read with the worker's token) costs no query once seen.
+_documents: dict[tuple[int, str, int], dict[str, Any]] = {}
+
+
+def policy_in_force(tenant: Tenant) -> tuple[int, dict[str, Any]]:
+    """(version, document) of ``tenant.policy_version`` as loaded with the caller's row."""
+    key = (tenant.pk, tenant.slug, tenant.policy_version)
+    document = _documents.get(key)
+    if document is None:
+        document = TenantPolicy.objects.values_list("document", flat=True).get(
+            tenant_id=tenant.pk, version=tenant.policy_version
+        )
+        if len(_documents) > 4096:
+            _documents.clear()
+        _documents[key] = document
+    return tenant.policy_version, document
+
+
+_digests: dict[tuple[int, str, int], str] = {}
+
+
+def policy_digest_of(tenant: Tenant, version: int | None = None) -> tuple[int, str]:
+    """(version, digest) of the tenant's policy ``version`` (default: as loaded), for a
+    decision to record what it was made under."""
+    version = tenant.policy_version if version is None else version
+    key = (tenant.pk, tenant.slug, version)
+    found = _digests.get(key)
+    if found is None:
+        if version == tenant.policy_version:
+            document = policy_in_force(tenant)[1]
+        else:
+            document = TenantPolicy.objects.values_list("document", flat=True).get(tenant_id=tenant.pk, version=version)
+        if len(_digests) > 4096:
+            _digests.clear()
+        found = _digests[key] = policy_digest(document)
+    return version, found
+
+
+def intent_terms(*, tenant: Tenant, intent: Intent) -> tuple[Intent, str]:
+    """The intent as the contract makes it, and the name of its reconciler ("" for none)."""
+    _version, policy = policy_in_force(tenant)
+    contract = contract_for(policy, intent.tool, intent.action)
+    where = f"{intent.tool}.{intent.action}"
+    if contract is None:
+        rule = unknown_tool_class_of(policy)
+        if rule == REFUSE:
+            raise Denied("DENY_POLICY", f"no tool contract for {where}, and the policy refuses tools without one")
+        if rule == WORKER_DECLARED:
+            if intent.effect_class is None:
+                raise InvalidInput(
+                    f"effect_class is required: no tool contract for {where} gives it", field="effect_class"
+                )
+            return intent, reconciler_for_provider(intent.provider)
+        imposed = EffectClass(rule)
+        _check_declared(intent, imposed, f"the policy gives tools without a contract the class {imposed}")
+        return replace(intent, effect_class=imposed), reconciler_for_provider(intent.provider)
+    effect = EffectClass(contract["effect_class"])
+    _check_declared(intent, effect, f"the tool contract for {where} says {effect}")
+    provider = contract.get("provider") or ""
+    if provider and intent.provider and intent.provider != provider:
+        raise InvalidInput(f"provider: the tool contract for {where} says {provider!r}", field="provider")
+    worst = contract.get("worst_case_cost_cents")
+    estimate = intent.estimated_cost_cents
+    if worst is not None:
+        estimate = max(worst, estimate or 0)
+    terms = replace(intent, effect_class=effect, provider=provider or intent.provider, estimated_cost_cents=estimate)
+    return terms, contract.get("reconciler") or reconciler_for_provider(terms.provider)
+
+
+def _check_declared(intent: Intent, effect: EffectClass, why: str) -> None:
+    if intent.effect_class is not None and intent.effect_class != effect:
+        raise EffectClassMismatch(
+            f"effect_class {intent.effect_class} was declared, but {why}",
+            field="effect_class",
+            declared=str(intent.effect_class),
+            contract=effect.value,
+        )
