@@ -16,6 +16,7 @@ from ledger.services.core.decisions import acting_name
 from ledger.services.core.fencing import Fenced, locked_runs
 from ledger.services.core.phases import transition
 from ledger.services.evidence.append import ChainBatch, json_safe
+from ledger.services.reconciliation.contracts import policy_digest_of
 from ledger.states import Phase
 
 RESOLUTIONS = ("HAPPENED", "DID_NOT_HAPPEN", "COMPENSATED")
@@ -106,7 +107,13 @@ def case_settle(
             reconciliation=resolution,
             provider_request_id=provider_request_id or op.provider_request_id,
             actual_cost_cents=actual_cost_cents if actual_cost_cents is not None else op.actual_cost_cents,
-            event_fields={"case_id": case.pk, "resolution": resolution, "resolved_by": resolved_by},
+            event_fields={
+                "case_id": case.pk,
+                "resolution": resolution,
+                "resolved_by": resolved_by,
+                # the policy in force when it was decided
+                **dict(zip(("policy_version", "policy_digest"), policy_digest_of(run.tenant), strict=True)),
+            },
         )
         cost_resolve(
             op=op,

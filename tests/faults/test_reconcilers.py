@@ -131,6 +131,7 @@ def test_a_lost_response_is_looked_up_by_key_and_reconciled_with_the_providers_i
     assert "amount_cents" not in json.dumps(looked.fields)  # the answer's digest, never its body
     reconciled = Event.objects.get(run=run, type="OPERATION_RECONCILED")
     assert reconciled.seq == looked.seq + 1 and reconciled.fields["resolved_by"] == f"reconciler:{RECONCILER}"
+    assert reconciled.fields["policy_digest"].startswith("sha256:")  # the policy it was decided under
     assert case.lookup_history[0]["verdict"] == "HAPPENED"
     assert_chain_intact(run.pk)
 
