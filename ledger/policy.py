@@ -226,37 +226,42 @@ def _validate_contracts(contracts: object, reconcilers: Collection[str] | None) 
     seen: set[tuple[str, str]] = set()
     for index, contract in enumerate(contracts):
         path = f"policy.tool_contracts.{index}"
-        if not isinstance(contract, dict):
-            raise _invalid(path, "must be an object {tool, action, effect_class, ...}")
-        unknown = sorted(set(contract) - set(CONTRACT_KEYS))
-        if unknown:
-            raise _invalid(
-                f"{path}.{unknown[0]}", f"is not a contract field (a contract has {', '.join(CONTRACT_KEYS)})"
-            )
-        contract = {**CONTRACT_DEFAULTS, **contract}
-        if "tool" not in contract or not _name(contract["tool"]):
-            raise _invalid(f"{path}.tool", "must be a tool name (no wildcards)")
-        if contract["action"] != "*" and not _name(contract["action"]):
-            raise _invalid(f"{path}.action", 'must be an action name, or "*" for every action of the tool')
-        if contract.get("effect_class") not in EffectClass.values:
-            raise _invalid(f"{path}.effect_class", f"must be one of {', '.join(EffectClass.values)}")
-        for key in ("provider", "reconciler"):
-            value = contract[key]
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise _invalid(f"{path}.{key}", "must be a name or null")
-        if reconcilers is not None and contract["reconciler"] is not None and contract["reconciler"] not in reconcilers:
-            raise _invalid(f"{path}.reconciler", f": no reconciler named {contract['reconciler']!r} is configured")
-        cost = contract["worst_case_cost_cents"]
-        if cost is not None and (type(cost) is not int or cost < 0):
-            raise _invalid(f"{path}.worst_case_cost_cents", "must be cents (an integer >= 0) or null")
-        if not isinstance(contract["human_approval"], bool):
-            raise _invalid(f"{path}.human_approval", "must be true or false")
-        pair = (contract["tool"], contract["action"])
+        checked = validate_contract(contract, path=path, reconcilers=reconcilers)
+        pair = (checked["tool"], checked["action"])
         if pair in seen:
             raise _invalid(path, f"repeats {pair[0]}.{pair[1]}")
         seen.add(pair)
-        completed.append({key: contract[key] for key in CONTRACT_KEYS})
+        completed.append(checked)
     return completed
+
+
+def validate_contract(contract: object, *, path: str = "contract", reconcilers: Collection[str] | None = None) -> dict:
+    """One tool contract completed with the defaults of its optional keys, or InvalidInput
+    naming ``path`` and the key at fault (``contract.effect_class``)."""
+    if not isinstance(contract, dict):
+        raise _invalid(path, "must be an object {tool, action, effect_class, ...}")
+    unknown = sorted(set(contract) - set(CONTRACT_KEYS))
+    if unknown:
+        raise _invalid(f"{path}.{unknown[0]}", f"is not a contract field (a contract has {', '.join(CONTRACT_KEYS)})")
+    contract = {**CONTRACT_DEFAULTS, **contract}
+    if "tool" not in contract or not _name(contract["tool"]):
+        raise _invalid(f"{path}.tool", "must be a tool name (no wildcards)")
+    if contract["action"] != "*" and not _name(contract["action"]):
+        raise _invalid(f"{path}.action", 'must be an action name, or "*" for every action of the tool')
+    if contract.get("effect_class") not in EffectClass.values:
+        raise _invalid(f"{path}.effect_class", f"must be one of {', '.join(EffectClass.values)}")
+    for key in ("provider", "reconciler"):
+        value = contract[key]
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise _invalid(f"{path}.{key}", "must be a name or null")
+    if reconcilers is not None and contract["reconciler"] is not None and contract["reconciler"] not in reconcilers:
+        raise _invalid(f"{path}.reconciler", f": no reconciler named {contract['reconciler']!r} is configured")
+    cost = contract["worst_case_cost_cents"]
+    if cost is not None and (type(cost) is not int or cost < 0):
+        raise _invalid(f"{path}.worst_case_cost_cents", "must be cents (an integer >= 0) or null")
+    if not isinstance(contract["human_approval"], bool):
+        raise _invalid(f"{path}.human_approval", "must be true or false")
+    return {key: contract[key] for key in CONTRACT_KEYS}
 
 
 def _validate_window(merged: dict, name: str, count: str) -> None:
@@ -327,6 +332,16 @@ def contracts_of(policy: dict) -> list[dict]:
     """The policy's tool contracts, each completed with the optional keys' defaults (a
     policy stored before contracts existed has none)."""
     return [{**CONTRACT_DEFAULTS, **contract} for contract in policy.get("tool_contracts", [])]
+
+
+def completed_policy(document: dict) -> dict:
+    """A stored document read with today's keys: every key it lacks is the starter's."""
+    return {
+        **starter_policy(),
+        **copy.deepcopy(document),
+        "quotas": quotas_of(document),
+        "tool_contracts": contracts_of(document),
+    }
 
 
 def unknown_tool_class_of(policy: dict) -> str:
