@@ -1,6 +1,7 @@
-"""Tenants: policy (current version, history, change), budgets and breaker, roles (grant),
-and the tenant's record of admin decisions. Writes go through ledger.services.policy and
-ledger.services.roles, which re-check the admin role."""
+"""Tenants: policy (current version, history, change), tool contracts (add or replace,
+remove, what unknown tools are), budgets and breaker, roles (grant), and the tenant's
+record of admin decisions. Writes go through ledger.services.authority.policy and
+ledger.services.tenancy.roles, which re-check the admin role."""
 
 import json
 
@@ -12,9 +13,18 @@ from django.views.decorators.http import require_GET, require_POST
 from console.views.common import BAD_INPUT, done, form_errors, tenant_for_action
 from ledger import admin_selectors
 from ledger.errors import DomainError
+from ledger.policy import REFUSE, UNKNOWN_TOOL_CLASSES, WORKER_DECLARED, contracts_of, unknown_tool_class_of
 from ledger.roles import ADMINISTER, ROLES, can
-from ledger.services.authority.policy import policy_change, policy_current
+from ledger.services.authority.policy import (
+    configured_reconcilers,
+    contract_put,
+    contract_remove,
+    policy_change,
+    policy_current,
+    unknown_tool_class_set,
+)
 from ledger.services.tenancy.roles import role_grant
+from ledger.states import EffectClass
 
 TEMPLATE = "console/tenant_detail.html"
 MAX_POLICY_BYTES = 64 * 1024
@@ -34,6 +44,49 @@ class PolicyForm(forms.Form):
         return document
 
 
+class ContractForm(forms.Form):
+    tool = forms.CharField(max_length=200, strip=True)
+    action = forms.CharField(max_length=200, strip=True, required=False)
+    effect_class = forms.ChoiceField(choices=EffectClass.choices)
+    provider = forms.CharField(max_length=200, strip=True, required=False)
+    reconciler = forms.CharField(max_length=200, strip=True, required=False)  # the service checks the name
+    worst_case_cost_cents = forms.IntegerField(min_value=0, required=False)
+    human_approval = forms.BooleanField(required=False)
+    reason = forms.CharField(max_length=500, strip=True)
+
+    def contract(self) -> dict:
+        data = self.cleaned_data
+        return {
+            "tool": data["tool"],
+            "action": data["action"] or "*",
+            "effect_class": data["effect_class"],
+            "provider": data["provider"] or None,
+            "reconciler": data["reconciler"] or None,
+            "worst_case_cost_cents": data["worst_case_cost_cents"],
+            "human_approval": data["human_approval"],
+        }
+
+
+class ContractRemoveForm(forms.Form):
+    tool = forms.CharField(max_length=200, strip=True)
+    action = forms.CharField(max_length=200, strip=True)
+    reason = forms.CharField(max_length=500, strip=True)
+
+
+class UnknownToolClassForm(forms.Form):
+    unknown_tool_class = forms.ChoiceField(choices=[(c, c) for c in UNKNOWN_TOOL_CLASSES])
+    reason = forms.CharField(max_length=500, strip=True)
+
+
+def unknown_tool_label(value: str) -> str:
+    """What happens to a tool without a contract, in words."""
+    if value == WORKER_DECLARED:
+        return "starter: the worker's declared class is taken"
+    if value == REFUSE:
+        return "its operations are refused"
+    return f"taken as {value}, whatever the worker declares"
+
+
 class GrantForm(forms.Form):
     username = forms.CharField(max_length=150, strip=True)
     role = forms.ChoiceField(choices=[(r, r) for r in ROLES])
@@ -49,11 +102,18 @@ def tenant_list(request):
 
 def _detail_context(request, tenant, **extra) -> dict:
     version, document = policy_current(tenant=tenant)
+    unknown = unknown_tool_class_of(document)
     return {
         "tenant": tenant,
         "policy_version": version,
         "policy_json": json.dumps(document, indent=2, sort_keys=True),
         "can_administer": can(request.user, tenant, ADMINISTER),
+        "contracts": contracts_of(document),
+        "unknown_tool_class": unknown,
+        "unknown_tool_label": unknown_tool_label(unknown),
+        "unknown_tool_choices": [(c, unknown_tool_label(c)) for c in UNKNOWN_TOOL_CLASSES],
+        "effect_classes": EffectClass.values,
+        "reconciler_names": sorted(configured_reconcilers()),
         "role_names": list(ROLES),
         **admin_selectors.tenant_detail_parts(tenant=tenant),
         **extra,
@@ -108,3 +168,82 @@ def grant_role(request, slug: str):
         return _refused(request, tenant, exc.detail, exc.status)
     who = f"New user {data['username']}" if created else data["username"]
     return done(request, f"{who} is now {data['role']} on {tenant.slug}.", f"/tenants/{tenant.slug}/#roles")
+
+
+CONTRACTS_PARTIAL = f"{TEMPLATE}#contracts"
+
+
+def _contracts_answer(
+    request, tenant, *, message: str = "", errors: list[str] | None = None, status: int = 200, **extra
+):
+    """After a contract change: htmx gets the refreshed section (and a toast); a plain form
+    post is redirected back, or shown the page with the error and its status. htmx swaps
+    no 4xx answer, so its refusal comes with 200 and the error in the section."""
+    if request.htmx:
+        context = _detail_context(request, tenant, contract_errors=errors or [], toast=message, **extra)
+        return render(request, CONTRACTS_PARTIAL, context)
+    if errors:
+        context = _detail_context(request, tenant, contract_errors=errors, **extra)
+        return render(request, TEMPLATE, context, status=status)
+    return done(request, message, f"/tenants/{tenant.slug}/#tool-contracts")
+
+
+def _field_of(exc: DomainError) -> str:
+    """The contract form's field a service refusal names (``contract.effect_class``)."""
+    fields = exc.extra.get("fields") or [{}]
+    return str(fields[0].get("field", "")).removeprefix("contract.")  # type: ignore[index, union-attr]
+
+
+@require_POST
+@login_required
+def put_contract(request, slug: str):
+    tenant = tenant_for_action(request, slug, ADMINISTER)
+    form = ContractForm(request.POST)
+    draft = {"contract_draft": request.POST, "open_contract_form": True}
+    if not form.is_valid():
+        return _contracts_answer(request, tenant, errors=[form_errors(form)], status=BAD_INPUT, **draft)
+    try:
+        row, replaced = contract_put(
+            tenant=tenant, contract=form.contract(), reason=form.cleaned_data["reason"], user=request.user
+        )
+    except DomainError as exc:
+        return _contracts_answer(
+            request, tenant, errors=[exc.detail], status=exc.status, contract_error_field=_field_of(exc), **draft
+        )
+    what = "replaced" if replaced else "added"
+    name = f"{form.contract()['tool']}.{form.contract()['action']}"
+    return _contracts_answer(request, tenant, message=f"Contract {name} {what}: policy version {row.version}.")
+
+
+@require_POST
+@login_required
+def remove_contract(request, slug: str):
+    tenant = tenant_for_action(request, slug, ADMINISTER)
+    form = ContractRemoveForm(request.POST)
+    if not form.is_valid():
+        return _contracts_answer(request, tenant, errors=[form_errors(form)], status=BAD_INPUT)
+    data = form.cleaned_data
+    try:
+        row = contract_remove(
+            tenant=tenant, tool=data["tool"], action=data["action"], reason=data["reason"], user=request.user
+        )
+    except DomainError as exc:
+        return _contracts_answer(request, tenant, errors=[exc.detail], status=exc.status)
+    message = f"Contract {data['tool']}.{data['action']} removed: policy version {row.version}."
+    return _contracts_answer(request, tenant, message=message)
+
+
+@require_POST
+@login_required
+def set_unknown_tool_class(request, slug: str):
+    tenant = tenant_for_action(request, slug, ADMINISTER)
+    form = UnknownToolClassForm(request.POST)
+    if not form.is_valid():
+        return _contracts_answer(request, tenant, errors=[form_errors(form)], status=BAD_INPUT)
+    value = form.cleaned_data["unknown_tool_class"]
+    try:
+        row = unknown_tool_class_set(tenant=tenant, value=value, reason=form.cleaned_data["reason"], user=request.user)
+    except DomainError as exc:
+        return _contracts_answer(request, tenant, errors=[exc.detail], status=exc.status)
+    message = f"Tools without a contract: {unknown_tool_label(value)} (policy version {row.version})."
+    return _contracts_answer(request, tenant, message=message)
