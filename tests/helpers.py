@@ -1,5 +1,6 @@
 """Assertions and tools shared by tests."""
 
+import multiprocessing
 from contextlib import contextmanager
 from urllib.parse import quote
 
@@ -74,3 +75,32 @@ def subprocess_database_url() -> str:
     host = db["HOST"] or "127.0.0.1"
     port = f":{db['PORT']}" if db.get("PORT") else ""
     return f"postgres://{credentials}{host}{port}/{quote(db['NAME'], safe='')}"
+
+
+# --- real processes against the test database -------------------------------------------
+
+SPAWN = multiprocessing.get_context("spawn")
+# What a spawned process runs: Django set up from the parent's environment, the test database
+# of the parent, then one function of a test module. The target is ``exec`` so that nothing
+# importing Django is unpickled before ``django.setup()``.
+_CHILD = """
+import importlib
+import os
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+import django
+django.setup()
+from django.db import connections
+connections["default"].settings_dict["NAME"] = db_name
+getattr(importlib.import_module(module), entry)(*args)
+"""
+
+
+def spawned(module: str, entry: str, *args) -> multiprocessing.Process:
+    """A started process running ``module.entry(*args)`` against this test database."""
+    db_name = connection.settings_dict["NAME"]
+    assert db_name.startswith("test_"), db_name
+    child = SPAWN.Process(
+        target=exec, args=(_CHILD, {"db_name": db_name, "module": module, "entry": entry, "args": args})
+    )
+    child.start()
+    return child

@@ -20,7 +20,7 @@ from ledger.services.core.decisions import acting_name
 from ledger.services.core.fencing import Fenced, locked_runs
 from ledger.services.core.phases import transition
 from ledger.services.evidence.append import ChainBatch
-from ledger.services.reconciliation.contracts import policy_digest_of
+from ledger.services.reconciliation.contracts import decision_policy
 from ledger.states import ApprovalKind, CapabilityStatus, Phase
 
 
@@ -80,7 +80,7 @@ def approval_decide(
                 "reason": approval.reason,
                 "kind": approval.kind,
                 # the policy in force when the person decided
-                **dict(zip(("policy_version", "policy_digest"), policy_digest_of(run.tenant), strict=True)),
+                **decision_policy(run.tenant),
             },
         )
         if not approve and approval.kind == ApprovalKind.OPERATION:

@@ -16,7 +16,7 @@ from ledger.services.core.decisions import acting_name
 from ledger.services.core.fencing import Fenced, locked_runs
 from ledger.services.core.phases import transition
 from ledger.services.evidence.append import ChainBatch, json_safe
-from ledger.services.reconciliation.contracts import policy_digest_of
+from ledger.services.reconciliation.contracts import decision_policy
 from ledger.states import Phase
 
 RESOLUTIONS = ("HAPPENED", "DID_NOT_HAPPEN", "COMPENSATED")
@@ -112,7 +112,7 @@ def case_settle(
                 "resolution": resolution,
                 "resolved_by": resolved_by,
                 # the policy in force when it was decided
-                **dict(zip(("policy_version", "policy_digest"), policy_digest_of(run.tenant), strict=True)),
+                **decision_policy(run.tenant),
             },
         )
         cost_resolve(

@@ -154,8 +154,11 @@ def _keep_or_hand_over(case: ReconciliationCase, answer: _Answer, actor: str) ->
         else {"reconciler": case.reconciler, "verdict": "UNAVAILABLE", "why": answer.unavailable}
     )
     attempts = case.lookup_attempts + 1
+    cannot_tell = lookup is not None and lookup.verdict == Verdict.CANNOT_TELL
     spent = attempts >= config["RECONCILE_MAX_ATTEMPTS"]
-    to_people = (lookup is not None and lookup.verdict == Verdict.CANNOT_TELL) or spent
+    to_people = cannot_tell or spent
+    if spent and not cannot_tell:
+        evidence["why"] = f"{evidence['why']}; {attempts} lookups without an answer"
     with transaction.atomic():
         (run,) = locked_runs({"run_id": case.run_id})
         now = timezone.now()
@@ -163,9 +166,6 @@ def _keep_or_hand_over(case: ReconciliationCase, answer: _Answer, actor: str) ->
         if to_people:
             values["status"] = CaseStatus.OPEN
             values["next_lookup_at"] = None
-            if spent and not (lookup is not None and lookup.verdict == Verdict.CANNOT_TELL):
-                evidence = {**evidence, "why": f"{evidence['why']}; {attempts} lookups without an answer"}
-                values["lookup_history"][-1]["why"] = evidence["why"]
         else:
             values["next_lookup_at"] = now + timedelta(seconds=backoff_s(attempts))
         won = ReconciliationCase.objects.filter(pk=case.pk, status=CaseStatus.LOOKUP).update(**values)

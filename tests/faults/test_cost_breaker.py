@@ -39,7 +39,7 @@ from ledger.services.authority.policy import policy_current
 from ledger.services.evidence.append import ChainBatch
 from ledger.states import BreakerState, BudgetKind, ReservationState
 from tests.conftest import run_concurrently
-from tests.helpers import assert_chain_intact
+from tests.helpers import SPAWN, assert_chain_intact, spawned
 from tests.ledger.factories import leased_run
 from tests.ledger.test_costs import (
     ACTOR,
@@ -59,30 +59,11 @@ from tests.ledger.test_costs import (
 )
 
 PROCESSES = 16
-SPAWN = multiprocessing.get_context("spawn")
-
-# What a spawned process runs: Django set up from the parent's environment, the test
-# database of the parent, then one function of this module. The target is ``exec`` so that
-# nothing importing Django is unpickled before ``django.setup()``.
-CHILD = """
-import os
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-import django
-django.setup()
-from django.db import connections
-connections["default"].settings_dict["NAME"] = db_name
-import tests.faults.test_cost_breaker as module
-getattr(module, entry)(*args)
-"""
 
 
 def process(entry: str, *args) -> multiprocessing.Process:
     """A started process running ``entry(*args)`` of this module against the test database."""
-    db_name = connection.settings_dict["NAME"]
-    assert db_name.startswith("test_"), db_name
-    child = SPAWN.Process(target=exec, args=(CHILD, {"db_name": db_name, "entry": entry, "args": args}))
-    child.start()
-    return child
+    return spawned("tests.faults.test_cost_breaker", entry, *args)
 
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,37 +6,23 @@ import multiprocessing
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection, connections
+from django.db import connections
 
 from approvals.models import ReconciliationCase
 from ledger.models import Event, Operation
 from ledger.services.fence import operations, outcomes
 from ledger.services.fence.operations import Intent
-from tests.helpers import assert_chain_intact
+from tests.helpers import SPAWN, assert_chain_intact, spawned
 from tests.ledger.factories import leased_run
 
 PROCESSES = 16
-SPAWN = multiprocessing.get_context("spawn")
-CHILD = """
-import os
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-import django
-django.setup()
-from django.db import connections
-connections["default"].settings_dict["NAME"] = db_name
-import tests.faults.test_reconciler_person_race as module
-getattr(module, entry)(*args)
-"""
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def process(entry: str, *args) -> multiprocessing.Process:
-    db_name = connection.settings_dict["NAME"]
-    assert db_name.startswith("test_"), db_name
-    child = SPAWN.Process(target=exec, args=(CHILD, {"db_name": db_name, "entry": entry, "args": args}))
-    child.start()
-    return child
+    """A started process running ``entry(*args)`` of this module against the test database."""
+    return spawned("tests.faults.test_reconciler_person_race", entry, *args)
 
 
 def _decide(who: str, case_id: str, barrier, results) -> None:

@@ -18,7 +18,7 @@ from ledger.services.core.fencing import Fenced, decided, fenced, worker_refused
 from ledger.services.core.handoff import queues
 from ledger.services.core.phases import transition
 from ledger.services.fence.ending import NEW_WORK
-from ledger.services.reconciliation.contracts import intent_terms, policy_digest_of
+from ledger.services.reconciliation.contracts import decision_policy, intent_terms
 from ledger.states import ApprovalKind, EffectClass, Phase, WorkerStatus
 
 # The parameters that identify an intent. The fencing token is deliberately not one of
@@ -141,7 +141,7 @@ def _digest_field(ctx: Fenced, version: object) -> dict:
     before a policy was read)."""
     if not isinstance(version, int):
         return {}
-    return {"policy_digest": policy_digest_of(ctx.run.tenant, version)[1]}
+    return decision_policy(ctx.run.tenant, version)
 
 
 def _deny(op: Operation, ctx: Fenced, denial: Denied) -> Denied:

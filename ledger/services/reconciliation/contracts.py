@@ -68,6 +68,12 @@ def policy_digest_of(tenant: Tenant, version: int | None = None) -> tuple[int, s
     return version, found
 
 
+def decision_policy(tenant: Tenant, version: int | None = None) -> dict[str, Any]:
+    """The event fields a decision records of the policy it was made under."""
+    version, digest = policy_digest_of(tenant, version)
+    return {"policy_version": version, "policy_digest": digest}
+
+
 def intent_terms(*, tenant: Tenant, intent: Intent) -> tuple[Intent, str]:
     """The intent as the contract makes it, and the name of its reconciler ("" for none)."""
     _version, policy = policy_in_force(tenant)
