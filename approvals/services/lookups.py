@@ -40,7 +40,7 @@ from django.utils import timezone
 from approvals.models import CaseStatus, ReconciliationCase
 from approvals.services.cases import case_settle, lookup_event_fields, lookup_history_update
 from ledger.actors import reconciler_actor
-from ledger.errors import WrongPhase
+from ledger.errors import ForbiddenField, InvalidInput, WrongPhase
 from ledger.services.core.fencing import locked_runs
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.reconciliation.protocol import Lookup, ProviderUnavailable, Verdict
@@ -123,6 +123,16 @@ def _ask(case: ReconciliationCase) -> _Answer:
 
 
 def _settle(case: ReconciliationCase, answer: _Answer) -> str:
+    try:
+        return _settle_answer(case, answer)
+    except (ForbiddenField, InvalidInput):
+        # What the provider answered (an id, a path) did not pass the secret boundary or
+        # cannot be stored: nothing of it is kept, and a person decides.
+        refused = Lookup(Verdict.CANNOT_TELL, asked="", why="the provider's answer could not be kept as evidence")
+        return _settle_answer(case, _Answer(refused))
+
+
+def _settle_answer(case: ReconciliationCase, answer: _Answer) -> str:
     actor = reconciler_actor(case.reconciler)
     lookup = answer.lookup
     try:

@@ -291,6 +291,25 @@ def test_an_operation_without_a_reconciler_goes_straight_to_people(acme, sandbox
     assert (case.status, case.reconciler) == (CaseStatus.OPEN, "")
 
 
+def test_an_answer_carrying_a_credential_is_not_kept_and_the_case_goes_to_people(acme, sandbox):
+    from approvals.services import lookups
+    from ledger.services.reconciliation.protocol import Lookup, Verdict
+
+    canary = "AKIA" + "IOSFODNN7EXAMPLE"  # an AWS access key id: the secret boundary refuses it
+    run, op, case = unknown(acme.worker, "pay-hostile")
+    case = ReconciliationCase.objects.select_related("operation").get(pk=case.pk)
+    hostile = Lookup(Verdict.HAPPENED, asked="GET /v1/charges?idempotency_key=pay-hostile", provider_request_id=canary)
+
+    assert lookups._settle(case, lookups._Answer(hostile)) == "to_people"
+
+    case.refresh_from_db()
+    op.refresh_from_db()
+    assert case.status == CaseStatus.OPEN and op.phase == "UNKNOWN"
+    assert case.lookup_history[-1]["why"] == "the provider's answer could not be kept as evidence"
+    stored = json.dumps([e.fields for e in Event.objects.filter(run=run)]) + json.dumps(case.lookup_history)
+    assert canary not in stored and canary not in op.provider_request_id
+
+
 def _superuser():
     from django.contrib.auth import get_user_model
 

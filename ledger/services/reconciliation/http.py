@@ -131,7 +131,8 @@ class HttpReconciler:
             if state in self.config["did_not_happen"]:
                 return Lookup(Verdict.DID_NOT_HAPPEN, why=f"the provider's record is {state}", **seen)
             if state not in self.config["happened"]:
-                return Lookup(Verdict.CANNOT_TELL, why=f"the provider's record says {str(state)[:40]!r}", **seen)
+                # The provider's own text is not echoed: it would go into the chain.
+                return Lookup(Verdict.CANNOT_TELL, why="the record's status is in none of the configured lists", **seen)
         if not rid:
             return Lookup(Verdict.CANNOT_TELL, why=f"the answer has no {self.config['id_field']}", **seen)
         return Lookup(
