@@ -191,7 +191,7 @@ def _contracts_answer(
 def _field_of(exc: DomainError) -> str:
     """The contract form's field a service refusal names (``contract.effect_class``)."""
     fields = exc.extra.get("fields") or [{}]
-    return str(fields[0].get("field", "")).removeprefix("contract.")  # type: ignore[index, union-attr]
+    return str(fields[0].get("field", "")).removeprefix("contract.")  # type: ignore[index]
 
 
 @require_POST
