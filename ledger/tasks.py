@@ -5,6 +5,9 @@ Every periodic job is also a management command; its batch size and interval are
 so a backlog of missed runs is never replayed at once.
 """
 
+import contextlib
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from celery import shared_task
@@ -18,6 +21,7 @@ from ledger.services.fence.ending import runs_enforce_limits
 from ledger.services.fence.leases import leases_reap
 from ledger.services.fleet.lifecycle import workers_drain_enforce, workers_stop_lapsed
 from ledger.services.lifespan.reaper import resources_reap
+from ledger.services.operating.jobs import job_failed, job_finished, job_started
 
 # The one retry policy of every job: what a passing outage raises — the database going
 # away or refusing connections (Django's OperationalError / InterfaceError), the broker,
@@ -31,17 +35,47 @@ RETRYABLE: tuple[type[BaseException], ...] = (
 )
 
 
+def beat_name(task_name: str) -> str | None:
+    """The beat entry that runs ``task_name`` (``settings.CELERY_BEAT_SCHEDULE``), if any."""
+    for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
+        if entry["task"] == task_name:
+            return name
+    return None
+
+
 def job(**options: Any) -> Any:
-    """``shared_task`` with the one retry policy and late acknowledgement."""
-    return shared_task(
-        acks_late=True,
-        autoretry_for=RETRYABLE,
-        retry_backoff=True,
-        retry_backoff_max=60,
-        retry_jitter=True,
-        max_retries=5,
-        **options,
-    )
+    """``shared_task`` with the one retry policy and late acknowledgement. A task that beat
+    runs also writes its job heartbeat (ledger/services/operating/jobs.py): started, then
+    finished with its counts, or failed with the exception's type."""
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        name = beat_name(f"{fn.__module__}.{fn.__name__}")
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if name is None:
+                return fn(*args, **kwargs)
+            started_at = job_started(name)
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                with contextlib.suppress(*RETRYABLE):  # the database may be what failed
+                    job_failed(name, started_at=started_at, error=exc)
+                raise
+            job_finished(name, started_at=started_at, result=result if isinstance(result, dict) else None)
+            return result
+
+        return shared_task(
+            acks_late=True,
+            autoretry_for=RETRYABLE,
+            retry_backoff=True,
+            retry_backoff_max=60,
+            retry_jitter=True,
+            max_retries=5,
+            **options,
+        )(run)
+
+    return decorate
 
 
 @job()

@@ -3,6 +3,7 @@ every change of state is made by a function in ``ledger/services/``."""
 
 from ledger.models.authority import CapabilityBudget, CostReservation, CostWindow, Credential, CredentialLease
 from ledger.models.evidence import Checkpoint, Event
+from ledger.models.jobs import JobHeartbeat
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
 from ledger.models.runs import LeaseGrant, Operation, Run, RunLease
 from ledger.models.tenancy import AdminAction, Tenant, TenantPolicy, Worker, WorkerBoot, WorkerDrain
@@ -16,6 +17,7 @@ __all__ = [
     "Credential",
     "CredentialLease",
     "Event",
+    "JobHeartbeat",
     "LeaseGrant",
     "Operation",
     "ProgressCheckpoint",

@@ -24,6 +24,7 @@ def test_every_job_shares_the_one_retry_policy_which_includes_the_databases_erro
         assert task.acks_late, name
 
 
+@pytest.mark.django_db
 def test_a_database_outage_is_retried_and_the_job_then_finishes(monkeypatch):
     calls = []
 
@@ -39,6 +40,7 @@ def test_a_database_outage_is_retried_and_the_job_then_finishes(monkeypatch):
     assert len(calls) == 2
 
 
+@pytest.mark.django_db
 def test_a_bug_is_not_retried(monkeypatch):
     calls = []
 
@@ -69,3 +71,25 @@ def test_a_jobs_batch_size_comes_from_settings(acme, monkeypatch):
     result = leases_reap(progress=lambda r: batches.append(r.leases))
     assert (result.leases, result.batches) == (5, 3)
     assert batches == [2, 4, 5]
+
+
+@pytest.mark.django_db
+def test_each_beat_job_writes_its_heartbeat_with_its_totals_and_the_type_of_a_failure(monkeypatch):
+    from ledger.models import JobHeartbeat
+
+    monkeypatch.setattr(tasks, "leases_reap", lambda: ReapResult(leases=3, operations=1, batches=1))
+    tasks.reap_leases_task.apply().get()
+    tasks.reap_leases_task.apply().get()
+    beat = JobHeartbeat.objects.get(name="reap-leases")
+    assert (beat.runs, beat.failures, beat.totals) == (2, 0, {"leases": 6, "operations": 2, "batches": 2})
+    assert beat.last_finished_at is not None and beat.last_started_at <= beat.last_finished_at
+
+    def broken_reap():
+        raise KeyError("canary-job-secret-in-a-message")
+
+    monkeypatch.setattr(tasks, "leases_reap", broken_reap)
+    with pytest.raises(KeyError):
+        tasks.reap_leases_task.apply().get()
+    beat.refresh_from_db()
+    assert (beat.runs, beat.failures, beat.last_error) == (2, 1, "KeyError")
+    assert "canary" not in str(JobHeartbeat.objects.values().get(name="reap-leases"))

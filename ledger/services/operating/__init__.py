@@ -1,0 +1,1 @@
+"""Running Fenceline itself: what the periodic jobs last did (jobs.py)."""
