@@ -3,7 +3,7 @@
 #   make test   the whole test suite (PostgreSQL at 127.0.0.1:5432, Redis at 127.0.0.1:6379)
 # make lint: ruff (lint and format), mypy, and no missing migration; CI runs it before the tests
 # Benchmarks (docs/performance.md): make bench, make bench-ledger, make bench-console, make bench-reapers,
-# make bench-reconcilers
+# make bench-reconcilers, make bench-contention
 
 DATABASE_URL_TEST ?= postgres://postgres@127.0.0.1:5432/fenceline
 REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
@@ -11,7 +11,7 @@ REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
 DATABASE_URL_SCALE ?= postgres://postgres@127.0.0.1:5432/fl_scale
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo simulate test lint bench bench-ledger bench-console bench-reapers bench-reconcilers
+.PHONY: demo simulate test lint bench bench-ledger bench-console bench-reapers bench-reconcilers bench-contention
 
 demo:
 	@.ci/bootstrap
@@ -54,3 +54,7 @@ bench-reapers:
 bench-reconcilers:
 	@.ci/bootstrap
 	DATABASE_URL=$(DATABASE_URL_TEST) .venv/bin/python tests/bench/reconcilers.py $(BENCH_ARGS)
+
+bench-contention:
+	@.ci/bootstrap
+	DATABASE_URL=$(DATABASE_URL_TEST) .venv/bin/python tests/bench/contention.py $(BENCH_ARGS)
