@@ -329,6 +329,28 @@ FENCELINE: dict[str, Any] = {
     "RECONCILE_CLAIM_S": env_int("FENCELINE_RECONCILE_CLAIM_S", 120, minimum=1),
 }
 
+# --- notifications ---------------------------------------------------------------------
+# Webhooks (ledger/services/notifications/, docs/operations.md "Notifications (webhooks)").
+# Each endpoint's signing secret is HMAC(WEBHOOK_KEYS[key id], "<endpoint id>:<key version>"):
+# nothing secret is stored. Targets whose URL carries a secret (a Slack webhook) are kept
+# here by name, FENCELINE_WEBHOOK_TARGETS='{"ops-slack": "https://hooks.slack.com/..."}'
+# (or _FILE), and an endpoint names one as "ref:ops-slack".
+FENCELINE["WEBHOOK_KEYS"] = _hmac_keys("FENCELINE_WEBHOOK_KEYS", b"fenceline webhook key")
+FENCELINE["WEBHOOK_SIGNING_KEY_ID"] = _signing_key_id("FENCELINE_WEBHOOK_SIGNING_KEY_ID", FENCELINE["WEBHOOK_KEYS"])
+FENCELINE["WEBHOOK_TARGETS"] = env_json_object("FENCELINE_WEBHOOK_TARGETS")
+# The console's address, for the links in a notification (blank: the links are paths).
+FENCELINE["CONSOLE_URL"] = (env("FENCELINE_CONSOLE_URL") or "").rstrip("/")
+FENCELINE["NOTIFY_SCAN_INTERVAL_S"] = env_int("FENCELINE_NOTIFY_SCAN_INTERVAL_S", 30, minimum=1)
+FENCELINE["NOTIFY_SCAN_BATCH_SIZE"] = env_int("FENCELINE_NOTIFY_SCAN_BATCH_SIZE", 200, minimum=1)
+FENCELINE["WEBHOOK_DELIVERY_INTERVAL_S"] = env_int("FENCELINE_WEBHOOK_DELIVERY_INTERVAL_S", 10, minimum=1)
+FENCELINE["WEBHOOK_DELIVERY_BATCH_SIZE"] = env_int("FENCELINE_WEBHOOK_DELIVERY_BATCH_SIZE", 100, minimum=1)
+FENCELINE["WEBHOOK_CONCURRENCY"] = env_int("FENCELINE_WEBHOOK_CONCURRENCY", 8, minimum=1)
+FENCELINE["WEBHOOK_TIMEOUT_S"] = env_int("FENCELINE_WEBHOOK_TIMEOUT_S", 5, minimum=1)
+FENCELINE["WEBHOOK_MAX_ATTEMPTS"] = env_int("FENCELINE_WEBHOOK_MAX_ATTEMPTS", 6, minimum=1)
+FENCELINE["WEBHOOK_BACKOFF_BASE_S"] = env_int("FENCELINE_WEBHOOK_BACKOFF_BASE_S", 10, minimum=1)
+FENCELINE["WEBHOOK_BACKOFF_MAX_S"] = env_int("FENCELINE_WEBHOOK_BACKOFF_MAX_S", 3600, minimum=1)
+# --- end of notifications ---
+
 # --- Celery -----------------------------------------------------------------------------
 
 _BROKER_DIR = STATE_DIR / "broker"
@@ -373,6 +395,9 @@ CELERY_BEAT_SCHEDULE = {
     # UNKNOWN effects looked up at their provider before anyone is asked.
     "reconcile-unknown": _every("approvals.tasks.reconcile_unknown_task", "RECONCILE_INTERVAL_S"),
 }
+# --- notifications: conditions become deliveries; deliveries are sent with retries ---
+CELERY_BEAT_SCHEDULE["notify-scan"] = _every("ledger.tasks.notify_scan_task", "NOTIFY_SCAN_INTERVAL_S")
+CELERY_BEAT_SCHEDULE["deliver-webhooks"] = _every("ledger.tasks.deliver_webhooks_task", "WEBHOOK_DELIVERY_INTERVAL_S")
 
 # --- logging ----------------------------------------------------------------------------
 # Request bodies and SQL parameters never reach a log line: django.db.backends is kept

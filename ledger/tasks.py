@@ -124,3 +124,26 @@ def enforce_drains_task() -> dict[str, int]:
     moved = workers_drain_enforce()
     stopped = workers_stop_lapsed(lapse_s=settings.FENCELINE["WORKER_HEARTBEAT_LAPSE_S"])
     return {"workers": moved, "stopped": stopped}
+
+
+@job()
+def notify_scan_task() -> dict[str, int]:
+    """Current conditions become webhook deliveries, once per condition and endpoint."""
+    from ledger.services.notifications.scan import notifications_scan
+
+    result = notifications_scan()
+    return {"endpoints": result.endpoints, "created": result.created, "refused": result.refused}
+
+
+@job()
+def deliver_webhooks_task() -> dict[str, int]:
+    """Due webhook deliveries are sent (outside any transaction), with retries and backoff."""
+    from ledger.services.notifications.delivery import deliveries_send
+
+    result = deliveries_send()
+    return {
+        "claimed": result.claimed,
+        "delivered": result.delivered,
+        "retrying": result.retrying,
+        "gave_up": result.gave_up,
+    }

@@ -5,6 +5,7 @@ from ledger.models.authority import CapabilityBudget, CostReservation, CostWindo
 from ledger.models.evidence import Checkpoint, Event
 from ledger.models.jobs import JobHeartbeat
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
+from ledger.models.notifications import WebhookDelivery, WebhookEndpoint
 from ledger.models.runs import LeaseGrant, Operation, Run, RunLease
 from ledger.models.tenancy import AdminAction, Tenant, TenantPolicy, Worker, WorkerBoot, WorkerDrain
 
@@ -27,6 +28,8 @@ __all__ = [
     "RunResource",
     "Tenant",
     "TenantPolicy",
+    "WebhookDelivery",
+    "WebhookEndpoint",
     "Worker",
     "WorkerBoot",
     "WorkerDrain",
