@@ -8,13 +8,16 @@ rule, never the value; the API answers with its JSON error body, the console wit
 page. The log line it writes has no path.
 """
 
+import json
 import logging
+import time
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from ledger.boundary import credential_kind
+from ledger.observability import logs, metrics
 
 log = logging.getLogger("fenceline.boundary")
 
@@ -49,4 +52,54 @@ class URLBoundaryMiddleware:
         else:
             response = render(request, "refused.html", {"detail": detail}, status=422)
         response._has_been_logged = True  # type: ignore[attr-defined]  # django.request would print the path
+        return response
+
+
+request_log = logging.getLogger("fenceline.request")
+
+
+def _error_code(response: HttpResponse) -> str:
+    """The API's error code of a refusal (``{"error": CODE, ...}``), else ""."""
+    if response.status_code < 400 or not response.get("Content-Type", "").startswith("application/json"):
+        return ""
+    try:
+        code = json.loads(response.content).get("error", "")
+    except (ValueError, AttributeError):
+        return ""
+    return code if isinstance(code, str) and code.isupper() and len(code) <= 40 else ""
+
+
+class RequestObservationMiddleware:
+    """Outermost: one JSON log line per request and its latency in
+    ``fenceline_http_request_duration_seconds``, labelled by the URL *pattern* (never the path,
+    which may carry what the URL boundary refuses) and the status code. The request id — the
+    caller's ``X-Request-ID`` when it looks like one — is answered in the same header."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        started = time.perf_counter()
+        rid = logs.request_id(request.headers.get("X-Request-ID"))
+        response = self.get_response(request)
+        elapsed = time.perf_counter() - started
+        match = request.resolver_match
+        route = match.route if match is not None else "unmatched"
+        metrics.REQUEST_SECONDS.labels(route, request.method, str(response.status_code)).observe(elapsed)
+        response["X-Request-ID"] = rid
+        kwargs = match.kwargs if match is not None else {}
+        worker = getattr(request, "worker", None)
+        fields = {
+            "request_id": rid,
+            "method": request.method,
+            "route": route,
+            "status": response.status_code,
+            "code": _error_code(response),
+            "duration_ms": round(elapsed * 1000, 2),
+            "tenant": worker.tenant.slug if worker is not None else "",
+            "worker": worker.name if worker is not None else "",
+            "run": str(kwargs.get("run_id", "")),
+            "operation": str(kwargs.get("operation_id", "")),
+        }
+        request_log.info("%s %s %s", request.method, route, response.status_code, extra=fields)
         return response

@@ -140,7 +140,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First: a URL carrying a credential is refused before anything routes or logs it.
+    # Outermost: one JSON log line and one latency sample per request (route pattern only).
+    "console.middleware.RequestObservationMiddleware",
+    # Then a URL carrying a credential is refused before anything routes or logs it.
     "console.middleware.URLBoundaryMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -327,6 +329,17 @@ FENCELINE: dict[str, Any] = {
     "RECONCILE_BACKOFF_MAX_S": env_int("FENCELINE_RECONCILE_BACKOFF_MAX_S", 600, minimum=1),
     "RECONCILE_MAX_ATTEMPTS": env_int("FENCELINE_RECONCILE_MAX_ATTEMPTS", 5, minimum=1),
     "RECONCILE_CLAIM_S": env_int("FENCELINE_RECONCILE_CLAIM_S", 120, minimum=1),
+    # /readyz: a periodic job is stale when it has not finished within this many of its
+    # intervals (plus the grace); stored schema versions are checked at most this often.
+    "JOB_STALE_AFTER_INTERVALS": env_int("FENCELINE_JOB_STALE_AFTER_INTERVALS", 3, minimum=1),
+    "JOB_STALE_GRACE_S": env_int("FENCELINE_JOB_STALE_GRACE_S", 30, minimum=0),
+    "READYZ_SCHEMA_CHECK_S": env_int("FENCELINE_READYZ_SCHEMA_CHECK_S", 300, minimum=0),
+    # /metrics: the scrape token (Authorization: Bearer ...; or its _FILE). Without one, only
+    # these client addresses may scrape.
+    "METRICS_TOKEN": env("FENCELINE_METRICS_TOKEN") or "",
+    "METRICS_ALLOW": [
+        a.strip() for a in (env("FENCELINE_METRICS_ALLOW", "127.0.0.1,::1") or "").split(",") if a.strip()
+    ],
 }
 
 # --- notifications ---------------------------------------------------------------------
@@ -409,6 +422,11 @@ CELERY_BEAT_SCHEDULE["deliver-webhooks"] = _every("ledger.tasks.deliver_webhooks
 # a line that still carries a credential-like value (a URL in runserver's access log) is
 # replaced whole.
 
+# FENCELINE_LOG_FORMAT: "json" (one JSON object per line: ledger/observability/logs.py) or "plain".
+_LOG_FORMAT = env("FENCELINE_LOG_FORMAT", "json") or "json"
+if _LOG_FORMAT not in {"json", "plain"}:
+    raise ImproperlyConfigured(f"FENCELINE_LOG_FORMAT must be json or plain, got {_LOG_FORMAT!r}")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -416,11 +434,14 @@ LOGGING = {
         "withhold_exception_messages": {"()": "ledger.logfilter.WithholdExceptionMessages"},
         "withhold_credentials": {"()": "ledger.logfilter.WithholdCredentials"},
     },
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "ledger.observability.logs.JsonLines"},
+    },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
-            "formatter": "plain",
+            "formatter": _LOG_FORMAT,
             "filters": ["withhold_exception_messages", "withhold_credentials"],
         }
     },

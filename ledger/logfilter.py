@@ -114,4 +114,13 @@ class WithholdCredentials(logging.Filter):
         texts = [message, record.exc_text or ""]
         if any(text and credential_kind(text, remember=False) for text in texts):
             record.msg, record.args, record.exc_text, record.exc_info = WITHHELD_LINE, (), None, None
+        # The extra fields a JSON line prints (a request's ids, a job's counts) pass too.
+        for key, value in list(vars(record).items()):
+            if key in _STANDARD or value is None or isinstance(value, (int, float, bool)):
+                continue
+            if credential_kind(str(value), remember=False):
+                setattr(record, key, WITHHELD)
         return True
+
+
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}

@@ -7,6 +7,8 @@ so a backlog of missed runs is never replayed at once.
 
 import contextlib
 import functools
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +37,13 @@ RETRYABLE: tuple[type[BaseException], ...] = (
 )
 
 
+job_log = logging.getLogger("fenceline.job")
+
+
+def _took(clock: float) -> dict[str, float]:
+    return {"duration_ms": round((time.perf_counter() - clock) * 1000, 2)}
+
+
 def beat_name(task_name: str) -> str | None:
     """The beat entry that runs ``task_name`` (``settings.CELERY_BEAT_SCHEDULE``), if any."""
     for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
@@ -56,13 +65,23 @@ def job(**options: Any) -> Any:
             if name is None:
                 return fn(*args, **kwargs)
             started_at = job_started(name)
+            clock = time.perf_counter()
             try:
                 result = fn(*args, **kwargs)
             except BaseException as exc:
                 with contextlib.suppress(*RETRYABLE):  # the database may be what failed
                     job_failed(name, started_at=started_at, error=exc)
+                job_log.warning(
+                    "job %s failed",
+                    name,
+                    extra={"job": name, "outcome": "failed", "error": type(exc).__name__, **_took(clock)},
+                )
                 raise
-            job_finished(name, started_at=started_at, result=result if isinstance(result, dict) else None)
+            counts = result if isinstance(result, dict) else {}
+            job_finished(name, started_at=started_at, result=counts)
+            job_log.info(
+                "job %s finished", name, extra={"job": name, "outcome": "ok", "counts": counts, **_took(clock)}
+            )
             return result
 
         return shared_task(

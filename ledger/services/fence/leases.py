@@ -19,6 +19,7 @@ from ledger.actors import SYSTEM_LIMITS, SYSTEM_REAPER, worker_actor
 from ledger.boundary import check_text
 from ledger.errors import DomainError, InvalidInput, LeaseHeld, LeaseLost, RunCompleted, WorkerNotAccepting
 from ledger.models import LeaseGrant, Run, RunLease, Worker
+from ledger.observability import metrics
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.admission import admission_refusal, worker_executing
 from ledger.services.core.fencing import Fenced, fenced, lock_run, locked_runs, run_cancelled, worker_refused
@@ -79,10 +80,12 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int, 
         elif run.status != RunStatus.ACTIVE:
             refused = RunCompleted("the run is completed; it takes no new lease")
         else:
+            takeover = run.lease.owner_id is not None  # _grant refuses a lease still held
             lease = _grant(run=run, worker=worker, owner_id=owner_id, ttl_s=ttl_s, tool=tool, policy=policy, now=now)
     if refused is not None:
         raise refused
     worker_executing(worker)
+    metrics.LEASE_ACQUISITIONS.labels(worker.tenant.slug, "takeover" if takeover else "new").inc()
     return lease
 
 
@@ -212,6 +215,7 @@ def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token:
     _touch(worker)
     if lease is None:  # the idle limit ended it; that end is committed
         raise LeaseLost("idle")
+    metrics.LEASE_RENEWALS.labels(worker.tenant.slug).inc()
     return lease
 
 

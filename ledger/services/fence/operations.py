@@ -13,6 +13,7 @@ from django.db import IntegrityError, transaction
 from ledger.boundary import check_fields
 from ledger.errors import ApprovalRequired, Denied, DomainError, IdempotencyMismatch, NotFound, WrongPhase, parse_id
 from ledger.models import Operation, Run, Tenant, Worker
+from ledger.observability import metrics
 from ledger.services.authority import evaluation
 from ledger.services.core.fencing import Fenced, decided, fenced, worker_refused
 from ledger.services.core.handoff import queues
@@ -72,7 +73,7 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
         intent, reconciler = intent_terms(tenant=worker.tenant, intent=declared)
         existing = Operation.objects.filter(tenant=worker.tenant, idempotency_key=intent.idempotency_key).first()
         if existing is not None:
-            return _replay(existing, ctx.run, intent), False
+            return _replay(existing, ctx.run, intent, tenant=worker.tenant.slug), False
         op = Operation(
             tenant=worker.tenant,
             run=ctx.run,
@@ -97,7 +98,7 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
             existing = Operation.objects.filter(tenant=worker.tenant, idempotency_key=intent.idempotency_key).first()
             if existing is None:
                 raise
-            return _replay(existing, ctx.run, intent), False
+            return _replay(existing, ctx.run, intent, tenant=worker.tenant.slug), False
         ctx.batch.count_move(ctx.run, None, Phase.PLANNED)
         ctx.batch.append(
             ctx.run,
@@ -125,9 +126,10 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
     )
 
 
-def _replay(existing: Operation, run: Run, intent: Intent) -> Operation:
+def _replay(existing: Operation, run: Run, intent: Intent, *, tenant: str) -> Operation:
     wanted = {"run_id": run.pk, **{k: getattr(intent, k) for k in INTENT_PARAMETERS if k != "run_id"}}
     differing = [k for k in INTENT_PARAMETERS if getattr(existing, k) != wanted[k]]
+    metrics.DUPLICATE_REJECTIONS.labels(tenant, "mismatch" if differing else "replay").inc()
     if differing:
         raise IdempotencyMismatch(
             "idempotency_key is already used by an operation with a different " + ", ".join(differing),

@@ -7,6 +7,7 @@ phase, its side-effect class and its attempt count.
 
 from ledger.errors import ApprovalRequired, DomainError, ReconcileFirst, WrongPhase, parse_id
 from ledger.models import Operation, Worker
+from ledger.observability import metrics
 from ledger.services.authority.breaker import breaker_allows
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.fencing import Fenced, decided, fenced
@@ -94,7 +95,7 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
         )
         return op, None
 
-    return decided(
+    op = decided(
         fenced(
             worker=worker,
             operation_id=op_id,
@@ -104,3 +105,5 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
             ending=NEW_WORK,
         )
     )
+    metrics.RETRY_BY_EFFECT_CLASS.labels(worker.tenant.slug, op.effect_class).inc()
+    return op

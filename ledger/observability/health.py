@@ -1,0 +1,130 @@
+"""Health and readiness of the control plane.
+
+``/healthz`` says only that the process answers. ``/readyz`` checks each domain the control
+plane needs and names the one that fails, with a reason that carries nothing secret (no URL,
+no host, no exception message):
+
+- ``database``: reachable, and every migration applied;
+- ``broker``: Celery's broker accepts a connection;
+- ``jobs``: every periodic job of the beat schedule finished within
+  ``JOB_STALE_AFTER_INTERVALS`` of its interval (its heartbeat, ledger/models/jobs.py);
+- ``evidence_keys``: the checkpoint and event MAC keys are configured and the signing ids among them;
+- ``schema``: no stored record carries a schema_version this build cannot read (checked at
+  most every ``READYZ_SCHEMA_CHECK_S`` per process: it reads every versioned table).
+"""
+
+import time
+from dataclasses import dataclass, field
+
+from django.apps import apps
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.db.migrations.loader import MigrationLoader
+from django.utils import timezone
+
+from ledger.versioning import KNOWN_SCHEMA_VERSIONS, Versioned
+
+
+@dataclass
+class Check:
+    domain: str
+    ok: bool
+    reason: str = ""
+    detail: dict = field(default_factory=dict)
+
+
+def check_database() -> Check:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        loader = MigrationLoader(connection)
+        # Every migration of the code that the database has not recorded, wherever it sits
+        # in the graph (a plan towards the leaves would skip one whose child is applied).
+        pending = sorted(set(loader.graph.nodes) - set(loader.applied_migrations or {}))
+    except DatabaseError as exc:
+        return Check("database", False, f"not reachable ({type(exc).__name__})")
+    if pending:
+        names = [f"{app}.{name}" for app, name in pending]
+        return Check("database", False, f"{len(names)} migration(s) not applied", {"pending": names[:20]})
+    return Check("database", True)
+
+
+def check_broker(timeout_s: float = 2.0) -> Check:
+    from console.celery import app
+
+    try:
+        with app.connection_for_write(settings.CELERY_BROKER_URL) as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, interval_max=0, timeout=timeout_s)
+    except Exception as exc:  # kombu raises the transport's own errors
+        return Check("broker", False, f"not reachable ({type(exc).__name__})")
+    return Check("broker", True)
+
+
+def check_jobs() -> Check:
+    from ledger.models import JobHeartbeat
+
+    factor = settings.FENCELINE["JOB_STALE_AFTER_INTERVALS"]
+    now = timezone.now()
+    try:
+        beats = {b.name: b for b in JobHeartbeat.objects.all()}
+    except DatabaseError as exc:
+        return Check("jobs", False, f"heartbeats not readable ({type(exc).__name__})")
+    stale = {}
+    for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
+        allowed = float(entry["schedule"]) * factor + settings.FENCELINE["JOB_STALE_GRACE_S"]
+        beat = beats.get(name)
+        if beat is None or beat.last_finished_at is None:
+            stale[name] = "never finished"
+        elif (age := (now - beat.last_finished_at).total_seconds()) > allowed:
+            stale[name] = f"last finished {age:.0f} s ago (allowed {allowed:.0f} s)"
+            if beat.last_failed_at and beat.last_failed_at > beat.last_finished_at:
+                stale[name] += f", failing with {beat.last_error}"
+    if stale:
+        return Check("jobs", False, f"{len(stale)} periodic job(s) not fresh: {', '.join(sorted(stale))}", stale)
+    return Check("jobs", True)
+
+
+def check_evidence_keys() -> Check:
+    conf = settings.FENCELINE
+    for keys, signing, what in (
+        ("CHECKPOINT_KEYS", "CHECKPOINT_SIGNING_KEY_ID", "checkpoint"),
+        ("EVENT_KEYS", "EVENT_SIGNING_KEY_ID", "event"),
+    ):
+        if not conf.get(keys) or conf.get(signing) not in conf[keys]:
+            return Check("evidence_keys", False, f"the {what} MAC keys or their signing key id are missing")
+    return Check("evidence_keys", True)
+
+
+_schema_checked: dict[str, object] = {"at": 0.0, "result": None}
+
+
+def check_schema() -> Check:
+    """Stored records with a schema_version this build does not know (cached per process)."""
+    every = settings.FENCELINE["READYZ_SCHEMA_CHECK_S"]
+    cached = _schema_checked["result"]
+    if isinstance(cached, Check) and time.monotonic() - float(_schema_checked["at"]) < every:  # type: ignore[arg-type]
+        return cached
+    unknown = []
+    try:
+        for model in apps.get_models():
+            if issubclass(model, Versioned):
+                with transaction.atomic():
+                    if model._default_manager.exclude(schema_version__in=KNOWN_SCHEMA_VERSIONS).exists():
+                        unknown.append(model._meta.label)
+    except DatabaseError as exc:
+        return Check("schema", False, f"not checked ({type(exc).__name__})")
+    result = (
+        Check("schema", False, f"records of an unknown schema version in {', '.join(unknown)}", {"tables": unknown})
+        if unknown
+        else Check("schema", True)
+    )
+    _schema_checked.update(at=time.monotonic(), result=result)
+    return result
+
+
+def readiness() -> list[Check]:
+    database = check_database()
+    if not database.ok and database.reason.startswith("not reachable"):
+        down = Check("jobs", False, "database not reachable"), Check("schema", False, "database not reachable")
+        return [database, check_broker(), down[0], check_evidence_keys(), down[1]]
+    return [database, check_broker(), check_jobs(), check_evidence_keys(), check_schema()]
