@@ -6,6 +6,7 @@ Creating an endpoint and rotating its secret return the secret, to be shown once
 never stored (``targets.signing_secret`` derives it again when a delivery is signed)."""
 
 import re
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -124,7 +125,7 @@ def endpoint_create(
     return EndpointSecret(endpoint=endpoint, secret=_secret(endpoint))
 
 
-def _locked(*, tenant: Tenant, endpoint_id: object) -> WebhookEndpoint:
+def _locked(*, tenant: Tenant, endpoint_id: uuid.UUID | str) -> WebhookEndpoint:
     try:
         return WebhookEndpoint.objects.select_for_update().get(tenant=tenant, pk=endpoint_id)
     except (WebhookEndpoint.DoesNotExist, ValueError, TypeError):
@@ -135,7 +136,7 @@ def _locked(*, tenant: Tenant, endpoint_id: object) -> WebhookEndpoint:
 def endpoint_update(
     *,
     tenant: Tenant,
-    endpoint_id: object,
+    endpoint_id: uuid.UUID | str,
     reason: str,
     target: str | None = None,
     kinds: Iterable[str] | None = None,
@@ -173,7 +174,7 @@ def endpoint_update(
 
 @transaction.atomic
 def endpoint_set_enabled(
-    *, tenant: Tenant, endpoint_id: object, enabled: bool, reason: str, user: Any = None, changed_by: str = ""
+    *, tenant: Tenant, endpoint_id: uuid.UUID | str, enabled: bool, reason: str, user: Any = None, changed_by: str = ""
 ) -> WebhookEndpoint:
     """Disable (nothing more is made or sent for it; what was pending is given up) or enable."""
     actor = _actor(tenant=tenant, user=user, name=changed_by)
@@ -206,7 +207,7 @@ def endpoint_enable(**kwargs: Any) -> WebhookEndpoint:
 
 @transaction.atomic
 def endpoint_rotate_secret(
-    *, tenant: Tenant, endpoint_id: object, reason: str, user: Any = None, changed_by: str = ""
+    *, tenant: Tenant, endpoint_id: uuid.UUID | str, reason: str, user: Any = None, changed_by: str = ""
 ) -> EndpointSecret:
     """A new signing secret (the key version goes up, under the current signing key id): the
     old one signs nothing more, including retries of deliveries made before."""

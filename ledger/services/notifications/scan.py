@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import CharField, Exists, OuterRef, Q, QuerySet, Value
+from django.db.models import CharField, Exists, OuterRef, Q, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
@@ -62,9 +62,9 @@ def _key(prefix: str, *parts: str) -> Any:
     return Concat(*pieces, output_field=CharField())
 
 
-def _without_delivery(qs: QuerySet, endpoint: WebhookEndpoint, key: Any) -> QuerySet:
-    delivered = WebhookDelivery.objects.filter(endpoint_id=endpoint.pk, dedupe_key=OuterRef("dedupe"))
-    return qs.annotate(dedupe=key).filter(~Exists(delivered))
+def _undelivered(endpoint: WebhookEndpoint) -> Any:
+    """Filter for rows annotated with ``dedupe`` that have no delivery to ``endpoint``."""
+    return ~Exists(WebhookDelivery.objects.filter(endpoint_id=endpoint.pk, dedupe_key=OuterRef("dedupe")))
 
 
 def _minutes(seconds: float) -> str:
@@ -77,7 +77,7 @@ def _unknown_aged(endpoint: WebhookEndpoint, now: datetime, limit: int) -> Itera
         status__in=OPEN_CASE_STATUSES,
         opened_at__lte=now - timedelta(seconds=endpoint.unknown_after_s),
     )
-    qs = _without_delivery(qs, endpoint, _key("unknown:", "id")).order_by("opened_at")
+    qs = qs.annotate(dedupe=_key("unknown:", "id")).filter(_undelivered(endpoint)).order_by("opened_at")
     for row in qs.values(
         "dedupe",
         "id",
@@ -110,7 +110,7 @@ def _unknown_aged(endpoint: WebhookEndpoint, now: datetime, limit: int) -> Itera
 
 def _approval_pending(endpoint: WebhookEndpoint, now: datetime, limit: int) -> Iterator[Found]:
     qs = ApprovalRequest.objects.filter(tenant_id=endpoint.tenant_id, status=ApprovalStatus.PENDING, expires_at__gt=now)
-    qs = _without_delivery(qs, endpoint, _key("approval:", "id")).order_by("requested_at")
+    qs = qs.annotate(dedupe=_key("approval:", "id")).filter(_undelivered(endpoint)).order_by("requested_at")
     for row in qs.values(
         "dedupe",
         "id",
@@ -142,7 +142,7 @@ def _approval_pending(endpoint: WebhookEndpoint, now: datetime, limit: int) -> I
 
 def _cleanup_alert(endpoint: WebhookEndpoint, now: datetime, limit: int) -> Iterator[Found]:
     qs = ResourceAlert.objects.filter(tenant_id=endpoint.tenant_id, cleared_at__isnull=True)
-    qs = _without_delivery(qs, endpoint, _key("cleanup:", "id")).order_by("raised_at")
+    qs = qs.annotate(dedupe=_key("cleanup:", "id")).filter(_undelivered(endpoint)).order_by("raised_at")
     for row in qs.values(
         "dedupe",
         "id",
@@ -174,7 +174,11 @@ def _cleanup_alert(endpoint: WebhookEndpoint, now: datetime, limit: int) -> Iter
 
 def _quarantine(endpoint: WebhookEndpoint, now: datetime, limit: int) -> Iterator[Found]:
     qs = Worker.objects.filter(tenant_id=endpoint.tenant_id, status=WorkerStatus.QUARANTINED)
-    qs = _without_delivery(qs, endpoint, _key("quarantine:", "id", "status_changed_at")).order_by("status_changed_at")
+    qs = (
+        qs.annotate(dedupe=_key("quarantine:", "id", "status_changed_at"))
+        .filter(_undelivered(endpoint))
+        .order_by("status_changed_at")
+    )
     for row in qs.values("dedupe", "id", "name", "status_changed_at", "status_changed_by", "status_reason")[:limit]:
         by = f" by {row['status_changed_by']}" if row["status_changed_by"] else ""
         yield Found(
@@ -193,7 +197,7 @@ def _quarantine(endpoint: WebhookEndpoint, now: datetime, limit: int) -> Iterato
 
 def _chain_broken(endpoint: WebhookEndpoint, now: datetime, limit: int) -> Iterator[Found]:
     qs = Run.objects.filter(tenant_id=endpoint.tenant_id).filter(~Q(broken_reason=""))
-    qs = _without_delivery(qs, endpoint, _key("broken:", "id")).order_by("-created_at")
+    qs = qs.annotate(dedupe=_key("broken:", "id")).filter(_undelivered(endpoint)).order_by("-created_at")
     for row in qs.values("dedupe", "id", "broken_reason", "broken_first_seq", "broken_last_seq")[:limit]:
         yield Found(
             key=row["dedupe"],
@@ -212,7 +216,9 @@ def _chain_broken(endpoint: WebhookEndpoint, now: datetime, limit: int) -> Itera
 def _breaker_change(endpoint: WebhookEndpoint, now: datetime, limit: int) -> Iterator[Found]:
     # A change, not a state: only changes made since the endpoint was set up.
     qs = Tenant.objects.filter(pk=endpoint.tenant_id, breaker_changed_at__gte=endpoint.created_at)
-    qs = _without_delivery(qs, endpoint, _key("breaker:", "id", "breaker_state", "breaker_changed_at"))
+    qs = qs.annotate(dedupe=_key("breaker:", "id", "breaker_state", "breaker_changed_at")).filter(
+        _undelivered(endpoint)
+    )
     for row in qs.values("dedupe", "slug", "breaker_state", "breaker_reason", "breaker_changed_at")[:limit]:
         yield Found(
             key=row["dedupe"],
