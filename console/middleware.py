@@ -98,8 +98,8 @@ class RequestObservationMiddleware:
             "duration_ms": round(elapsed * 1000, 2),
             "tenant": worker.tenant.slug if worker is not None else "",
             "worker": worker.name if worker is not None else "",
-            "run": str(kwargs.get("run_id", "")),
-            "operation": str(kwargs.get("operation_id", "")),
+            "run": str(kwargs.get("run_id", ""))[:64],
+            "operation": str(kwargs.get("operation_id", ""))[:64],
         }
         request_log.info("%s %s %s", request.method, route, response.status_code, extra=fields)
         return response

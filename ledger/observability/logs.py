@@ -14,12 +14,16 @@ import uuid
 
 from pythonjsonlogger.json import JsonFormatter
 
+from ledger.boundary import credential_kind
+
 # A caller's X-Request-ID is kept when it looks like an id; anything else is replaced.
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
 def request_id(presented: str | None) -> str:
-    if presented and _REQUEST_ID.fullmatch(presented):
+    """The caller's X-Request-ID when it looks like an id and not like a credential (it is
+    logged and answered back), else a new one."""
+    if presented and _REQUEST_ID.fullmatch(presented) and credential_kind(presented, remember=False) is None:
         return presented
     return uuid.uuid4().hex
 
