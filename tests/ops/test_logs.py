@@ -76,7 +76,7 @@ def test_each_job_run_is_one_json_line_and_a_failure_keeps_only_the_exceptions_t
         raise ValueError(f"cannot reach the vault with {CANARY_KEY_ID}")
 
     monkeypatch.setattr(tasks, "leases_reap", broken)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="vault"):
         tasks.reap_leases_task.apply().get()
     finished, failed = json_lines(printed(), "fenceline.job")
     assert finished["job"] == "reap-leases" and finished["outcome"] == "ok"
