@@ -239,3 +239,30 @@ def test_process_counters_are_summed_across_two_processes(tmp_path, monkeypatch)
     # No label carries a run or operation id.
     text = scrape().decode()
     assert not any(run_id in text for run_id in runs)
+
+
+def test_docs_list_every_metric_and_their_alert_rules_use_only_metrics_that_exist():
+    import re
+
+    import yaml
+
+    text = (ROOT / "docs" / "operations.md").read_text()
+    section = text.split("## Health, readiness and metrics", 1)[1].split("\n## ", 1)[0]
+    documented = set()
+    for row in re.findall(r"^\| `([a-z_]+)`(.*?)\|", section, flags=re.M):
+        first, rest = row
+        documented.add(first)
+        documented.update(f"fenceline_cost_{v}" for v in re.findall(r"`_(reserved_cents|settled_cents)`", rest))
+        documented.update(re.findall(r"`(fenceline_[a-z_]+)`", rest))
+    documented = {name.removesuffix("_total") for name in documented}
+    assert documented >= NAMES, sorted(NAMES - documented)
+    rules = yaml.safe_load(section.split("```yaml", 1)[1].split("```", 1)[0])["groups"][0]["rules"]
+    assert len(rules) >= 15
+    known = NAMES | {f"{n}_total" for n in NAMES} | {f"{n}_bucket" for n in NAMES}
+    for rule in rules:
+        used = set(
+            re.findall(
+                r"\b((?:fenceline_|audit_|unknown_|reconciliations|duplicate_|retry_|approval_)[a-z_]*)", rule["expr"]
+            )
+        )
+        assert used and used <= known, (rule["alert"], used - known)
