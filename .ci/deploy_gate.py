@@ -30,7 +30,8 @@ Rules (compose.yaml):
     no-env-file              all services: no ``env_file`` and no variable passed through
                              from the host environment (an ``environment`` entry without a value)
     no-secret-literals       all services: a variable named like *SECRET*, *KEY*, *TOKEN*,
-                             *PASSWORD* is a *_FILE, and no value is a URL with a password
+                             *PASSWORD* is a *_FILE (a key id, *_ID, is not a secret), and no
+                             value is a URL with a password
     secrets-by-file          all services: every *_FILE variable names /run/secrets/<s> of a
                              secret the service lists; every secret is a top-level ``file:``
                              (not ``environment:``, which inherits the host environment)
@@ -47,7 +48,7 @@ Rules (Dockerfile; line continuations, comments and multi-stage builds are under
     no-latest-tag            no FROM image tagged ``latest``
     no-add-url               no ADD from http(s), ftp or git sources
     non-root-user            the final stage sets USER, and the last USER is not root or 0
-    no-secret-literals       no ENV or ARG named like a secret, unless it is a *_FILE
+    no-secret-literals       no ENV or ARG named like a secret, unless it is a *_FILE or *_ID
     no-secret-files-copied   no COPY or ADD of .fenceline, secrets, .env, *.sqlite3 or .git
 """
 
@@ -344,7 +345,7 @@ def check_service(name: str, service: dict[str, Any], doc: dict[str, Any], one_s
             if value not in secret_targets:
                 bad("secrets-by-file", f"{key}={value} is not one of this service's /run/secrets files")
             continue
-        if SECRET_NAME.search(key) or URL_WITH_PASSWORD.match(value):
+        if (SECRET_NAME.search(key) and not key.endswith("_ID")) or URL_WITH_PASSWORD.match(value):
             bad("no-secret-literals", f"{key} carries a value; use {key}_FILE and a secret")
     top_secrets = doc.get("secrets") or {}
     for secret in sorted(service_secrets):
@@ -497,7 +498,7 @@ def check_dockerfile(text: str) -> list[Violation]:
                     found.append(Violation(where, "no-secret-files-copied", f"{ins.keyword} {source}"))
         elif ins.keyword in {"ENV", "ARG"}:
             for name in _env_names(ins.keyword, ins.args):
-                if SECRET_NAME.search(name) and not name.endswith("_FILE"):
+                if SECRET_NAME.search(name) and not name.endswith(("_FILE", "_ID")):
                     found.append(Violation(where, "no-secret-literals", f"{ins.keyword} {name} bakes a secret in"))
     if not seen_from:
         found.append(Violation("Dockerfile", "image-pinned-by-digest", "no FROM"))

@@ -222,6 +222,13 @@ def test_dockerfile_violation_is_reported_as_its_rule(case):
     assert dockerfile_rules(DOCKERFILE_CASES[case]) == {case.split("/")[0]}
 
 
+def test_key_ids_and_file_names_are_not_secret_literals():
+    doc = copy.deepcopy(COMPOSE)
+    doc["services"]["worker"]["environment"]["FENCELINE_EVENT_SIGNING_KEY_ID"] = "k2"
+    assert compose_rules(doc) == set()
+    assert dockerfile_rules(_before_user(DOCKERFILE, "ENV FENCELINE_CHECKPOINT_SIGNING_KEY_ID=k2")) == set()
+
+
 def test_every_rule_has_a_failing_case():
     assert {c.split("/")[0] for c in COMPOSE_CASES} == set(gate.RULES_COMPOSE)
     assert {c.split("/")[0] for c in DOCKERFILE_CASES} == set(gate.RULES_DOCKERFILE)
