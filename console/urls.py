@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from console.views import approvals, cases, credentials, dashboard, probes, resources, runs, tenants, workers
+from console.views import approvals, cases, credentials, dashboard, probes, resources, runs, tenants, webhooks, workers
 from ledger.api import api
 
 urlpatterns = [
@@ -35,6 +35,19 @@ urlpatterns = [
     path("tenants/<slug:slug>/contracts", tenants.put_contract, name="tenant-contract-put"),
     path("tenants/<slug:slug>/contracts/remove", tenants.remove_contract, name="tenant-contract-remove"),
     path("tenants/<slug:slug>/unknown-tools", tenants.set_unknown_tool_class, name="tenant-unknown-tool-class"),
+    path("tenants/<slug:slug>/webhooks/", webhooks.webhooks_page, name="tenant-webhooks"),
+    path("tenants/<slug:slug>/webhooks/create", webhooks.webhook_create, name="tenant-webhook-create"),
+    path(
+        "tenants/<slug:slug>/webhooks/<uuid:endpoint_id>/update", webhooks.webhook_update, name="tenant-webhook-update"
+    ),
+    path(
+        "tenants/<slug:slug>/webhooks/<uuid:endpoint_id>/enabled",
+        webhooks.webhook_set_enabled,
+        name="tenant-webhook-enabled",
+    ),
+    path(
+        "tenants/<slug:slug>/webhooks/<uuid:endpoint_id>/rotate", webhooks.webhook_rotate, name="tenant-webhook-rotate"
+    ),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", api.urls),
     path("admin/", admin.site.urls),
