@@ -5,6 +5,7 @@ from django.shortcuts import render
 from django.views.decorators.vary import vary_on_headers
 
 from ledger import selectors
+from ledger.observability import health
 
 
 @login_required
@@ -13,4 +14,5 @@ def home(request):
     """What needs a person now. htmx polls the same URL and gets only the counts partial."""
     partial = request.htmx and not request.htmx.history_restore_request
     template = "console/home.html#counts" if partial else "console/home.html"
-    return render(request, template, {"counts": selectors.dashboard_counts(user=request.user)})
+    context = {"counts": selectors.dashboard_counts(user=request.user), "jobs": health.jobs_freshness()}
+    return render(request, template, context)

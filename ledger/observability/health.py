@@ -15,6 +15,7 @@ no host, no exception message):
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from django.apps import apps
 from django.conf import settings
@@ -23,6 +24,9 @@ from django.db.migrations.loader import MigrationLoader
 from django.utils import timezone
 
 from ledger.versioning import KNOWN_SCHEMA_VERSIONS, Versioned
+
+if TYPE_CHECKING:
+    from ledger.models import JobHeartbeat
 
 
 @dataclass
@@ -60,25 +64,51 @@ def check_broker(timeout_s: float = 2.0) -> Check:
     return Check("broker", True)
 
 
-def check_jobs() -> Check:
+@dataclass
+class JobFreshness:
+    name: str
+    interval_s: float
+    allowed_s: float
+    fresh: bool
+    reason: str
+    beat: "JobHeartbeat | None"
+
+
+def _failing_since_success(beat: "JobHeartbeat") -> bool:
+    if beat.last_failed_at is None or not beat.last_error:
+        return False
+    return beat.last_finished_at is None or beat.last_failed_at > beat.last_finished_at
+
+
+def jobs_freshness() -> list[JobFreshness]:
+    """Each beat job: fresh or not, and why (also the dashboard's "Background jobs")."""
     from ledger.models import JobHeartbeat
 
     factor = settings.FENCELINE["JOB_STALE_AFTER_INTERVALS"]
     now = timezone.now()
+    beats = {b.name: b for b in JobHeartbeat.objects.all()}
+    rows = []
+    for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
+        interval = float(entry["schedule"])
+        allowed = interval * factor + settings.FENCELINE["JOB_STALE_GRACE_S"]
+        beat = beats.get(name)
+        reason = ""
+        if beat is None or beat.last_finished_at is None:
+            reason = "never finished"
+        elif (age := (now - beat.last_finished_at).total_seconds()) > allowed:
+            reason = f"last finished {age:.0f} s ago (allowed {allowed:.0f} s)"
+        if reason and beat is not None and _failing_since_success(beat):
+            reason += f", failing with {beat.last_error}"
+        rows.append(JobFreshness(name, interval, allowed, not reason, reason, beat))
+    return rows
+
+
+def check_jobs() -> Check:
     try:
-        beats = {b.name: b for b in JobHeartbeat.objects.all()}
+        rows = jobs_freshness()
     except DatabaseError as exc:
         return Check("jobs", False, f"heartbeats not readable ({type(exc).__name__})")
-    stale = {}
-    for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
-        allowed = float(entry["schedule"]) * factor + settings.FENCELINE["JOB_STALE_GRACE_S"]
-        beat = beats.get(name)
-        if beat is None or beat.last_finished_at is None:
-            stale[name] = "never finished"
-        elif (age := (now - beat.last_finished_at).total_seconds()) > allowed:
-            stale[name] = f"last finished {age:.0f} s ago (allowed {allowed:.0f} s)"
-            if beat.last_failed_at and beat.last_failed_at > beat.last_finished_at:
-                stale[name] += f", failing with {beat.last_error}"
+    stale = {row.name: row.reason for row in rows if not row.fresh}
     if stale:
         return Check("jobs", False, f"{len(stale)} periodic job(s) not fresh: {', '.join(sorted(stale))}", stale)
     return Check("jobs", True)

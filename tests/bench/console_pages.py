@@ -1121,6 +1121,8 @@ def measure(args, info: dict, database: str) -> int:
         ("cases, next page", "next:cases", {}),
         ("approvals (approval queue)", "/approvals/", {}),
         ("approvals, next page", "next:approvals", {}),
+        # Not a page: what a Prometheus scrape costs at this size (every DB-derived metric).
+        ("/metrics (a scrape)", "/metrics", {}),
     ]
     if args.pages:
         wanted = [p.strip() for p in args.pages.split(",")]

@@ -90,3 +90,25 @@ def test_the_number_of_queries_does_not_grow_with_the_rows(viewer, acme):
     bulk_runs(acme.tenant, 200, broken_reason="gap")
     assert count_queries(client) == few
     assert client.get(URL).context["counts"]["broken_runs"] == 211
+
+
+def test_the_background_jobs_table_shows_which_job_is_not_fresh_and_why(roleless_client):
+    from django.conf import settings
+
+    from ledger.models import JobHeartbeat
+
+    now = timezone.now()
+    for name in settings.CELERY_BEAT_SCHEDULE:
+        JobHeartbeat.objects.create(name=name, last_finished_at=now, runs=4, last_duration_ms=12)
+    JobHeartbeat.objects.filter(name="verify-ledger").update(
+        last_finished_at=now - timedelta(hours=1), last_failed_at=now, last_error="OperationalError", failures=3
+    )
+    page = roleless_client.get(URL)
+    html = page.content.decode()
+    jobs = {job.name: job for job in page.context["jobs"]}
+    assert set(jobs) == set(settings.CELERY_BEAT_SCHEDULE)
+    assert not jobs["verify-ledger"].fresh and jobs["reap-leases"].fresh
+    assert "failing with OperationalError" in jobs["verify-ledger"].reason
+    assert html.count(">not fresh<") == 1 and html.count(">fresh<") == len(jobs) - 1
+    partial = roleless_client.get(URL, headers={"HX-Request": "true"}).content.decode()
+    assert "failing with OperationalError" in partial
