@@ -449,5 +449,7 @@ LOGGING = {
     "loggers": {
         "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.db.backends": {"level": "WARNING", "propagate": True},
+        # urllib3 logs request paths at DEBUG, and a webhook's path may be its secret.
+        "urllib3": {"level": "WARNING", "propagate": True},
     },
 }

@@ -30,7 +30,7 @@ Two kinds of rule, each kept in one list below:
   keys included: bearer tokens, ``Authorization:``/``Cookie:`` header lines, PEM blocks,
   JWTs, URLs with a password, ``password=...``-style assignments, and the prefixes of
   well-known keys (AWS, GitHub, Slack, OpenAI/Anthropic, Stripe, Google, GitLab) and of
-  Fenceline's own worker tokens (``flw_``).
+  Fenceline's own worker tokens (``flw_``) and webhook signing secrets (``whsec_``).
 
 * **Known credential formats and high-entropy strings**, from detect-secrets' maintained
   plugins (``KNOWN_FORMATS``: every regex detector but the public-IP one; base64 runs of 32+
@@ -215,6 +215,7 @@ VALUE_RULES = (
     ("google_api_key", ("aiza",), _EDGE + r"AIza[0-9A-Za-z_-]{30,}"),
     ("gitlab_token", ("glpat-",), _EDGE + r"glpat-[A-Za-z0-9_-]{16,}"),
     ("fenceline_worker_token", ("flw_",), _EDGE + r"flw_[A-Za-z0-9_-]{20,}"),
+    ("fenceline_webhook_secret", ("whsec_",), _EDGE + r"whsec_[A-Za-z0-9_-]{20,}"),
 )
 # detect-secrets' regex detectors, as one search (the public-IP detector is not a credential).
 _DETECTORS: list[type] = list(get_mapping_from_secret_type_to_class().values())

@@ -111,6 +111,10 @@ class SandboxProvider:
         self.cannot_tell_keys: set[str] = set()  # and these keys
         self.odds = {"drop": drop, "slow": slow, "fail": fail}
         self.slow_s = slow_s
+        # A webhook sink (POST /v1/webhooks): what Fenceline's notifications delivered, and
+        # whether each came signed; "fail" makes it answer 500 (POST /v1/_sandbox/webhooks).
+        self.webhooks: list[dict[str, Any]] = []
+        self.webhook_mode = "normal"
         self.random = random.Random(seed)  # noqa: S311 - fault injection, not security
         self.server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
         self.server.daemon_threads = True
@@ -171,6 +175,8 @@ def _handler(provider: SandboxProvider) -> type[BaseHTTPRequestHandler]:
             url = urlparse(self.path)
             if url.path == "/v1/stats":
                 return self._answer(200, provider.ledger.stats())
+            if url.path == "/v1/webhooks":
+                return self._answer(200, {"received": provider.webhooks})
             if url.path == "/v1/charges" or url.path.startswith("/v1/charges/"):
                 return self._lookup(url.path, parse_qs(url.query).get("idempotency_key", [""])[0])
             return self._answer(404, {"error": "not_found"})
@@ -191,6 +197,19 @@ def _handler(provider: SandboxProvider) -> type[BaseHTTPRequestHandler]:
                 return self._answer(200, {**found, "status": "pending"})
             return self._answer(200, found)
 
+        def _webhook(self, body: object) -> None:
+            if provider.webhook_mode == "fail":
+                return self._answer(500, {"error": "sink_failing"})
+            fenceline = body.get("fenceline", {}) if isinstance(body, dict) else {}
+            provider.webhooks.append(
+                {
+                    "delivery_id": self.headers.get("Fenceline-Webhook-Id", ""),
+                    "signed": self.headers.get("Fenceline-Signature", "").startswith("t="),
+                    "kind": fenceline.get("kind", "") if isinstance(fenceline, dict) else "",
+                }
+            )
+            return self._answer(200, {"ok": True})
+
         def do_POST(self) -> None:
             path = urlparse(self.path).path
             length = int(self.headers.get("Content-Length") or 0)
@@ -204,6 +223,11 @@ def _handler(provider: SandboxProvider) -> type[BaseHTTPRequestHandler]:
             if path == "/v1/_sandbox/lookups" and isinstance(body, dict) and body.get("mode") in LOOKUP_MODES:
                 provider.lookup_mode = body["mode"]
                 return self._answer(200, {"mode": provider.lookup_mode})
+            if path == "/v1/_sandbox/webhooks" and isinstance(body, dict) and body.get("mode") in ("normal", "fail"):
+                provider.webhook_mode = body["mode"]
+                return self._answer(200, {"mode": provider.webhook_mode})
+            if path == "/v1/webhooks":
+                return self._webhook(body)
             if path != "/v1/charges":
                 return self._answer(404, {"error": "not_found"})
             key = self.headers.get("Idempotency-Key", "")

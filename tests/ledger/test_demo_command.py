@@ -26,6 +26,9 @@ def test_demo_seeds_on_sqlite_and_prints_a_working_token(tmp_path):
     assert token.startswith("flw_")
     # One lost answer found at the sandbox provider by the reconciler, one it cannot tell about.
     assert "provider lookups: 1 settled by reconciler:sandbox-payments, 1 handed to people" in done.stdout
+    # The webhook to the sandbox's sink: the pending approval, the quarantine, the cleanup
+    # alert and the BROKEN chain, each delivered signed.
+    assert "webhooks: 4 notification(s) for ops-channel, 4 delivered to the sandbox sink (4 signed)" in done.stdout
     # A second start keeps the data and issues a fresh token.
     again = subprocess.run(
         [sys.executable, "manage.py", "demo", "--no-serve"],

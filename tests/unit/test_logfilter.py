@@ -1,6 +1,7 @@
 """Logged exceptions keep their type and frames; their messages never reach a log line."""
 
 import io
+import json
 import logging
 
 import pytest
@@ -34,7 +35,18 @@ def emit(logger_name: str, make_exception, message: str = "Internal Server Error
     finally:
         for handler, stream in originals:
             handler.setStream(stream)
-    return "".join(buffer.getvalue() for buffer in buffers)
+    raw = "".join(buffer.getvalue() for buffer in buffers)
+    assert CANARY not in raw  # in the printed bytes, whatever their format
+    return "\n".join(_readable(line) for line in raw.splitlines())
+
+
+def _readable(line: str) -> str:
+    """A JSON line (FENCELINE_LOG_FORMAT=json, the default) as its message and traceback."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line
+    return "\n".join(str(record.get(key, "")) for key in ("message", "exc_info"))
 
 
 def raise_plain():

@@ -20,6 +20,7 @@ from approvals.services.approvals import approvals_expire
 from approvals.services.lookups import cases_look_up
 from ledger.errors import ApprovalRequired, Denied, StaleToken
 from ledger.models import Event, Run, RunLease, RunResource, Worker
+from ledger.models.notifications import NotificationKind
 from ledger.services.authority.credential_leases import credential_lease_issue, credential_lease_revoke
 from ledger.services.authority.credentials import credential_create
 from ledger.services.authority.policy import policy_change
@@ -33,6 +34,9 @@ from ledger.services.fleet.workers import worker_create, worker_rotate_token
 from ledger.services.lifespan import resources
 from ledger.services.lifespan.checkpoints import checkpoint_save
 from ledger.services.lifespan.reaper import resources_reap
+from ledger.services.notifications.delivery import deliveries_send
+from ledger.services.notifications.endpoints import endpoint_create
+from ledger.services.notifications.scan import notifications_scan
 from ledger.services.reconciliation.http import HttpReconciler
 from ledger.services.reconciliation.registry import register
 from ledger.services.tenancy.roles import role_grant
@@ -114,6 +118,7 @@ class Command(BaseCommand):
         self.seed_other_tenants()
         result = ledger_verify(limit=1000)
         self.stdout.write(f"verified {result.runs} runs ({result.broken} BROKEN, as seeded)")
+        self.seed_webhooks(tenant)
         self.show_users()
         return token
 
@@ -300,6 +305,27 @@ class Command(BaseCommand):
         leases.lease_acquire(worker=batch, run_id=run.pk, owner_id="batch-1", ttl_s=3600)
         worker_drain(worker_id=batch.pk, reason="host maintenance tonight", deadline_s=3600, name="admin")
         self.seed_lifespan(tenant, worker)
+
+    def seed_webhooks(self, tenant) -> None:
+        """A webhook of the demo tenant to the sandbox's sink, for every kind of notification:
+        one scan and one delivery pass now (the approval, the quarantine, the cleanup alert
+        and the BROKEN chain seeded above), the jobs deliver the rest while the demo runs
+        (the UNKNOWNs, once they are a minute old)."""
+        endpoint_create(
+            tenant=tenant,
+            name="ops-channel",
+            target=self.sandbox.url + "/v1/webhooks",
+            kinds=NotificationKind.values,
+            unknown_after_s=60,
+            reason="the on-call channel (the sandbox's sink in the demo)",
+            created_by="admin",
+        )
+        scanned = notifications_scan()
+        sent = deliveries_send()
+        self.stdout.write(
+            f"webhooks: {scanned.created} notification(s) for ops-channel, {sent.delivered} delivered to the "
+            f"sandbox sink ({sum(1 for w in self.sandbox.webhooks if w['signed'])} signed)"
+        )
 
     def seed_lookups(self, leased, dispatch, outcome) -> None:
         sandbox = self.sandbox
