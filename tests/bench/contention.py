@@ -1,6 +1,6 @@
 """Benchmark: fenced transitions per second against the number of distinct runs touched.
 
-    python tests/bench/contention.py [--workers N] [--seconds S] [--runs 1,2,4,16,64,256]
+    python tests/bench/contention.py [--workers N] [--seconds S] [--runs 1,2,4,16,64,256] [--rounds K]
     make bench-contention BENCH_ARGS="--seconds 5"
 
 A benchmark, not a test: pytest never collects this file (it does not start with test_).
@@ -31,7 +31,9 @@ on a lock (wait_event_type = 'Lock').
 The data lives in a dedicated database (``fenceline_bench_contention``), dropped, recreated
 and migrated once per invocation; the URL names the server only. No other database is
 created, changed or dropped. The phases share that database, so later phases run on
-slightly larger tables (a few thousand rows per phase).
+slightly larger tables (a few thousand rows per phase). On a shared machine one phase of a
+few seconds is noisy: --rounds K repeats the phases K times (every other round in reverse
+order) and reports the median of each figure, with each round's rate beside it.
 """
 
 from __future__ import annotations
@@ -382,6 +384,33 @@ def run_phase(server: Server, worker_pks: list[int], runs: int, args) -> dict:
     return phase
 
 
+def aggregate(phases: list[dict]) -> list[dict]:
+    """One row per number of runs: the median over its rounds of each figure."""
+    from statistics import median
+
+    rows = []
+    for runs in sorted({ph["runs"] for ph in phases}):
+        mine = [ph for ph in phases if ph["runs"] == runs]
+        waits = [ph["lock_waiting"] for ph in mine if ph["lock_waiting"] is not None]
+        busy = [ph["busy_cores"] for ph in mine if ph["busy_cores"] is not None]
+        refused = [ph["refused_p50"] for ph in mine if ph["refused"]]
+        rows.append(
+            {
+                "runs": runs,
+                "tps": median(ph["tps"] for ph in mine),
+                "each": [ph["tps"] for ph in mine],
+                "p50": median(ph["p50"] for ph in mine),
+                "p99": median(ph["p99"] for ph in mine),
+                "leases_per_s": median(ph["acquires"] / ph["elapsed"] for ph in mine),
+                "refused_per_s": median(ph["refused"] / ph["elapsed"] for ph in mine),
+                "refused_p50": median(refused) if refused else float("nan"),
+                "lock_waiting": median(waits) if waits else None,
+                "busy_cores": median(busy) if busy else None,
+            }
+        )
+    return rows
+
+
 def report(context: dict, args, phases: list[dict]) -> None:
     import django
 
@@ -404,24 +433,29 @@ def report(context: dict, args, phases: list[dict]) -> None:
         f"lease, backoff after a refusal {args.backoff_ms:g} ms"
     )
     say("-" * 96)
-    reference = max(phases, key=lambda ph: ph["runs"])
+    rows = aggregate(phases)
+    reference = max(rows, key=lambda row: row["runs"])
     header = (
         f"{'runs':>6}{'transitions/s':>15}{'ratio to R=' + str(reference['runs']):>15}{'p50':>11}{'p99':>11}"
         f"{'leases/s':>10}{'refused/s':>11}{'refused p50':>13}{'lock-waiting':>14}{'cores busy':>11}"
     )
+    if args.rounds > 1:
+        header += "  transitions/s of each round"
     say(header)
-    for ph in phases:
-        ratio = ph["tps"] / reference["tps"] if reference["tps"] else float("nan")
-        waiting = "n/a" if ph["lock_waiting"] is None else f"{ph['lock_waiting']:.2f}"
-        busy = "n/a" if ph["busy_cores"] is None else f"{ph['busy_cores']:.2f}"
-        refused_p50 = ms(ph["refused_p50"]) if ph["refused"] else "-"
-        say(
-            f"{ph['runs']:>6}{ph['tps']:>15,.1f}{ratio:>15.3f}{ms(ph['p50']):>11}{ms(ph['p99']):>11}"
-            f"{ph['acquires'] / ph['elapsed']:>10,.1f}{ph['refused'] / ph['elapsed']:>11,.1f}{refused_p50:>13}"
-            f"{waiting:>14}{busy:>11}"
+    for row in rows:
+        ratio = row["tps"] / reference["tps"] if reference["tps"] else float("nan")
+        waiting = "n/a" if row["lock_waiting"] is None else f"{row['lock_waiting']:.2f}"
+        busy = "n/a" if row["busy_cores"] is None else f"{row['busy_cores']:.2f}"
+        refused_p50 = ms(row["refused_p50"]) if row["refused_per_s"] else "-"
+        line = (
+            f"{row['runs']:>6}{row['tps']:>15,.1f}{ratio:>15.3f}{ms(row['p50']):>11}{ms(row['p99']):>11}"
+            f"{row['leases_per_s']:>10,.1f}{row['refused_per_s']:>11,.1f}{refused_p50:>13}{waiting:>14}{busy:>11}"
         )
+        if args.rounds > 1:
+            line += "  " + " / ".join(f"{tps:,.0f}" for tps in row["each"])
+        say(line)
     say("-" * 96)
-    by_runs = {ph["runs"]: ph for ph in phases}
+    by_runs = {row["runs"]: row for row in rows}
     hot, spread = by_runs.get(1), by_runs.get(args.workers)
     if hot and spread and spread["tps"]:
         say(
@@ -431,6 +465,11 @@ def report(context: dict, args, phases: list[dict]) -> None:
         )
     else:
         say(f"(the cost of one hot run needs R = 1 and R = {args.workers} (= --workers) in --runs)")
+    if args.rounds > 1:
+        say(
+            f"each figure is the median over {args.rounds} rounds (odd rounds in --runs order, even rounds reversed); "
+            "ratios are of medians"
+        )
     say(
         "lock-waiting = mean number of the phase's backends waiting on a lock (pg_stat_activity, every "
         f"{LOCK_SAMPLE_S:g} s); cores busy = whole machine (/proc/stat), not only this benchmark;"
@@ -460,6 +499,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated numbers of distinct runs, one phase each (default {','.join(map(str, DEFAULT_RUNS))})",
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat the --runs phases this many times (odd rounds reversed) and report medians (default 1)",
+    )
+    parser.add_argument(
         "--ops-per-lease", type=int, default=20, help="operations per lease before release (default 20)"
     )
     parser.add_argument(
@@ -472,8 +517,10 @@ def main(argv: list[str] | None = None) -> int:
         f"the benchmark uses its own database {CONTENTION_DB} on that server",
     )
     args = parser.parse_args(argv)
-    if args.workers < 1 or args.seconds <= 0 or args.ops_per_lease < 1 or args.backoff_ms < 0:
-        parser.error("--workers and --ops-per-lease must be at least 1, --seconds positive, --backoff-ms >= 0")
+    if args.workers < 1 or args.rounds < 1 or args.seconds <= 0 or args.ops_per_lease < 1 or args.backoff_ms < 0:
+        parser.error(
+            "--workers, --rounds and --ops-per-lease must be at least 1, --seconds positive, --backoff-ms >= 0"
+        )
     try:
         try:
             import psycopg  # noqa: F401
@@ -487,7 +534,12 @@ def main(argv: list[str] | None = None) -> int:
             f"R in {', '.join(map(str, args.runs))}"
         )
         worker_pks = prepare_database(server, args.workers, args.ops_per_lease)
-        phases = [run_phase(server, worker_pks, runs, args) for runs in args.runs]
+        phases = []
+        for round_index in range(args.rounds):
+            order = args.runs if round_index % 2 == 0 else list(reversed(args.runs))
+            if args.rounds > 1:
+                say(f"[round {round_index + 1} of {args.rounds}] R in {', '.join(map(str, order))}")
+            phases += [run_phase(server, worker_pks, runs, args) for runs in order]
         report(context, args, phases)
     except BenchError as exc:
         print(f"bench failed: {exc}", file=sys.stderr, flush=True)
