@@ -199,8 +199,28 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
 elif _db["ENGINE"] not in {"django.db.backends.postgresql"}:
     raise ImproperlyConfigured(f"DATABASE_URL must point at PostgreSQL or SQLite, got engine {_db['ENGINE']}")
 
+# Behind PgBouncer in transaction mode a held server-side cursor (QuerySet.iterator(): the
+# chain export, the verifier) does not survive the transaction: turn them off there.
+_db["DISABLE_SERVER_SIDE_CURSORS"] = env_bool("DB_DISABLE_SERVER_SIDE_CURSORS", False)
+
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- behind a TLS-terminating proxy (docs/production.md) -------------------------------
+# FENCELINE_BEHIND_TLS_PROXY=1: the proxy's X-Forwarded-Proto says the scheme (the proxy must
+# overwrite it), cookies are sent over HTTPS only, plain HTTP is redirected (except the
+# probes, which orchestrators call on the private port) and browsers are told to keep to HTTPS.
+BEHIND_TLS_PROXY = env_bool("FENCELINE_BEHIND_TLS_PROXY", False)
+if BEHIND_TLS_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 31536000)
+# Origins allowed to post the console's forms when they differ from its host (comma-separated,
+# with their scheme: https://console.example).
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in (env("DJANGO_CSRF_TRUSTED_ORIGINS", "") or "").split(",") if o.strip()]
 
 # --- auth -----------------------------------------------------------------------------
 
