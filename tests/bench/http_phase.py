@@ -22,6 +22,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -169,7 +170,10 @@ class Gunicorn:
             "--log-level",
             "warning",
         ]
-        self.process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # Its log lines (one JSON line per request) go to a file, as to a log collector: a pipe
+        # nobody reads would fill and block every worker.
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
+        self.process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 60) -> None:
         import requests
@@ -177,7 +181,8 @@ class Gunicorn:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                output = self.process.stdout.read().decode(errors="replace") if self.process.stdout else ""
+                self.log.seek(0)
+                output = self.log.read().decode(errors="replace")
                 raise RuntimeError(f"gunicorn exited: {output[-500:]}")
             try:
                 answered = requests.get(self.url + "/api/v1/openapi.json", timeout=2).status_code == 200
