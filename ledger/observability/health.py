@@ -125,15 +125,22 @@ def check_evidence_keys() -> Check:
     return Check("evidence_keys", True)
 
 
-_schema_checked: dict[str, object] = {"at": 0.0, "result": None}
+@dataclass
+class _SchemaCache:
+    """This process's last schema check and when it ran (time.monotonic())."""
+
+    at: float = 0.0
+    result: Check | None = None
+
+
+_schema_cache = _SchemaCache()
 
 
 def check_schema() -> Check:
     """Stored records with a schema_version this build does not know (cached per process)."""
     every = settings.FENCELINE["READYZ_SCHEMA_CHECK_S"]
-    cached = _schema_checked["result"]
-    if isinstance(cached, Check) and time.monotonic() - float(_schema_checked["at"]) < every:  # type: ignore[arg-type]
-        return cached
+    if _schema_cache.result is not None and time.monotonic() - _schema_cache.at < every:
+        return _schema_cache.result
     unknown = []
     try:
         for model in apps.get_models():
@@ -148,13 +155,13 @@ def check_schema() -> Check:
         if unknown
         else Check("schema", True)
     )
-    _schema_checked.update(at=time.monotonic(), result=result)
+    _schema_cache.at, _schema_cache.result = time.monotonic(), result
     return result
 
 
 def readiness() -> list[Check]:
     database = check_database()
-    if not database.ok and database.reason.startswith("not reachable"):
-        down = Check("jobs", False, "database not reachable"), Check("schema", False, "database not reachable")
-        return [database, check_broker(), down[0], check_evidence_keys(), down[1]]
+    if not database.ok and database.reason.startswith("not reachable"):  # nothing else can be read
+        return [database, check_broker(), Check("jobs", False, "database not reachable"), check_evidence_keys(),
+                Check("schema", False, "database not reachable")]  # fmt: skip
     return [database, check_broker(), check_jobs(), check_evidence_keys(), check_schema()]

@@ -132,6 +132,7 @@ class DatabaseMetrics(Collector):
                 lag=Sum(F("last_seq") - Coalesce("verified_checkpoint_seq", 0)),
                 unknown=Sum("n_unknown"),
                 active=Count("id", filter=Q(status=RunStatus.ACTIVE)),
+                in_flight=Sum(F("n_authorized") + F("n_dispatched")),
             )
             .order_by()
         )
@@ -274,12 +275,11 @@ class DatabaseMetrics(Collector):
             ["tenant"],
             [(slug(r["run__tenant_id"]), r["n"]) for r in live if r["run__tenant_id"] in tenants],
         )
-        active_ops = Run.objects.filter(Q(n_authorized__gt=0) | Q(n_dispatched__gt=0)).values("tenant_id")
         yield _gauge(
             "fenceline_active_operations",
             "Operations AUTHORIZED or DISPATCHED (in flight), to set against the live instances",
             ["tenant"],
-            by_tenant(active_ops.annotate(n=Sum(F("n_authorized") + F("n_dispatched"))).order_by()),
+            by_tenant(runs, value="in_flight"),
         )
 
         # Cost windows now open: limit, reserved and settled cents by budget kind.

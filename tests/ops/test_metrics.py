@@ -111,6 +111,12 @@ def test_every_metric_exists_after_the_demo_seed_with_the_value_its_rows_give(tm
             slug,
         )
         assert value(families, "audit_unknown_outcomes", tenant=slug) == unknown, slug
+        in_flight = one(
+            "SELECT COUNT(*) FROM ledger_operation o JOIN ledger_tenant t ON o.tenant_id = t.id"
+            " WHERE t.slug = ? AND o.phase IN ('AUTHORIZED', 'DISPATCHED')",
+            slug,
+        )
+        assert value(families, "fenceline_active_operations", tenant=slug) == in_flight, slug
     demo_events = value(families, "audit_events_accepted", "_total", tenant="demo")
     assert demo_events > 50
     assert value(families, "fenceline_stale_token_rejections", "_total", tenant="demo") >= 1

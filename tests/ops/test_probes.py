@@ -18,7 +18,7 @@ CANARY_BROKER_PASSWORD = "canary-broker-pw-7Hq2xZ9"
 
 @pytest.fixture(autouse=True)
 def _fresh_schema_check(monkeypatch):
-    monkeypatch.setitem(health._schema_checked, "result", None)
+    monkeypatch.setattr(health, "_schema_cache", health._SchemaCache())
 
 
 def all_jobs_fresh(age_s: float = 1.0) -> None:
