@@ -196,7 +196,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
     }
-elif _db["ENGINE"] not in {"django.db.backends.postgresql"}:
+elif _db["ENGINE"] == "django.db.backends.postgresql":
+    _db["OPTIONS"] = {"server_side_binding": env_bool("DB_SERVER_SIDE_BINDING", False)}
+else:
     raise ImproperlyConfigured(f"DATABASE_URL must point at PostgreSQL or SQLite, got engine {_db['ENGINE']}")
 
 # Behind PgBouncer in transaction mode a held server-side cursor (QuerySet.iterator(): the

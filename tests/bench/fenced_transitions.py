@@ -491,7 +491,7 @@ def worker_main(
             if profile and index == 0:
                 import cProfile
 
-                profiler = cProfile.Profile()
+                profiler = cProfile.Profile(time.process_time)  # CPU, not waiting
                 profiler.runcall(loop)
                 profiler.dump_stats(profile)
             else:

@@ -127,7 +127,14 @@ def breaker_update(
     return _stored_breaker(tenant)[0]
 
 
-def breaker_allows(*, tenant: Tenant, op: Operation, policy: dict, attempt_is_retry: bool) -> Denied | None:
+def breaker_allows(
+    *,
+    tenant: Tenant,
+    op: Operation,
+    policy: dict,
+    attempt_is_retry: bool,
+    stored: tuple[str, str, datetime | None] | None = None,
+) -> Denied | None:
     """Read-only guard for authorize, dispatch and retry: the refusal to raise, or None.
 
     OPEN refuses new work; UNKNOWN refuses retries, and otherwise holds new work to the
@@ -135,9 +142,11 @@ def breaker_allows(*, tenant: Tenant, op: Operation, policy: dict, attempt_is_re
     THROTTLED refuses once ``throttled_max_dispatched`` operations of the tenant are
     DISPATCHED. A state stored in an earlier window is recomputed (read-only) first: the
     window it was about has ended, and an OPEN breaker would otherwise never see the
-    reservation that re-evaluates it."""
+    reservation that re-evaluates it. ``stored`` is the tenant's (state, reason, changed
+    at) as the caller read it fresh in this transaction, if it did."""
     now = timezone.now()
-    stored = _stored_breaker(tenant)
+    if stored is None:  # the caller did not read it with the policy (policy_now)
+        stored = _stored_breaker(tenant)
     state, reason, changed_at = BreakerState(stored[0]), stored[1], stored[2]
     starts_at, _ = window_bounds(now, policy["cost_window_s"])
     if state != BreakerState.NORMAL and changed_at is not None and changed_at < starts_at:

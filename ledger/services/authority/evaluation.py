@@ -24,7 +24,7 @@ from ledger.errors import Denied, parse_id
 from ledger.models import CapabilityBudget, Credential, CredentialLease, Operation
 from ledger.policy import allows, contract_for, needs_human
 from ledger.services.authority.breaker import breaker_allows
-from ledger.services.authority.policy import policy_current
+from ledger.services.authority.policy import policy_now
 from ledger.services.authority.reservations import cost_reserve
 from ledger.services.core.fencing import Fenced
 from ledger.services.core.handoff import Approval, queues
@@ -45,14 +45,17 @@ class Grounds:
 
 
 def evaluate(*, op: Operation, ctx: Fenced, lease_id: object = None, at_dispatch: bool = False) -> Grounds:
-    version, policy = policy_current(tenant=ctx.run.tenant)
+    now = policy_now(tenant=ctx.run.tenant)
+    version, policy = now.version, now.document
     grounds = Grounds(policy_version=version, policy=policy)
     grounds.lease = _check_credential(op, ctx, policy, lease_id=lease_id, at_dispatch=at_dispatch)
     why = allows(policy, tool=op.tool, action=op.action, resource=op.resource)
     if why is not None:
         raise Denied("DENY_POLICY", why, policy_version=version)
     _check_capability(op, ctx, policy, grounds)
-    refusal = breaker_allows(tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=op.attempt > 1)
+    refusal = breaker_allows(
+        tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=op.attempt > 1, stored=now.breaker
+    )
     if refusal is not None:
         raise refusal
     contract = contract_for(policy, op.tool, op.action)
@@ -119,6 +122,12 @@ def _check_capability(op: Operation, ctx: Fenced, policy: dict, grounds: Grounds
             return
     spent = "calls" if all(c.used_calls >= c.max_calls for c in usable) else "bytes"
     raise Denied("DENY_BUDGET", f"the run's capability for {op.tool} has no {spent} left", budget=f"capability:{spent}")
+
+
+def reserves(*, op: Operation, grounds: Grounds) -> bool:
+    """Whether ``reserve`` may write anything for ``op``: a capability call, a cost (only
+    an operation with an estimate is reserved), or the approval it uses."""
+    return grounds.capability is not None or op.estimated_cost_cents is not None or grounds.approval is not None
 
 
 def reserve(*, op: Operation, ctx: Fenced, grounds: Grounds) -> None:

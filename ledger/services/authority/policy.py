@@ -9,12 +9,14 @@ a file applied as code (``policy_apply``, with ``policy_diff`` saying what chang
 import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
+from ledger import prepared
 from ledger.actors import SYSTEM, user_actor
 from ledger.errors import InvalidInput, NotFound
 from ledger.models import Tenant, TenantPolicy
@@ -41,6 +43,41 @@ def policy_current(*, tenant: Tenant) -> tuple[int, dict[str, Any]]:
     """(version, document) of the tenant's current policy, read fresh."""
     current = Tenant.objects.filter(pk=tenant.pk).values("policy_version")[:1]
     return TenantPolicy.objects.filter(tenant=tenant, version=current).values_list("version", "document").get()
+
+
+@dataclass(frozen=True)
+class PolicyNow:
+    """What a decision reads of its tenant, fresh, in one statement: the current policy
+    version (its document is shared: read it, never change it) and the stored breaker."""
+
+    version: int
+    document: dict[str, Any]
+    breaker: tuple[str, str, datetime | None]
+
+
+# Documents by (tenant id, version): a version never changes once written.
+_documents: dict[tuple[int, int], dict[str, Any]] = {}
+
+
+def policy_now(*, tenant: Tenant) -> PolicyNow:
+    """The tenant's current policy version and breaker, read fresh by primary key; the
+    document of that version is read once per process."""
+    fresh = prepared.get(Tenant, id=tenant.pk)
+    if not isinstance(fresh, Tenant):
+        raise NotFound("tenant not found")
+    version = fresh.policy_version
+    key = (tenant.pk, version)
+    document = _documents.get(key)
+    if document is None:
+        document = TenantPolicy.objects.values_list("document", flat=True).get(tenant_id=tenant.pk, version=version)
+        if len(_documents) > 4096:
+            _documents.clear()
+        _documents[key] = document
+    return PolicyNow(
+        version=version,
+        document=document,
+        breaker=(fresh.breaker_state, fresh.breaker_reason, fresh.breaker_changed_at),
+    )
 
 
 @transaction.atomic

@@ -130,7 +130,10 @@ def cost_reserve(
 
 
 def _current_reservation(op: Operation) -> CostReservation | None:
-    """The reservation of ``op``'s current attempt, locked."""
+    """The reservation of ``op``'s current attempt, locked. An operation without an
+    estimate never has one (``cost_reserve`` reserves nothing without it): no statement."""
+    if op.estimated_cost_cents is None:
+        return None
     return CostReservation.objects.select_for_update(of=("self",)).filter(operation=op, attempt=op.attempt).first()
 
 

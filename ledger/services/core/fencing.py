@@ -116,7 +116,11 @@ def lock_run(*, tenant: Tenant, run_id: object = None, operation_id: object = No
     lease = RunLease.from_db(connection.alias, lease_fields, row[: len(lease_fields)])
     run = Run.from_db(connection.alias, run_fields, row[len(lease_fields) :])
     run.lease, lease.run = lease, run
+    _RUN_TENANT.set_cached_value(run, tenant)  # the statement matched run.tenant_id = tenant.pk
     return run
+
+
+_RUN_TENANT = Run._meta.get_field("tenant")
 
 
 def fence_reason(lease: RunLease, token: int, now: datetime, *, owner_id: str | None = None) -> str | None:

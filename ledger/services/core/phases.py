@@ -9,6 +9,7 @@ transaction (invariants 4 and 5).
 
 from typing import Any
 
+from ledger import prepared
 from ledger.errors import WrongPhase
 from ledger.models import Operation
 from ledger.services.core.fencing import Fenced
@@ -31,7 +32,7 @@ def transition(
     source = Phase(op.phase)
     if not can_move(source, target):
         raise WrongPhase(phase=source, wanted=" or ".join(sorted(p for p in Phase if can_move(p, target))))
-    won = Operation.objects.filter(pk=op.pk, phase=source).update(phase=target, updated_at=ctx.now, **changes)
+    won = prepared.update(Operation, {"phase": target, "updated_at": ctx.now, **changes}, id=op.pk, phase=source)
     if won != 1:  # impossible while the run is locked; refuse rather than guess
         raise WrongPhase(phase="changed concurrently", wanted=source)
     ctx.batch.count_move(ctx.run, source, target)

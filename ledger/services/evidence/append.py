@@ -10,10 +10,12 @@ import re
 import uuid
 from contextlib import contextmanager
 from datetime import datetime
+from functools import cache
 
 from django.conf import settings
 from django.db import connection, transaction
 
+from ledger import prepared
 from ledger.boundary import check_fields, check_text, path_segment
 from ledger.chain import EventSigner, canonical_bytes, format_time, hash_bytes
 from ledger.errors import InvalidInput
@@ -150,16 +152,52 @@ class ChainBatch:
     def commit(self) -> list[Event]:
         if not self._runs:
             return []
-        Event.objects.bulk_create(self.events)
         runs = list(self._runs.values())
-        if len(runs) == 1:  # the common case: one UPDATE without CASE expressions
-            run = runs[0]
-            Run.objects.filter(pk=run.pk).update(**{name: getattr(run, name) for name in HEAD_FIELDS})
-        elif connection.vendor == "postgresql":
-            _update_heads(runs)
-        else:
+        if connection.vendor != "postgresql":  # the embedded default: the ORM
+            Event.objects.bulk_create(self.events)
             Run.objects.bulk_update(runs, HEAD_FIELDS)
+            return self.events
+        if len(runs) == 1 and 0 < len(self.events) <= EVENTS_PER_STATEMENT:
+            # The common case, a transition: its events and the head in one round trip.
+            run = runs[0]
+            events = [prepared.prep(Event, name, getattr(e, name)) for e in self.events for name in EVENT_INSERTED]
+            head = [prepared.prep(Run, name, getattr(run, name)) for name in HEAD_FIELDS]
+            with connection.cursor() as cursor:
+                cursor.execute(_commit_sql(len(self.events)), [*events, *head, run.pk])
+                _stored(self.events, cursor.fetchall())
+            return self.events
+        with connection.cursor() as cursor:
+            for start in range(0, len(self.events), EVENTS_PER_STATEMENT):
+                chunk = self.events[start : start + EVENTS_PER_STATEMENT]
+                events = [prepared.prep(Event, name, getattr(e, name)) for e in chunk for name in EVENT_INSERTED]
+                cursor.execute(f"{prepared.insert_sql(Event, EVENT_INSERTED, len(chunk))} {_RETURNING}", events)
+                _stored(chunk, cursor.fetchall())
+        _update_heads(runs)
         return self.events
+
+
+@cache
+def _commit_sql(events: int) -> str:
+    """One round trip for a transition's chain: the events' INSERT as a data-modifying CTE
+    and the run head's UPDATE (the events' foreign key sees the run row either way)."""
+    head = prepared.update_sql(Run, tuple(HEAD_FIELDS), ("id",))
+    return (
+        f"WITH appended AS ({prepared.insert_sql(Event, EVENT_INSERTED, events)} {_RETURNING}), "  # noqa: S608
+        f"head AS ({head}) SELECT * FROM appended"
+    )
+
+
+_RETURNING = "RETURNING id, event_id"
+
+
+def _stored(events: list[Event], rows: list[tuple]) -> None:
+    """Give the inserted events their primary keys, matched by event id (``RETURNING``
+    promises no order)."""
+    ids = {event_id: pk for pk, event_id in rows}
+    for event in events:
+        event.pk = ids[event.event_id]
+        event._state.adding = False
+        event._state.db = connection.alias
 
 
 def _update_heads(runs: list[Run]) -> None:
@@ -189,6 +227,10 @@ def phase_count_field(phase: str) -> str:
 
 PHASE_COUNT_FIELDS = [phase_count_field(phase) for phase in Phase.values]
 # Written with every commit; the runs are locked, so the in-memory values are current.
+# At most this many events per INSERT (PostgreSQL takes at most 65,535 parameters).
+EVENTS_PER_STATEMENT = 1000
+# The columns of an event's INSERT: all but the generated primary key.
+EVENT_INSERTED = tuple(f.attname for f in Event._meta.concrete_fields if not f.primary_key)
 HEAD_FIELDS = ["last_seq", "last_hash", "last_progress_at", *PHASE_COUNT_FIELDS]
 # Events that are not progress: a lease kept alive, a stale write refused, what an instance's
 # idleness, the reapers or an admin's cleanup decisions record. Every other event moves Run.last_progress_at, from which

@@ -6,10 +6,12 @@ the fence (run and lease rows locked), and appends exactly one event to the run'
 ``retry.py``, the move to UNKNOWN in ``unknown.py``.
 """
 
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 
+from ledger import prepared
 from ledger.boundary import check_fields
 from ledger.errors import ApprovalRequired, Denied, DomainError, IdempotencyMismatch, NotFound, WrongPhase, parse_id
 from ledger.models import Operation, Run, Tenant, Worker
@@ -21,6 +23,9 @@ from ledger.services.core.phases import transition
 from ledger.services.fence.ending import NEW_WORK
 from ledger.services.reconciliation.contracts import decision_policy, intent_terms
 from ledger.states import ApprovalKind, EffectClass, Phase, WorkerStatus
+
+# The operation's unique key within its tenant (the constraint operation_unique_key_per_tenant).
+KEY_PER_TENANT = ("tenant", "idempotency_key")
 
 # The parameters that identify an intent. The fencing token is deliberately not one of
 # them: a new owner replaying the same intent gets the same operation.
@@ -71,9 +76,6 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
     def write(ctx: Fenced) -> tuple[Operation, bool]:
         # After the fence: an unknown run is 404 and a stale token 409 before any contract.
         intent, reconciler = intent_terms(tenant=worker.tenant, intent=declared)
-        existing = Operation.objects.filter(tenant=worker.tenant, idempotency_key=intent.idempotency_key).first()
-        if existing is not None:
-            return _replay(existing, ctx.run, intent, tenant=worker.tenant.slug), False
         op = Operation(
             tenant=worker.tenant,
             run=ctx.run,
@@ -90,14 +92,12 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
             phase=Phase.PLANNED,
             updated_at=ctx.now,
         )
-        try:
-            with transaction.atomic():
-                op.save(force_insert=True)
-        except IntegrityError:
-            # The same key was taken at this moment by another run of the tenant.
+        # One statement: the insert, or nothing when the tenant's key is taken (by this
+        # intent before, or by another run at this moment), which is then a replay.
+        if not prepared.insert(op, conflict=KEY_PER_TENANT):
             existing = Operation.objects.filter(tenant=worker.tenant, idempotency_key=intent.idempotency_key).first()
             if existing is None:
-                raise
+                raise IntegrityError(f"operation {op.pk} was not inserted and its key is not taken")
             return _replay(existing, ctx.run, intent, tenant=worker.tenant.slug), False
         ctx.batch.count_move(ctx.run, None, Phase.PLANNED)
         ctx.batch.append(
@@ -138,6 +138,15 @@ def _replay(existing: Operation, run: Run, intent: Intent, *, tenant: str) -> Op
     return existing
 
 
+def _locked_operation(op_id: object) -> Operation:
+    """The operation of the locked run (``fenced`` found the run through it), read under
+    that lock with its credential lease."""
+    op = prepared.get(Operation, ("credential_lease",), id=op_id)
+    if not isinstance(op, Operation):
+        raise NotFound("operation not found")
+    return op
+
+
 def _digest_field(ctx: Fenced, version: object) -> dict:
     """The digest of the policy version a decision was made under (none for a refusal made
     before a policy was read)."""
@@ -172,7 +181,7 @@ def operation_authorize(
     op_id = parse_id(operation_id, "operation")
 
     def write(ctx: Fenced) -> tuple[Operation, DomainError | None]:
-        op = Operation.objects.select_related("credential_lease").get(pk=op_id)
+        op = _locked_operation(op_id)
         if op.phase == Phase.AUTHORIZED:
             return op, None  # already decided; dispatch checks it all again
         if op.phase not in (Phase.PLANNED, Phase.PENDING_APPROVAL):
@@ -242,14 +251,16 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
     op_id = parse_id(operation_id, "operation")
 
     def write(ctx: Fenced) -> tuple[Operation, DomainError | None]:
-        op = Operation.objects.select_related("credential_lease").get(pk=op_id)
+        op = _locked_operation(op_id)
         if op.phase != Phase.AUTHORIZED:
             raise WrongPhase(phase=op.phase, wanted=Phase.AUTHORIZED)
         try:
-            with ctx.batch.savepoint():
-                grounds = evaluation.evaluate(op=op, ctx=ctx, at_dispatch=True)
-                if grounds.needs_approval:
-                    raise Denied("DENY_POLICY", "the approval this operation needs is missing, used, expired or void")
+            grounds = evaluation.evaluate(op=op, ctx=ctx, at_dispatch=True)  # reads only
+            if grounds.needs_approval:
+                raise Denied("DENY_POLICY", "the approval this operation needs is missing, used, expired or void")
+            # A refusal while reserving takes back what was reserved before it; with nothing
+            # to reserve there is nothing to take back, and no savepoint to pay for.
+            with ctx.batch.savepoint() if evaluation.reserves(op=op, grounds=grounds) else nullcontext():
                 evaluation.reserve(op=op, ctx=ctx, grounds=grounds)
                 transition(
                     op,

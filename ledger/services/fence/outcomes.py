@@ -3,7 +3,8 @@ worker that dispatched it, under the fence."""
 
 from typing import Any
 
-from ledger.errors import WrongPhase, parse_id
+from ledger import prepared
+from ledger.errors import NotFound, WrongPhase, parse_id
 from ledger.models import Operation, Worker
 from ledger.services.authority.reservations import cost_settle
 from ledger.services.core.fencing import Fenced, fenced
@@ -34,7 +35,9 @@ def operation_report_outcome(
     target = OUTCOME_PHASE[Outcome(outcome)]
 
     def write(ctx: Fenced) -> Operation:
-        op = Operation.objects.get(pk=op_id)
+        op = prepared.get(Operation, id=op_id)
+        if not isinstance(op, Operation):  # fenced found the run through this operation
+            raise NotFound("operation not found")
         if op.phase == target and op.dispatch_token == ctx.token and op.provider_request_id == provider_request_id:
             if target != Phase.UNKNOWN and actual_cost_cents is not None:
                 # The same report again, now with the usage that was missing: it settles the
