@@ -197,7 +197,11 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
     }
 elif _db["ENGINE"] == "django.db.backends.postgresql":
-    _db["OPTIONS"] = {"server_side_binding": env_bool("DB_SERVER_SIDE_BINDING", False)}
+    # The hot path's pre-built statements (ledger/prepared.py) are bound server-side and
+    # prepared from their Nth use on a connection; 0 (for a pooler that cannot keep
+    # prepared statements, e.g. PgBouncer before 1.21) sends them unprepared.
+    _prepare_threshold = env_int("DB_PREPARE_THRESHOLD", 2)
+    _db["OPTIONS"] = {"prepare_threshold": _prepare_threshold or None}
 else:
     raise ImproperlyConfigured(f"DATABASE_URL must point at PostgreSQL or SQLite, got engine {_db['ENGINE']}")
 

@@ -6,18 +6,83 @@ statements here are written once per shape from the models' own metadata (tables
 kept per process, and sent with parameters prepared by the model fields themselves
 (``Field.get_db_prep_save``), so a row written here is the row ``Model.save`` would write.
 
+They go through :func:`execute`: server-side binding, so that PostgreSQL parses and plans
+each shape once per connection and then only executes it (a prepared statement, from the
+``prepare_threshold``-th use: ``DB_PREPARE_THRESHOLD``; the ORM's own queries keep
+client-side binding and are never prepared). Django's execute wrappers and query log see
+these statements as they see the ORM's.
+
 :func:`get`, :func:`update` and :func:`insert` answer as their ORM counterparts do; on
 the embedded SQLite default, or given a value that is an expression (``F()``, a database
 default), they are those counterparts.
 """
 
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from functools import cache
-from typing import Any
+from operator import attrgetter
+from typing import Any, Protocol
+from weakref import WeakKeyDictionary
 
-from django.db import IntegrityError, connection, models, transaction
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, models, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
+from psycopg.types.numeric import Int2, Int4, Int8
+
+from ledger.versioning import require_known
 
 type Row = tuple[Any, ...]
+
+
+class Result(Protocol):
+    """What :func:`execute` returns: the statement's rows and row count."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+# One server-binding cursor per open connection, reused statement after statement (each
+# caller fetches its rows before the next statement).
+_cursors: "WeakKeyDictionary[psycopg.Connection, psycopg.Cursor]" = WeakKeyDictionary()
+
+
+def database() -> BaseDatabaseWrapper:
+    """This thread's default connection itself (not the ``django.db.connection`` proxy,
+    each attribute read through which costs a context-local lookup)."""
+    return connections[DEFAULT_DB_ALIAS]
+
+
+def execute(sql: str, params: Sequence[Any]) -> Result:
+    """Run one statement with server-side binding (prepared once it has been used
+    ``prepare_threshold`` times on this connection) and return its cursor to fetch from
+    before the next statement. PostgreSQL only.
+
+    With nothing watching the connection it goes straight to psycopg (Django's cursor
+    wrapper costs about as much CPU as the round trip); when the query log is on or an
+    execute wrapper is installed (a test's query counter, a benchmark's meter, the fence's
+    write-behind guard) it goes through Django's wrapper, which calls them."""
+    db = database()
+    raw = db.connection
+    if raw is None:
+        db.ensure_connection()
+        raw = db.connection
+    cursor = _cursors.get(raw)
+    if cursor is None or cursor.closed:
+        cursor = _cursors[raw] = psycopg.Cursor(raw)
+    if db.queries_logged or db.execute_wrappers:
+        wrapped = (CursorDebugWrapper if db.queries_logged else CursorWrapper)(cursor, db)
+        wrapped.execute(sql, params)
+        return cursor
+    db.validate_no_broken_transaction()
+    with db.wrap_database_errors:
+        cursor.execute(sql, params)
+    return cursor
 
 
 def plain(values: Iterable[object]) -> bool:
@@ -35,11 +100,16 @@ def _fields(model: type[models.Model]) -> dict[str, models.Field]:
     return fields
 
 
-def _column(model: type[models.Model], name: str) -> str:
-    column = _fields(model)[name].column
-    if column is None:  # a concrete field always has one
+def column(model: type[models.Model], name: str) -> str:
+    """The column of ``model``'s concrete field ``name`` (or attname)."""
+    found = _fields(model)[name].column
+    if found is None:  # a concrete field always has one
         raise AssertionError(f"{model.__name__}.{name} has no column")
-    return connection.ops.quote_name(column)
+    return found
+
+
+def _column(model: type[models.Model], name: str) -> str:
+    return connection.ops.quote_name(column(model, name))
 
 
 def attname(model: type[models.Model], name: str) -> str:
@@ -48,11 +118,60 @@ def attname(model: type[models.Model], name: str) -> str:
 
 def prep(model: type[models.Model], name: str, value: object) -> Any:
     """``value`` as the field ``name`` of ``model`` sends it to the database (a related
-    object stands for its primary key)."""
+    object stands for its primary key): what ``Field.get_db_prep_save`` gives, for the
+    common types without its detours."""
+    return _prepper(model, name)(value)
+
+
+def params(model: type[models.Model], names: tuple[str, ...], instance: models.Model) -> list[Any]:
+    """The values of ``instance``'s fields ``names`` (attnames), as :func:`prep` sends them."""
+    preppers, read = _preppers(model, names)
+    values = read(instance)
+    if len(names) == 1:
+        values = (values,)
+    return [prep(value) for prep, value in zip(preppers, values, strict=True)]
+
+
+@cache
+def _preppers(
+    model: type[models.Model], names: tuple[str, ...]
+) -> tuple[tuple[Callable[[object], Any], ...], Callable[[object], Any]]:
+    return tuple(_prepper(model, name) for name in names), attrgetter(*names)
+
+
+_INTEGERS = {
+    "SmallIntegerField": Int2,
+    "IntegerField": Int4,
+    "BigIntegerField": Int8,
+    "PositiveSmallIntegerField": Int2,
+    "PositiveIntegerField": Int4,
+    "PositiveBigIntegerField": Int8,
+}
+
+
+@cache
+def _prepper(model: type[models.Model], name: str) -> Callable[[object], Any]:
     field = _fields(model)[name]
-    if isinstance(value, models.Model):
-        value = value.pk
-    return field.get_db_prep_save(value, connection)
+
+    def slow(value: object) -> Any:
+        if isinstance(value, models.Model):
+            value = value.pk
+        return field.get_db_prep_save(value, database())
+
+    target = field.target_field if isinstance(field, models.ForeignKey) else field
+    kind = target.get_internal_type()
+    if kind in ("CharField", "TextField"):
+        return lambda value: value if value is None or type(value) is str else slow(value)
+    if kind == "UUIDField":
+        return lambda value: value if value is None or type(value) is uuid.UUID else slow(value)
+    if kind == "DateTimeField":
+        return lambda value: (
+            value if value is None or (type(value) is datetime and value.tzinfo is not None) else slow(value)
+        )
+    if kind in _INTEGERS:
+        wrap = _INTEGERS[kind]
+        return lambda value: None if value is None else wrap(value) if type(value) is int else slow(value)
+    return slow
 
 
 @cache
@@ -65,9 +184,16 @@ def insert_sql(model: type[models.Model], names: tuple[str, ...], rows: int, con
         f"INSERT INTO {connection.ops.quote_name(model._meta.db_table)} "  # noqa: S608
         f"({', '.join(_column(model, name) for name in names)}) VALUES {', '.join([row] * rows)}"
     )
-    if conflict:
+    if conflict == ANY_KEY:
+        sql += " ON CONFLICT DO NOTHING"
+    elif conflict:
         sql += f" ON CONFLICT ({', '.join(_column(model, name) for name in conflict)}) DO NOTHING"
     return sql
+
+
+# ``conflict=ANY_KEY``: skip the row on a conflict with any unique key (a partial unique
+# index cannot be named by its columns alone).
+ANY_KEY = ("*",)
 
 
 @cache
@@ -112,13 +238,11 @@ def get(model: type[models.Model], related: tuple[str, ...] = (), **where: objec
     """The one row of ``model`` matching ``where`` (by equality), as a model instance with
     the objects of its foreign keys ``related`` attached, as ``select_related`` would; or
     None."""
-    if connection.vendor != "postgresql":
+    if database().vendor != "postgresql":
         return model._default_manager.select_related(*related).filter(**where).first()
     names = tuple(where)
     sql, own = select_sql(model, names, related)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [prep(model, name, where[name]) for name in names])
-        row = cursor.fetchone()
+    row = execute(sql, [prep(model, name, where[name]) for name in names]).fetchone()
     if row is None:
         return None
     instance = from_row(model, row[:own])
@@ -149,37 +273,58 @@ def _converters(model: type[models.Model]) -> list[tuple[int, models.Field, list
     return found
 
 
+def unsaved[M: models.Model](model: type[M], **values: object) -> M:
+    """A new, unsaved instance of ``model`` with every concrete field given by attname, as
+    ``model(**values)`` would make it, without ``__init__``'s field-by-field work."""
+    instance = model.__new__(model)
+    if values.keys() != _attname_set(model):
+        raise TypeError(f"{model.__name__}: give exactly its fields {sorted(_attname_set(model))}")
+    instance.__dict__.update(values)
+    instance._state = models.base.ModelState()
+    return instance
+
+
+@cache
+def _attname_set(model: type[models.Model]) -> frozenset[str]:
+    return frozenset(_attnames(model))
+
+
 def from_row[M: models.Model](model: type[M], row: Sequence[object]) -> M:
     """A model instance from a row of all its concrete columns, in their order, converted
-    as the ORM converts them."""
+    as the ORM converts them: what ``Model.from_db`` builds (the schema version checked),
+    without running ``__init__`` field by field (no model here has init signals)."""
     values = list(row)
     for index, field, converters in _converters(model):
         for converter in converters:
-            values[index] = converter(values[index], field, connection)
-    return model.from_db(connection.alias, _attnames(model), values)
+            values[index] = converter(values[index], field, database())
+    instance = model.__new__(model)
+    instance.__dict__.update(zip(_attnames(model), values, strict=True))
+    state = instance._state = models.base.ModelState()
+    state.adding, state.db = False, DEFAULT_DB_ALIAS
+    if "schema_version" in instance.__dict__:
+        require_known(instance.__dict__["schema_version"], f"{model._meta.label} row", stored=True)
+    return instance
 
 
 def update(model: type[models.Model], values: dict[str, object], **where: object) -> int:
     """``UPDATE`` ``model`` set ``values`` where every ``where`` column equals its value;
     the number of rows changed."""
-    if connection.vendor != "postgresql" or not plain(values.values()):
+    if database().vendor != "postgresql" or not plain(values.values()):
         return model._default_manager.filter(**where).update(**values)
     assigned, keys = tuple(values), tuple(where)
     params: list[Any] = [prep(model, name, values[name]) for name in assigned] + [
         prep(model, name, where[name]) for name in keys
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(update_sql(model, assigned, keys), params)
-        return cursor.rowcount
+    return execute(update_sql(model, assigned, keys), params).rowcount
 
 
 def insert(instance: models.Model, *, conflict: tuple[str, ...] = ()) -> bool:
     """Insert ``instance`` as ``save(force_insert=True)`` would (``auto_now_add`` and
-    ``auto_now`` applied); with ``conflict``, skipped when a row holds the same values of
-    that unique key. Whether it was inserted. Every field must carry a plain value."""
+    ``auto_now`` applied, a generated primary key read back); with ``conflict``, skipped
+    when a row holds the same values of that unique key. Whether it was inserted. Every
+    field must carry a plain value."""
     model = type(instance)
-    fields = model._meta.concrete_fields
-    if connection.vendor != "postgresql":
+    if database().vendor != "postgresql":
         try:
             with transaction.atomic():
                 instance.save(force_insert=True)
@@ -188,14 +333,20 @@ def insert(instance: models.Model, *, conflict: tuple[str, ...] = ()) -> bool:
                 raise
             return False
         return True
+    generated = instance.pk is None and isinstance(model._meta.pk, models.AutoField)
+    fields = [f for f in model._meta.concrete_fields if not (generated and f.primary_key)]
     values = [field.pre_save(instance, True) for field in fields]
     if not plain(values):
         raise AssertionError(f"{model.__name__}: expressions are the ORM's to write")
-    params: list[Any] = [field.get_db_prep_save(v, connection) for field, v in zip(fields, values, strict=True)]
-    with connection.cursor() as cursor:
-        cursor.execute(insert_sql(model, tuple(_attnames(model)), 1, conflict), params)
-        inserted = cursor.rowcount == 1
-    if inserted:
-        instance._state.adding = False
-        instance._state.db = connection.alias
-    return inserted
+    params: list[Any] = [prep(model, field.attname, v) for field, v in zip(fields, values, strict=True)]
+    sql = insert_sql(model, tuple(f.attname for f in fields), 1, conflict)
+    if generated:
+        row = execute(f"{sql} RETURNING {_column(model, model._meta.pk.attname)}", params).fetchone()
+        if row is None:
+            return False
+        instance.pk = row[0]
+    elif execute(sql, params).rowcount != 1:
+        return False
+    instance._state.adding = False
+    instance._state.db = DEFAULT_DB_ALIAS
+    return True

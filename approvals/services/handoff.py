@@ -101,6 +101,7 @@ def approval_open(
     approval = ApprovalRequest.objects.create(
         tenant_id=run.tenant_id, requested_at=batch.now, expires_at=batch.now + timedelta(seconds=ttl_s), **binding
     )
+    run.n_approvals += 1  # written with the chain head
     batch.append(
         run,
         "APPROVAL_REQUESTED",
@@ -143,7 +144,9 @@ def approval_use(*, approval: Any, run: Run, batch: ChainBatch, actor: str) -> N
 
 def approvals_void_for_runs(*, runs: Sequence[Run], batch: ChainBatch, actor: str) -> int:
     """A change of lease owner voids the live approvals asked under the old token."""
-    run_by_id = {run.pk: run for run in runs}
+    run_by_id = {run.pk: run for run in runs if run.n_approvals}  # a run that never asked has none
+    if not run_by_id:
+        return 0
     live = list(ApprovalRequest.objects.filter(run_id__in=run_by_id, status__in=LIVE).values_list("pk", "run_id"))
     if not live:
         return 0

@@ -12,7 +12,8 @@ from ledger.versioning import Versioned
 class Event(Versioned):
     """One entry of a run's hash chain. Appended, never updated or deleted."""
 
-    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="events")
+    # No index of its own: event_unique_seq_per_run leads with the run.
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="events", db_index=False)
     seq = models.BigIntegerField()
     event_id = models.UUIDField(unique=True, default=uuid.uuid4, editable=False)
     type = models.CharField(max_length=64)

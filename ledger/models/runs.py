@@ -61,6 +61,12 @@ class Run(Versioned):
     n_failed = models.PositiveIntegerField(default=0)
     n_unknown = models.PositiveIntegerField(default=0)
     n_reconciled = models.PositiveIntegerField(default=0)
+    # What the run has asked for, ever (any status), kept with the chain head: while a count
+    # is 0 the fenced path has nothing of that kind to look up (an authorization's capability,
+    # a lease end's resources to hand to the reaper and approvals to void).
+    n_capabilities = models.PositiveIntegerField(default=0)
+    n_resources = models.PositiveIntegerField(default=0)
+    n_approvals = models.PositiveIntegerField(default=0)
 
     # Written only by the verifier (ledger.services.verification).
     verified_at = models.DateTimeField(null=True, blank=True)
@@ -200,8 +206,11 @@ class Operation(Versioned):
     """One side effect. Holds a digest of its arguments, never the arguments."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="operations")
-    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="operations")
+    # No index of their own: operation_unique_key_per_tenant and operation_tenant_phase lead
+    # with the tenant, operation_run_phase with the run (a phase change is not a HOT update,
+    # so every index of the table costs an insert per transition).
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="operations", db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="operations", db_index=False)
     idempotency_key = models.CharField(max_length=200)
     tool = models.CharField(max_length=100)
     action = models.CharField(max_length=100)

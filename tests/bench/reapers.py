@@ -149,6 +149,8 @@ def seed(items: int) -> None:
                 for n in range(start, min(items, start + chunk))
             ]
         )
+    # As resource_attach counts them on the run (Run.n_resources), which lease ends read.
+    Run.objects.filter(pk__in=live).update(n_resources=items // holders + 1)
     from django.db import connection
 
     with connection.cursor() as cursor:

@@ -81,6 +81,7 @@ def capability_request(
             status=CapabilityStatus.PENDING_APPROVAL if human else CapabilityStatus.ACTIVE,
             policy_version=version,
         )
+        ctx.run.n_capabilities += 1  # written with the chain head
         ctx.batch.append(
             ctx.run,
             "CAPABILITY_REQUESTED" if human else "CAPABILITY_GRANTED",

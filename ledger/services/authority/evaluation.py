@@ -45,7 +45,7 @@ class Grounds:
 
 
 def evaluate(*, op: Operation, ctx: Fenced, lease_id: object = None, at_dispatch: bool = False) -> Grounds:
-    now = policy_now(tenant=ctx.run.tenant)
+    now = policy_now(tenant=ctx.run.tenant, seen=ctx.tenant)
     version, policy = now.version, now.document
     grounds = Grounds(policy_version=version, policy=policy)
     grounds.lease = _check_credential(op, ctx, policy, lease_id=lease_id, at_dispatch=at_dispatch)
@@ -99,7 +99,9 @@ def _check_credential(
 
 
 def _check_capability(op: Operation, ctx: Fenced, policy: dict, grounds: Grounds) -> None:
-    held = list(CapabilityBudget.objects.filter(run=ctx.run, tool=op.tool).exclude(status=CapabilityStatus.DENIED))
+    held: list[CapabilityBudget] = []
+    if ctx.run.n_capabilities > 0:  # while the run has asked for none there is nothing to read
+        held = list(CapabilityBudget.objects.filter(run=ctx.run, tool=op.tool).exclude(status=CapabilityStatus.DENIED))
     if not held and not policy["require_capability"]:
         return  # the policy does not ask for capabilities and the run holds none for this tool
     matching = [c for c in held if op.action in c.actions and op.resource in c.resources]

@@ -16,7 +16,6 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
-from ledger import prepared
 from ledger.actors import SYSTEM, user_actor
 from ledger.errors import InvalidInput, NotFound
 from ledger.models import Tenant, TenantPolicy
@@ -31,6 +30,8 @@ from ledger.policy import (
 )
 from ledger.roles import ADMINISTER
 from ledger.services.core.decisions import acting_name, admin_action_record, decision_reason
+from ledger.services.core.fencing import TenantSeen
+from ledger.services.core.policy_documents import policy_document
 
 
 def policy_create_starter(*, tenant: Tenant) -> TenantPolicy:
@@ -47,36 +48,28 @@ def policy_current(*, tenant: Tenant) -> tuple[int, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class PolicyNow:
-    """What a decision reads of its tenant, fresh, in one statement: the current policy
-    version (its document is shared: read it, never change it) and the stored breaker."""
+    """What a decision reads of its tenant: the current policy version with its document
+    (shared: read it, never change it) and the breaker as stored."""
 
     version: int
     document: dict[str, Any]
     breaker: tuple[str, str, datetime | None]
 
 
-# Documents by (tenant id, version): a version never changes once written.
-_documents: dict[tuple[int, int], dict[str, Any]] = {}
-
-
-def policy_now(*, tenant: Tenant) -> PolicyNow:
-    """The tenant's current policy version and breaker, read fresh by primary key; the
-    document of that version is read once per process."""
-    fresh = prepared.get(Tenant, id=tenant.pk)
-    if not isinstance(fresh, Tenant):
-        raise NotFound("tenant not found")
-    version = fresh.policy_version
-    key = (tenant.pk, version)
-    document = _documents.get(key)
-    if document is None:
-        document = TenantPolicy.objects.values_list("document", flat=True).get(tenant_id=tenant.pk, version=version)
-        if len(_documents) > 4096:
-            _documents.clear()
-        _documents[key] = document
+def policy_now(*, tenant: Tenant, seen: TenantSeen | None = None) -> PolicyNow:
+    """The tenant's current policy and breaker: as the fence's locking statement ``seen``
+    them, or else read fresh from the tenant row. The document of a version is read once per
+    process (``policy_documents``)."""
+    if seen is None:
+        seen = TenantSeen.from_row(
+            Tenant.objects.filter(pk=tenant.pk)
+            .values_list("policy_version", "breaker_state", "breaker_reason", "breaker_changed_at")
+            .get()
+        )
     return PolicyNow(
-        version=version,
-        document=document,
-        breaker=(fresh.breaker_state, fresh.breaker_reason, fresh.breaker_changed_at),
+        version=seen.policy_version,
+        document=policy_document(tenant, seen.policy_version),
+        breaker=seen.breaker,
     )
 
 

@@ -7,19 +7,20 @@ transaction. A refused write is counted on the run and leaves a STALE_TOKEN_REJE
 event in its chain; the refusal is raised after that record has committed.
 """
 
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, TypeVar
+from functools import cache
+from typing import Any, Protocol, TypeVar
 
 from django.db import connection, transaction
-from django.db.models import F, Field
+from django.db.models import F, Model
 from django.utils import timezone
 
+from ledger import prepared
 from ledger.actors import worker_actor
 from ledger.errors import DomainError, NotFound, RunCancelled, RunCompleted, StaleToken, parse_id, worker_refusal
-from ledger.models import Operation, Run, RunLease, Tenant, Worker, WorkerDrain
+from ledger.models import CredentialLease, Operation, Run, RunLease, Tenant, Worker, WorkerDrain
 from ledger.services.evidence.append import ChainBatch
 
 T = TypeVar("T")
@@ -50,77 +51,150 @@ def locked_runs(
     return runs
 
 
-def _column(field: Field) -> str:
-    """The column of a concrete field (Django calls a field concrete when it has one)."""
-    if field.column is None:
-        raise AssertionError(f"{field} is concrete but has no column")
-    return field.column
+@dataclass(frozen=True)
+class TenantSeen:
+    """What a decision reads of the run's tenant, read by the statement that locks the run:
+    its current policy version and the breaker as stored."""
+
+    policy_version: int
+    breaker: tuple[str, str, datetime | None]  # (state, reason, changed at)
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> "TenantSeen":
+        """From (policy_version, breaker_state, breaker_reason, breaker_changed_at)."""
+        return cls(policy_version=row[0], breaker=(row[1], row[2], row[3]))
 
 
-def _lock_sql() -> tuple[str, list[str], list[str]]:
-    """The hot path's one statement, written once: the lease and its run, both locked.
-    (The ORM spent more CPU compiling this query than PostgreSQL spent running it.)"""
+@dataclass
+class Locked:
+    """What :func:`lock` returns: the run with its lease (both rows locked), the operation
+    it was found through (read under that lock, with its credential lease), and the tenant."""
+
+    run: Run
+    operation: Operation | None
+    tenant: TenantSeen | None
+
+
+# The columns each part of the locking statement selects, in order.
+_LEASE = tuple(f.attname for f in RunLease._meta.concrete_fields)
+_RUN = tuple(f.attname for f in Run._meta.concrete_fields)
+_OPERATION = tuple(f.attname for f in Operation._meta.concrete_fields)
+_CREDENTIAL_LEASE = tuple(f.attname for f in CredentialLease._meta.concrete_fields)
+_TENANT = ("policy_version", "breaker_state", "breaker_reason", "breaker_changed_at")
+
+
+def _columns(alias: str, model: type[Model], names: tuple[str, ...]) -> list[str]:
     qn = connection.ops.quote_name
-    lease_fields = [f.attname for f in RunLease._meta.concrete_fields]
-    run_fields = [f.attname for f in Run._meta.concrete_fields]
-    columns = [f"l.{qn(_column(f))}" for f in RunLease._meta.concrete_fields] + [
-        f"r.{qn(_column(f))}" for f in Run._meta.concrete_fields
+    return [f"{alias}.{qn(prepared.column(model, name))}" for name in names]
+
+
+@cache
+def _lock_sql(by_operation: bool) -> str:
+    """The hot path's one read, written once: the lease and its run, both locked, with what
+    the write needs of the tenant and, by operation, of the operation and its credential
+    lease. (The ORM spent more CPU compiling this than PostgreSQL spent running it.)
+
+    Only the lease and the run are locked. The operation and the tenant are read as the
+    statement's snapshot saw them; should the statement have waited for the run's lock,
+    whoever held it may have moved the operation since. Every such move appends to the
+    run's chain, so ``r0``, the run as the snapshot saw it (not locked), tells: its
+    ``last_seq`` differs from the locked row's, and :func:`lock` reads the operation
+    again."""
+    qn = connection.ops.quote_name
+    columns = [
+        *_columns("l", RunLease, _LEASE),
+        *_columns("r", Run, _RUN),
+        *_columns("t", Tenant, _TENANT),
     ]
+    tables = f"{qn(RunLease._meta.db_table)} l JOIN {qn(Run._meta.db_table)} r ON r.id = l.run_id "
+    tables += f"JOIN {qn(Tenant._meta.db_table)} t ON t.id = r.tenant_id"
+    if by_operation:
+        columns += [
+            "r0.last_seq",
+            *_columns("o", Operation, _OPERATION),
+            *_columns("c", CredentialLease, _CREDENTIAL_LEASE),
+        ]
+        tables = (
+            f"{qn(Operation._meta.db_table)} o JOIN {tables} ON l.run_id = o.run_id "
+            f"JOIN {qn(Run._meta.db_table)} r0 ON r0.id = o.run_id "
+            f"LEFT JOIN {qn(CredentialLease._meta.db_table)} c ON c.id = o.credential_lease_id"
+        )
+        where = "o.id = %s AND o.tenant_id = %s AND r.tenant_id = %s"
+    else:
+        where = "l.run_id = %s AND r.tenant_id = %s"
     # Table and column names come from the models; every value is a parameter.
-    sql = (
-        f"SELECT {', '.join(columns)} FROM {qn(RunLease._meta.db_table)} l "  # noqa: S608
-        f"JOIN {qn(Run._meta.db_table)} r ON r.id = l.run_id WHERE r.tenant_id = %s AND l.run_id = "
-    )
-    return sql, lease_fields, run_fields
+    return f"SELECT {', '.join(columns)} FROM {tables} WHERE {where} FOR UPDATE OF l, r"  # noqa: S608
 
 
-_LOCK = None
-
-
-_BY_RUN = "%s"
-_BY_OPERATION = f"(SELECT run_id FROM {Operation._meta.db_table} WHERE id = %s AND tenant_id = %s)"  # noqa: S608 - a table name
-
-
-def lock_run(*, tenant: Tenant, run_id: object = None, operation_id: object = None) -> Run:
+def lock(*, tenant: Tenant, run_id: object = None, operation_id: object = None) -> Locked:
     """One run of ``tenant`` — named directly or as the run of one of its operations — with
     its lease, both rows locked by one statement until the transaction ends."""
     if connection.vendor != "postgresql":  # the embedded default: plain ORM, typed by Django
-        if operation_id is not None:
-            op_id = parse_id(operation_id, "operation")
-            run_id = Operation.objects.filter(pk=op_id, tenant=tenant).values_list("run_id", flat=True).first()
-            if run_id is None:
-                raise NotFound("operation not found")
-        runs = locked_runs({"run__tenant": tenant, "run_id": parse_id(run_id, "run")})
-        if not runs:
-            raise NotFound("run not found")
-        return runs[0]
-    global _LOCK
-    if _LOCK is None:
-        _LOCK = _lock_sql()
-    sql, lease_fields, run_fields = _LOCK
-    params: list[int | uuid.UUID]
+        return _lock_orm(tenant, run_id=run_id, operation_id=operation_id)
     if operation_id is not None:
-        sql += _BY_OPERATION
-        params = [tenant.pk, parse_id(operation_id, "operation"), tenant.pk]
-        missing = "operation not found"
+        op_id = parse_id(operation_id, "operation")
+        row = prepared.execute(_lock_sql(True), [op_id, tenant.pk, tenant.pk]).fetchone()
+        if row is None:
+            raise NotFound("operation not found")
     else:
-        sql += _BY_RUN
-        params = [tenant.pk, parse_id(run_id, "run")]
-        missing = "run not found"
-    sql += " FOR UPDATE OF l, r"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        raise NotFound(missing)
-    lease = RunLease.from_db(connection.alias, lease_fields, row[: len(lease_fields)])
-    run = Run.from_db(connection.alias, run_fields, row[len(lease_fields) :])
+        row = prepared.execute(_lock_sql(False), [parse_id(run_id, "run"), tenant.pk]).fetchone()
+        if row is None:
+            raise NotFound("run not found")
+    at = 0
+
+    def take(count: int) -> Sequence[object]:
+        nonlocal at
+        at += count
+        return row[at - count : at]
+
+    lease = prepared.from_row(RunLease, take(len(_LEASE)))
+    run = prepared.from_row(Run, take(len(_RUN)))
+    seen = TenantSeen.from_row(take(len(_TENANT)))
     run.lease, lease.run = lease, run
     _RUN_TENANT.set_cached_value(run, tenant)  # the statement matched run.tenant_id = tenant.pk
-    return run
+    if operation_id is None:
+        return Locked(run=run, operation=None, tenant=seen)
+    (snapshot_seq,) = take(1)
+    op = prepared.from_row(Operation, take(len(_OPERATION)))
+    credential_lease = take(len(_CREDENTIAL_LEASE))
+    if snapshot_seq != run.last_seq:  # the run moved while this statement waited for its lock
+        fresh = prepared.get(Operation, ("credential_lease",), id=op.pk)
+        if not isinstance(fresh, Operation):
+            raise NotFound("operation not found")
+        op = fresh
+    else:
+        found = prepared.from_row(CredentialLease, credential_lease) if credential_lease[0] is not None else None
+        _OPERATION_CREDENTIAL_LEASE.set_cached_value(op, found)
+    _OPERATION_RUN.set_cached_value(op, run)
+    return Locked(run=run, operation=op, tenant=seen)
+
+
+def _lock_orm(tenant: Tenant, *, run_id: object, operation_id: object) -> Locked:
+    op = None
+    if operation_id is not None:
+        op_id = parse_id(operation_id, "operation")
+        run_id = Operation.objects.filter(pk=op_id, tenant=tenant).values_list("run_id", flat=True).first()
+        if run_id is None:
+            raise NotFound("operation not found")
+    runs = locked_runs({"run__tenant": tenant, "run_id": parse_id(run_id, "run")})
+    if not runs:
+        raise NotFound("run not found")
+    run = runs[0]
+    if operation_id is not None:
+        op = Operation.objects.select_related("credential_lease").get(pk=op_id)
+        _OPERATION_RUN.set_cached_value(op, run)
+    seen = TenantSeen.from_row(Tenant.objects.values_list(*_TENANT).get(pk=tenant.pk))
+    return Locked(run=run, operation=op, tenant=seen)
+
+
+def lock_run(*, tenant: Tenant, run_id: object = None, operation_id: object = None) -> Run:
+    """The run of :func:`lock`, with its lease, both locked."""
+    return lock(tenant=tenant, run_id=run_id, operation_id=operation_id).run
 
 
 _RUN_TENANT = Run._meta.get_field("tenant")
+_OPERATION_RUN = Operation._meta.get_field("run")
+_OPERATION_CREDENTIAL_LEASE = Operation._meta.get_field("credential_lease")
 
 
 def fence_reason(lease: RunLease, token: int, now: datetime, *, owner_id: str | None = None) -> str | None:
@@ -148,6 +222,10 @@ class Fenced:
     now: datetime
     actor: str
     token: int
+    # Read by the statement that locked the run: the operation the write was asked about
+    # (by operation id) and what decisions read of the tenant.
+    operation: Operation | None = None
+    tenant: TenantSeen | None = None
 
     @property
     def lease(self) -> RunLease:
@@ -205,35 +283,50 @@ def fenced[T](
 ) -> T:
     """Run ``write`` under the fence, or record and raise the refusal. A presenter whose
     lease ended with its run's cancellation is answered 409 RUN_CANCELLED."""
-    with transaction.atomic():
-        run = lock_run(tenant=worker.tenant, run_id=run_id, operation_id=operation_id)
-        now = timezone.now()
-        reason = fence_reason(run.lease, token, now, owner_id=owner_id)
-        # The presenter is the lease's owner only if the fence holds; otherwise all we
-        # know is the worker identity and the token it presented.
-        if reason is None:
-            holder = run.lease.owner_id
-            if holder is None:  # fence_reason passes only an owned lease
-                raise AssertionError("the fence passed a lease nobody owns")
-            presenter = owner_id or holder
-        else:
-            presenter = owner_id or f"token-{token}"
-        ctx = Fenced(run=run, batch=ChainBatch(now), now=now, actor=worker_actor(worker, presenter), token=token)
-        refused: DomainError | None
-        if reason is None:
-            refused = ending.before(ctx) if ending is not None else None
-            if refused is None:
-                result = write(ctx)
-                if ending is not None:
-                    ending.after(ctx)
-                ctx.batch.commit()
-                return result
-        else:
-            record_refusal(ctx, attempted=attempted, reason=reason)
-            if on_refused is not None:
-                on_refused(ctx, reason)
-            refused = run_cancelled(run) if reason == "cancelled" else refusal(reason)
-        ctx.batch.commit()  # the refusal's record (or the timeout that caused it) stays
+    batch: ChainBatch | None = None
+    try:
+        with transaction.atomic():
+            locked = lock(tenant=worker.tenant, run_id=run_id, operation_id=operation_id)
+            run = locked.run
+            now = timezone.now()
+            reason = fence_reason(run.lease, token, now, owner_id=owner_id)
+            # The presenter is the lease's owner only if the fence holds; otherwise all we
+            # know is the worker identity and the token it presented.
+            if reason is None:
+                holder = run.lease.owner_id
+                if holder is None:  # fence_reason passes only an owned lease
+                    raise AssertionError("the fence passed a lease nobody owns")
+                presenter = owner_id or holder
+            else:
+                presenter = owner_id or f"token-{token}"
+            batch = ChainBatch(now, defer=True)
+            ctx = Fenced(
+                run=run,
+                batch=batch,
+                now=now,
+                actor=worker_actor(worker, presenter),
+                token=token,
+                operation=locked.operation,
+                tenant=locked.tenant,
+            )
+            refused: DomainError | None
+            if reason is None:
+                refused = ending.before(ctx) if ending is not None else None
+                if refused is None:
+                    result = write(ctx)
+                    if ending is not None:
+                        ending.after(ctx)
+                    ctx.batch.commit()
+                    return result
+            else:
+                record_refusal(ctx, attempted=attempted, reason=reason)
+                if on_refused is not None:
+                    on_refused(ctx, reason)
+                refused = run_cancelled(run) if reason == "cancelled" else refusal(reason)
+            ctx.batch.commit()  # the refusal's record (or the timeout that caused it) stays
+    finally:
+        if batch is not None:
+            batch.close()
     raise refused
 
 

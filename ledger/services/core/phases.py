@@ -9,7 +9,6 @@ transaction (invariants 4 and 5).
 
 from typing import Any
 
-from ledger import prepared
 from ledger.errors import WrongPhase
 from ledger.models import Operation
 from ledger.services.core.fencing import Fenced
@@ -32,9 +31,14 @@ def transition(
     source = Phase(op.phase)
     if not can_move(source, target):
         raise WrongPhase(phase=source, wanted=" or ".join(sorted(p for p in Phase if can_move(p, target))))
-    won = prepared.update(Operation, {"phase": target, "updated_at": ctx.now, **changes}, id=op.pk, phase=source)
-    if won != 1:  # impossible while the run is locked; refuse rather than guess
-        raise WrongPhase(phase="changed concurrently", wanted=source)
+    # Impossible to miss while the run is locked; refuse rather than guess. The fence's batch
+    # sends the UPDATE with the chain (``ChainBatch.update``).
+    ctx.batch.update(
+        Operation,
+        {"phase": target, "updated_at": ctx.now, **changes},
+        where={"id": op.pk, "phase": source},
+        refusal=lambda: WrongPhase(phase="changed concurrently", wanted=source),
+    )
     ctx.batch.count_move(ctx.run, source, target)
     op.phase = target
     for name, value in changes.items():

@@ -6,14 +6,19 @@ the same transaction: one INSERT for the events and one UPDATE per run head.
 """
 
 import json
+import math
 import re
 import uuid
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
+from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
+from django.db.models import Model
 
 from ledger import prepared
 from ledger.boundary import check_fields, check_text, path_segment
@@ -30,13 +35,47 @@ def json_safe(fields: dict) -> dict:
     the field, what the database would not store byte for byte (``ledger.storable``): an
     accepted event's stored form always hashes to its recorded hash."""
     try:
-        fields = json.loads(json.dumps(fields, allow_nan=False, default=_encode))
-    except ValueError:
-        raise InvalidInput("fields: numbers must be finite", field="fields") from None
+        fields = _native(fields)
+    except _NotPlain:  # anything unusual takes JSON's own way there and back
+        try:
+            fields = json.loads(json.dumps(fields, allow_nan=False, default=_encode))
+        except ValueError:
+            raise InvalidInput("fields: numbers must be finite", field="fields") from None
     problem = storage_problem(fields, root="fields", segment=path_segment)
     if problem is not None:
         raise InvalidInput(f"{problem[0]}: {problem[1]}", field=problem[0])
     return fields
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _native(value: object) -> Any:
+    """``json.loads(json.dumps(value))`` for the values events are made of (str, int, bool,
+    None, finite floats, UUIDs, times, dicts with str keys, lists and tuples), without the
+    round trip; anything else raises _NotPlain."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is dict:
+        out = {}
+        for key, child in value.items():  # type: ignore[attr-defined]
+            if type(key) is not str:
+                raise _NotPlain
+            out[key] = _native(child)
+        return out
+    if kind is list or kind is tuple:
+        return [_native(child) for child in value]  # type: ignore[attr-defined]
+    if kind is uuid.UUID:
+        return str(value)
+    if kind is datetime:
+        return format_time(value)  # type: ignore[arg-type]
+    if kind is float and math.isfinite(value):  # type: ignore[arg-type]
+        return value
+    if isinstance(value, str):  # an enum's value: JSON writes the string itself
+        return str.__str__(value)
+    raise _NotPlain
 
 
 def _encode(value: object) -> str:
@@ -85,8 +124,10 @@ def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: d
         )
     )
     signer = event_signer()
-    event = Event(
-        run=run,
+    event = prepared.unsaved(
+        Event,
+        id=None,
+        run_id=run.pk,
         seq=seq,
         event_id=event_id,
         type=type,
@@ -99,19 +140,48 @@ def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: d
         mac=signer.mac(run_id=run_id, seq=seq, hash=digest),
         schema_version=CURRENT_SCHEMA_VERSION,
     )
+    _EVENT_RUN.set_cached_value(event, run)
     run.last_seq = seq
     run.last_hash = digest
     return event
 
 
+@dataclass(frozen=True)
+class _Deferred:
+    """A conditional UPDATE that must change exactly one row, written with the chain."""
+
+    model: type[Model]
+    assigned: tuple[str, ...]
+    where: tuple[str, ...]
+    params: list[Any]
+    key: tuple[object, ...]  # the row: (model, its where values)
+    refusal: Callable[[], Exception]
+
+    def sql(self) -> str:
+        return prepared.update_sql(self.model, self.assigned, self.where)
+
+
+_EVENT_RUN = Event._meta.get_field("run")
+
+
 class ChainBatch:
     """Events of one transaction, possibly over several (locked) runs, and the phase counts
-    those runs' operations moved by. ``commit`` writes both with each run's chain head."""
+    those runs' operations moved by. ``commit`` writes both with each run's chain head.
 
-    def __init__(self, now: datetime) -> None:
+    A batch made with ``defer=True`` (the fence's) also holds back the conditional UPDATEs
+    of :meth:`update` until ``commit``, which sends them, the events and the head as one
+    statement. Nothing reads around them: while one is held back, any other statement on
+    the connection first sends it (a Django execute wrapper), so every read in the
+    transaction sees the writes before it, as if they had been sent at once. Whoever makes
+    such a batch calls :meth:`close` when the transaction ends, committed or not."""
+
+    def __init__(self, now: datetime, *, defer: bool = False) -> None:
         self.now = now
         self.events: list[Event] = []
         self._runs: dict[object, Run] = {}
+        self._defer = defer and connection.vendor == "postgresql"
+        self._deferred: list[_Deferred] = []
+        self._guarding = False
 
     def append(self, run: Run, type: str, *, actor: str, fields: dict) -> Event:
         event = build_event(run, type=type, actor=actor, fields=fields, occurred_at=self.now)
@@ -130,15 +200,60 @@ class ChainBatch:
         setattr(run, field, getattr(run, field) + 1)
         self._runs[run.pk] = run
 
+    def update(
+        self, model: type[Model], values: dict[str, Any], *, where: dict[str, Any], refusal: Callable[[], Exception]
+    ) -> None:
+        """``UPDATE model SET values WHERE where``, which must change exactly one row, else
+        ``refusal()`` is raised — now, or (held back) when the batch commits."""
+        if not self._defer or not prepared.plain(values.values()):
+            if prepared.update(model, values, **where) != 1:
+                raise refusal()
+            return
+        key = (model, *where.values())
+        if any(held.key == key for held in self._deferred):
+            self._send_deferred()  # one statement cannot change a row twice
+        assigned, keys = tuple(values), tuple(where)
+        params = [prepared.prep(model, name, values[name]) for name in assigned]
+        params += [prepared.prep(model, name, where[name]) for name in keys]
+        self._deferred.append(_Deferred(model, assigned, keys, params, key, refusal))
+        if not self._guarding:
+            connection.execute_wrappers.append(self._before_any_statement)
+            self._guarding = True
+
+    def _before_any_statement(self, execute, sql, params, many, context):
+        if self._deferred:
+            self._send_deferred()
+        return execute(sql, params, many, context)
+
+    def _take_deferred(self) -> list[_Deferred]:
+        held, self._deferred = self._deferred, []
+        if self._guarding:
+            connection.execute_wrappers.remove(self._before_any_statement)
+            self._guarding = False
+        return held
+
+    def _send_deferred(self) -> None:
+        for held in self._take_deferred():
+            if prepared.execute(held.sql(), held.params).rowcount != 1:
+                raise held.refusal()
+
+    def close(self) -> None:
+        """The transaction is over: forget what was held back (committed or rolled back)."""
+        self._take_deferred()
+
     @contextmanager
     def savepoint(self):
-        """A database savepoint that also takes back, on an exception, the events and
-        counts this batch gathered inside it."""
-        mark = len(self.events)
+        """A database savepoint that also takes back, on an exception, the events, counts
+        and held-back updates this batch gathered inside it."""
+        mark, held = len(self.events), len(self._deferred)
         heads = {pk: {name: getattr(run, name) for name in HEAD_FIELDS} for pk, run in self._runs.items()}
         try:
             with transaction.atomic():
-                yield self
+                try:
+                    yield self
+                except BaseException:
+                    del self._deferred[held:]  # before ROLLBACK TO SAVEPOINT, which would send them
+                    raise
         except BaseException:
             del self.events[mark:]
             for pk, run in list(self._runs.items()):
@@ -150,7 +265,9 @@ class ChainBatch:
             raise
 
     def commit(self) -> list[Event]:
+        held = self._take_deferred()
         if not self._runs:
+            self._send(held)
             return []
         runs = list(self._runs.values())
         if connection.vendor != "postgresql":  # the embedded default: the ORM
@@ -158,46 +275,57 @@ class ChainBatch:
             Run.objects.bulk_update(runs, HEAD_FIELDS)
             return self.events
         if len(runs) == 1 and 0 < len(self.events) <= EVENTS_PER_STATEMENT:
-            # The common case, a transition: its events and the head in one round trip.
+            # The common case, a transition: its update, its events and the head in one round trip.
             run = runs[0]
-            events = [prepared.prep(Event, name, getattr(e, name)) for e in self.events for name in EVENT_INSERTED]
-            head = [prepared.prep(Run, name, getattr(run, name)) for name in HEAD_FIELDS]
-            with connection.cursor() as cursor:
-                cursor.execute(_commit_sql(len(self.events)), [*events, *head, run.pk])
-                _stored(self.events, cursor.fetchall())
+            events = [p for e in self.events for p in prepared.params(Event, EVENT_INSERTED, e)]
+            head = prepared.params(Run, HEAD_FIELDS, run)
+            sql = _commit_sql(len(self.events), tuple(h.sql() for h in held))
+            rows = prepared.execute(sql, [p for h in held for p in h.params] + events + head + [run.pk]).fetchall()
+            for h, count in zip(held, rows[0][: len(held)], strict=True):
+                if count != 1:
+                    raise h.refusal()
+            _stored(self.events, [row[len(held) :] for row in rows])
             return self.events
-        with connection.cursor() as cursor:
-            for start in range(0, len(self.events), EVENTS_PER_STATEMENT):
-                chunk = self.events[start : start + EVENTS_PER_STATEMENT]
-                events = [prepared.prep(Event, name, getattr(e, name)) for e in chunk for name in EVENT_INSERTED]
-                cursor.execute(f"{prepared.insert_sql(Event, EVENT_INSERTED, len(chunk))} {_RETURNING}", events)
-                _stored(chunk, cursor.fetchall())
+        self._send(held)
+        for start in range(0, len(self.events), EVENTS_PER_STATEMENT):
+            chunk = self.events[start : start + EVENTS_PER_STATEMENT]
+            events = [p for e in chunk for p in prepared.params(Event, EVENT_INSERTED, e)]
+            sql = f"{prepared.insert_sql(Event, EVENT_INSERTED, len(chunk))} {_RETURNING}"
+            _stored(chunk, prepared.execute(sql, events).fetchall())
         _update_heads(runs)
         return self.events
 
+    @staticmethod
+    def _send(held: list[_Deferred]) -> None:
+        for h in held:
+            if prepared.execute(h.sql(), h.params).rowcount != 1:
+                raise h.refusal()
+
 
 @cache
-def _commit_sql(events: int) -> str:
-    """One round trip for a transition's chain: the events' INSERT as a data-modifying CTE
-    and the run head's UPDATE (the events' foreign key sees the run row either way)."""
+def _commit_sql(events: int, updates: tuple[str, ...]) -> str:
+    """One round trip for a transition: its held-back updates, its events' INSERT and the
+    run head's UPDATE as data-modifying CTEs (PostgreSQL runs each once, to completion),
+    answering how many rows each update changed. The events' foreign key sees the run
+    row either way."""
     head = prepared.update_sql(Run, tuple(HEAD_FIELDS), ("id",))
-    return (
-        f"WITH appended AS ({prepared.insert_sql(Event, EVENT_INSERTED, events)} {_RETURNING}), "  # noqa: S608
-        f"head AS ({head}) SELECT * FROM appended"
-    )
+    parts = [f"u{i} AS ({sql} RETURNING 1)" for i, sql in enumerate(updates)]
+    parts += [f"appended AS ({prepared.insert_sql(Event, EVENT_INSERTED, events)} {_RETURNING})", f"head AS ({head})"]
+    counts = [f"(SELECT count(*) FROM u{i})" for i in range(len(updates))]  # noqa: S608
+    return f"WITH {', '.join(parts)} SELECT {', '.join([*counts, 'id', 'event_id'])} FROM appended"  # noqa: S608
 
 
 _RETURNING = "RETURNING id, event_id"
 
 
-def _stored(events: list[Event], rows: list[tuple]) -> None:
+def _stored(events: list[Event], rows: list) -> None:
     """Give the inserted events their primary keys, matched by event id (``RETURNING``
     promises no order)."""
     ids = {event_id: pk for pk, event_id in rows}
     for event in events:
         event.pk = ids[event.event_id]
         event._state.adding = False
-        event._state.db = connection.alias
+        event._state.db = DEFAULT_DB_ALIAS
 
 
 def _update_heads(runs: list[Run]) -> None:
@@ -217,8 +345,7 @@ def _update_heads(runs: list[Run]) -> None:
         f"FROM (VALUES {', '.join([row] * len(runs))}) AS v({', '.join(names)}) WHERE r.id = v.id"
     )
     params = [field.get_db_prep_value(getattr(run, field.attname), connection) for run in runs for field in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    prepared.execute(sql, params)
 
 
 def phase_count_field(phase: str) -> str:
@@ -231,7 +358,15 @@ PHASE_COUNT_FIELDS = [phase_count_field(phase) for phase in Phase.values]
 EVENTS_PER_STATEMENT = 1000
 # The columns of an event's INSERT: all but the generated primary key.
 EVENT_INSERTED = tuple(f.attname for f in Event._meta.concrete_fields if not f.primary_key)
-HEAD_FIELDS = ["last_seq", "last_hash", "last_progress_at", *PHASE_COUNT_FIELDS]
+HEAD_FIELDS = (
+    "last_seq",
+    "last_hash",
+    "last_progress_at",
+    *PHASE_COUNT_FIELDS,
+    "n_capabilities",
+    "n_resources",
+    "n_approvals",
+)
 # Events that are not progress: a lease kept alive, a stale write refused, what an instance's
 # idleness, the reapers or an admin's cleanup decisions record. Every other event moves Run.last_progress_at, from which
 # the idle limit counts (fence/leases.py lease_renew).

@@ -65,7 +65,7 @@ def leases_end(
         run.lease.owner_id, run.lease.worker, run.lease.expires_at, run.lease.end_reason = None, None, batch.now, end
         run.lease.instance_state = ""
     queues().approvals_void_for_runs(runs=runs, batch=batch, actor=actor)
-    orphans = operations_orphaned(run_ids=run_ids)
+    orphans = operations_orphaned(runs=runs)
     operations_mark_unknown(
         operations=orphans,
         runs={run.pk: run for run in runs},

@@ -15,14 +15,15 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from ledger import prepared
 from ledger.actors import SYSTEM_LIMITS, SYSTEM_REAPER, worker_actor
 from ledger.boundary import check_text
 from ledger.errors import DomainError, InvalidInput, LeaseHeld, LeaseLost, RunCompleted, WorkerNotAccepting
 from ledger.models import LeaseGrant, Run, RunLease, Worker
 from ledger.observability import metrics
-from ledger.services.authority.policy import policy_current
+from ledger.services.authority.policy import policy_now
 from ledger.services.core.admission import admission_refusal, worker_executing
-from ledger.services.core.fencing import Fenced, fenced, lock_run, locked_runs, run_cancelled, worker_refused
+from ledger.services.core.fencing import Fenced, fenced, lock, locked_runs, run_cancelled, worker_refused
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.ending import IN_FLIGHT, TIMEOUT_REASON, runs_cancel
 from ledger.services.fence.lease_end import leases_end
@@ -61,15 +62,17 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int, 
     not_admitted = admission_refusal(worker)
     if not_admitted is not None:
         raise not_admitted
-    _, policy = policy_current(tenant=worker.tenant)
     refused: DomainError | None = None
     with transaction.atomic():
         # The worker row first, then the run (the lock order of worker_quarantine): an
         # acquire racing a quarantine either commits first, and the quarantine then revokes
         # the new lease, or sees the worker no longer ACCEPTING.
-        if not Worker.objects.filter(pk=worker.pk, status=WorkerStatus.ACCEPTING).update(last_seen_at=timezone.now()):
+        seen = {"id": worker.pk, "status": WorkerStatus.ACCEPTING}
+        if not prepared.update(Worker, {"last_seen_at": timezone.now()}, **seen):
             raise WorkerNotAccepting("the worker stopped accepting new leases")
-        run = lock_run(tenant=worker.tenant, run_id=run_id)
+        locked = lock(tenant=worker.tenant, run_id=run_id)
+        run = locked.run
+        policy = policy_now(tenant=worker.tenant, seen=locked.tenant).document
         now = timezone.now()
         if run.status == RunStatus.ACTIVE and run.deadline_at is not None and run.deadline_at <= now:
             batch = ChainBatch(now)
@@ -110,29 +113,31 @@ def _grant(*, run: Run, worker: Worker, owner_id: str, ttl_s: int, tool: str, po
     previous_token = lease.fencing_token
     token = previous_token + 1
     expires_at = now + timedelta(seconds=ttl_s)
-    won = RunLease.objects.filter(run=run, fencing_token=previous_token).update(
-        owner_id=owner_id,
-        worker=worker,
-        fencing_token=token,
-        acquired_at=now,
-        expires_at=expires_at,
-        last_renewed_at=now,
-        end_reason=None,
-        instance_state=InstanceState.RUNNING,
-    )
-    if won != 1:  # impossible while the row is locked
-        raise LeaseHeld("the lease changed hands concurrently")
-    LeaseGrant.objects.create(
-        run=run,
-        tenant_id=run.tenant_id,
-        fencing_token=token,
-        owner_id=owner_id,
-        worker=worker,
-        acquired_at=now,
-        previous_owner_id=previous_owner,
-        tool=tool,
-        state=InstanceState.RUNNING,
-        state_changed_at=now,
+    granted = {
+        "owner_id": owner_id,
+        "worker_id": worker.pk,
+        "fencing_token": token,
+        "acquired_at": now,
+        "expires_at": expires_at,
+        "last_renewed_at": now,
+        "end_reason": None,
+        "instance_state": InstanceState.RUNNING,
+    }
+    if prepared.update(RunLease, granted, run_id=run.pk, fencing_token=previous_token) != 1:
+        raise LeaseHeld("the lease changed hands concurrently")  # impossible while the row is locked
+    prepared.insert(
+        LeaseGrant(
+            run=run,
+            tenant_id=run.tenant_id,
+            fencing_token=token,
+            owner_id=owner_id,
+            worker=worker,
+            acquired_at=now,
+            previous_owner_id=previous_owner,
+            tool=tool,
+            state=InstanceState.RUNNING,
+            state_changed_at=now,
+        )
     )
     lease.owner_id, lease.worker, lease.fencing_token = owner_id, worker, token
     lease.acquired_at, lease.expires_at, lease.last_renewed_at = now, expires_at, now
@@ -171,10 +176,9 @@ def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token:
     The instance turns IDLE when nothing progressed since the last renewal and nothing is
     in flight, RUNNING again once something did."""
     _check_ttl(ttl_s)
-    _, policy = policy_current(tenant=worker.tenant)
-    idle_limit = policy.get("idle_limit_s")
 
     def write(ctx: Fenced) -> RunLease | None:
+        idle_limit = policy_now(tenant=worker.tenant, seen=ctx.tenant).document.get("idle_limit_s")
         parent = ctx.run.parent_id
         if parent is not None and not Run.objects.filter(pk=parent, status=RunStatus.ACTIVE).exists():
             raise RunCompleted("the parent run is completed; its child's lease is not renewed")
@@ -185,8 +189,11 @@ def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token:
                 return None
         expires_at = ctx.now + timedelta(seconds=ttl_s)
         previous_renewal = ctx.lease.last_renewed_at or ctx.now
-        RunLease.objects.filter(run=ctx.run, fencing_token=ctx.token).update(
-            expires_at=expires_at, last_renewed_at=ctx.now
+        ctx.batch.update(
+            RunLease,
+            {"expires_at": expires_at, "last_renewed_at": ctx.now},
+            where={"run_id": ctx.run.pk, "fencing_token": ctx.token},
+            refusal=lambda: LeaseLost("token_changed"),  # impossible while the row is locked
         )
         ctx.lease.expires_at, ctx.lease.last_renewed_at = expires_at, ctx.now
         moved = instance_renewed(run=ctx.run, lease=ctx.lease, previous_renewal=previous_renewal, batch=ctx.batch)

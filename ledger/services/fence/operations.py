@@ -138,13 +138,12 @@ def _replay(existing: Operation, run: Run, intent: Intent, *, tenant: str) -> Op
     return existing
 
 
-def _locked_operation(op_id: object) -> Operation:
-    """The operation of the locked run (``fenced`` found the run through it), read under
-    that lock with its credential lease."""
-    op = prepared.get(Operation, ("credential_lease",), id=op_id)
-    if not isinstance(op, Operation):
+def _locked_operation(ctx: Fenced) -> Operation:
+    """The operation ``fenced`` found the run through, read under the run's lock with its
+    credential lease."""
+    if ctx.operation is None:
         raise NotFound("operation not found")
-    return op
+    return ctx.operation
 
 
 def _digest_field(ctx: Fenced, version: object) -> dict:
@@ -181,7 +180,7 @@ def operation_authorize(
     op_id = parse_id(operation_id, "operation")
 
     def write(ctx: Fenced) -> tuple[Operation, DomainError | None]:
-        op = _locked_operation(op_id)
+        op = _locked_operation(ctx)
         if op.phase == Phase.AUTHORIZED:
             return op, None  # already decided; dispatch checks it all again
         if op.phase not in (Phase.PLANNED, Phase.PENDING_APPROVAL):
@@ -251,7 +250,7 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
     op_id = parse_id(operation_id, "operation")
 
     def write(ctx: Fenced) -> tuple[Operation, DomainError | None]:
-        op = _locked_operation(op_id)
+        op = _locked_operation(ctx)
         if op.phase != Phase.AUTHORIZED:
             raise WrongPhase(phase=op.phase, wanted=Phase.AUTHORIZED)
         try:

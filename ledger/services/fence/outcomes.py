@@ -3,7 +3,6 @@ worker that dispatched it, under the fence."""
 
 from typing import Any
 
-from ledger import prepared
 from ledger.errors import NotFound, WrongPhase, parse_id
 from ledger.models import Operation, Worker
 from ledger.services.authority.reservations import cost_settle
@@ -35,8 +34,8 @@ def operation_report_outcome(
     target = OUTCOME_PHASE[Outcome(outcome)]
 
     def write(ctx: Fenced) -> Operation:
-        op = prepared.get(Operation, id=op_id)
-        if not isinstance(op, Operation):  # fenced found the run through this operation
+        op = ctx.operation
+        if op is None:  # fenced found the run through this operation
             raise NotFound("operation not found")
         if op.phase == target and op.dispatch_token == ctx.token and op.provider_request_id == provider_request_id:
             if target != Phase.UNKNOWN and actual_cost_cents is not None:
@@ -73,7 +72,9 @@ def operation_report_outcome(
         return op
 
     def on_refused(ctx: Fenced, reason: str) -> None:
-        op = Operation.objects.get(pk=op_id)
+        op = ctx.operation
+        if op is None:
+            raise NotFound("operation not found")
         if op.phase == Phase.DISPATCHED and op.dispatch_token == ctx.token:
             # The reporter dispatched this effect and has lost its lease since: nobody can
             # report for it any more, so its outcome is UNKNOWN now, not at the next sweep.

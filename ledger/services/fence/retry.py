@@ -5,11 +5,11 @@ The decision is explainable without asking the model: it depends only on the ope
 phase, its side-effect class and its attempt count.
 """
 
-from ledger.errors import ApprovalRequired, DomainError, ReconcileFirst, WrongPhase, parse_id
+from ledger.errors import ApprovalRequired, DomainError, NotFound, ReconcileFirst, WrongPhase, parse_id
 from ledger.models import Operation, Worker
 from ledger.observability import metrics
 from ledger.services.authority.breaker import breaker_allows
-from ledger.services.authority.policy import policy_current
+from ledger.services.authority.policy import policy_now
 from ledger.services.core.fencing import Fenced, decided, fenced
 from ledger.services.core.handoff import queues
 from ledger.services.core.phases import transition
@@ -54,14 +54,17 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
     op_id = parse_id(operation_id, "operation")
 
     def write(ctx: Fenced) -> tuple[Operation, DomainError | None]:
-        op = Operation.objects.get(pk=op_id)
+        op = ctx.operation
+        if op is None:
+            raise NotFound("operation not found")
         decision, reason = operation_retry_decision(op)
         if decision == "RECONCILE":
             raise ReconcileFirst(reason)
         if decision == "STOP":
             raise WrongPhase(phase=op.phase, wanted="FAILED, or RECONCILED as not having happened")
-        _version, policy = policy_current(tenant=ctx.run.tenant)
-        refusal = breaker_allows(tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=True)
+        now = policy_now(tenant=ctx.run.tenant, seen=ctx.tenant)
+        policy = now.document
+        refusal = breaker_allows(tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=True, stored=now.breaker)
         if refusal is not None:
             raise refusal
         if decision == "APPROVAL":

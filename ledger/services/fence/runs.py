@@ -5,11 +5,12 @@ from datetime import timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from ledger import prepared
 from ledger.actors import worker_actor
 from ledger.errors import Denied, InvalidInput, NotFound, WorkerNotAccepting, parse_id
 from ledger.models import Run, RunLease, Worker
-from ledger.services.authority.policy import policy_current
 from ledger.services.core.fencing import Fenced, fenced
+from ledger.services.core.policy_documents import policy_document
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.ending import IN_FLIGHT, run_finish
 from ledger.states import RunStatus, WorkerStatus
@@ -37,8 +38,8 @@ def run_create(
     require_known(schema_version, "request")
     if worker.status != WorkerStatus.ACCEPTING:
         raise WorkerNotAccepting(f"worker is {worker.status} and cannot create runs")
-    _, policy = policy_current(tenant=worker.tenant)
-    limit = policy.get("max_runtime_s")
+    tenant = worker.tenant
+    limit = policy_document(tenant, tenant.policy_version).get("max_runtime_s")  # as loaded with the worker
     if max_runtime_s is not None and (type(max_runtime_s) is not int or max_runtime_s < 1):
         raise InvalidInput("max_runtime_s must be a positive integer", field="max_runtime_s")
     if max_runtime_s is not None and limit is not None and max_runtime_s > limit:
@@ -46,34 +47,26 @@ def run_create(
     runtime = max_runtime_s or limit
     parent = None
     if parent_run_id is not None:
-        parent = Run.objects.filter(tenant=worker.tenant, pk=parse_id(parent_run_id, "parent run")).first()
+        parent = Run.objects.filter(tenant=tenant, pk=parse_id(parent_run_id, "parent run")).first()
         if parent is None:
             raise NotFound("parent run not found")
     with transaction.atomic():
         if external_id is not None:
-            existing = Run.objects.filter(tenant=worker.tenant, external_id=external_id).first()
+            existing = Run.objects.filter(tenant=tenant, external_id=external_id).first()
             if existing is not None:
                 return existing, False
-        try:
-            now = timezone.now()
-            deadlines = [now + timedelta(seconds=runtime)] if runtime else []
-            if parent is not None and parent.deadline_at is not None:
-                deadlines.append(parent.deadline_at)
-            with transaction.atomic():
-                run = Run.objects.create(
-                    tenant=worker.tenant,
-                    external_id=external_id,
-                    parent=parent,
-                    schema_version=CURRENT_SCHEMA_VERSION,
-                    deadline_at=min(deadlines) if deadlines else None,
-                )
-        except IntegrityError:
-            existing = Run.objects.filter(tenant=worker.tenant, external_id=external_id).first()
-            if existing is None:
-                raise
-            return existing, False
-        RunLease.objects.create(run=run)
-        batch = ChainBatch(timezone.now())
+        now = timezone.now()
+        deadlines = [now + timedelta(seconds=runtime)] if runtime else []
+        if parent is not None and parent.deadline_at is not None:
+            deadlines.append(parent.deadline_at)
+        run = Run(
+            tenant=tenant,
+            external_id=external_id,
+            parent=parent,
+            schema_version=CURRENT_SCHEMA_VERSION,
+            deadline_at=min(deadlines) if deadlines else None,
+        )
+        batch = ChainBatch(now)
         batch.append(
             run,
             "RUN_CREATED",
@@ -85,6 +78,15 @@ def run_create(
                 **({"parent_run_id": parent.pk} if parent else {}),
             },
         )
+        # The run is inserted with its chain head already at its first event. Only an external
+        # id can meet another run's (the same id asked at this moment): that insert may
+        # conflict, and then that run is the answer.
+        if not prepared.insert(run, conflict=prepared.ANY_KEY if external_id is not None else ()):
+            existing = Run.objects.filter(tenant=tenant, external_id=external_id).first()
+            if existing is None:
+                raise IntegrityError(f"run {run.pk} was not inserted and its external id is not taken")
+            return existing, False
+        prepared.insert(RunLease(run=run))
         batch.commit()
     return run, True
 

@@ -53,6 +53,10 @@ def operations_mark_unknown(
     return cases
 
 
-def operations_orphaned(*, run_ids: list) -> list[Operation]:
-    """The DISPATCHED operations of runs whose lease was lost (runs locked by the caller)."""
+def operations_orphaned(*, runs: list) -> list[Operation]:
+    """The DISPATCHED operations of runs whose lease was lost (runs locked by the caller,
+    whose phase counts say how many each has: none, no statement)."""
+    run_ids = [run.pk for run in runs if run.n_dispatched]
+    if not run_ids:
+        return []
     return list(Operation.objects.filter(run_id__in=run_ids, phase=Phase.DISPATCHED).order_by("created_at"))

@@ -137,6 +137,8 @@ def instances_plan(*, runs: list[Run], lost: bool) -> dict:
     if lost:
         return {run.pk: InstanceState.EXPIRED for run in held}
     tokens = {run.pk: run.lease.fencing_token for run in held}
+    if not any(run.n_resources for run in held):  # nothing was ever attached: nothing open
+        return dict.fromkeys(tokens, InstanceState.RELEASED)
     open_instances = set(
         RunResource.objects.filter(run_id__in=list(tokens))
         .exclude(state=ResourceState.RELEASED)

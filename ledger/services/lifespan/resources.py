@@ -115,6 +115,7 @@ def resource_attach(*, worker: Worker, run_id: object, fencing_token: int, attac
                 resource.save(force_insert=True)
         except IntegrityError:  # the same handle was attached elsewhere at this moment
             raise ResourceInUse("this handle is live in another run; release it there first", field="handle") from None
+        ctx.run.n_resources += 1  # written with the chain head
         ctx.batch.append(
             ctx.run,
             "RESOURCE_ATTACHED",
@@ -183,9 +184,11 @@ def resources_request(runs_ids: dict, batch: ChainBatch, actor: str, reason: str
 
 def resources_request_release(*, runs: list[Run], batch: ChainBatch, actor: str, reason: str) -> int:
     """Hand every ACTIVE resource of the locked ``runs`` to the reaper, with one event per
-    run that had any. One read when there is nothing to hand over."""
-    by_pk = {run.pk: run for run in runs}
+    run that had any. No read for runs that never attached one (``Run.n_resources``)."""
+    by_pk = {run.pk: run for run in runs if run.n_resources}
     by_run: dict = {}
+    if not by_pk:
+        return 0
     for run_id, pk in RunResource.objects.filter(run_id__in=list(by_pk), state=ResourceState.ACTIVE).values_list(
         "run_id", "pk"
     ):

@@ -18,8 +18,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ledger.errors import Denied, EffectClassMismatch, InvalidInput
-from ledger.models import Tenant, TenantPolicy
-from ledger.policy import contract_for, policy_digest, unknown_tool_class_of
+from ledger.models import Tenant
+from ledger.policy import contract_for, unknown_tool_class_of
+from ledger.services.core.policy_documents import policy_document, policy_document_digest
 from ledger.services.reconciliation.registry import reconciler_for_provider
 from ledger.states import EffectClass
 
@@ -29,43 +30,17 @@ if TYPE_CHECKING:
 WORKER_DECLARED = "WORKER_DECLARED"
 REFUSE = "REFUSE"
 
-# Policy documents by (tenant, its slug, version): a version is immutable, so the tenant's
-# current version (read with the worker's token) costs no query once seen.
-_documents: dict[tuple[int, str, int], dict[str, Any]] = {}
-
 
 def policy_in_force(tenant: Tenant) -> tuple[int, dict[str, Any]]:
     """(version, document) of ``tenant.policy_version`` as loaded with the caller's row."""
-    key = (tenant.pk, tenant.slug, tenant.policy_version)
-    document = _documents.get(key)
-    if document is None:
-        document = TenantPolicy.objects.values_list("document", flat=True).get(
-            tenant_id=tenant.pk, version=tenant.policy_version
-        )
-        if len(_documents) > 4096:
-            _documents.clear()
-        _documents[key] = document
-    return tenant.policy_version, document
-
-
-_digests: dict[tuple[int, str, int], str] = {}
+    return tenant.policy_version, policy_document(tenant, tenant.policy_version)
 
 
 def policy_digest_of(tenant: Tenant, version: int | None = None) -> tuple[int, str]:
     """(version, digest) of the tenant's policy ``version`` (default: as loaded), for a
     decision to record what it was made under."""
     version = tenant.policy_version if version is None else version
-    key = (tenant.pk, tenant.slug, version)
-    found = _digests.get(key)
-    if found is None:
-        if version == tenant.policy_version:
-            document = policy_in_force(tenant)[1]
-        else:
-            document = TenantPolicy.objects.values_list("document", flat=True).get(tenant_id=tenant.pk, version=version)
-        if len(_digests) > 4096:
-            _digests.clear()
-        found = _digests[key] = policy_digest(document)
-    return version, found
+    return version, policy_document_digest(tenant, version)
 
 
 def decision_policy(tenant: Tenant, version: int | None = None) -> dict[str, Any]:
