@@ -329,7 +329,7 @@ def credential_kind(text: str, *, remember: bool = True) -> str | None:
     normal form), or None. Short values (tool names, resources, owners) come again and again:
     those that pass are remembered (never those refused: no credential is kept in memory).
     Callers judging one-off texts (log lines, URLs) pass ``remember=False``."""
-    if text in _CLEAN:
+    if text in _CLEAN or _SYSTEM_FORM.fullmatch(text):
         return None
     kind = _kind(text)
     if kind is None and remember and len(text) <= 256:
@@ -341,6 +341,14 @@ def credential_kind(text: str, *, remember: bool = True) -> str | None:
 
 _CLEAN: set[str] = set()
 _CLEAN_MAX = 16384
+# The forms Fenceline writes its own values in, which no rule refuses (tests/unit/
+# test_boundary.py holds that): an id (canonical UUID), a chain hash, a time as events carry
+# it. They come once each, so remembering them would only churn _CLEAN.
+_SYSTEM_FORM = re.compile(
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+    r"|sha256:[0-9a-f]{64}"
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z"
+)
 
 
 def _kind(text: str) -> str | None:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from weakref import WeakKeyDictionary
 
 import psycopg
+import psycopg._queries
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
@@ -34,6 +35,17 @@ from psycopg.types.numeric import Int2, Int4, Int8
 from ledger.versioning import require_known
 
 type Row = tuple[Any, ...]
+
+# psycopg turns a statement's %s placeholders into $n once per statement text and keeps the
+# result, but only for statements of at most 50 parameters and 4,096 characters (longer ones
+# are usually an ORM's bulk inserts, which never repeat); anything larger is parsed again on
+# every execution. The statements here are a few dozen fixed shapes, some of them larger (an
+# intent's INSERT with its event and the run head: 62 parameters), run thousands of times:
+# parsing them again each time cost more CPU than all the rest of the call.
+_CACHEABLE_PARAMS, _CACHEABLE_LENGTH = 256, 16384
+if hasattr(psycopg._queries, "MAX_CACHED_STATEMENT_PARAMS"):  # tests/unit/test_prepared.py holds it there
+    psycopg._queries.MAX_CACHED_STATEMENT_PARAMS = max(psycopg._queries.MAX_CACHED_STATEMENT_PARAMS, _CACHEABLE_PARAMS)
+    psycopg._queries.MAX_CACHED_STATEMENT_LENGTH = max(psycopg._queries.MAX_CACHED_STATEMENT_LENGTH, _CACHEABLE_LENGTH)
 
 
 class Result(Protocol):
@@ -316,6 +328,17 @@ def update(model: type[models.Model], values: dict[str, object], **where: object
         prep(model, name, where[name]) for name in keys
     ]
     return execute(update_sql(model, assigned, keys), params).rowcount
+
+
+def insert_params(instance: models.Model) -> tuple[tuple[str, ...], list[Any]]:
+    """The columns (attnames) and parameters of ``instance``'s INSERT, as :func:`insert`
+    sends them (a model whose primary key the database generates is not for this)."""
+    model = type(instance)
+    fields = model._meta.concrete_fields
+    values = [field.pre_save(instance, True) for field in fields]
+    if not plain(values) or (instance.pk is None and isinstance(model._meta.pk, models.AutoField)):
+        raise AssertionError(f"{model.__name__}: not a row of plain values with its key")
+    return tuple(_attnames(model)), [prep(model, field.attname, v) for field, v in zip(fields, values, strict=True)]
 
 
 def insert(instance: models.Model, *, conflict: tuple[str, ...] = ()) -> bool:

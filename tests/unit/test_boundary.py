@@ -1,16 +1,24 @@
 """The secret boundary refuses forbidden keys and credential-like values by path, and never
 repeats the value it refused."""
 
+import hashlib
+import uuid
+from datetime import UTC, datetime
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ledger import boundary
 from ledger.boundary import (
     check_fields,
     check_text,
     classify_key,
+    credential_kind,
     key_words,
     path_segment,
 )
+from ledger.chain import format_time
 from ledger.errors import DomainError, ForbiddenField
 
 SECRET = "CANARY_UNIT_7d2e"
@@ -357,3 +365,23 @@ def test_ordinary_values_pass(text):
 )
 def test_credentials_the_old_rules_missed(text, kind):
     assert boundary.credential_kind(text) == kind
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    value=st.uuids().map(str)
+    | st.binary(min_size=32, max_size=32).map(lambda b: "sha256:" + hashlib.sha256(b).hexdigest())
+    | st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2999, 12, 31), timezones=st.just(UTC)).map(
+        format_time
+    )
+)
+def test_the_forms_fenceline_writes_its_own_values_in_never_meet_a_rule(value):
+    """credential_kind skips ids, chain hashes and event times without running the rules
+    (boundary._SYSTEM_FORM); the rules themselves would pass every one of them too."""
+    assert boundary._SYSTEM_FORM.fullmatch(value)
+    assert boundary._kind(value) is None
+    assert credential_kind(value) is None
+
+
+def test_a_credential_next_to_an_id_is_still_refused():
+    assert credential_kind(f"api_key={uuid.uuid4()}") == "secret_assignment"

@@ -147,6 +147,13 @@ def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: d
 
 
 @dataclass(frozen=True)
+class _Mark:
+    events: int
+    deferred: int
+    heads: dict[object, dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class _Deferred:
     """A conditional UPDATE that must change exactly one row, written with the chain."""
 
@@ -241,28 +248,66 @@ class ChainBatch:
         """The transaction is over: forget what was held back (committed or rolled back)."""
         self._take_deferred()
 
+    def mark(self) -> "_Mark":
+        """Where the batch stands now, for :meth:`rewind`."""
+        heads = {pk: {name: getattr(run, name) for name in HEAD_FIELDS} for pk, run in self._runs.items()}
+        return _Mark(len(self.events), len(self._deferred), heads)
+
+    def rewind(self, mark: "_Mark") -> None:
+        """Take back the events, counts and held-back updates gathered since ``mark``."""
+        del self.events[mark.events :]
+        del self._deferred[mark.deferred :]
+        for pk, run in list(self._runs.items()):
+            if pk in mark.heads:
+                for name, value in mark.heads[pk].items():
+                    setattr(run, name, value)
+            else:
+                del self._runs[pk]
+
     @contextmanager
     def savepoint(self):
         """A database savepoint that also takes back, on an exception, the events, counts
         and held-back updates this batch gathered inside it."""
-        mark, held = len(self.events), len(self._deferred)
-        heads = {pk: {name: getattr(run, name) for name in HEAD_FIELDS} for pk, run in self._runs.items()}
+        mark = self.mark()
         try:
             with transaction.atomic():
                 try:
                     yield self
                 except BaseException:
-                    del self._deferred[held:]  # before ROLLBACK TO SAVEPOINT, which would send them
+                    del self._deferred[mark.deferred :]  # before ROLLBACK TO SAVEPOINT, which would send them
                     raise
         except BaseException:
-            del self.events[mark:]
-            for pk, run in list(self._runs.items()):
-                if pk in heads:
-                    for name, value in heads[pk].items():
-                        setattr(run, name, value)
-                else:
-                    del self._runs[pk]
+            self.rewind(mark)
             raise
+
+    def commit_inserting(self, instance: Model, *, conflict: tuple[str, ...], mark: "_Mark") -> bool:
+        """Commit now, ``instance``'s INSERT first (skipped on a ``conflict`` of that unique
+        key): the batch's events and run head are written only when the row was inserted,
+        in the same statement. False: nothing was written, and the batch is rewound to
+        ``mark`` (taken before the events that belonged to the insert)."""
+        runs = list(self._runs.values())
+        if connection.vendor != "postgresql" or len(runs) != 1 or not 0 < len(self.events) <= EVENTS_PER_STATEMENT:
+            if not prepared.insert(instance, conflict=conflict):
+                self.rewind(mark)
+                return False
+            self.commit()
+        else:
+            self._send_deferred()
+            run = runs[0]
+            model = type(instance)
+            names, row = prepared.insert_params(instance)
+            events = [p for e in self.events for p in prepared.params(Event, EVENT_INSERTED, e)]
+            head = prepared.params(Run, HEAD_FIELDS, run)
+            sql = _commit_inserting_sql(model, names, conflict, len(self.events))
+            rows = prepared.execute(sql, [*row, *events, *head, run.pk]).fetchall()
+            if not rows:
+                self.rewind(mark)
+                return False
+            instance._state.adding = False
+            instance._state.db = DEFAULT_DB_ALIAS
+            _stored(self.events, rows)
+        self.events, self._runs = [], {}
+        return True
 
     def commit(self) -> list[Event]:
         held = self._take_deferred()
@@ -318,12 +363,28 @@ def _commit_sql(events: int, updates: tuple[str, ...]) -> str:
 _RETURNING = "RETURNING id, event_id"
 
 
+@cache
+def _commit_inserting_sql(model: type[Model], names: tuple[str, ...], conflict: tuple[str, ...], events: int) -> str:
+    """The statement of :meth:`ChainBatch.commit_inserting`: the INSERT of one row, then
+    the events and the run head only if that row was inserted."""
+    qn = connection.ops.quote_name
+    columns = ", ".join(qn(prepared.column(Event, name)) for name in EVENT_INSERTED)
+    row = f"({', '.join(['%s'] * len(EVENT_INSERTED))})"
+    head = prepared.update_sql(Run, tuple(HEAD_FIELDS), ("id",))
+    values = ", ".join([row] * events)
+    # Table and column names come from the models; every value is a parameter.
+    inserted = f"inserted AS ({prepared.insert_sql(model, names, 1, conflict)} RETURNING 1)"
+    appended = f"appended AS (INSERT INTO {qn(Event._meta.db_table)} ({columns}) SELECT * FROM (VALUES {values}) AS v"  # noqa: S608
+    appended += f" WHERE EXISTS (SELECT 1 FROM inserted) {_RETURNING})"  # noqa: S608
+    return f"WITH {inserted}, {appended}, head AS ({head} AND EXISTS (SELECT 1 FROM inserted)) SELECT id, event_id FROM appended"  # noqa: S608
+
+
 def _stored(events: list[Event], rows: list) -> None:
     """Give the inserted events their primary keys, matched by event id (``RETURNING``
     promises no order)."""
     ids = {event_id: pk for pk, event_id in rows}
     for event in events:
-        event.pk = ids[event.event_id]
+        event.__dict__["id"] = ids[event.event_id]  # the primary key, set as from_db sets it
         event._state.adding = False
         event._state.db = DEFAULT_DB_ALIAS
 

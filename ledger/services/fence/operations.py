@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass
 
 from django.db import IntegrityError
 
-from ledger import prepared
 from ledger.boundary import check_fields
 from ledger.errors import ApprovalRequired, Denied, DomainError, IdempotencyMismatch, NotFound, WrongPhase, parse_id
 from ledger.models import Operation, Run, Tenant, Worker
@@ -92,13 +91,7 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
             phase=Phase.PLANNED,
             updated_at=ctx.now,
         )
-        # One statement: the insert, or nothing when the tenant's key is taken (by this
-        # intent before, or by another run at this moment), which is then a replay.
-        if not prepared.insert(op, conflict=KEY_PER_TENANT):
-            existing = Operation.objects.filter(tenant=worker.tenant, idempotency_key=intent.idempotency_key).first()
-            if existing is None:
-                raise IntegrityError(f"operation {op.pk} was not inserted and its key is not taken")
-            return _replay(existing, ctx.run, intent, tenant=worker.tenant.slug), False
+        mark = ctx.batch.mark()
         ctx.batch.count_move(ctx.run, None, Phase.PLANNED)
         ctx.batch.append(
             ctx.run,
@@ -119,6 +112,14 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
                 **({"reconciler": op.reconciler} if op.reconciler else {}),
             },
         )
+        # One statement: the insert with its event and the run head, or nothing at all when
+        # the tenant's key is taken (by this intent before, or by another run at this
+        # moment), which is then a replay.
+        if not ctx.batch.commit_inserting(op, conflict=KEY_PER_TENANT, mark=mark):
+            existing = Operation.objects.filter(tenant=worker.tenant, idempotency_key=intent.idempotency_key).first()
+            if existing is None:
+                raise IntegrityError(f"operation {op.pk} was not inserted and its key is not taken")
+            return _replay(existing, ctx.run, intent, tenant=worker.tenant.slug), False
         return op, True
 
     return fenced(
