@@ -319,6 +319,11 @@ FENCELINE: dict[str, Any] = {
     "APPROVAL_EXPIRY_BATCH_SIZE": env_int("FENCELINE_APPROVAL_EXPIRY_BATCH_SIZE", 500, minimum=1),
     "RESERVATION_EXPIRY_INTERVAL_S": env_int("FENCELINE_RESERVATION_EXPIRY_INTERVAL_S", 30, minimum=1),
     "RESERVATION_EXPIRY_BATCH_SIZE": env_int("FENCELINE_RESERVATION_EXPIRY_BATCH_SIZE", 500, minimum=1),
+    # Escrow (ledger/services/authority/windows.py): a TENANT or PROVIDER cost window whose
+    # limit is at least this many cents is charged through this many shards, so that the
+    # dispatches of one tenant do not queue on one row; a smaller one stays one exact row.
+    "COST_ESCROW_MIN_CENTS": env_int("FENCELINE_COST_ESCROW_MIN_CENTS", 100_000, minimum=1),
+    "COST_ESCROW_SHARDS": env_int("FENCELINE_COST_ESCROW_SHARDS", 16, minimum=1),
     "DRAIN_INTERVAL_S": env_int("FENCELINE_DRAIN_INTERVAL_S", 15, minimum=1),
     # A QUIESCED worker whose process heartbeat (POST /workers/me/heartbeat) is older is STOPPED.
     "WORKER_HEARTBEAT_LAPSE_S": env_int("FENCELINE_WORKER_HEARTBEAT_LAPSE_S", 60, minimum=1),

@@ -250,7 +250,8 @@ def tenant_detail_parts(*, tenant: Tenant) -> dict:
         "policies": list(TenantPolicy.objects.filter(tenant=tenant).order_by("-version")[:RECENT]),
         "windows": list(
             CostWindow.objects.filter(tenant=tenant, ends_at__gt=now)
-            .annotate(left_cents=F("limit_cents") - F("reserved_cents") - F("settled_cents"))
+            .with_totals()  # an escrowed window holds what its shards hold
+            .annotate(left_cents=F("limit_cents") - F("total_reserved_cents") - F("total_settled_cents"))
             .order_by("kind", "key")[:RECENT]
         ),
         "capabilities": list(

@@ -124,6 +124,11 @@ def _column(model: type[models.Model], name: str) -> str:
     return connection.ops.quote_name(column(model, name))
 
 
+def attnames(model: type[models.Model]) -> tuple[str, ...]:
+    """The attnames of ``model``'s concrete fields, in column order."""
+    return tuple(_attnames(model))
+
+
 def attname(model: type[models.Model], name: str) -> str:
     return _fields(model)[name].attname
 

@@ -1,7 +1,14 @@
 """Durable records of the ledger, one module per domain. Models hold data and constraints;
 every change of state is made by a function in ``ledger/services/``."""
 
-from ledger.models.authority import CapabilityBudget, CostReservation, CostWindow, Credential, CredentialLease
+from ledger.models.authority import (
+    CapabilityBudget,
+    CostReservation,
+    CostShard,
+    CostWindow,
+    Credential,
+    CredentialLease,
+)
 from ledger.models.evidence import Checkpoint, Event
 from ledger.models.jobs import JobHeartbeat
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
@@ -14,6 +21,7 @@ __all__ = [
     "CapabilityBudget",
     "Checkpoint",
     "CostReservation",
+    "CostShard",
     "CostWindow",
     "Credential",
     "CredentialLease",

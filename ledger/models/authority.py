@@ -3,7 +3,8 @@
 import uuid
 
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import F, OuterRef, Q, Subquery, Sum
+from django.db.models.functions import Coalesce
 
 from ledger.models.runs import Operation, Run
 from ledger.models.tenancy import Tenant
@@ -78,8 +79,26 @@ class CapabilityBudget(Versioned):
         indexes = [models.Index(fields=["run", "tool"], name="capability_run_tool")]
 
 
+class CostWindowQuerySet(models.QuerySet):
+    def with_totals(self) -> "CostWindowQuerySet":
+        """Each window with ``total_reserved_cents`` and ``total_settled_cents``: its own
+        columns plus those of its escrow shards (what it holds in all)."""
+        shards = CostShard.objects.filter(window=OuterRef("pk")).order_by().values("window")
+        return self.annotate(
+            total_reserved_cents=F("reserved_cents")
+            + Coalesce(Subquery(shards.annotate(n=Sum("reserved_cents")).values("n")), 0),
+            total_settled_cents=F("settled_cents")
+            + Coalesce(Subquery(shards.annotate(n=Sum("settled_cents")).values("n")), 0),
+        )
+
+
 class CostWindow(Versioned):
-    """Spend of one budget key in one time window. The check constraint is invariant 7."""
+    """Spend of one budget key in one time window. The check constraint is invariant 7.
+
+    A large shared window (TENANT or PROVIDER, ``shard_count`` > 0) is charged through its
+    escrow shards instead of this row: ``escrowed_cents`` of its headroom is handed out to
+    them (``ledger.services.authority.windows``), and what it holds in all is this row's
+    columns plus theirs (``CostWindow.objects.with_totals()``)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="cost_windows")
     kind = models.CharField(max_length=16, choices=BudgetKind.choices)
@@ -89,14 +108,43 @@ class CostWindow(Versioned):
     limit_cents = models.BigIntegerField()
     reserved_cents = models.BigIntegerField(default=0)
     settled_cents = models.BigIntegerField(default=0)
+    escrowed_cents = models.BigIntegerField(default=0)
+    shard_count = models.PositiveSmallIntegerField(default=0)
+
+    objects = CostWindowQuerySet.as_manager()
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["tenant", "kind", "key", "starts_at"], name="costwindow_unique"),
             models.CheckConstraint(
-                condition=Q(reserved_cents__gte=0, settled_cents__gte=0)
-                & Q(limit_cents__gte=F("reserved_cents") + F("settled_cents")),
+                condition=Q(reserved_cents__gte=0, settled_cents__gte=0, escrowed_cents__gte=0)
+                & Q(limit_cents__gte=F("reserved_cents") + F("settled_cents") + F("escrowed_cents")),
                 name="costwindow_within_limit",
+            ),
+        ]
+
+
+class CostShard(Versioned):
+    """One escrow shard of a large shared cost window: a slice of its headroom
+    (``allotted_cents``, moved here from the window's or from another shard's in the
+    transaction that needs it), charged by the runs whose id hashes to it. Concurrent
+    dispatches of a tenant so charge different rows instead of queueing on one. Invariant 7
+    holds per shard (the check constraint), and the shards of a window are allotted exactly
+    its ``escrowed_cents``: together they never hold more than its limit."""
+
+    window = models.ForeignKey(CostWindow, on_delete=models.PROTECT, related_name="shards")
+    shard = models.PositiveSmallIntegerField()
+    allotted_cents = models.BigIntegerField(default=0)
+    reserved_cents = models.BigIntegerField(default=0)
+    settled_cents = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["window", "shard"], name="costshard_unique"),
+            models.CheckConstraint(
+                condition=Q(reserved_cents__gte=0, settled_cents__gte=0)
+                & Q(allotted_cents__gte=F("reserved_cents") + F("settled_cents")),
+                name="costshard_within_allotment",
             ),
         ]
 
@@ -112,6 +160,8 @@ class CostReservation(Versioned):
     actual_cents = models.BigIntegerField(null=True, blank=True)
     state = models.CharField(max_length=16, choices=ReservationState.choices, default=ReservationState.RESERVED)
     windows = models.ManyToManyField(CostWindow, related_name="reservations")
+    # The escrow shards it was charged to, for the windows charged through one.
+    shards = models.ManyToManyField(CostShard, related_name="reservations", blank=True)
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     closed_at = models.DateTimeField(null=True, blank=True)

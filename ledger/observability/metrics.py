@@ -78,6 +78,7 @@ class DatabaseMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         from approvals.models import OPEN_CASE_STATUSES, ApprovalRequest, ApprovalStatus, ReconciliationCase
         from ledger.models import (
+            CostShard,
             CostWindow,
             CredentialLease,
             JobHeartbeat,
@@ -289,6 +290,19 @@ class DatabaseMetrics(Collector):
             .annotate(limit=Sum("limit_cents"), reserved=Sum("reserved_cents"), settled=Sum("settled_cents"))
             .order_by()
         )
+        # An escrowed window holds what its shards hold.
+        escrowed = {
+            (r["window__tenant_id"], r["window__kind"]): r
+            for r in CostShard.objects.filter(window__starts_at__lte=now, window__ends_at__gt=now)
+            .values("window__tenant_id", "window__kind")
+            .annotate(reserved=Sum("reserved_cents"), settled=Sum("settled_cents"))
+            .order_by()
+        }
+        for w in windows:
+            shards = escrowed.get((w["tenant_id"], w["kind"]))
+            if shards is not None:
+                w["reserved"] += shards["reserved"]
+                w["settled"] += shards["settled"]
         for value, doc in (
             ("limit", "limit"),
             ("reserved", "reserved (held for operations in flight)"),

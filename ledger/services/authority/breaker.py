@@ -51,12 +51,18 @@ def _spend_level(*, tenant: Tenant, policy: dict, now: datetime) -> tuple[Breake
     starts_at, _ = window_bounds(now, policy["cost_window_s"])
     row = (
         CostWindow.objects.filter(tenant=tenant, kind=BudgetKind.TENANT, key=tenant.slug, starts_at=starts_at)
-        .values_list("limit_cents", "reserved_cents", "settled_cents")
+        .with_totals()
+        .values_list("limit_cents", "total_reserved_cents", "total_settled_cents")
         .first()
     )
     used = 0
     if row is not None:
         limit, used = row[0], row[1] + row[2]
+    return spend_level(limit=limit, used=used, policy=policy, starts_at=starts_at)
+
+
+def spend_level(*, limit: int, used: int, policy: dict, starts_at: datetime) -> tuple[BreakerState, str]:
+    """The state ``used`` of ``limit`` cents in the tenant window from ``starts_at`` calls for."""
     thresholds = policy["breaker"]
     share = used / limit if limit else 1.0
     why = f"tenant window from {starts_at:%Y-%m-%d %H:%M}Z: {used} of {limit} cents reserved or settled ({share:.0%})"
@@ -83,6 +89,35 @@ def _breaker_compute(
     if CostReservation.objects.filter(tenant=tenant, state=ReservationState.UNKNOWN).exists():
         return BreakerState.UNKNOWN, f"cost reservations are UNKNOWN until reconciled; {why}"
     return level, why
+
+
+def breaker_after_spend(
+    *,
+    tenant: Tenant,
+    policy: dict,
+    batch: ChainBatch,
+    run: Run,
+    actor: str,
+    now: datetime,
+    stored: tuple[str, str, datetime | None],
+    tenant_window: tuple[int, int] | None,
+) -> str:
+    """:func:`breaker_update` after a reservation or a settlement that changed no certainty,
+    when the caller knows the breaker as stored (read in this transaction) and the TENANT
+    window's (limit, used) after its own change (None: the policy sets no tenant limit).
+    While the spend level it calls for is the state already stored (NORMAL, THROTTLED or
+    DEGRADED: no overage holds it and no reservation is UNKNOWN, or it would say so),
+    nothing can have changed: no statement. Otherwise the full evaluation decides."""
+    state = stored[0]
+    starts_at, _ = window_bounds(now, policy["cost_window_s"])
+    if tenant_window is None:
+        level = BreakerState.NORMAL if policy["cost_limits_cents"]["tenant"] is None else None
+    else:
+        level, _why = spend_level(limit=tenant_window[0], used=tenant_window[1], policy=policy, starts_at=starts_at)
+    calm = (BreakerState.NORMAL, BreakerState.THROTTLED, BreakerState.DEGRADED)
+    if level is not None and level == state and level in calm:
+        return state
+    return breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now)
 
 
 def _stored_breaker(tenant: Tenant) -> tuple[str, str, datetime | None]:

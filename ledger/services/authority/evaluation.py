@@ -73,7 +73,11 @@ def _check_credential(
     if at_dispatch:
         lease = op.credential_lease
     elif lease_id is not None:
-        lease = CredentialLease.objects.filter(pk=parse_id(lease_id, "credential lease"), run=ctx.run).first()
+        lease = (
+            CredentialLease.objects.filter(pk=parse_id(lease_id, "credential lease"), run=ctx.run)
+            .annotate(credential_version_now=F("credential__version"))
+            .first()
+        )
         if lease is None:
             raise Denied("DENY_POLICY", "no such credential lease for this run")
     else:
@@ -86,7 +90,11 @@ def _check_credential(
         raise Denied("DENY_REVOKED", f"credential lease {lease.pk} was revoked")
     if ctx.now >= lease.expires_at:
         raise Denied("DENY_EXPIRED", f"credential lease {lease.pk} expired")
-    current = Credential.objects.filter(pk=lease.credential_id).values_list("version", flat=True).get()
+    # The credential's version read with the lease (by the fence's locking statement, or
+    # the query above), else now.
+    current = getattr(lease, "credential_version_now", None)
+    if current is None:
+        current = Credential.objects.filter(pk=lease.credential_id).values_list("version", flat=True).get()
     if lease.version != current:
         raise Denied(
             "DENY_STALE_VERSION", f"credential lease {lease.pk} is for version {lease.version}; current is {current}"
@@ -126,30 +134,21 @@ def _check_capability(op: Operation, ctx: Fenced, policy: dict, grounds: Grounds
     raise Denied("DENY_BUDGET", f"the run's capability for {op.tool} has no {spent} left", budget=f"capability:{spent}")
 
 
-def reserves(*, op: Operation, grounds: Grounds) -> bool:
-    """Whether ``reserve`` may write anything for ``op``: a capability call, a cost (only
-    an operation with an estimate is reserved), or the approval it uses."""
-    return grounds.capability is not None or op.estimated_cost_cents is not None or grounds.approval is not None
-
-
 def reserve(*, op: Operation, ctx: Fenced, grounds: Grounds) -> None:
-    """At dispatch, inside the caller's savepoint: one call (and bytes) of the capability,
-    the worst-case cost on every budget key, and the approval, each conditional."""
-    capability = grounds.capability
-    if capability is not None:
-        need = op.payload_bytes or 0
-        spend = CapabilityBudget.objects.filter(
-            pk=capability.pk,
-            status=CapabilityStatus.ACTIVE,
-            expires_at__gt=ctx.now,
-            used_calls__lt=F("max_calls"),
-        )
-        if capability.max_bytes is not None:
-            spend = spend.filter(used_bytes__lte=F("max_bytes") - need)
-        if spend.update(used_calls=F("used_calls") + 1, used_bytes=F("used_bytes") + need) != 1:
-            raise Denied(
-                "DENY_BUDGET", f"the run's capability for {op.tool} was spent meanwhile", budget="capability:calls"
-            )
-    cost_reserve(op=op, run=ctx.run, policy=grounds.policy, batch=ctx.batch, actor=ctx.actor, now=ctx.now)
+    """At dispatch: one call (and bytes) of the capability and the worst-case cost on every
+    budget key, all or nothing (``cost_reserve``), then the approval, conditional: a
+    refusal leaves nothing reserved."""
+    breaker = ctx.tenant.breaker if ctx.tenant is not None else None
+    cost_reserve(
+        op=op,
+        run=ctx.run,
+        policy=grounds.policy,
+        batch=ctx.batch,
+        actor=ctx.actor,
+        now=ctx.now,
+        capability=grounds.capability,
+        fresh=True,
+        breaker_seen=breaker,
+    )
     if grounds.approval is not None:
         queues().approval_use(approval=grounds.approval, run=ctx.run, batch=ctx.batch, actor=ctx.actor)

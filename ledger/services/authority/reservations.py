@@ -31,22 +31,39 @@ claims its own runs.
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
+from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import BigIntegerField, F, Sum, Value
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
+from django.db.models import BigIntegerField, Case, F, QuerySet, Sum, Value, When
 from django.db.models.functions import Least
 from django.utils import timezone
+from psycopg.types.numeric import Int8
 
+from ledger import prepared
 from ledger.actors import SYSTEM_RESERVATION_EXPIRY
 from ledger.errors import Denied, InvalidInput, WrongPhase
-from ledger.models import CostReservation, CostWindow, Operation, Run, Tenant
-from ledger.services.authority.breaker import OVERAGE_REASON, breaker_update
-from ledger.services.authority.policy import policy_current
-from ledger.services.authority.windows import budget_refusal, budgets_for, window_charge, window_name, windows_ensure
+from ledger.models import CapabilityBudget, CostReservation, CostShard, CostWindow, Operation, Run, Tenant
+from ledger.services.authority.breaker import OVERAGE_REASON, breaker_after_spend, breaker_update
+from ledger.services.authority.policy import policy_now
+from ledger.services.authority.windows import (
+    ESCROWED_KINDS,
+    Budget,
+    budget_refusal,
+    budgets_for,
+    run_shard_hash,
+    shard_charge,
+    shard_of,
+    shard_refill,
+    window_bounds,
+    window_charge,
+    window_name,
+    windows_ensure,
+)
 from ledger.services.core.fencing import locked_runs
 from ledger.services.evidence.append import ChainBatch
-from ledger.states import ReservationState
+from ledger.states import BudgetKind, CapabilityStatus, ReservationState
 
 RESERVATION_TRANSITIONS: dict[ReservationState, frozenset[ReservationState]] = {
     ReservationState.RESERVED: frozenset(
@@ -61,16 +78,30 @@ OPEN_RESERVATION_STATES = (ReservationState.RESERVED, ReservationState.UNKNOWN)
 
 
 def cost_reserve(
-    *, op: Operation, run: Run, policy: dict, batch: ChainBatch, actor: str, now: datetime
+    *,
+    op: Operation,
+    run: Run,
+    policy: dict,
+    batch: ChainBatch,
+    actor: str,
+    now: datetime,
+    capability: CapabilityBudget | None = None,
+    fresh: bool = False,
+    breaker_seen: tuple[str, str, datetime | None] | None = None,
 ) -> CostReservation | None:
     """Reserve ``op``'s worst-case estimate for its current attempt on every applicable
-    budget key, all or nothing, at dispatch. Called with the run locked.
+    budget key, all or nothing, at dispatch — and one call (and the payload bytes) of
+    ``capability`` with it, when given. Called with the run locked.
 
     Returns None when the operation states no estimate and no limit applies; refuses
     (``Denied("DENY_BUDGET", budget="estimate")``) a missing estimate where a limit
-    applies, and ``Denied("DENY_BUDGET", budget="<kind>:cents")`` naming the first budget
-    (in window order) without room. The same attempt reserved again, by a duplicate message
-    or a replayed dispatch, gets the reservation it already has: never a second charge."""
+    applies, ``Denied("DENY_BUDGET", budget="capability:calls"|"capability:bytes")`` when
+    the capability is spent, and ``Denied("DENY_BUDGET", budget="<kind>:cents")`` naming the
+    first budget (in window order) without room; a refusal leaves nothing charged. The same
+    attempt reserved again, by a duplicate message or a replayed dispatch, gets the
+    reservation it already has: never a second charge. ``fresh``: the caller knows none
+    exists (an AUTHORIZED operation under its run's lock), so none is looked for.
+    ``breaker_seen``: the tenant's breaker as stored, read in this transaction."""
     tenant = run.tenant
     budgets = budgets_for(op=op, run=run, tenant=tenant, policy=policy)
     estimate = op.estimated_cost_cents
@@ -81,38 +112,34 @@ def cost_reserve(
                 f"the {budgets[0].label} is limited: the operation must state estimated_cost_cents, its worst-case cost",
                 budget="estimate",
             )
+        if capability is not None:
+            capability_spend(capability=capability, op=op, now=now)
         return None
     if estimate < 0:
         raise InvalidInput("estimated_cost_cents must be zero or more")
-    existing = CostReservation.objects.filter(operation=op, attempt=op.attempt).first()
-    if existing is not None:
-        return existing
-    windows = windows_ensure(tenant=tenant, budgets=budgets, now=now, window_s=policy["cost_window_s"])
-    try:
-        with transaction.atomic():  # the all-or-nothing part: a refusal takes back every key
-            reservation = CostReservation.objects.create(
-                tenant=tenant,
-                run=run,
-                operation=op,
-                attempt=op.attempt,
-                provider=op.provider,
-                estimated_cents=estimate,
-                state=ReservationState.RESERVED,
-                created_at=now,
-                expires_at=now + timedelta(seconds=policy["reservation_ttl_s"]),
-            )
-            for budget, window in sorted(zip(budgets, windows, strict=True), key=lambda pair: pair[1].pk):
-                if not window_charge(window, estimate):
-                    raise budget_refusal(budget, window, estimate)
-            CostReservation.windows.through.objects.bulk_create(
-                [CostReservation.windows.through(costreservation=reservation, costwindow=w) for w in windows]
-            )
-    except IntegrityError:
-        # The same (operation, attempt) was reserved at this moment by another transaction.
+    if not fresh:
         existing = CostReservation.objects.filter(operation=op, attempt=op.attempt).first()
-        if existing is None:
-            raise
-        return existing
+        if existing is not None:
+            return existing
+    charged = None
+    if fresh and connection.vendor == "postgresql":
+        charged = _reserve_at_once(
+            op=op, run=run, policy=policy, budgets=budgets, estimate=estimate, now=now, capability=capability
+        )
+    if charged is None:
+        # The windows outlive a refusal (opened for this period either way).
+        windows = windows_ensure(tenant=tenant, budgets=budgets, now=now, window_s=policy["cost_window_s"])
+        with batch.savepoint():  # a refusal takes back every key and the capability call
+            if capability is not None:
+                capability_spend(capability=capability, op=op, now=now)
+            reservation, created = _reserve_one_by_one(
+                op=op, run=run, policy=policy, budgets=budgets, windows=windows, now=now
+            )
+        if not created:
+            return reservation  # the same attempt, reserved at this moment by another transaction
+        tenant_window = None
+    else:
+        reservation, tenant_window = charged
     batch.append(
         run,
         "COST_RESERVED",
@@ -125,8 +152,252 @@ def cost_reserve(
             "keys": [b.name for b in budgets],
         },
     )
-    breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now)
+    if breaker_seen is not None and charged is not None:
+        breaker_after_spend(
+            tenant=tenant,
+            policy=policy,
+            batch=batch,
+            run=run,
+            actor=actor,
+            now=now,
+            stored=breaker_seen,
+            tenant_window=tenant_window,
+        )
+    else:
+        breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now)
     return reservation
+
+
+def capability_spend(*, capability: CapabilityBudget, op: Operation, now: datetime) -> None:
+    """One call (and ``op``'s payload bytes) of ``capability``, conditional on what is left."""
+    need = op.payload_bytes or 0
+    spend = CapabilityBudget.objects.filter(
+        pk=capability.pk,
+        status=CapabilityStatus.ACTIVE,
+        expires_at__gt=now,
+        used_calls__lt=F("max_calls"),
+    )
+    if capability.max_bytes is not None:
+        spend = spend.filter(used_bytes__lte=F("max_bytes") - need)
+    if spend.update(used_calls=F("used_calls") + 1, used_bytes=F("used_bytes") + need) != 1:
+        raise Denied(
+            "DENY_BUDGET", f"the run's capability for {op.tool} was spent meanwhile", budget="capability:calls"
+        )
+
+
+def _reserve_one_by_one(
+    *, op: Operation, run: Run, policy: dict, budgets: list[Budget], windows: list[CostWindow], now: datetime
+) -> tuple[CostReservation, bool]:
+    """Charge every budget's window (or its escrow shard, refilled as it needs) in window
+    order and record the reservation: ``(reservation, True)``; raises the refusal of the
+    first budget without room (the caller's savepoint takes back the rest). When another
+    transaction reserved the same attempt at this moment: ``(its reservation, False)``."""
+    tenant = run.tenant
+    estimate = op.estimated_cost_cents or 0
+    try:
+        with transaction.atomic():
+            reservation = CostReservation.objects.create(
+                tenant=tenant,
+                run=run,
+                operation=op,
+                attempt=op.attempt,
+                provider=op.provider,
+                estimated_cents=estimate,
+                state=ReservationState.RESERVED,
+                created_at=now,
+                expires_at=now + timedelta(seconds=policy["reservation_ttl_s"]),
+            )
+            shards = []
+            pairs = list(zip(budgets, windows, strict=True))  # budgets_for lists them in lock order
+            for budget, window in [p for p in pairs if not p[1].shard_count] + [p for p in pairs if p[1].shard_count]:
+                if window.shard_count:
+                    shard = shard_of(window, run.pk)
+                    granted = shard_charge(window, shard, estimate)
+                    shards.append(shard)
+                else:
+                    granted = window_charge(window, estimate)
+                if not granted:
+                    raise budget_refusal(budget, window, estimate)
+            CostReservation.windows.through.objects.bulk_create(
+                [CostReservation.windows.through(costreservation=reservation, costwindow=w) for w in windows]
+            )
+            if shards:
+                CostReservation.shards.through.objects.bulk_create(
+                    [CostReservation.shards.through(costreservation=reservation, costshard=s) for s in shards]
+                )
+    except IntegrityError:
+        # The same (operation, attempt) was reserved at this moment by another transaction.
+        existing = CostReservation.objects.filter(operation=op, attempt=op.attempt).first()
+        if existing is None:
+            raise
+        return existing, False
+    return reservation, True
+
+
+# --- the hot path: every charge of a dispatch in one statement -----------------------------
+
+
+def _reserve_at_once(
+    *,
+    op: Operation,
+    run: Run,
+    policy: dict,
+    budgets: list[Budget],
+    estimate: int,
+    now: datetime,
+    capability: CapabilityBudget | None,
+) -> tuple[CostReservation, tuple[int, int] | None] | None:
+    """Every charge of a dispatch as one statement: each budget's window (found by its key,
+    or its escrow shard for this run), the capability call, and — only when every one of
+    them was granted — the reservation with its links. Returns it with the TENANT window's
+    (limit, used) after this charge (None without a tenant budget); or None when something
+    was not granted (a window missing or without room in this shard, the capability spent):
+    what was charged is taken back here, and the caller charges one by one, which refills
+    shards, creates windows and names the refusal."""
+    starts_at, _ = window_bounds(now, policy["cost_window_s"])
+    shape = tuple(b.kind in ESCROWED_KINDS for b in budgets)
+    has_bytes = capability is not None and capability.max_bytes is not None
+    tenant_at = next((i for i, b in enumerate(budgets) if b.kind == BudgetKind.TENANT), None)
+    sql = _reserve_sql(shape, capability is not None, has_bytes, tenant_at)
+    est, hashed = Int8(estimate), Int8(run_shard_hash(run.pk))
+    params: list = []
+    for budget in budgets:  # the direct charges first, then the shards (as _reserve_sql writes them)
+        params += [est, run.tenant_id, budget.kind.value, budget.key, starts_at, est]
+    for budget, escrowed in zip(budgets, shape, strict=True):
+        if escrowed:
+            params += [est, run.tenant_id, budget.kind.value, budget.key, starts_at, hashed, est]
+    need = Int8(op.payload_bytes or 0)
+    if capability is not None:
+        params += [need, capability.pk, now] + ([need] if has_bytes else [])
+    reservation = CostReservation(
+        tenant_id=run.tenant_id,
+        run=run,
+        operation=op,
+        attempt=op.attempt,
+        provider=op.provider,
+        estimated_cents=estimate,
+        state=ReservationState.RESERVED,
+        created_at=now,
+        expires_at=now + timedelta(seconds=policy["reservation_ttl_s"]),
+    )
+    names, values = prepared.insert_params(reservation)  # noqa: RUF059
+    params += values
+    if tenant_at is not None:
+        params += [run.tenant_id, BudgetKind.TENANT.value, budgets[tenant_at].key, starts_at]
+    row = prepared.execute(sql, params).fetchone()
+    granted, charged, tenant_row = row[0], row[1 : 1 + 2 * len(budgets) + 1], row[1 + 2 * len(budgets) + 1 :]
+    if not granted:
+        _take_back(charged, budgets=budgets, estimate=estimate, capability=capability, need=op.payload_bytes or 0)
+        return None
+    reservation._state.adding, reservation._state.db = False, DEFAULT_DB_ALIAS
+    tenant_window = None
+    if tenant_at is not None:
+        limit, used = tenant_row
+        tenant_window = (limit, used + estimate)  # the statement read the window before its own charge
+    return reservation, tenant_window
+
+
+def _take_back(
+    charged: tuple, *, budgets: list[Budget], estimate: int, capability: CapabilityBudget | None, need: int
+) -> None:
+    """Undo the charges of a statement that did not get them all (their rows are locked by
+    this transaction since)."""
+    for index in range(len(budgets)):
+        window_id, shard_id = charged[2 * index], charged[2 * index + 1]
+        if window_id is not None:
+            CostWindow.objects.filter(pk=window_id).update(reserved_cents=F("reserved_cents") - estimate)
+        if shard_id is not None:
+            CostShard.objects.filter(pk=shard_id).update(reserved_cents=F("reserved_cents") - estimate)
+    if capability is not None and charged[-1]:
+        CapabilityBudget.objects.filter(pk=capability.pk).update(
+            used_calls=F("used_calls") - 1, used_bytes=F("used_bytes") - need
+        )
+
+
+# A window's reserved and settled cents with its shards', in SQL (``w`` the window).
+_TOTAL_USED = (
+    "w.reserved_cents + w.settled_cents "
+    "+ COALESCE((SELECT sum(s.reserved_cents + s.settled_cents) FROM {shard} s WHERE s.window_id = w.id), 0)"
+)
+
+
+@cache
+def _reserve_sql(escrowed: tuple[bool, ...], capability: bool, has_bytes: bool, tenant_at: int | None) -> str:
+    """The statement of :func:`_reserve_at_once` for budgets of this shape."""
+    qn = connection.ops.quote_name
+    window, shard = qn(CostWindow._meta.db_table), qn(CostShard._meta.db_table)
+    by_key = "w.tenant_id = %s AND w.kind = %s AND w.key = %s AND w.starts_at = %s"
+    # Rows are locked in the order every path takes (LOCK ORDER in the module text): the
+    # windows charged directly in budget order, then the shards in budget order. Each part
+    # waits for the one before it (its WHERE reads that part's count).
+    parts, granted, window_ids, shard_ids, returned, previous = [], [], [], [], [], None
+
+    def after_previous() -> str:
+        return f"(SELECT count(*) FROM {previous}) >= 0 AND " if previous else ""  # noqa: S608
+
+    for i in range(len(escrowed)):
+        parts.append(
+            f"d{i} AS (UPDATE {window} w SET reserved_cents = w.reserved_cents + %s WHERE {after_previous()}{by_key} "  # noqa: S608
+            "AND w.shard_count = 0 AND w.reserved_cents + w.settled_cents + w.escrowed_cents + %s <= w.limit_cents "
+            "RETURNING w.id)"
+        )
+        previous = f"d{i}"
+        window_ids.append(f"SELECT id FROM d{i}")  # noqa: S608
+    for i, can_escrow in enumerate(escrowed):
+        count = f"(SELECT count(*) FROM d{i})"  # noqa: S608
+        returned.append(f"(SELECT id FROM d{i})")  # noqa: S608
+        if can_escrow:
+            parts.append(
+                f"s{i} AS (UPDATE {shard} s SET reserved_cents = s.reserved_cents + %s FROM {window} w "  # noqa: S608
+                f"WHERE {after_previous()}{by_key} AND w.shard_count > 0 AND s.window_id = w.id "
+                "AND s.shard = mod(%s, w.shard_count) AND s.reserved_cents + s.settled_cents + %s <= s.allotted_cents "
+                "RETURNING s.id, s.window_id)"
+            )
+            previous = f"s{i}"
+            count += f" + (SELECT count(*) FROM s{i})"  # noqa: S608
+            window_ids.append(f"SELECT window_id FROM s{i}")  # noqa: S608
+            shard_ids.append(f"SELECT id FROM s{i}")  # noqa: S608
+            returned.append(f"(SELECT id FROM s{i})")  # noqa: S608
+        else:
+            returned.append("NULL::bigint")
+        granted.append(f"{count} = 1")
+    if capability:
+        table = qn(CapabilityBudget._meta.db_table)
+        within = " AND used_bytes <= max_bytes - %s" if has_bytes else ""
+        parts.append(
+            f"cap AS (UPDATE {table} SET used_calls = used_calls + 1, used_bytes = used_bytes + %s "  # noqa: S608
+            f"WHERE {after_previous()}id = %s AND status = '{CapabilityStatus.ACTIVE.value}' AND expires_at > %s "
+            f"AND used_calls < max_calls{within} RETURNING 1)"
+        )
+        granted.append("(SELECT count(*) FROM cap) = 1")
+        returned.append("(SELECT count(*) FROM cap)")
+    else:
+        returned.append("0")
+    parts.append(f"ok AS (SELECT {' AND '.join(granted) or 'true'} AS granted)")
+    names = prepared.attnames(CostReservation)
+    columns = ", ".join(qn(prepared.column(CostReservation, name)) for name in names)
+    parts.append(
+        f"r AS (INSERT INTO {qn(CostReservation._meta.db_table)} ({columns}) "  # noqa: S608
+        f"SELECT {', '.join(['%s'] * len(names))} FROM ok WHERE ok.granted RETURNING id)"
+    )
+    if window_ids:  # (a reservation under no limit has no window)
+        parts.append(
+            f"lw AS (INSERT INTO {qn(CostReservation.windows.through._meta.db_table)} (costreservation_id, costwindow_id) "  # noqa: S608
+            f"SELECT r.id, x.id FROM r, ({' UNION ALL '.join(window_ids)}) x(id))"
+        )
+    if shard_ids:
+        parts.append(
+            f"ls AS (INSERT INTO {qn(CostReservation.shards.through._meta.db_table)} (costreservation_id, costshard_id) "  # noqa: S608
+            f"SELECT r.id, x.id FROM r, ({' UNION ALL '.join(shard_ids)}) x(id))"
+        )
+    selected = ["(SELECT granted FROM ok)", *returned]
+    if tenant_at is not None:  # the TENANT window as the statement's snapshot saw it, for the breaker
+        selected += ["w.limit_cents", _TOTAL_USED.format(shard=shard)]
+        tail = f" FROM (VALUES (1)) AS one(x) LEFT JOIN {window} w ON {by_key}"
+    else:
+        tail = ""
+    # Table and column names come from the models; every value is a parameter.
+    return f"WITH {', '.join(parts)} SELECT {', '.join(selected)}{tail}"
 
 
 def _current_reservation(op: Operation) -> CostReservation | None:
@@ -138,7 +409,15 @@ def _current_reservation(op: Operation) -> CostReservation | None:
 
 
 def cost_settle(
-    *, op: Operation, run: Run, actual_cents: int | None, batch: ChainBatch, actor: str, now: datetime
+    *,
+    op: Operation,
+    run: Run,
+    actual_cents: int | None,
+    batch: ChainBatch,
+    actor: str,
+    now: datetime,
+    policy: dict | None = None,
+    breaker_seen: tuple[str, str, datetime | None] | None = None,
 ) -> None:
     """The outcome CONFIRMED or FAILED of ``op``'s current attempt was recorded.
 
@@ -150,7 +429,8 @@ def cost_settle(
     a window is an overage (see the module docstring).
 
     Without it (the provider sent no usage): the reservation becomes UNKNOWN, its estimate
-    still counted, until reconciliation settles it."""
+    still counted, until reconciliation settles it. ``policy`` and ``breaker_seen``: the
+    tenant's policy and breaker as the caller read them in this transaction, if it did."""
     if actual_cents is not None and actual_cents < 0:
         raise InvalidInput("actual_cost_cents must be zero or more")
     reservation = _current_reservation(op)
@@ -162,7 +442,18 @@ def cost_settle(
         return
     if reservation.state not in OPEN_RESERVATION_STATES:
         return  # already closed: a repeated report changes nothing
-    _close(reservation, amount=actual_cents, op=op, run=run, batch=batch, actor=actor, now=now, via="outcome")
+    _close(
+        reservation,
+        amount=actual_cents,
+        op=op,
+        run=run,
+        batch=batch,
+        actor=actor,
+        now=now,
+        via="outcome",
+        policy=policy,
+        breaker_seen=breaker_seen,
+    )
 
 
 def cost_resolve(
@@ -192,36 +483,25 @@ def _close(
     actor: str,
     now: datetime,
     via: str,
+    policy: dict | None = None,
+    breaker_seen: tuple[str, str, datetime | None] | None = None,
 ) -> None:
     """RESERVED / UNKNOWN -> SETTLED (amount > 0) or RELEASED (amount 0)."""
     source = ReservationState(reservation.state)
     target = ReservationState.SETTLED if amount > 0 else ReservationState.RELEASED
     if target not in RESERVATION_TRANSITIONS[source]:
         raise WrongPhase(phase=f"reservation {source}", wanted="RESERVED or UNKNOWN")
-    won = CostReservation.objects.filter(pk=reservation.pk, state=source).update(
-        state=target, actual_cents=amount, closed_at=now
-    )
-    if won != 1:  # impossible while the reservation row is locked
-        raise WrongPhase(phase="reservation changed concurrently", wanted=source)
+    tenant = run.tenant
+    if policy is None:
+        policy = policy_now(tenant=tenant).document
+    closed = None
+    if connection.vendor == "postgresql":
+        closed = _close_at_once(reservation, source=source, target=target, amount=amount, now=now, policy=policy)
+    if closed is None:
+        overage = _close_one_by_one(reservation, source=source, target=target, amount=amount, now=now)
+    else:
+        overage = {}
     estimate = reservation.estimated_cents
-    windows = list(CostWindow.objects.select_for_update(of=("self",)).filter(reservations=reservation).order_by("pk"))
-    overage = {}
-    for window in windows:
-        room = window.limit_cents - window.settled_cents - window.reserved_cents + estimate
-        if amount > room:
-            overage[window_name(window)] = amount - room
-    if windows:
-        # One statement for every window: SET expressions all read the old row, so the
-        # estimate leaves and the actual cost (up to the room) enters in the same instant.
-        CostWindow.objects.filter(pk__in=[w.pk for w in windows]).update(
-            reserved_cents=F("reserved_cents") - estimate,
-            settled_cents=F("settled_cents")
-            + Least(
-                Value(amount),
-                F("limit_cents") - F("settled_cents") - F("reserved_cents") + estimate,
-                output_field=BigIntegerField(),
-            ),
-        )
     reservation.state, reservation.actual_cents, reservation.closed_at = target, amount, now
     fields = {
         "reservation_id": reservation.pk,
@@ -239,15 +519,186 @@ def _close(
         fields["overage_keys"] = sorted(overage)
     event_type = "COST_SETTLED" if target == ReservationState.SETTLED else "COST_RELEASED"
     batch.append(run, event_type, actor=actor, fields=fields)
-    tenant = run.tenant
-    _, policy = policy_current(tenant=tenant)
-    forced = None
     if overage:
         forced = (
             f"{OVERAGE_REASON}operation {op.pk} attempt {reservation.attempt} cost {amount} cents, "
             f"estimated {estimate}; over by up to {max(overage.values())} on {', '.join(sorted(overage))}"
         )
-    breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now, forced_open=forced)
+        breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now, forced_open=forced)
+    elif breaker_seen is not None and closed is not None and source == ReservationState.RESERVED:
+        # Nothing left UNKNOWN here: the spend level is all that can have moved.
+        breaker_after_spend(
+            tenant=tenant,
+            policy=policy,
+            batch=batch,
+            run=run,
+            actor=actor,
+            now=now,
+            stored=breaker_seen,
+            tenant_window=closed[0],
+        )
+    else:
+        breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now)
+
+
+def _close_one_by_one(
+    reservation: CostReservation, *, source: ReservationState, target: ReservationState, amount: int, now: datetime
+) -> dict[str, int]:
+    """The reservation closed and its windows (and shards) settled, each locked and read
+    first, so that an overage is measured: returns the overage by window name. A shard
+    with less room than the amount takes headroom from its window, or the other shards,
+    before anything is called an overage."""
+    won = CostReservation.objects.filter(pk=reservation.pk, state=source).update(
+        state=target, actual_cents=amount, closed_at=now
+    )
+    if won != 1:  # impossible while the reservation row is locked
+        raise WrongPhase(phase="reservation changed concurrently", wanted=source)
+    estimate = reservation.estimated_cents
+    overage = {}
+    direct = list(
+        CostWindow.objects.select_for_update(of=("self",))
+        .filter(reservations=reservation, shard_count=0)
+        .order_by(LOCK_RANK, "key")
+    )
+    for window in direct:
+        room = window.limit_cents - window.settled_cents - window.reserved_cents - window.escrowed_cents + estimate
+        if amount > room:
+            overage[window_name(window)] = amount - room
+    if direct:
+        _settle_rows(
+            CostWindow.objects.filter(pk__in=[w.pk for w in direct]),
+            estimate,
+            amount,
+            F("limit_cents") - F("escrowed_cents"),
+        )
+    shards = CostShard.objects.filter(reservations=reservation).select_related("window")
+    for shard in sorted(shards, key=lambda s: (RANKS[s.window.kind], s.window.key)):
+        window = shard.window
+        if amount > shard.allotted_cents - shard.settled_cents - shard.reserved_cents + estimate:
+            shard_refill(window, shard, amount - estimate)  # locks the window row, then the shard
+        shard = CostShard.objects.select_for_update(of=("self",)).get(pk=shard.pk)
+        room = shard.allotted_cents - shard.settled_cents - shard.reserved_cents + estimate
+        if amount > room:
+            overage[window_name(window)] = amount - room
+        _settle_rows(CostShard.objects.filter(pk=shard.pk), estimate, amount, F("allotted_cents"))
+    return overage
+
+
+def _settle_rows(rows: QuerySet, estimate: int, amount: int, capacity: Any) -> None:
+    """One statement for every row: SET expressions all read the old row, so the estimate
+    leaves and the actual cost (up to the room: ``capacity`` less the rest) enters in the
+    same instant."""
+    rows.update(
+        reserved_cents=F("reserved_cents") - estimate,
+        settled_cents=F("settled_cents")
+        + Least(
+            Value(amount),
+            capacity - F("settled_cents") - F("reserved_cents") + estimate,
+            output_field=BigIntegerField(),
+        ),
+    )
+
+
+def _close_at_once(
+    reservation: CostReservation,
+    *,
+    source: ReservationState,
+    target: ReservationState,
+    amount: int,
+    now: datetime,
+    policy: dict,
+) -> tuple[tuple[int, int] | None] | None:
+    """The reservation closed and every window and shard it charged settled, in one
+    statement, when the amount fits each of them whole (the common case: no overage).
+    Returns (the tenant window of ``now`` as (limit, used) after it, or None without a
+    tenant limit); None when something did not fit (taken back here: the caller goes one
+    by one and measures the overage)."""
+    tenant_limit = policy["cost_limits_cents"]["tenant"]
+    sql = _close_sql(tenant_limit is not None)
+    est, amt, pk = Int8(reservation.estimated_cents), Int8(amount), reservation.pk
+    params = [target.value, amt, now, pk, source.value, pk, pk]
+    params += [est, amt, amt, est]  # windows
+    params += [est, amt, amt, est]  # shards
+    if tenant_limit is not None:
+        starts_at, _ = window_bounds(now, policy["cost_window_s"])
+        params += [reservation.tenant_id, BudgetKind.TENANT.value, reservation.tenant.slug, starts_at]
+    row = prepared.execute(sql, params).fetchone()
+    moved, windows, shards, want_windows, want_shards = row[:5]
+    if moved != 1:  # impossible while the reservation row is locked
+        raise WrongPhase(phase="reservation changed concurrently", wanted=source)
+    windows, shards = windows or [], shards or []
+    if len(windows) != want_windows or len(shards) != want_shards:
+        CostReservation.objects.filter(pk=pk).update(state=source, actual_cents=None, closed_at=None)
+        back = {"reserved_cents": F("reserved_cents") + reservation.estimated_cents}
+        back["settled_cents"] = F("settled_cents") - amount
+        if windows:
+            CostWindow.objects.filter(pk__in=windows).update(**back)
+        if shards:
+            CostShard.objects.filter(pk__in=[shard for shard, _ in shards]).update(**back)
+        return None
+    if tenant_limit is None:
+        return (None,)
+    tenant_window, limit, used = row[5], row[6], row[7]
+    if tenant_window is None:  # not opened in this window yet
+        return ((tenant_limit, 0),)
+    touched = tenant_window in windows or any(window == tenant_window for _, window in shards)
+    # The statement read the window before its own change.
+    return ((limit, used + (amount - reservation.estimated_cents if touched else 0)),)
+
+
+@cache
+def _close_sql(with_tenant: bool) -> str:
+    """The statement of :func:`_close_at_once`: the rows are locked first, in the order
+    every path takes (the direct windows, then the shards, each in budget order), then
+    settled."""
+    qn = connection.ops.quote_name
+    reservations, window, shard = (
+        qn(CostReservation._meta.db_table),
+        qn(CostWindow._meta.db_table),
+        qn(CostShard._meta.db_table),
+    )
+    by_window, by_shard = (
+        qn(CostReservation.windows.through._meta.db_table),
+        qn(CostReservation.shards.through._meta.db_table),
+    )
+    parts = [
+        f"r AS (UPDATE {reservations} SET state = %s, actual_cents = %s, closed_at = %s WHERE id = %s AND state = %s RETURNING 1)",  # noqa: S608
+        f"lw AS (SELECT w.id FROM {window} w JOIN {by_window} l ON w.id = l.costwindow_id "  # noqa: S608
+        f"WHERE l.costreservation_id = %s AND w.shard_count = 0 ORDER BY {_RANK}, w.key FOR UPDATE OF w)",
+        f"ls AS (SELECT s.id FROM {shard} s JOIN {by_shard} l ON s.id = l.costshard_id JOIN {window} w ON w.id = s.window_id "  # noqa: S608
+        f"WHERE (SELECT count(*) FROM lw) >= 0 AND l.costreservation_id = %s ORDER BY {_RANK}, w.key FOR UPDATE OF s)",
+        f"w AS (UPDATE {window} w SET reserved_cents = w.reserved_cents - %s, settled_cents = w.settled_cents + %s "  # noqa: S608
+        "WHERE w.id IN (SELECT id FROM lw) AND %s <= w.limit_cents - w.escrowed_cents - w.settled_cents - w.reserved_cents + %s "
+        "RETURNING w.id)",
+        f"s AS (UPDATE {shard} s SET reserved_cents = s.reserved_cents - %s, settled_cents = s.settled_cents + %s "  # noqa: S608
+        "WHERE s.id IN (SELECT id FROM ls) AND %s <= s.allotted_cents - s.settled_cents - s.reserved_cents + %s "
+        "RETURNING s.id, s.window_id)",
+    ]
+    selected = [
+        "(SELECT count(*) FROM r)",
+        "(SELECT array_agg(id) FROM w)",
+        "(SELECT array_agg(ARRAY[id, window_id]) FROM s)",
+        "(SELECT count(*) FROM lw)",
+        "(SELECT count(*) FROM ls)",
+    ]
+    tail = ""
+    if with_tenant:
+        selected += ["w.id", "w.limit_cents", _TOTAL_USED.format(shard=shard)]
+        tail = (
+            f" FROM (VALUES (1)) AS one(x) LEFT JOIN {window} w ON "
+            "w.tenant_id = %s AND w.kind = %s AND w.key = %s AND w.starts_at = %s"
+        )
+    # Table and column names come from the models; every value is a parameter.
+    return f"WITH {', '.join(parts)} SELECT {', '.join(selected)}{tail}"
+
+
+# A window's place in the lock order: its budget kind, in the order budgets_for lists them.
+RANKS: dict[str, int] = {
+    kind.value: rank
+    for rank, kind in enumerate((BudgetKind.RUN, BudgetKind.TENANT, BudgetKind.PROVIDER, BudgetKind.RETRY))
+}
+_RANK = "array_position(ARRAY['RUN', 'TENANT', 'PROVIDER', 'RETRY']::varchar[], w.kind)"
+LOCK_RANK = Case(*(When(kind=kind, then=Value(rank)) for kind, rank in RANKS.items()), default=Value(len(RANKS)))
 
 
 def cost_mark_unknown(
@@ -305,7 +756,7 @@ def _to_unknown(
     tenants = Tenant.objects.in_bulk(list(first_run_of))
     for tenant_id in sorted(first_run_of):  # one order for every caller: no lock cycles
         tenant = tenants[tenant_id]
-        _, policy = policy_current(tenant=tenant)
+        policy = policy_now(tenant=tenant).document
         breaker_update(tenant=tenant, policy=policy, batch=batch, run=first_run_of[tenant_id], actor=actor, now=now)
     return moved
 
@@ -369,12 +820,14 @@ def reservations_expire(
 
 
 def window_reconciles(window: CostWindow) -> bool:
-    """The ledger check of the article for one window: its ``reserved_cents`` is exactly the
-    sum of the estimates of its reservations still open (RESERVED or UNKNOWN)."""
+    """The ledger check of the article for one window: its reserved cents (its escrow
+    shards' included) are exactly the sum of the estimates of its reservations still open
+    (RESERVED or UNKNOWN)."""
     open_sum = (
         CostReservation.objects.filter(windows=window, state__in=OPEN_RESERVATION_STATES).aggregate(
             total=Sum("estimated_cents")
         )["total"]
         or 0
     )
-    return CostWindow.objects.filter(pk=window.pk).values_list("reserved_cents", flat=True).get() == open_sum
+    held = CostWindow.objects.filter(pk=window.pk).with_totals().values_list("total_reserved_cents", flat=True).get()
+    return held == open_sum

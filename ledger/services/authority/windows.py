@@ -19,17 +19,33 @@ anything that would still get past (invariant 7). A reservation is never shrunk 
 is left: it is granted whole on every key or refused naming the key that refused.
 Windows are locked in primary-key order everywhere, so two reservations over the same
 keys queue instead of deadlocking.
+
+**Escrow.** A TENANT or PROVIDER window is shared by every run of the tenant; charged
+directly, its row would be one lock that every dispatch and outcome of the tenant queues on.
+When its limit is at least ``COST_ESCROW_MIN_CENTS`` it is created with ``COST_ESCROW_SHARDS``
+escrow shards (:class:`~ledger.models.CostShard`) and charged through them: a run charges the
+shard its id hashes to, with the same conditional UPDATE against the shard's allotment. A
+shard that runs dry takes headroom from the window (``escrowed_cents``, with the window row
+locked) and, once the window has none left, from the other shards (each locked in turn):
+headroom moves, it is never made up, so the shards never hold more than the window's limit
+together, and a reservation is refused only when the window as a whole has no room for it.
+A small window stays one exact row (its limit is reached in a handful of reservations, where
+escrow would buy nothing).
 """
 
+import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from django.conf import settings
 from django.db.models import F, Q
 from django.db.models.lookups import LessThanOrEqual
 
 from ledger.errors import Denied
-from ledger.models import CostWindow, Operation, Run, Tenant
+from ledger.models import CostShard, CostWindow, Operation, Run, Tenant
 from ledger.states import BudgetKind
+
+ESCROWED_KINDS = frozenset({BudgetKind.TENANT, BudgetKind.PROVIDER})
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -78,9 +94,23 @@ def budgets_for(*, op: Operation, run: Run, tenant: Tenant, policy: dict) -> lis
     return budgets
 
 
+def escrow_shards(budget: Budget) -> int:
+    """How many escrow shards a new window of ``budget`` gets (0: charged directly)."""
+    conf = settings.FENCELINE
+    if budget.kind in ESCROWED_KINDS and budget.limit_cents >= conf["COST_ESCROW_MIN_CENTS"]:
+        return conf["COST_ESCROW_SHARDS"]
+    return 0
+
+
+def run_shard_hash(run_id: object) -> int:
+    """A run's place among a window's shards, before ``% shard_count``: the same in every process."""
+    return zlib.crc32(str(run_id).encode())
+
+
 def windows_ensure(*, tenant: Tenant, budgets: list[Budget], now: datetime, window_s: int) -> list[CostWindow]:
     """The current window of each budget (in the order given), created when missing with
-    INSERT ... ON CONFLICT DO NOTHING and read back, so concurrent first uses agree."""
+    INSERT ... ON CONFLICT DO NOTHING and read back, so concurrent first uses agree; an
+    escrowed one with its shards (created the same way)."""
     if not budgets:
         return []
     starts_at, ends_at = window_bounds(now, window_s)
@@ -103,29 +133,105 @@ def windows_ensure(*, tenant: Tenant, budgets: list[Budget], now: datetime, wind
                     starts_at=starts_at,
                     ends_at=ends_at,
                     limit_cents=b.limit_cents,
+                    shard_count=escrow_shards(b),
                 )
                 for b in missing
             ],
             ignore_conflicts=True,
         )
         found = fetch()
+        # The shards of the windows this call opened (a window another transaction opened
+        # at this moment came with its shards, committed with it: these then conflict).
+        opened = [found[(b.kind, b.key)] for b in missing]
+        CostShard.objects.bulk_create(
+            [CostShard(window=w, shard=n) for w in opened if w.shard_count for n in range(w.shard_count)],
+            ignore_conflicts=True,
+        )
     return [found[(b.kind, b.key)] for b in budgets]
+
+
+def shard_of(window: CostWindow, run_id: object) -> CostShard:
+    """The escrow shard ``run_id`` charges in an escrowed ``window``."""
+    return CostShard.objects.get(window=window, shard=run_shard_hash(run_id) % window.shard_count)
+
+
+def shard_charge(window: CostWindow, shard: CostShard, need: int) -> bool:
+    """Charge ``need`` to ``shard`` (reserved), moving headroom to it first when it has too
+    little: from the window, then from the other shards. False when the window as a whole
+    has no room for it (nothing is then charged or moved)."""
+    granted = (
+        CostShard.objects.filter(pk=shard.pk)
+        .filter(LessThanOrEqual(F("reserved_cents") + F("settled_cents") + need, F("allotted_cents")))
+        .update(reserved_cents=F("reserved_cents") + need)
+    )
+    if granted:
+        return True
+    if not shard_refill(window, shard, need):
+        return False
+    return (
+        CostShard.objects.filter(pk=shard.pk)
+        .filter(LessThanOrEqual(F("reserved_cents") + F("settled_cents") + need, F("allotted_cents")))
+        .update(reserved_cents=F("reserved_cents") + need)
+    ) == 1
+
+
+def shard_refill(window: CostWindow, shard: CostShard, need: int) -> bool:
+    """Move headroom to ``shard`` until it has ``need`` free cents, or as much as the
+    window has anywhere: the window row is locked first (one refill of a window at a time),
+    then the shard; headroom comes from the window (a chunk, so that the next charges need
+    no refill) and then from the other shards, each locked in primary-key order. Whoever
+    holds a shard of this window waits for nothing of it but this row (and a charger never
+    locks the row), so the order is acyclic. Whether the shard now has ``need`` free."""
+    row = CostWindow.objects.select_for_update(of=("self",)).get(pk=window.pk)
+    mine = CostShard.objects.select_for_update(of=("self",)).get(pk=shard.pk)
+    free_here = mine.allotted_cents - mine.reserved_cents - mine.settled_cents
+    if free_here >= need:
+        return True  # another transaction refilled it while we waited
+    short = need - free_here
+    window_free = row.limit_cents - row.reserved_cents - row.settled_cents - row.escrowed_cents
+    from_window = min(window_free, max(short, row.limit_cents // (4 * max(row.shard_count, 1))))
+    wanted = max(short - from_window, 0)
+    donors: list[tuple[int, int]] = []
+    if wanted:
+        for donor in (
+            CostShard.objects.select_for_update(of=("self",)).filter(window=row).exclude(pk=mine.pk).order_by("pk")
+        ):
+            spare = donor.allotted_cents - donor.reserved_cents - donor.settled_cents
+            if spare > 0:
+                take = min(spare, wanted)
+                donors.append((donor.pk, take))
+                wanted -= take
+                if not wanted:
+                    break
+    for donor_pk, take in donors:
+        CostShard.objects.filter(pk=donor_pk).update(allotted_cents=F("allotted_cents") - take)
+    moved = from_window + sum(take for _, take in donors)
+    if from_window:
+        CostWindow.objects.filter(pk=row.pk).update(escrowed_cents=F("escrowed_cents") + from_window)
+    if moved:
+        CostShard.objects.filter(pk=mine.pk).update(allotted_cents=F("allotted_cents") + moved)
+    return free_here + moved >= need
 
 
 def window_charge(window: CostWindow, estimate: int) -> bool:
     """The reservation SQL of the article, on one window; True when it was granted."""
+    used = F("reserved_cents") + F("settled_cents") + F("escrowed_cents")
     granted = (
         CostWindow.objects.filter(pk=window.pk)
-        .filter(LessThanOrEqual(F("reserved_cents") + F("settled_cents") + estimate, F("limit_cents")))
+        .filter(LessThanOrEqual(used + estimate, F("limit_cents")))
         .update(reserved_cents=F("reserved_cents") + estimate)
     )
     return granted == 1
 
 
+def window_used(window: CostWindow) -> tuple[int, int, int]:
+    """(limit, reserved, settled) of ``window`` now, its shards' included."""
+    row = CostWindow.objects.filter(pk=window.pk).with_totals()
+    return row.values_list("limit_cents", "total_reserved_cents", "total_settled_cents").get()
+
+
 def budget_refusal(budget: Budget, window: CostWindow, estimate: int) -> Denied:
-    limit, reserved, settled = (
-        CostWindow.objects.filter(pk=window.pk).values_list("limit_cents", "reserved_cents", "settled_cents").get()
-    )
+    limit, reserved, settled = window_used(window)
     left = max(limit - reserved - settled, 0)
     return Denied(
         "DENY_BUDGET",

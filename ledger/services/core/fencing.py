@@ -20,7 +20,7 @@ from django.utils import timezone
 from ledger import prepared
 from ledger.actors import worker_actor
 from ledger.errors import DomainError, NotFound, RunCancelled, RunCompleted, StaleToken, parse_id, worker_refusal
-from ledger.models import CredentialLease, Operation, Run, RunLease, Tenant, Worker, WorkerDrain
+from ledger.models import Credential, CredentialLease, Operation, Run, RunLease, Tenant, Worker, WorkerDrain
 from ledger.services.evidence.append import ChainBatch
 
 T = TypeVar("T")
@@ -113,11 +113,13 @@ def _lock_sql(by_operation: bool) -> str:
             "r0.last_seq",
             *_columns("o", Operation, _OPERATION),
             *_columns("c", CredentialLease, _CREDENTIAL_LEASE),
+            "cr.version",
         ]
         tables = (
             f"{qn(Operation._meta.db_table)} o JOIN {tables} ON l.run_id = o.run_id "
             f"JOIN {qn(Run._meta.db_table)} r0 ON r0.id = o.run_id "
-            f"LEFT JOIN {qn(CredentialLease._meta.db_table)} c ON c.id = o.credential_lease_id"
+            f"LEFT JOIN {qn(CredentialLease._meta.db_table)} c ON c.id = o.credential_lease_id "
+            f"LEFT JOIN {qn(Credential._meta.db_table)} cr ON cr.id = c.credential_id"
         )
         where = "o.id = %s AND o.tenant_id = %s AND r.tenant_id = %s"
     else:
@@ -157,13 +159,17 @@ def lock(*, tenant: Tenant, run_id: object = None, operation_id: object = None) 
     (snapshot_seq,) = take(1)
     op = prepared.from_row(Operation, take(len(_OPERATION)))
     credential_lease = take(len(_CREDENTIAL_LEASE))
+    (credential_version,) = take(1)
     if snapshot_seq != run.last_seq:  # the run moved while this statement waited for its lock
         fresh = prepared.get(Operation, ("credential_lease",), id=op.pk)
         if not isinstance(fresh, Operation):
             raise NotFound("operation not found")
         op = fresh
     else:
-        found = prepared.from_row(CredentialLease, credential_lease) if credential_lease[0] is not None else None
+        found = None
+        if credential_lease[0] is not None:
+            found = prepared.from_row(CredentialLease, credential_lease)
+            found.__dict__["credential_version_now"] = credential_version  # what evaluation compares it with
         _OPERATION_CREDENTIAL_LEASE.set_cached_value(op, found)
     _OPERATION_RUN.set_cached_value(op, run)
     return Locked(run=run, operation=op, tenant=seen)

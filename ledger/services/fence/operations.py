@@ -6,7 +6,6 @@ the fence (run and lease rows locked), and appends exactly one event to the run'
 ``retry.py``, the move to UNKNOWN in ``unknown.py``.
 """
 
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 from django.db import IntegrityError
@@ -258,25 +257,23 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
             grounds = evaluation.evaluate(op=op, ctx=ctx, at_dispatch=True)  # reads only
             if grounds.needs_approval:
                 raise Denied("DENY_POLICY", "the approval this operation needs is missing, used, expired or void")
-            # A refusal while reserving takes back what was reserved before it; with nothing
-            # to reserve there is nothing to take back, and no savepoint to pay for.
-            with ctx.batch.savepoint() if evaluation.reserves(op=op, grounds=grounds) else nullcontext():
-                evaluation.reserve(op=op, ctx=ctx, grounds=grounds)
-                transition(
-                    op,
-                    Phase.DISPATCHED,
-                    ctx,
-                    dispatched_at=ctx.now,
-                    dispatch_token=ctx.token,
-                    dispatch_owner_id=ctx.lease.owner_id,
-                    policy_version_at_dispatch=grounds.policy_version,
-                    credential_version_at_dispatch=grounds.lease.version if grounds.lease else None,
-                    event_fields={
-                        "policy_version": grounds.policy_version,
-                        **_digest_field(ctx, grounds.policy_version),
-                        "credential_version": grounds.lease.version if grounds.lease else None,
-                    },
-                )
+            # All or nothing: a refusal while reserving leaves nothing reserved.
+            evaluation.reserve(op=op, ctx=ctx, grounds=grounds)
+            transition(
+                op,
+                Phase.DISPATCHED,
+                ctx,
+                dispatched_at=ctx.now,
+                dispatch_token=ctx.token,
+                dispatch_owner_id=ctx.lease.owner_id,
+                policy_version_at_dispatch=grounds.policy_version,
+                credential_version_at_dispatch=grounds.lease.version if grounds.lease else None,
+                event_fields={
+                    "policy_version": grounds.policy_version,
+                    **_digest_field(ctx, grounds.policy_version),
+                    "credential_version": grounds.lease.version if grounds.lease else None,
+                },
+            )
         except Denied as denial:
             op.refresh_from_db()
             return op, _deny(op, ctx, denial)

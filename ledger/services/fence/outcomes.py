@@ -5,6 +5,7 @@ from typing import Any
 
 from ledger.errors import NotFound, WrongPhase, parse_id
 from ledger.models import Operation, Worker
+from ledger.services.authority.policy import policy_now
 from ledger.services.authority.reservations import cost_settle
 from ledger.services.core.fencing import Fenced, fenced
 from ledger.services.core.handoff import queues
@@ -58,7 +59,14 @@ def operation_report_outcome(
             transition(op, target, ctx, **changes)
             # Usage settles the reservation; no usage reported leaves it UNKNOWN until reconciled.
             cost_settle(
-                op=op, run=ctx.run, actual_cents=actual_cost_cents, batch=ctx.batch, actor=ctx.actor, now=ctx.now
+                op=op,
+                run=ctx.run,
+                actual_cents=actual_cost_cents,
+                batch=ctx.batch,
+                actor=ctx.actor,
+                now=ctx.now,
+                policy=policy_now(tenant=ctx.run.tenant, seen=ctx.tenant).document if ctx.tenant else None,
+                breaker_seen=ctx.tenant.breaker if ctx.tenant else None,
             )
         else:
             operations_mark_unknown(
