@@ -182,7 +182,13 @@ TEMPLATES = [
 
 _SQLITE_DEFAULT = f"sqlite:///{STATE_DIR / 'fenceline.sqlite3'}"
 try:
-    _db = dj_database_url.parse(env("DATABASE_URL") or _SQLITE_DEFAULT, conn_max_age=env_int("DB_CONN_MAX_AGE", 0))
+    # A process keeps its PostgreSQL connection (opening one per request cost more than the
+    # request: docs/performance.md), checked before each request reuses it; 0 closes it after
+    # every request. The embedded SQLite default has nothing to keep.
+    _conn_max_age = env_int("DB_CONN_MAX_AGE", 0 if not env("DATABASE_URL") else 300)
+    _db = dj_database_url.parse(
+        env("DATABASE_URL") or _SQLITE_DEFAULT, conn_max_age=_conn_max_age, conn_health_checks=True
+    )
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL cannot be parsed: {exc}") from None
 
@@ -197,6 +203,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
     }
 elif _db["ENGINE"] == "django.db.backends.postgresql":
+    # Django's backend, health-checking a kept connection only after it sat idle
+    # (console/postgresql/base.py).
+    _db["ENGINE"] = "console.postgresql"
     # The hot path's pre-built statements (ledger/prepared.py) are bound server-side and
     # prepared from their Nth use on a connection; 0 (for a pooler that cannot keep
     # prepared statements, e.g. PgBouncer before 1.21) sends them unprepared.

@@ -5,6 +5,9 @@ from console.views import approvals, cases, credentials, dashboard, probes, reso
 from ledger.api import api
 
 urlpatterns = [
+    # The worker API first: its requests are the most frequent, and Django tries the
+    # patterns in order.
+    path("api/v1/", api.urls),
     path("", dashboard.home, name="home"),
     path("healthz", probes.healthz, name="healthz"),
     path("readyz", probes.readyz, name="readyz"),
@@ -49,6 +52,5 @@ urlpatterns = [
         "tenants/<slug:slug>/webhooks/<uuid:endpoint_id>/rotate", webhooks.webhook_rotate, name="tenant-webhook-rotate"
     ),
     path("accounts/", include("django.contrib.auth.urls")),
-    path("api/v1/", api.urls),
     path("admin/", admin.site.urls),
 ]

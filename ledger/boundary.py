@@ -342,10 +342,12 @@ def credential_kind(text: str, *, remember: bool = True) -> str | None:
 _CLEAN: set[str] = set()
 _CLEAN_MAX = 16384
 # The forms Fenceline writes its own values in, which no rule refuses (tests/unit/
-# test_boundary.py holds that): an id (canonical UUID), a chain hash, a time as events carry
-# it. They come once each, so remembering them would only churn _CLEAN.
+# test_boundary.py holds that): an id (canonical UUID, or its 32 hex digits: request ids), a
+# chain hash, a time as events carry it. They come once each, so remembering them would only
+# churn _CLEAN.
 _SYSTEM_FORM = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+    r"|[0-9a-f]{32}"
     r"|sha256:[0-9a-f]{64}"
     r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z"
 )

@@ -112,13 +112,15 @@ class WithholdCredentials(logging.Filter):
         except Exception:
             return True
         texts = [message, record.exc_text or ""]
-        if any(text and credential_kind(text, remember=False) for text in texts):
+        # Clean texts of up to 256 characters are remembered (a request line names its route
+        # pattern, not its path, and comes again and again); a refused one never is.
+        if any(text and credential_kind(text) for text in texts):
             record.msg, record.args, record.exc_text, record.exc_info = WITHHELD_LINE, (), None, None
         # The extra fields a JSON line prints (a request's ids, a job's counts) pass too.
         for key, value in list(vars(record).items()):
             if key in _STANDARD or value is None or isinstance(value, (int, float, bool)):
                 continue
-            if credential_kind(str(value), remember=False):
+            if credential_kind(str(value)):
                 setattr(record, key, WITHHELD)
         return True
 

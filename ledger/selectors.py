@@ -6,6 +6,7 @@ from typing import Any
 
 from django.db.models import Exists, F, OuterRef, Q, Subquery
 
+from ledger import prepared
 from ledger.errors import NotFound, parse_id
 from ledger.models import Run, Tenant, Worker
 from ledger.pagination import keyset_page
@@ -14,7 +15,10 @@ from ledger.states import RUN_FINISHED
 
 
 def worker_for_token(token: str) -> Worker | None:
-    return Worker.objects.select_related("tenant").filter(token_hash=token_digest(token)).first()
+    """The worker (with its tenant) whose token this is: every worker request asks, so the
+    statement is pre-built (``ledger.prepared``), not compiled each time. token_hash is unique."""
+    worker = prepared.get(Worker, ("tenant",), token_hash=token_digest(token))
+    return worker if isinstance(worker, Worker) else None
 
 
 def run_get(*, tenant: Tenant, run_id: object) -> Run:

@@ -165,8 +165,14 @@ class Gunicorn:
             f"127.0.0.1:{self.port}",
             "--workers",
             str(workers),
+            # gthread keeps a client's connection open between its requests (the sync worker
+            # closes it after each one, and every request paid a new TCP connection).
             "--worker-class",
-            "sync",
+            "gthread",
+            "--threads",
+            "1",
+            "--keep-alive",
+            "75",
             "--log-level",
             "warning",
         ]

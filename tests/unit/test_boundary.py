@@ -370,14 +370,16 @@ def test_credentials_the_old_rules_missed(text, kind):
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(
     value=st.uuids().map(str)
+    | st.uuids().map(lambda u: u.hex)
+    | st.binary(min_size=16, max_size=16).map(bytes.hex)
     | st.binary(min_size=32, max_size=32).map(lambda b: "sha256:" + hashlib.sha256(b).hexdigest())
     | st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2999, 12, 31), timezones=st.just(UTC)).map(
         format_time
     )
 )
 def test_the_forms_fenceline_writes_its_own_values_in_never_meet_a_rule(value):
-    """credential_kind skips ids, chain hashes and event times without running the rules
-    (boundary._SYSTEM_FORM); the rules themselves would pass every one of them too."""
+    """credential_kind skips ids, request ids, chain hashes and event times without running
+    the rules (boundary._SYSTEM_FORM); the rules themselves would pass every one of them too."""
     assert boundary._SYSTEM_FORM.fullmatch(value)
     assert boundary._kind(value) is None
     assert credential_kind(value) is None
