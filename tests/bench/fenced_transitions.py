@@ -46,7 +46,9 @@ changed or dropped.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
+import json
 import multiprocessing as mp
 import os
 import platform
@@ -994,6 +996,14 @@ def report(context: dict, args, fenced_phases: list[dict], pg: dict) -> None:
         for mode in ("authority", "http"):
             if mode in by_mode:
                 say(f"{mode} / plain transitions/s: {by_mode[mode]['tps'] / by_mode['plain']['tps']:.3f}")
+    if "plain" in by_mode and "authority" in by_mode:
+        plain_p50 = by_mode["plain"]["by_kind"]["dispatch"]["p50"]
+        authority_p50 = by_mode["authority"]["by_kind"]["dispatch"]["p50"]
+        if plain_p50:
+            say(
+                f"dispatch p50, authority / plain: {ms(authority_p50)} / {ms(plain_p50)} = "
+                f"{authority_p50 / plain_p50:.2f} (a tenant-wide hot row would show here)"
+            )
     for fenced in fenced_phases:
         say("-" * 72)
         say(f"{fenced['mode'] + ', per kind':18}{'count':>9}{'p50':>11}{'p99':>11}{'SQL stmts':>11}")
@@ -1069,6 +1079,71 @@ def show_sql(worker_pk: int, *, authority: bool, ops_per_lease: int) -> None:
     connection.close()
 
 
+def measure(server: Server, args, modes: list[str], pgbench: str | None) -> tuple[list[dict], dict]:
+    """The fenced phases of ``modes`` at N = args.workers, then pgbench at the same N (unless
+    skipped): what one report (or one point of the curve) is made of."""
+    fenced_phases = []
+    for mode in modes:
+        if mode == "http":
+            fenced = http_phase_run(server, args)
+        else:
+            authority = mode == "authority"
+            worker_pks = prepare_fenced_db(
+                server, BENCH_DB, args.workers, analyze=not args.no_analyze, authority=authority,
+                ops_per_lease=args.ops_per_lease,
+            )  # fmt: skip
+            profile = args.profile and (f"{args.profile}.{mode}" if len(modes) > 1 else args.profile)
+            fenced = run_fenced(server, BENCH_DB, worker_pks, args, authority=authority, profile=profile)
+            fenced["profile"] = profile
+        say(f"[{mode}] done: {fenced['total']:,} transitions in {fenced['elapsed']:.1f} s = {fenced['tps']:,.1f}/s")
+        fenced_phases.append(fenced)
+    if args.skip_pgbench or pgbench is None:
+        pg = {"tps": float("nan"), "latency_ms": float("nan"), "transactions": None, "elapsed": args.seconds,
+              "client_cpu_s": None, "server_cpu_s": None, "machine_busy_cores": None, "steal_cores": None, "commits": None,
+              "wal": None}  # fmt: skip
+    else:
+        # Initialised right before its run, as in the usual `pgbench -i; pgbench` (and the
+        # SETUP-NOTES reference): its pages are newer than the last checkpoint, so the run
+        # pays no full-page writes for them.
+        prepare_pgbench(server, PGBENCH_DB, pgbench, args.scale)
+        pg = run_pgbench(server, PGBENCH_DB, pgbench, args)
+        say(f"[pgbench] done: {pg['tps']:,.1f} TPS")
+    return fenced_phases, pg
+
+
+def figures(fenced_phases: list[dict], pg: dict) -> dict:
+    """The headline numbers of one measurement: rates, ratios to pgbench, dispatch p50s."""
+    out: dict = {"pgbench_tps": pg["tps"]}
+    for phase in fenced_phases:
+        mode = phase["mode"]
+        out[f"{mode}_tps"] = phase["tps"]
+        out[f"{mode}_ratio"] = phase["tps"] / pg["tps"] if pg["tps"] == pg["tps"] and pg["tps"] else None
+        dispatch = phase["by_kind"].get("dispatch", {})
+        out[f"{mode}_dispatch_p50"] = dispatch.get("p50")
+    if out.get("plain_dispatch_p50") and out.get("authority_dispatch_p50"):
+        out["dispatch_p50_authority_over_plain"] = out["authority_dispatch_p50"] / out["plain_dispatch_p50"]
+    return out
+
+
+def report_curve(curve: list[dict], modes: list[str]) -> None:
+    """How the rates grow (or not) with N: one line per N, each measured side by side with
+    pgbench at the same N."""
+    say("-" * 72)
+    say("the curve: fenced transitions/s (ratio to pgbench at the same N)")
+    say(f"{'N':>4}" + "".join(f"{mode:>20}" for mode in modes) + f"{'pgbench TPS':>14}{'dispatch p50 auth/plain':>26}")
+    for point in curve:
+        cells = []
+        for mode in modes:
+            tps, ratio = point.get(f"{mode}_tps"), point.get(f"{mode}_ratio")
+            cells.append(f"{tps:,.0f} ({ratio:.3f})" if tps is not None and ratio is not None else f"{tps or 0:,.0f}")
+        share = point.get("dispatch_p50_authority_over_plain")
+        pair = ""
+        if share is not None:
+            pair = f"{ms(point['authority_dispatch_p50'])} / {ms(point['plain_dispatch_p50'])} = {share:.2f}"
+        say(f"{point['n']:>4}" + "".join(f"{c:>20}" for c in cells) + f"{point['pgbench_tps']:>14,.0f}{pair:>26}")
+    say("=" * 72)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -1106,6 +1181,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--skip-pgbench", action="store_true", help="fenced phases only (no ratio)")
     parser.add_argument(
+        "--curve",
+        type=lambda text: [int(n) for n in text.split(",") if n],
+        default=[],
+        metavar="N,N,...",
+        help="after the headline at --workers, measure every mode and pgbench again at each of these N "
+        "(e.g. 1,2,4,8,16) and print how the rates grow with concurrency",
+    )
+    parser.add_argument("--curve-seconds", type=int, default=8, help="duration of each phase of the curve (default 8)")
+    parser.add_argument("--summary", metavar="FILE", help="also write the headline and curve figures as JSON to FILE")
+    parser.add_argument(
         "--profile",
         metavar="FILE",
         help="run worker 0 under cProfile and write its stats to FILE (FILE.plain and FILE.authority with --mode both)",
@@ -1141,44 +1226,32 @@ def main(argv: list[str] | None = None) -> int:
             f"{context['postgresql']} at {server.host}:{server.port}; N={args.workers}, S={args.seconds:g}, "
             f"modes: {', '.join(modes)}"
         )
-        fenced_phases = []
-        for mode in modes:
-            if mode == "http":
-                if args.show_sql:
-                    continue
-                fenced = http_phase_run(server, args)
-                say(
-                    f"[http] done: {fenced['total']:,} transitions in {fenced['elapsed']:.1f} s = {fenced['tps']:,.1f}/s"
-                )
-                fenced_phases.append(fenced)
-                continue
-            authority = mode == "authority"
-            worker_pks = prepare_fenced_db(
-                server, BENCH_DB, args.workers, analyze=not args.no_analyze, authority=authority,
-                ops_per_lease=args.ops_per_lease,
-            )  # fmt: skip
-            if args.show_sql:
-                show_sql(worker_pks[0], authority=authority, ops_per_lease=args.ops_per_lease)
-                continue
-            profile = args.profile and (f"{args.profile}.{mode}" if len(modes) > 1 else args.profile)
-            fenced = run_fenced(server, BENCH_DB, worker_pks, args, authority=authority, profile=profile)
-            fenced["profile"] = profile
-            say(f"[{mode}] done: {fenced['total']:,} transitions in {fenced['elapsed']:.1f} s = {fenced['tps']:,.1f}/s")
-            fenced_phases.append(fenced)
         if args.show_sql:
+            for mode in modes:
+                if mode == "http":
+                    continue
+                worker_pks = prepare_fenced_db(
+                    server, BENCH_DB, args.workers, analyze=not args.no_analyze, authority=mode == "authority",
+                    ops_per_lease=args.ops_per_lease,
+                )  # fmt: skip
+                show_sql(worker_pks[0], authority=mode == "authority", ops_per_lease=args.ops_per_lease)
             return 0
-        if args.skip_pgbench:
-            pg = {"tps": float("nan"), "latency_ms": float("nan"), "transactions": None, "elapsed": args.seconds,
-                  "client_cpu_s": None, "server_cpu_s": None, "machine_busy_cores": None, "steal_cores": None, "commits": None,
-                  "wal": None}  # fmt: skip
-        else:
-            # Initialised right before its run, as in the usual `pgbench -i; pgbench` (and the
-            # SETUP-NOTES reference): its pages are newer than the last checkpoint, so the run
-            # pays no full-page writes for them.
-            prepare_pgbench(server, PGBENCH_DB, pgbench, args.scale)
-            pg = run_pgbench(server, PGBENCH_DB, pgbench, args)
-            say(f"[pgbench] done: {pg['tps']:,.1f} TPS")
+        fenced_phases, pg = measure(server, args, modes, pgbench)
         report(context, args, fenced_phases, pg)
+        summary = {"n": args.workers, **figures(fenced_phases, pg)}
+        curve = []
+        if args.curve:
+            for n in args.curve:
+                at = copy.copy(args)
+                at.workers, at.seconds, at.profile = n, args.curve_seconds, None
+                say(f"[curve] N = {n}, {at.seconds} s per phase")
+                curve.append({"n": n, **figures(*measure(server, at, modes, pgbench))})
+            report_curve(curve, modes)
+        if args.summary:
+            Path(args.summary).write_text(
+                json.dumps({"context": {**context, "load": list(context["load"])}, "headline": summary, "curve": curve},
+                           default=str, indent=1)
+            )  # fmt: skip
     except BenchError as exc:
         print(f"bench failed: {exc}", file=sys.stderr, flush=True)
         return 2

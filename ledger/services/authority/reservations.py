@@ -61,7 +61,7 @@ from ledger.services.authority.windows import (
     window_name,
     windows_ensure,
 )
-from ledger.services.core.fencing import locked_runs
+from ledger.services.core.fencing import RESERVATION_SEEN, locked_runs
 from ledger.services.evidence.append import ChainBatch
 from ledger.states import BudgetKind, CapabilityStatus, ReservationState
 
@@ -402,9 +402,14 @@ def _reserve_sql(escrowed: tuple[bool, ...], capability: bool, has_bytes: bool, 
 
 def _current_reservation(op: Operation) -> CostReservation | None:
     """The reservation of ``op``'s current attempt, locked. An operation without an
-    estimate never has one (``cost_reserve`` reserves nothing without it): no statement."""
+    estimate never has one (``cost_reserve`` reserves nothing without it): no statement;
+    neither for one the fence's locking statement read with it (reservations change only
+    under the run's lock, which the caller holds)."""
     if op.estimated_cost_cents is None:
         return None
+    attempt, seen = op.__dict__.get(RESERVATION_SEEN, (None, None))
+    if attempt == op.attempt:
+        return seen
     return CostReservation.objects.select_for_update(of=("self",)).filter(operation=op, attempt=op.attempt).first()
 
 
@@ -496,7 +501,9 @@ def _close(
         policy = policy_now(tenant=tenant).document
     closed = None
     if connection.vendor == "postgresql":
-        closed = _close_at_once(reservation, source=source, target=target, amount=amount, now=now, policy=policy)
+        closed = _close_at_once(
+            reservation, tenant_slug=tenant.slug, source=source, target=target, amount=amount, now=now, policy=policy
+        )
     if closed is None:
         overage = _close_one_by_one(reservation, source=source, target=target, amount=amount, now=now)
     else:
@@ -602,6 +609,7 @@ def _settle_rows(rows: QuerySet, estimate: int, amount: int, capacity: Any) -> N
 def _close_at_once(
     reservation: CostReservation,
     *,
+    tenant_slug: str,
     source: ReservationState,
     target: ReservationState,
     amount: int,
@@ -621,7 +629,7 @@ def _close_at_once(
     params += [est, amt, amt, est]  # shards
     if tenant_limit is not None:
         starts_at, _ = window_bounds(now, policy["cost_window_s"])
-        params += [reservation.tenant_id, BudgetKind.TENANT.value, reservation.tenant.slug, starts_at]
+        params += [reservation.tenant_id, BudgetKind.TENANT.value, tenant_slug, starts_at]
     row = prepared.execute(sql, params).fetchone()
     moved, windows, shards, want_windows, want_shards = row[:5]
     if moved != 1:  # impossible while the reservation row is locked

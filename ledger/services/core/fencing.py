@@ -20,7 +20,17 @@ from django.utils import timezone
 from ledger import prepared
 from ledger.actors import worker_actor
 from ledger.errors import DomainError, NotFound, RunCancelled, RunCompleted, StaleToken, parse_id, worker_refusal
-from ledger.models import Credential, CredentialLease, Operation, Run, RunLease, Tenant, Worker, WorkerDrain
+from ledger.models import (
+    CostReservation,
+    Credential,
+    CredentialLease,
+    Operation,
+    Run,
+    RunLease,
+    Tenant,
+    Worker,
+    WorkerDrain,
+)
 from ledger.services.evidence.append import ChainBatch
 
 T = TypeVar("T")
@@ -80,6 +90,7 @@ _LEASE = tuple(f.attname for f in RunLease._meta.concrete_fields)
 _RUN = tuple(f.attname for f in Run._meta.concrete_fields)
 _OPERATION = tuple(f.attname for f in Operation._meta.concrete_fields)
 _CREDENTIAL_LEASE = tuple(f.attname for f in CredentialLease._meta.concrete_fields)
+_RESERVATION = tuple(f.attname for f in CostReservation._meta.concrete_fields)
 _TENANT = ("policy_version", "breaker_state", "breaker_reason", "breaker_changed_at")
 
 
@@ -114,12 +125,14 @@ def _lock_sql(by_operation: bool) -> str:
             *_columns("o", Operation, _OPERATION),
             *_columns("c", CredentialLease, _CREDENTIAL_LEASE),
             "cr.version",
+            *_columns("cost", CostReservation, _RESERVATION),
         ]
         tables = (
             f"{qn(Operation._meta.db_table)} o JOIN {tables} ON l.run_id = o.run_id "
             f"JOIN {qn(Run._meta.db_table)} r0 ON r0.id = o.run_id "
             f"LEFT JOIN {qn(CredentialLease._meta.db_table)} c ON c.id = o.credential_lease_id "
-            f"LEFT JOIN {qn(Credential._meta.db_table)} cr ON cr.id = c.credential_id"
+            f"LEFT JOIN {qn(Credential._meta.db_table)} cr ON cr.id = c.credential_id "
+            f"LEFT JOIN {qn(CostReservation._meta.db_table)} cost ON cost.operation_id = o.id AND cost.attempt = o.attempt"
         )
         where = "o.id = %s AND o.tenant_id = %s AND r.tenant_id = %s"
     else:
@@ -160,6 +173,7 @@ def lock(*, tenant: Tenant, run_id: object = None, operation_id: object = None) 
     op = prepared.from_row(Operation, take(len(_OPERATION)))
     credential_lease = take(len(_CREDENTIAL_LEASE))
     (credential_version,) = take(1)
+    reservation = take(len(_RESERVATION))
     if snapshot_seq != run.last_seq:  # the run moved while this statement waited for its lock
         fresh = prepared.get(Operation, ("credential_lease",), id=op.pk)
         if not isinstance(fresh, Operation):
@@ -171,6 +185,12 @@ def lock(*, tenant: Tenant, run_id: object = None, operation_id: object = None) 
             found = prepared.from_row(CredentialLease, credential_lease)
             found.__dict__["credential_version_now"] = credential_version  # what evaluation compares it with
         _OPERATION_CREDENTIAL_LEASE.set_cached_value(op, found)
+        # The cost reservation of its current attempt (changed only under the run's lock):
+        # ``reservations.reservation_of`` reads it from here instead of asking again.
+        op.__dict__[RESERVATION_SEEN] = (
+            op.attempt,
+            prepared.from_row(CostReservation, reservation) if reservation[0] is not None else None,
+        )
     _OPERATION_RUN.set_cached_value(op, run)
     return Locked(run=run, operation=op, tenant=seen)
 
@@ -199,6 +219,9 @@ def lock_run(*, tenant: Tenant, run_id: object = None, operation_id: object = No
 
 
 _RUN_TENANT = Run._meta.get_field("tenant")
+# The key under which a locked operation carries (its attempt, that attempt's cost reservation
+# or None) as the fence's statement read them.
+RESERVATION_SEEN = "cost_reservation_seen"
 _OPERATION_RUN = Operation._meta.get_field("run")
 _OPERATION_CREDENTIAL_LEASE = Operation._meta.get_field("credential_lease")
 
