@@ -68,6 +68,12 @@ class ReconciliationCase(Versioned):
         ]
         indexes = [
             models.Index(fields=["tenant", "status", "opened_at"], name="case_queue"),
+            # "Mine": the cases a person holds, oldest first.
+            models.Index(
+                fields=["claimed_by", "opened_at", "id"], condition=Q(status=CaseStatus.CLAIMED), name="case_claimed_by"
+            ),
+            # "All": every case, newest first, and "resolved" newest first by when.
+            models.Index(fields=["opened_at", "id"], name="case_all_recent"),
             # The queue across a user's tenants, oldest first, and the dashboard's open counts.
             models.Index(
                 fields=["opened_at", "id"], condition=Q(status__in=OPEN_CASE_STATUSES), name="case_open_queue"
@@ -83,6 +89,23 @@ class ReconciliationCase(Versioned):
 
     def __str__(self) -> str:
         return f"case {self.id} ({self.status})"
+
+
+class CaseComment(Versioned):
+    """A short note on a case by a person working it (through the secret boundary), shown
+    on the case as a thread; each is also a CASE_COMMENTED event in the run's chain."""
+
+    case = models.ForeignKey(ReconciliationCase, on_delete=models.PROTECT, related_name="comments")
+    author = models.CharField(max_length=150)
+    text = models.CharField(max_length=1000)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["case", "created_at", "id"]
+        indexes = [models.Index(fields=["case", "created_at"], name="case_comment_thread")]
+
+    def __str__(self) -> str:
+        return f"{self.author} on {self.case_id}"
 
 
 class ApprovalStatus(models.TextChoices):

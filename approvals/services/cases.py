@@ -2,17 +2,18 @@
 (``approvals.services.handoff.cases_open``), and the people's decisions on them: claim,
 escalate, resolve (UNKNOWN -> RECONCILED with a named person and evidence), bulk resolve."""
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from approvals.models import OPEN_CASE_STATUSES, CaseStatus, ReconciliationCase
+from approvals.models import OPEN_CASE_STATUSES, CaseComment, CaseStatus, ReconciliationCase
 from ledger.actors import user_actor
 from ledger.boundary import check_text
 from ledger.errors import Forbidden, InvalidInput, NotFound, WrongPhase, parse_id
 from ledger.models import Operation
 from ledger.roles import OPERATE, can, tenants_for
 from ledger.services.authority.reservations import cost_resolve
-from ledger.services.core.decisions import acting_name
+from ledger.services.core.decisions import acting_name, decision_reason
 from ledger.services.core.fencing import Fenced, locked_runs
 from ledger.services.core.phases import transition
 from ledger.services.evidence.append import ChainBatch, json_safe
@@ -158,25 +159,45 @@ def _case_for(case_id: object) -> ReconciliationCase:
 
 
 def _case_move(
-    *, case_id: object, user, sources: tuple, target: CaseStatus, event: str, reason: str = "", claim: bool = False
+    *,
+    case_id: object,
+    user,
+    sources: tuple,
+    target: CaseStatus,
+    event: str,
+    reason: str = "",
+    claim_for: str | None = None,
+    held_by: str | None = None,
+    extra_fields: dict | None = None,
 ) -> ReconciliationCase:
     """One case transition by a console user: the role is checked on the case's tenant, the
-    run is locked, the conditional UPDATE on the current status decides, and exactly one
-    event naming the user (and reason) is appended in the same transaction."""
+    run is locked, the conditional UPDATE on the current status (and, with ``held_by``, on
+    who holds it) decides, and exactly one event naming the user (and reason) is appended in
+    the same transaction. ``claim_for``: the person it is CLAIMED for afterwards ("" lets go)."""
     case = _case_for(case_id)
     name = acting_name(user=user, name="", tenant_id=case.tenant_id, perm=OPERATE)
     with transaction.atomic():
         (run,) = locked_runs({"run_id": case.run_id})
         now = timezone.now()
-        values = {"status": target, **({"claimed_by": name, "claimed_at": now} if claim else {})}
+        values: dict = {"status": target}
+        if claim_for is not None:
+            values.update(claimed_by=claim_for, claimed_at=now if claim_for else None)
         if target == CaseStatus.ESCALATED:
             values.update(escalated_by=name, escalation_reason=reason)
-        won = ReconciliationCase.objects.filter(pk=case.pk, status__in=sources).update(**values)
-        if won != 1:
+        current = ReconciliationCase.objects.filter(pk=case.pk, status__in=sources)
+        if held_by is not None:
+            current = current.filter(claimed_by=held_by)
+        if current.update(**values) != 1:
             case.refresh_from_db()
-            raise WrongPhase(phase=f"case {case.status}", wanted=" or ".join(sources))
+            holder = f" held by {case.claimed_by}" if case.status == CaseStatus.CLAIMED else ""
+            raise WrongPhase(phase=f"case {case.status}{holder}", wanted=" or ".join(sources))
         batch = ChainBatch(now)
-        fields = {"case_id": case.pk, "operation_id": case.operation_id, "attempt": case.attempt}
+        fields = {
+            "case_id": case.pk,
+            "operation_id": case.operation_id,
+            "attempt": case.attempt,
+            **(extra_fields or {}),
+        }
         if reason:
             fields["reason"] = reason
         batch.append(run, event, actor=user_actor(name), fields=fields)
@@ -194,8 +215,78 @@ def case_claim(*, case_id: object, user) -> ReconciliationCase:
         sources=(CaseStatus.LOOKUP, CaseStatus.OPEN),
         target=CaseStatus.CLAIMED,
         event="CASE_CLAIMED",
-        claim=True,
+        claim_for=str(user.username),
     )
+
+
+def case_unclaim(*, case_id: object, user, reason: str) -> ReconciliationCase:
+    """Let go of a CLAIMED case, with the reason: CLAIMED -> OPEN (back in the unclaimed
+    queue), with a CASE_UNCLAIMED event naming who let go of whose claim."""
+    reason = decision_reason(reason)
+    case = _case_for(case_id)
+    return _case_move(
+        case_id=case_id,
+        user=user,
+        sources=(CaseStatus.CLAIMED,),
+        target=CaseStatus.OPEN,
+        event="CASE_UNCLAIMED",
+        reason=reason,
+        claim_for="",
+        held_by=case.claimed_by,
+        extra_fields={"claimed_by": case.claimed_by},
+    )
+
+
+def case_reassign(*, case_id: object, user, to: str, reason: str) -> ReconciliationCase:
+    """Hand an open case to another person who may operate on its tenant, with the reason:
+    OPEN, CLAIMED or ESCALATED -> CLAIMED by ``to``, with a CASE_REASSIGNED event
+    {from, to, reason}. Refused for a person who could not resolve it themselves."""
+    reason = decision_reason(reason)
+    case = _case_for(case_id)
+    target = get_user_model().objects.filter(username=to, is_active=True).first()
+    if target is None or not can(target, case.tenant, OPERATE):
+        raise InvalidInput(f"{to!r} is not someone who may work cases of this tenant", field="to")
+    return _case_move(
+        case_id=case_id,
+        user=user,
+        sources=(CaseStatus.OPEN, CaseStatus.CLAIMED, CaseStatus.ESCALATED),
+        target=CaseStatus.CLAIMED,
+        event="CASE_REASSIGNED",
+        reason=reason,
+        claim_for=str(target.username),
+        held_by=case.claimed_by if case.status == CaseStatus.CLAIMED else None,
+        extra_fields={"from": case.claimed_by or None, "to": str(target.username)},
+    )
+
+
+COMMENT_MAX_LENGTH = 1000
+
+
+def case_comment(*, case_id: object, user, text: str) -> CaseComment:
+    """A note on a case (open or resolved) by a person who may operate on its tenant: kept
+    on the case's thread and appended to the run's chain as CASE_COMMENTED. The text passes
+    the secret boundary (a credential-like text is refused, never stored)."""
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidInput("a comment needs some text", field="text")
+    text = text.strip()
+    if len(text) > COMMENT_MAX_LENGTH:
+        raise InvalidInput(f"a comment is at most {COMMENT_MAX_LENGTH} characters", field="text")
+    check_text(text, path="text")
+    case = _case_for(case_id)
+    name = acting_name(user=user, name="", tenant_id=case.tenant_id, perm=OPERATE)
+    with transaction.atomic():
+        (run,) = locked_runs({"run_id": case.run_id})
+        now = timezone.now()
+        comment = CaseComment.objects.create(case=case, author=name, text=text, created_at=now)
+        batch = ChainBatch(now)
+        batch.append(
+            run,
+            "CASE_COMMENTED",
+            actor=user_actor(name),
+            fields={"case_id": case.pk, "operation_id": case.operation_id, "comment_id": comment.pk, "text": text},
+        )
+        batch.commit()
+    return comment
 
 
 def case_escalate(*, case_id: object, user, reason: str) -> ReconciliationCase:

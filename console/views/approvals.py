@@ -2,16 +2,22 @@
 version, bound to which args digest and fencing token; approve or deny with a reason.
 Decisions go through approvals.services.approvals.approval_decide."""
 
+import uuid
+
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.http import Http404, QueryDict
 from django.shortcuts import get_object_or_404, render
+from django.template.defaultfilters import pluralize
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from approvals.selectors import APPROVAL_FILTERS, approval_queue, approvals_for
+from approvals.selectors import APPROVAL_FILTERS, APPROVAL_SORTS, approval_queue, approvals_for
 from approvals.services.approvals import approval_decide
-from console.views.common import BAD_INPUT, form_errors, queue_answer
+from approvals.services.approvals_bulk import approvals_decide_bulk, approvals_preview
+from console.views.common import BAD_INPUT, chosen, form_errors, queue_answer
 from ledger.errors import DomainError
 from ledger.roles import APPROVE, can, tenants_for
 
@@ -23,11 +29,30 @@ class DecideForm(forms.Form):
     reason = forms.CharField(max_length=500, strip=True)
 
 
+class BulkDecideForm(DecideForm):
+    approval = forms.TypedMultipleChoiceField(
+        coerce=str, choices=(), error_messages={"required": "Choose at least one request."}
+    )
+    confirm = forms.BooleanField(required=False)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Any submitted id is a valid choice here; what the user may decide is the service's.
+        field = self.fields["approval"]
+        if not isinstance(field, forms.TypedMultipleChoiceField):
+            raise TypeError("BulkDecideForm.approval must be a multiple choice field")
+        submitted = self.data.getlist("approval") if isinstance(self.data, QueryDict) else []
+        field.choices = [(v, v) for v in submitted]
+
+
+STATUS_LABELS = {"PENDING": "pending", "decided": "decided (any)", "all": "all"}
+SORT_LABELS = {"expiring": "expiring first", "oldest": "asked longest ago first", "newest": "newest first"}
+
+
 def _queue_context(request) -> dict:
-    status = request.GET.get("status", "PENDING")
-    if status not in APPROVAL_FILTERS:
-        status = "PENDING"
-    rows, next_cursor = approval_queue(user=request.user, status=status, cursor=request.GET.get("after"))
+    status, status_notice = chosen(request, "status", APPROVAL_FILTERS, "PENDING")
+    sort, sort_notice = chosen(request, "sort", APPROVAL_SORTS, "expiring")
+    rows, next_cursor = approval_queue(user=request.user, status=status, cursor=request.GET.get("after"), sort=sort)
     now = timezone.now()
     for row in rows:
         # A PENDING request past its expiry is EXPIRED whether or not the expiry job ran.
@@ -42,8 +67,13 @@ def _queue_context(request) -> dict:
         "rows": rows,
         "next_cursor": next_cursor,
         "status": status,
-        "statuses": list(APPROVAL_FILTERS),
+        "sort": sort,
+        "notices": [n for n in (status_notice, sort_notice) if n],
+        "query": f"status={status}&sort={sort}",
+        "statuses": [(key, STATUS_LABELS.get(key, key.lower())) for key in APPROVAL_FILTERS],
+        "sorts": list(SORT_LABELS.items()),
         "approvable": approvable,
+        "selectable": any(row.shown_status == "PENDING" and row.tenant_id in approvable for row in rows),
         "now": now,
     }
 
@@ -63,7 +93,7 @@ def _done(request, message: str, *, error: bool = False, status: int = 200):
         template=TEMPLATE,
         context=lambda: _queue_context(request),
         message=message,
-        back_to="approvals",
+        back_to=reverse("approvals") + (f"?{request.GET.urlencode()}" if request.GET else ""),
         error=error,
         status=status,
     )
@@ -85,3 +115,49 @@ def decide(request, approval_id):
     except DomainError as exc:
         return _done(request, exc.detail, error=True, status=exc.status)
     return _done(request, f"Request {str(approval.pk)[:8]} {'approved' if approve else 'denied'}.")
+
+
+@require_POST
+@login_required
+def bulk(request):
+    """First POST (no ``confirm``): the exact requests it will decide. Second POST with
+    ``confirm``: decide exactly those, all or none."""
+    form = BulkDecideForm(request.POST)
+    if not form.is_valid():
+        return _done(request, form_errors(form), error=True, status=BAD_INPUT)
+    ids = form.cleaned_data["approval"]
+    visible = list(approvals_for(request.user).filter(pk__in=_uuids(ids)).select_related("tenant"))
+    if len(visible) != len(set(ids)):
+        raise Http404("approval not found")
+    if any(not can(request.user, approval.tenant, APPROVE) for approval in visible):
+        raise PermissionDenied("your role on this tenant does not allow this action")
+    approve = form.cleaned_data["decision"] == "approve"
+    touched = approvals_preview(approval_ids=ids, user=request.user)
+    if not form.cleaned_data["confirm"]:
+        context = {
+            "preview": touched,
+            "skipped": len(set(ids)) - len(touched),
+            "decision": form.cleaned_data["decision"],
+            "reason": form.cleaned_data["reason"],
+        }
+        if not request.htmx:
+            context.update(_queue_context(request))
+        return render(request, f"{TEMPLATE}#bulk-preview" if request.htmx else TEMPLATE, context)
+    try:
+        decided = approvals_decide_bulk(
+            approval_ids=ids, user=request.user, approve=approve, reason=form.cleaned_data["reason"]
+        )
+    except DomainError as exc:
+        return _done(request, f"Nothing changed: {exc.detail}", error=True, status=exc.status)
+    count = len(decided)
+    return _done(request, f"{count} request{pluralize(count)} {'approved' if approve else 'denied'}.")
+
+
+def _uuids(values):
+    out = []
+    for value in values:
+        try:
+            out.append(uuid.UUID(value))
+        except ValueError:
+            raise Http404("approval not found") from None
+    return out

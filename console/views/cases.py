@@ -9,19 +9,25 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, QueryDict
 from django.shortcuts import get_object_or_404, render
+from django.template.defaultfilters import pluralize
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from approvals.selectors import CASE_FILTERS, case_queue, cases_for
+from approvals.selectors import CASE_FILTERS, SORTS, case_queue, cases_for
 from approvals.services.cases import (
     BULK_RESOLUTIONS,
+    COMMENT_MAX_LENGTH,
     RESOLUTIONS,
     case_claim,
+    case_comment,
     case_escalate,
+    case_reassign,
     case_resolve,
+    case_unclaim,
     cases_preview,
     cases_resolve_bulk,
 )
-from console.views.common import BAD_INPUT, form_errors, queue_answer
+from console.views.common import BAD_INPUT, chosen, form_errors, queue_answer
 from ledger.errors import DomainError
 from ledger.roles import OPERATE, can, tenants_for
 
@@ -48,6 +54,15 @@ class EscalateForm(forms.Form):
     reason = forms.CharField(max_length=500, strip=True)
 
 
+class ReassignForm(forms.Form):
+    to = forms.CharField(max_length=150, strip=True)
+    reason = forms.CharField(max_length=500, strip=True)
+
+
+class CommentForm(forms.Form):
+    text = forms.CharField(max_length=COMMENT_MAX_LENGTH, strip=True)
+
+
 class BulkForm(forms.Form):
     case = forms.TypedMultipleChoiceField(
         coerce=str, choices=(), error_messages={"required": "Choose at least one case."}
@@ -66,17 +81,32 @@ class BulkForm(forms.Form):
         field.choices = [(v, v) for v in submitted]
 
 
+STATUS_LABELS = {
+    "open": "waiting for people",
+    "unclaimed": "unclaimed",
+    "mine": "claimed by me",
+    "LOOKUP": "with a reconciler",
+    "unresolved": "all unresolved",
+    "all": "all, resolved too",
+}
+
+
 def _queue_context(request) -> dict:
-    status = request.GET.get("status", "open")
-    if status not in CASE_FILTERS:
-        status = "open"
-    rows, next_cursor = case_queue(user=request.user, status=status, cursor=request.GET.get("after"))
+    status, status_notice = chosen(request, "status", CASE_FILTERS, "open")
+    sort, sort_notice = chosen(request, "sort", SORTS, "newest" if status in ("all", "RESOLVED") else "oldest")
+    rows, next_cursor = case_queue(user=request.user, status=status, cursor=request.GET.get("after"), sort=sort)
     operable = set(tenants_for(request.user, OPERATE).values_list("pk", flat=True))
     return {
         "rows": rows,
         "next_cursor": next_cursor,
         "status": status,
-        "statuses": list(CASE_FILTERS),
+        "sort": sort,
+        "sorts": SORTS,
+        "notices": [n for n in (status_notice, sort_notice) if n],
+        "query": f"status={status}&sort={sort}",
+        "statuses": [(key, STATUS_LABELS.get(key, key.lower())) for key in CASE_FILTERS],
+        "show_resolved": status in ("all", "RESOLVED"),
+        "selectable": any(row.tenant_id in operable and row.status != "RESOLVED" for row in rows),
         "operable": operable,
         "can_operate": bool(operable),
         "resolutions": [(r, _label(r)) for r in RESOLUTIONS],
@@ -107,7 +137,7 @@ def _done(request, message: str, *, error: bool = False, status: int = 200):
         template=TEMPLATE,
         context=lambda: _queue_context(request),
         message=message,
-        back_to="cases",
+        back_to=reverse("cases") + (f"?{request.GET.urlencode()}" if request.GET else ""),
         error=error,
         status=status,
     )
@@ -160,6 +190,50 @@ def escalate(request, case_id):
 
 @require_POST
 @login_required
+def unclaim(request, case_id):
+    case = _case_to_act_on(request, case_id)
+    form = EscalateForm(request.POST)  # a reason, nothing else
+    if not form.is_valid():
+        return _done(request, form_errors(form), error=True, status=BAD_INPUT)
+    try:
+        case_unclaim(case_id=case.pk, user=request.user, reason=form.cleaned_data["reason"])
+    except DomainError as exc:
+        return _done(request, exc.detail, error=True, status=exc.status)
+    return _done(request, f"Case {str(case.pk)[:8]} is unclaimed again.")
+
+
+@require_POST
+@login_required
+def reassign(request, case_id):
+    case = _case_to_act_on(request, case_id)
+    form = ReassignForm(request.POST)
+    if not form.is_valid():
+        return _done(request, form_errors(form), error=True, status=BAD_INPUT)
+    try:
+        case_reassign(
+            case_id=case.pk, user=request.user, to=form.cleaned_data["to"], reason=form.cleaned_data["reason"]
+        )
+    except DomainError as exc:
+        return _done(request, exc.detail, error=True, status=exc.status)
+    return _done(request, f"Case {str(case.pk)[:8]} reassigned to {form.cleaned_data['to']}.")
+
+
+@require_POST
+@login_required
+def comment(request, case_id):
+    case = _case_to_act_on(request, case_id)
+    form = CommentForm(request.POST)
+    if not form.is_valid():
+        return _done(request, form_errors(form), error=True, status=BAD_INPUT)
+    try:
+        case_comment(case_id=case.pk, user=request.user, text=form.cleaned_data["text"])
+    except DomainError as exc:
+        return _done(request, exc.detail, error=True, status=exc.status)
+    return _done(request, f"Comment added to case {str(case.pk)[:8]}.")
+
+
+@require_POST
+@login_required
 def bulk(request):
     """First POST (no ``confirm``): show exactly the cases it will touch. Second POST with
     ``confirm``: resolve exactly those, all or none."""
@@ -193,7 +267,8 @@ def bulk(request):
         )
     except DomainError as exc:
         return _done(request, f"Nothing changed: {exc.detail}", error=True, status=exc.status)
-    return _done(request, f"{len(resolved)} case(s) resolved as {form.cleaned_data['resolution']}.")
+    count = len(resolved)
+    return _done(request, f"{count} case{pluralize(count)} resolved as {form.cleaned_data['resolution']}.")
 
 
 def _uuids(values):

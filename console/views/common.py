@@ -4,7 +4,7 @@ page, on a decision queue the refreshed table with one out-of-band toast. A refu
 with the status its domain error carries (``ledger.errors``), as the worker API does; a
 form's own errors are bad input too and answer like ``InvalidInput``."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from django import forms
@@ -19,6 +19,22 @@ from ledger.models import Tenant
 from ledger.roles import can
 
 BAD_INPUT = InvalidInput.status  # a form that does not validate is refused like the service would
+
+
+def chosen(request: HttpRequest, name: str, allowed: Collection[str], default: str) -> tuple[str, str]:
+    """The value of the list filter ``name`` in the query string, matched case-insensitively
+    against ``allowed``, and a notice for one that is none of them (the list then shows
+    ``default``, and says so: never a silent fallback). An empty or absent value is the
+    default, without a notice."""
+    raw = request.GET.get(name, "").strip()
+    if not raw:
+        return default, ""
+    by_lower = {value.lower(): value for value in allowed}
+    value = by_lower.get(raw.lower())
+    if value is not None:
+        return value, ""
+    shown = raw if len(raw) <= 40 and raw.isprintable() else raw[:40] + "…"
+    return default, f"There is no {name} “{shown}”: showing {default} instead. Choose one of: {', '.join(allowed)}."
 
 
 def tenant_for_action(request: HttpRequest, slug: str, perm: str) -> Tenant:

@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
+from django.template.defaultfilters import pluralize
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
@@ -144,7 +145,7 @@ def revoke(request):
                 reason=reason,
                 user=request.user,
             )
-            message = f"{len(revoked)} lease(s) revoked."
+            message = f"{len(revoked)} lease{pluralize(len(revoked))} revoked."
     except DomainError as exc:
         return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=exc.status)
     return done(request, message, f"/credentials/?tenant={tenant.slug}&state=revoked")
@@ -168,6 +169,7 @@ def rotate(request):
         return render(request, TEMPLATE, _page_context(request, errors=[exc.detail]), status=exc.status)
     message = (
         f"{rotation.credential.principal} rotated to version {rotation.credential.version}; "
-        f"{len(rotation.affected_run_ids)} run(s) holding older leases were told."
+        f"{len(rotation.affected_run_ids)} run{pluralize(len(rotation.affected_run_ids))} holding older leases "
+        f"{pluralize(len(rotation.affected_run_ids), 'was,were')} told."
     )
     return done(request, message, f"/credentials/?tenant={tenant.slug}")

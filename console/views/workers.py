@@ -6,6 +6,7 @@ from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, render
+from django.template.defaultfilters import pluralize
 from django.views.decorators.http import require_GET, require_POST
 
 from console.views.common import BAD_INPUT, done, form_errors
@@ -82,7 +83,10 @@ def worker_act(request, worker_id: int):
     held = len(changed.affected_run_ids)
     message = f"{worker.name} is {changed.worker.status}."
     if action == "quarantine" and held:
-        message += f" {held} lease(s) it held were revoked; anything dispatched under them is now UNKNOWN."
+        message += (
+            f" {held} lease{pluralize(held)} it held {pluralize(held, 'was,were')} revoked; anything dispatched "
+            f"under {pluralize(held, 'it,them')} is now UNKNOWN."
+        )
     elif action == "drain":
-        message += f" It may finish its {held} run(s) until {changed.worker.drain_deadline:%H:%M:%S} UTC."
+        message += f" It may finish its {held} run{pluralize(held)} until {changed.worker.drain_deadline:%H:%M:%S} UTC."
     return done(request, message, request.POST.get("next") or "/workers/")

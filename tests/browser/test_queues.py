@@ -46,13 +46,13 @@ def test_an_operator_claims_resolves_and_bulk_resolves_cases(live_server, page, 
     bulk.get_by_label("Reason").fill("provider outage, nothing was sent")
     bulk.get_by_role("button", name="Preview").click()
     preview = page.locator(".bulk-preview")
-    expect(preview).to_contain_text("2 case(s) will be resolved")
+    expect(preview).to_contain_text("2 cases will be resolved")
     for case in cases[1:3]:
         expect(preview).to_contain_text(str(case.pk))
     expect(preview).not_to_contain_text(str(cases[3].pk))
     screenshot("cases_bulk_preview")
     preview.get_by_role("button", name="Resolve these 2").click()
-    expect(page.locator("#toasts")).to_contain_text("2 case(s) resolved")
+    expect(page.locator("#toasts")).to_contain_text("2 cases resolved")
     statuses = dict(ReconciliationCase.objects.values_list("pk", "status"))
     assert [statuses[c.pk] for c in cases] == ["RESOLVED", "RESOLVED", "RESOLVED", "OPEN"]
 

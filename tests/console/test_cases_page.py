@@ -186,7 +186,7 @@ def test_bulk_preview_lists_exactly_the_selected_open_cases_and_changes_nothing(
     will_touch = [c for c in chosen if f'name="case" value="{c.pk}"' in body]
     assert will_touch == chosen[:2]
     assert all(str(c.pk) not in body for c in others)
-    assert "2 case(s) will be resolved" in body and "1 selected case(s)" in body
+    assert "2 cases will be resolved" in body and "1 selected case is no longer open" in body
 
     confirm = {
         "case": [str(c.pk) for c in will_touch],
