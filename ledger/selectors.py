@@ -1,15 +1,19 @@
 """Reads, scoped to a tenant (worker API) or a user (console)."""
 
+import json
+import re
 import uuid
 from datetime import timedelta
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db.models import Exists, F, OuterRef, Q, Subquery
 
 from ledger import prepared
 from ledger.errors import NotFound, parse_id
 from ledger.models import Run, Tenant, Worker
 from ledger.pagination import keyset_page
+from ledger.services.evidence.append import phase_count_field
 from ledger.services.fleet.workers import token_digest
 from ledger.states import RUN_FINISHED
 
@@ -157,11 +161,21 @@ def runs_for_user(*, user):
     return Run.objects.filter(tenant_id__in=list(tenants_for(user).values_list("pk", flat=True)))
 
 
+SEARCH_HELP = "run id or its first 8+ characters, external id, worker or lease owner (name or its start), tool"
+_HEX_PREFIX = re.compile(r"[0-9a-f]{8,31}")
+
+
+def _uuid_prefix_range(prefix: str) -> tuple[uuid.UUID, uuid.UUID]:
+    """The ids that start with these hex digits: one range of the primary key."""
+    return uuid.UUID(prefix.ljust(32, "0")), uuid.UUID(prefix.ljust(32, "f"))
+
+
 def _search_condition(q: str) -> Q:
-    """Runs matching ``q``: a run id; or any of external id (substring; a trigram index on
-    PostgreSQL), worker name (case-insensitive), lease owner id, tool of an operation
-    (case-insensitive). Cheap probes first find which kinds ``q`` matches at all; only
-    those become conditions, each a per-run check the newest-first page walk can stop
+    """Runs matching ``q``: a run id, or the start of one (8 hex digits or more: one range
+    of the primary key); or any of external id (substring; a trigram index on PostgreSQL),
+    worker name (its start, case-insensitive), lease owner id (its start), tool of an
+    operation (case-insensitive). Cheap probes first find which kinds ``q`` matches at all;
+    only those become conditions, each a per-run check the newest-first page walk can stop
     early on, so a term that matches a quarter of all runs costs as little as a rare one."""
     from ledger.models import LeaseGrant, Operation
 
@@ -170,13 +184,17 @@ def _search_condition(q: str) -> Q:
     except ValueError:
         pass
     conditions = []
+    compact = q.lower().replace("-", "")
+    if _HEX_PREFIX.fullmatch(compact):
+        low, high = _uuid_prefix_range(compact)
+        conditions.append(Q(pk__gte=low, pk__lte=high))
     if Run.objects.filter(external_id__icontains=q).exists():
         conditions.append(Q(external_id__icontains=q))
-    worker_ids = list(Worker.objects.filter(name__iexact=q).values_list("pk", flat=True))
+    worker_ids = list(Worker.objects.filter(name__istartswith=q).values_list("pk", flat=True)[:100])
     if worker_ids:
         conditions.append(Q(Exists(LeaseGrant.objects.filter(run_id=OuterRef("pk"), worker_id__in=worker_ids))))
-    if LeaseGrant.objects.filter(owner_id=q).exists():
-        conditions.append(Q(Exists(LeaseGrant.objects.filter(run_id=OuterRef("pk"), owner_id=q))))
+    if LeaseGrant.objects.filter(owner_id__startswith=q).exists():
+        conditions.append(Q(Exists(LeaseGrant.objects.filter(run_id=OuterRef("pk"), owner_id__startswith=q))))
     if Operation.objects.filter(tool__iexact=q).exists():
         conditions.append(Q(Exists(Operation.objects.filter(run_id=OuterRef("pk"), tool__iexact=q))))
     if not conditions:
@@ -187,9 +205,25 @@ def _search_condition(q: str) -> Q:
     return condition
 
 
-def runs_search(*, user, q: str = "", status: str = "", indicators: dict[str, str] | None = None):
-    """Runs visible to ``user`` matching the search (run id, external id, worker or owner,
-    tool) and the filters; every indicator filter is a condition on the run's own columns."""
+def runs_search(
+    *,
+    user,
+    q: str = "",
+    status: str = "",
+    indicators: dict[str, str] | None = None,
+    tenant: str = "",
+    worker: str = "",
+    tool: str = "",
+    effect_class: str = "",
+    phase: str = "",
+):
+    """Runs visible to ``user`` matching the search (run id or its start, external id,
+    worker or owner, tool) and the filters: status, the indicators (conditions on the run's
+    own columns), tenant (slug), worker (name, any case: it held the run's lease), tool
+    (any case) and effect class (of one of its operations), phase (one of its operations is
+    in it: the run's own phase counts)."""
+    from ledger.models import LeaseGrant, Operation
+
     qs = runs_for_user(user=user)
     q = q.strip()
     if q:
@@ -200,13 +234,46 @@ def runs_search(*, user, q: str = "", status: str = "", indicators: dict[str, st
         condition = INDICATOR_FILTERS.get(name, {}).get(value)
         if condition is not None:
             qs = qs.filter(condition())
+    if tenant:
+        qs = qs.filter(tenant__slug=tenant)
+    if worker:
+        workers = Worker.objects.filter(name__iexact=worker).values("pk")
+        qs = qs.filter(Exists(LeaseGrant.objects.filter(run_id=OuterRef("pk"), worker_id__in=workers)))
+    if tool:
+        qs = qs.filter(Exists(Operation.objects.filter(run_id=OuterRef("pk"), tool__iexact=tool)))
+    if effect_class:
+        qs = qs.filter(Exists(Operation.objects.filter(run_id=OuterRef("pk"), effect_class=effect_class)))
+    if phase:
+        qs = qs.filter(**{f"{phase_count_field(phase)}__gt": 0})
     return qs
 
 
-def runs_page(qs, *, before: str = "", size: int = RUN_PAGE) -> tuple[list[Run], str | None]:
-    """One page of ``qs`` newest first, after the cursor ``before``; and the next cursor."""
+def runs_page(
+    qs, *, before: str = "", size: int = RUN_PAGE, oldest_first: bool = False
+) -> tuple[list[Run], str | None]:
+    """One page of ``qs`` newest first (or oldest first), after the cursor ``before``; and
+    the next cursor."""
     qs = qs.select_related("tenant", "lease", "lease__worker")
-    return keyset_page(qs, order_field="created_at", cursor=before, size=size, descending=True)
+    return keyset_page(qs, order_field="created_at", cursor=before, size=size, descending=not oldest_first)
+
+
+def estimated_count(qs) -> int | None:
+    """The planner's estimate of how many rows ``qs`` holds (PostgreSQL's EXPLAIN: no row
+    is read, so it costs the same at a million runs as at ten); None elsewhere."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return None
+    try:
+        sql, params = qs.order_by().values("pk").query.sql_with_params()
+    except EmptyResultSet:  # Django knows it matches nothing (no visible tenant, no match)
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        plan = cursor.fetchone()[0]
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
 
 
 def run_events_page(*, run: Run, after: int = 0, size: int = EVENT_PAGE):

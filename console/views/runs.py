@@ -2,21 +2,25 @@
 page with its indicators, timeline, lease history, operations and budgets."""
 
 from django import forms
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from console.views.common import BAD_INPUT, done, form_errors
+from console.views.common import BAD_INPUT, chosen, done, form_errors
 from ledger import selectors
 from ledger.actors import user_actor
 from ledger.errors import DomainError
 from ledger.roles import OPERATE, can
 from ledger.services.core.decisions import acting_name
+from ledger.services.evidence.export import chain_export
+from ledger.services.evidence.verification import run_verify
 from ledger.services.fence.ending import run_cancel
-from ledger.states import RunStatus
+from ledger.states import EffectClass, Phase, RunStatus
 
 BADGE = {
     "COMPLETE": "ok",
@@ -44,36 +48,96 @@ def partial(request) -> bool:
     return bool(request.htmx) and not request.htmx.history_restore_request
 
 
+SORTS = ("newest", "oldest")
+
+
+def _run_filters(request) -> tuple[dict, list[str]]:
+    """The list's filters from the query string, each value matched in any case; a value
+    that is none of the allowed ones is dropped with a notice (never silently)."""
+    from ledger.roles import tenants_for
+
+    notices = []
+    status, notice = chosen(request, "status", RunStatus.values, "")
+    notices.append(notice)
+    indicators = {}
+    for name, values in selectors.INDICATOR_FILTERS.items():
+        indicators[name], notice = chosen(request, name, list(values), "")
+        notices.append(notice)
+    tenant, notice = chosen(request, "tenant", list(tenants_for(request.user).values_list("slug", flat=True)), "")
+    notices.append(notice)
+    effect_class, notice = chosen(request, "class", EffectClass.values, "")
+    notices.append(notice)
+    phase, notice = chosen(request, "phase", Phase.values, "")
+    notices.append(notice)
+    sort, notice = chosen(request, "sort", SORTS, "newest")
+    notices.append(notice)
+    filters = {
+        "q": request.GET.get("q", "").strip()[:200],
+        "status": status,
+        "indicators": indicators,
+        "tenant": tenant,
+        "worker": request.GET.get("worker", "").strip()[:200],
+        "tool": request.GET.get("tool", "").strip()[:100],
+        "effect_class": effect_class,
+        "phase": phase,
+        "sort": sort,
+    }
+    return filters, [n.replace("There is no status", "There is no run status") for n in notices if n]
+
+
 @login_required
 @vary_on_headers("HX-Request")
 def run_list(request):
     params = request.GET
-    chosen = {name: params.get(name, "") for name in selectors.INDICATOR_FILTERS}
-    status = params.get("status", "")
+    filters, notices = _run_filters(request)
+    sort = filters.pop("sort")
     qs = selectors.runs_search(
-        user=request.user,
-        q=params.get("q", ""),
-        status=status if status in RunStatus.values else "",
-        indicators={k: v for k, v in chosen.items() if v},
+        user=request.user, **{**filters, "indicators": {k: v for k, v in filters["indicators"].items() if v}}
     )
-    rows, next_cursor = selectors.runs_page(qs, before=params.get("before", ""))
+    rows, next_cursor = selectors.runs_page(qs, before=params.get("before", ""), oldest_first=sort == "oldest")
+    try:
+        page = max(int(params.get("page", 1)), 1) if params.get("before") else 1
+    except ValueError:
+        page = 1
+    # The planner's estimate (one query whatever the size, so every page costs the same
+    # queries); the exact number when everything is on this page.
+    total: int | None = selectors.estimated_count(qs)
+    exact = page == 1 and next_cursor is None
+    if exact:
+        total = len(rows)
     query = params.copy()
-    query.pop("before", None)
+    for name in ("before", "page"):
+        query.pop(name, None)
     context = {
         "rows": [{"run": run, "badges": badges(run)} for run in rows],
         "next_cursor": next_cursor,
+        "page": page,
+        "total": total,
+        "total_exact": exact,
         "paged": bool(params.get("before")),
         "base_query": query.urlencode(),
-        "q": params.get("q", ""),
-        "status": status,
+        "notices": notices,
+        "search_help": selectors.SEARCH_HELP,
+        "sort": sort,
+        "sorts": SORTS,
+        **filters,
         "statuses": RunStatus.values,
+        "classes": EffectClass.values,
+        "phases": Phase.values,
+        "tenants": _visible_slugs(request.user),
         "filters": [
-            {"name": name, "values": list(values), "chosen": chosen[name]}
+            {"name": name, "values": list(values), "chosen": filters["indicators"][name]}
             for name, values in selectors.INDICATOR_FILTERS.items()
         ],
     }
     template = "console/runs_list.html#table" if partial(request) else "console/runs_list.html"
     return render(request, template, context)
+
+
+def _visible_slugs(user) -> list[str]:
+    from ledger.roles import tenants_for
+
+    return list(tenants_for(user).order_by("slug").values_list("slug", flat=True))
 
 
 def _detail_context(request, run, **extra) -> dict:
@@ -86,6 +150,8 @@ def _detail_context(request, run, **extra) -> dict:
         "run": run,
         "badges": badges(run),
         "can_cancel": run.status == RunStatus.ACTIVE and can(request.user, run.tenant, OPERATE),
+        "can_verify": can(request.user, run.tenant, OPERATE),
+        "checkpoint_every": settings.FENCELINE["CHECKPOINT_EVERY"],
         "events": events,
         "after": after,
         "next_after": next_after,
@@ -104,9 +170,47 @@ def _visible_run(request, run_id):
 @login_required
 @vary_on_headers("HX-Request")
 def run_detail(request, run_id):
+    """The run's page. htmx asks it for the next page of the timeline (``after``) and, every
+    few seconds while the page is open, for what changed (``live``: the events seen when the
+    page was opened): the indicators, the lease and the operations swapped in place, and a
+    marker of the events that arrived since."""
     run = _visible_run(request, run_id)
+    if partial(request) and "live" in request.GET:
+        try:
+            seen = max(int(request.GET["live"]), 0)
+        except ValueError:
+            seen = run.last_seq
+        context = _detail_context(request, run, seen=seen, new_events=max(run.last_seq - seen, 0), oob=True)
+        return render(request, "console/run_detail.html#live", context)
     template = "console/run_detail.html#timeline" if partial(request) else "console/run_detail.html"
-    return render(request, template, _detail_context(request, run))
+    return render(request, template, _detail_context(request, run, seen=run.last_seq, new_events=0))
+
+
+@login_required
+def run_export(request, run_id):
+    """The run's chain as the worker API exports it, to check with the standalone verifier."""
+    run = _visible_run(request, run_id)
+    response = StreamingHttpResponse(chain_export(run), content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-chain.json"'
+    return response
+
+
+@require_POST
+@login_required
+def run_verify_now(request, run_id):
+    """Verify the run's chain now (and seal what holds), as the verifier job would; an
+    operator's or admin's action (it writes checkpoints)."""
+    run = _visible_run(request, run_id)
+    if not can(request.user, run.tenant, OPERATE):
+        raise PermissionDenied("your role on this tenant does not allow this action")
+    report = run_verify(run_id=run.pk)
+    if report.finding is None:
+        message = f"Verified {report.events_checked:,} events: {report.status}"
+        if report.last_trusted_checkpoint:
+            message += f", trusted to the checkpoint at seq {report.last_trusted_checkpoint}"
+        return done(request, message + ".", f"/runs/{run.pk}/")
+    finding = report.finding
+    return done(request, f"BROKEN at seq {finding.first_seq}: {finding.reason}.", f"/runs/{run.pk}/", error=True)
 
 
 class CancelForm(forms.Form):

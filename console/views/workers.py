@@ -5,6 +5,7 @@ which re-checks the admin role."""
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.http import Http404, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.template.defaultfilters import pluralize
 from django.views.decorators.http import require_GET, require_POST
@@ -13,7 +14,14 @@ from console.views.common import BAD_INPUT, done, form_errors
 from ledger import admin_selectors, selectors
 from ledger.errors import DomainError
 from ledger.roles import ADMINISTER, VIEW, can, tenants_for
-from ledger.services.fleet.lifecycle import DEFAULT_DRAIN_S, MAX_DRAIN_S, TRANSITIONS, worker_change
+from ledger.services.fleet.lifecycle import (
+    DEFAULT_DRAIN_S,
+    MAX_DRAIN_S,
+    TRANSITIONS,
+    worker_change,
+    workers_drain_bulk,
+    workers_drain_preview,
+)
 from ledger.states import WorkerStatus
 
 TEMPLATE = "console/workers.html"
@@ -24,6 +32,23 @@ class ActionForm(forms.Form):
     action = forms.ChoiceField(choices=[(a, a) for a in TRANSITIONS])
     reason = forms.CharField(max_length=500, strip=True)
     deadline_min = forms.IntegerField(min_value=1, max_value=MAX_DRAIN_S // 60, required=False)
+
+
+class BulkDrainForm(forms.Form):
+    worker = forms.TypedMultipleChoiceField(
+        coerce=str, choices=(), error_messages={"required": "Choose at least one worker."}
+    )
+    reason = forms.CharField(max_length=500, strip=True)
+    deadline_min = forms.IntegerField(min_value=1, max_value=MAX_DRAIN_S // 60, required=False)
+    confirm = forms.BooleanField(required=False)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        field = self.fields["worker"]
+        if not isinstance(field, forms.TypedMultipleChoiceField):
+            raise TypeError("BulkDrainForm.worker must be a multiple choice field")
+        submitted = self.data.getlist("worker") if isinstance(self.data, QueryDict) else []
+        field.choices = [(v, v) for v in submitted]
 
 
 def _list_context(request, **extra) -> dict:
@@ -90,3 +115,41 @@ def worker_act(request, worker_id: int):
     elif action == "drain":
         message += f" It may finish its {held} run{pluralize(held)} until {changed.worker.drain_deadline:%H:%M:%S} UTC."
     return done(request, message, request.POST.get("next") or "/workers/")
+
+
+@require_POST
+@login_required
+def bulk_drain(request):
+    """First POST: the exact workers it will drain. Second POST with ``confirm``: drain
+    exactly those, all or none."""
+    form = BulkDrainForm(request.POST)
+    if not form.is_valid():
+        return render(request, TEMPLATE, _list_context(request, errors=[form_errors(form)]), status=BAD_INPUT)
+    ids = form.cleaned_data["worker"]
+    visible = admin_selectors.workers_for(user=request.user).filter(pk__in=[i for i in ids if i.isdigit()])
+    if visible.count() != len(set(ids)):
+        raise Http404("worker not found")
+    if any(not can(request.user, w.tenant, ADMINISTER) for w in visible.select_related("tenant")):
+        raise PermissionDenied("your role on this tenant does not allow this action")
+    deadline_min = form.cleaned_data["deadline_min"] or DEFAULT_DRAIN_S // 60
+    if not form.cleaned_data["confirm"]:
+        preview = workers_drain_preview(worker_ids=ids, user=request.user)
+        context = _list_context(
+            request,
+            preview=preview,
+            skipped=len(set(ids)) - len(preview),
+            reason=form.cleaned_data["reason"],
+            deadline_min=deadline_min,
+        )
+        return render(request, f"{TEMPLATE}#bulk-preview" if request.htmx else TEMPLATE, context)
+    try:
+        changed = workers_drain_bulk(
+            worker_ids=ids, user=request.user, reason=form.cleaned_data["reason"], deadline_s=deadline_min * 60
+        )
+    except DomainError as exc:
+        return done(request, f"Nothing changed: {exc.detail}", "/workers/", error=True)
+    return done(
+        request,
+        f"{len(changed)} worker{pluralize(len(changed))} draining, for at most {deadline_min} min.",
+        "/workers/",
+    )

@@ -1,7 +1,5 @@
 """Worker API v1. Views are thin: parse, call one service, shape the response."""
 
-import json
-
 from django.http import StreamingHttpResponse
 from ninja import NinjaAPI, Status
 
@@ -58,11 +56,10 @@ from ledger.api.schemas import (
     TokenIn,
     WorkerOut,
 )
-from ledger.chain import format_time
-from ledger.models import Checkpoint, Event
 from ledger.services.authority import capabilities, credential_leases
 from ledger.services.core.fencing import fence_check
 from ledger.services.evidence.append import phase_count_field
+from ledger.services.evidence.export import chain_export
 from ledger.services.fence import ending, leases, notes, operations, outcomes, retry, runs
 from ledger.services.fence.operations import Intent
 from ledger.services.fleet import boots, lifecycle
@@ -524,50 +521,8 @@ def export_events(request, run_id: str):
     and its MAC with the id of the event key it is under. Check it anywhere with
     `python ledger/evidence_verifier.py EXPORT.json --keys KEYS.json --event-keys EVENT_KEYS.json`."""
     run = selectors.run_get(tenant=request.worker.tenant, run_id=run_id)
-    response = StreamingHttpResponse(_export(run), content_type="application/json")
+    response = StreamingHttpResponse(chain_export(run), content_type="application/json")
     return response
-
-
-def _export(run):
-    head = {"last_seq": run.last_seq, "last_hash": run.last_hash}
-    yield f'{{"run_id":{json.dumps(str(run.pk))},"head":{json.dumps(head)},"events":['
-    rows = Event.objects.filter(run=run, seq__lte=head["last_seq"]).order_by("seq").iterator(chunk_size=2000)
-    for index, event in enumerate(rows):
-        yield ("," if index else "") + json.dumps(
-            {
-                "run_id": str(event.run_id),
-                "seq": event.seq,
-                "event_id": str(event.event_id),
-                "type": event.type,
-                "schema_version": event.schema_version,
-                "actor": event.actor,
-                "occurred_at": format_time(event.occurred_at),
-                "fields": event.fields,
-                "prev_hash": event.prev_hash,
-                "hash": event.hash,
-                "mac_key_id": event.mac_key_id,
-                "mac": event.mac,
-            },
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
-    sealed = Checkpoint.objects.filter(run=run, seq__lte=head["last_seq"]).order_by("seq")
-    yield '],"checkpoints":{}}}'.format(
-        json.dumps(
-            [
-                {
-                    "run_id": str(run.pk),
-                    "seq": cp.seq,
-                    "last_hash": cp.last_hash,
-                    "verifier_version": cp.verifier_version,
-                    "key_id": cp.key_id,
-                    "mac": cp.mac,
-                }
-                for cp in sealed
-            ],
-            separators=(",", ":"),
-        )
-    )
 
 
 # --- credential leases -----------------------------------------------------------------

@@ -189,6 +189,41 @@ def worker_change(
     return change
 
 
+def workers_drain_preview(*, worker_ids, user) -> list[Worker]:
+    """Exactly the workers a bulk drain by ``user`` will touch: those still ACCEPTING, on
+    tenants the user administers, by tenant and name."""
+    from ledger.roles import tenants_for
+
+    ids = [i for i in (_worker_id(raw) for raw in worker_ids) if i is not None]
+    return list(
+        Worker.objects.filter(pk__in=ids, status=WorkerStatus.ACCEPTING, tenant__in=tenants_for(user, ADMINISTER))
+        .select_related("tenant")
+        .order_by("tenant__slug", "name")
+    )
+
+
+def workers_drain_bulk(*, worker_ids, user, reason: str, deadline_s: int = DEFAULT_DRAIN_S) -> list[WorkerChange]:
+    """Drain several workers with one reason and deadline, all or none: each is
+    ``worker_change``'s own drain (its event, its admin record), in one transaction; a worker
+    that is no longer ACCEPTING, or not the user's to administer, changes nothing at all."""
+    parsed = [_worker_id(raw) for raw in worker_ids]
+    ids = sorted({i for i in parsed if i is not None})  # one order: no lock cycle between two bulk drains
+    if not ids or len(ids) != len(set(parsed)):
+        raise InvalidInput("choose at least one worker, by id", field="worker")
+    with transaction.atomic():
+        return [
+            worker_change(worker_id=worker_id, action="drain", reason=reason, deadline_s=deadline_s, user=user)
+            for worker_id in ids
+        ]
+
+
+def _worker_id(raw: object) -> int | None:
+    try:
+        return int(str(raw))
+    except ValueError:
+        return None
+
+
 def worker_drain(
     *, worker_id: object, reason: str, deadline_s: int = DEFAULT_DRAIN_S, user=None, name: str = ""
 ) -> WorkerChange:
