@@ -1,4 +1,5 @@
-"""The dashboard: counts that need a person now, in the tenants where the user has a role."""
+"""The dashboard: counts that need a person now, and the trends of the last 24 hours, in
+the tenants where the user has a role."""
 
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
@@ -6,13 +7,22 @@ from django.views.decorators.vary import vary_on_headers
 
 from ledger import selectors
 from ledger.observability import health
+from ledger.trends import dashboard_trends
 
 
 @login_required
-@vary_on_headers("HX-Request")
+@vary_on_headers("HX-Request", "HX-Target")
 def home(request):
-    """What needs a person now. htmx polls the same URL and gets only the counts partial."""
-    partial = request.htmx and not request.htmx.history_restore_request
-    template = "console/home.html#counts" if partial else "console/home.html"
-    context = {"counts": selectors.dashboard_counts(user=request.user), "jobs": health.jobs_freshness()}
-    return render(request, template, context)
+    """What needs a person now. htmx polls the same URL: the counts partial every 10 s, and
+    the trends partial (the request targets ``#trends``) every minute."""
+    if request.htmx and not request.htmx.history_restore_request:
+        if request.htmx.target == "trends":
+            return render(request, "console/home.html#trends", {"trends": dashboard_trends(user=request.user)})
+        context = {"counts": selectors.dashboard_counts(user=request.user), "jobs": health.jobs_freshness()}
+        return render(request, "console/home.html#counts", context)
+    context = {
+        "counts": selectors.dashboard_counts(user=request.user),
+        "jobs": health.jobs_freshness(),
+        "trends": dashboard_trends(user=request.user),
+    }
+    return render(request, "console/home.html", context)

@@ -1,0 +1,196 @@
+"""The dashboard's trends: what happened per hour over the last 24 hours, and where each
+visible tenant stands now, read in a constant number of queries (the tenants with their
+current policy and newest verified checkpoint, then at most five more), each bounded by the
+time window or by the tenants and walking an index:
+
+    UNKNOWN effects opened per hour    cases by ``case_queue`` (tenant, status, opened_at)
+    ... settled, people / reconcilers  cases by ``case_resolved_recent`` (tenant, resolved_at)
+    stale-token rejections per hour    events by ``event_stale_recent`` (occurred_at) INCLUDE
+                                       (run_id) WHERE type = STALE_TOKEN_REJECTED, each run
+                                       by its primary key for the tenant
+    cost burn                          each tenant's current TENANT window by
+                                       ``costwindow_unique``, its shards by ``costshard_unique``
+    verification lag                   the newest verified checkpoint by ``run_verified``
+                                       (one backward step per tenant, with the tenants and
+                                       their policies); runs started within 24 h by
+                                       ``run_tenant_recent`` (or ``run_recent``)
+
+Hours are clock hours (UTC): the 23 whole hours before the current one, and the current
+one so far. Only the tenants where the user has a role are read (``tenants_for``).
+"""
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, F, OuterRef, Q, Subquery, Sum
+from django.db.models.functions import Coalesce, TruncHour
+from django.utils import timezone
+
+from ledger.actors import reconciler_actor
+from ledger.models import CostWindow, Event, Run, TenantPolicy
+from ledger.policy import completed_policy
+from ledger.roles import tenants_for
+from ledger.services.authority.windows import window_bounds
+from ledger.states import BudgetKind
+
+HOURS = 24
+BY_RECONCILER = Q(resolved_by__startswith=reconciler_actor(""))  # "reconciler:<name>"
+BREAKER_MARKS = ("throttled_at", "degraded_at", "open_at")
+
+
+def verifier_allowance_s() -> int:
+    """How long the verify-ledger job may go without finishing before it is not fresh (as
+    ``ledger.observability.health.jobs_freshness`` reckons it): the lag it is allowed."""
+    interval = float(settings.CELERY_BEAT_SCHEDULE["verify-ledger"]["schedule"])
+    return round(interval * settings.FENCELINE["JOB_STALE_AFTER_INTERVALS"] + settings.FENCELINE["JOB_STALE_GRACE_S"])
+
+
+def trend_hours(now: datetime) -> list[datetime]:
+    """The starts of the 24 clock hours that end with the current one."""
+    current = now.replace(minute=0, second=0, microsecond=0)
+    return [current - timedelta(hours=HOURS - 1 - i) for i in range(HOURS)]
+
+
+def dashboard_trends(*, user, now: datetime | None = None) -> dict[str, Any]:
+    """The dashboard's charts for ``user``'s tenants (see the module docstring)."""
+    from approvals.models import CaseStatus, ReconciliationCase
+
+    now = now or timezone.now()
+    hours = trend_hours(now)
+    since = hours[0]
+    policy = TenantPolicy.objects.filter(tenant=OuterRef("pk"), version=OuterRef("policy_version"))
+    newest = Run.objects.filter(
+        tenant_id=OuterRef("pk"), verified_checkpoint_seq__isnull=False, verified_at__isnull=False
+    ).order_by("-verified_at")
+    tenants = list(
+        tenants_for(user)
+        .annotate(
+            policy_document=Subquery(policy.values("document")[:1]),
+            last_verified_at=Subquery(newest.values("verified_at")[:1]),
+        )
+        .order_by("slug")
+    )
+    ids = [t.pk for t in tenants]
+    opened: dict[datetime, int] = {}
+    settled: dict[datetime, dict[str, int]] = {}
+    refused: dict[datetime, int] = {}
+    recent_runs: dict[int, dict[str, Any]] = {}
+    windows: dict[int, CostWindow] = {}
+    policies = {t.pk: completed_policy(getattr(t, "policy_document", None) or {}) for t in tenants}
+    if ids:
+        for hour, n in (
+            ReconciliationCase.objects.filter(tenant_id__in=ids, status__in=CaseStatus.values, opened_at__gte=since)
+            .annotate(hour=TruncHour("opened_at"))
+            .values_list("hour")
+            .annotate(n=Count("*"))
+            .order_by()
+        ):
+            opened[hour] = n
+        for case_row in (
+            ReconciliationCase.objects.filter(tenant_id__in=ids, status=CaseStatus.RESOLVED, resolved_at__gte=since)
+            .annotate(hour=TruncHour("resolved_at"))
+            .values("hour")
+            .annotate(by_reconciler=Count("id", filter=BY_RECONCILER), by_people=Count("id", filter=~BY_RECONCILER))
+            .order_by()
+        ):
+            settled[case_row["hour"]] = {"by_people": case_row["by_people"], "by_reconciler": case_row["by_reconciler"]}
+        for hour, n in (
+            Event.objects.filter(type="STALE_TOKEN_REJECTED", occurred_at__gte=since, run__tenant_id__in=ids)
+            .annotate(hour=TruncHour("occurred_at"))
+            .values_list("hour")
+            .annotate(n=Count("*"))
+            .order_by()
+        ):
+            refused[hour] = n
+        windows = _current_tenant_windows(tenants, policies, now)
+        unverified = Q(verified_head_seq__isnull=True) | Q(verified_head_seq__lt=F("last_seq"))
+        for run_row in (
+            Run.objects.filter(tenant_id__in=ids, created_at__gte=now - timedelta(hours=HOURS))
+            .values("tenant_id")
+            .annotate(
+                runs=Count("*"),
+                runs_waiting=Count("id", filter=unverified),
+                events_unverified=Sum(F("last_seq") - Coalesce("verified_head_seq", 0)),
+                events_unsealed=Sum(F("last_seq") - Coalesce("verified_checkpoint_seq", 0)),
+            )
+            .order_by()
+        ):
+            recent_runs[run_row["tenant_id"]] = {k: v for k, v in run_row.items() if k != "tenant_id"}
+    unknown_rows = [
+        {
+            "hour": hour,
+            "opened": opened.get(hour, 0),
+            "by_people": settled.get(hour, {}).get("by_people", 0),
+            "by_reconciler": settled.get(hour, {}).get("by_reconciler", 0),
+        }
+        for hour in hours
+    ]
+    stale_rows = [{"hour": hour, "refused": refused.get(hour, 0)} for hour in hours]
+    return {
+        "now": now,
+        "since": since,
+        "tenants": len(tenants),
+        "unknown": {
+            "rows": unknown_rows,
+            "opened": sum(r["opened"] for r in unknown_rows),
+            "by_people": sum(r["by_people"] for r in unknown_rows),
+            "by_reconciler": sum(r["by_reconciler"] for r in unknown_rows),
+        },
+        "stale": {"rows": stale_rows, "refused": sum(r["refused"] for r in stale_rows)},
+        "cost": [_burn(t, policies[t.pk], windows.get(t.pk), now) for t in tenants],
+        "verification": [_lag(t, recent_runs.get(t.pk, {}), now) for t in tenants],
+        "verifier_allowance_s": verifier_allowance_s(),
+    }
+
+
+def _current_tenant_windows(tenants, policies: dict[int, dict], now: datetime) -> dict[int, CostWindow]:
+    """Each limited tenant's TENANT window that contains ``now`` under its current policy
+    (as the breaker reads it), with its shards' totals: one exact index probe per tenant."""
+    probes = Q()
+    for t in tenants:
+        if policies[t.pk]["cost_limits_cents"]["tenant"] is not None:
+            starts_at, _ = window_bounds(now, policies[t.pk]["cost_window_s"])
+            probes |= Q(tenant_id=t.pk, key=t.slug, starts_at=starts_at)
+    if not probes:
+        return {}
+    return {w.tenant_id: w for w in CostWindow.objects.filter(probes, kind=BudgetKind.TENANT).with_totals()}
+
+
+def _burn(tenant, policy: dict, window: CostWindow | None, now: datetime) -> dict[str, Any]:
+    """The tenant's spend in its current TENANT window against the limit and the breaker's
+    thresholds (shares of the limit). No limit: ``limit_cents`` is None."""
+    limit = policy["cost_limits_cents"]["tenant"]
+    starts_at, ends_at = window_bounds(now, policy["cost_window_s"])
+    reserved = settled = 0
+    if window is not None:
+        limit = window.limit_cents  # the limit the window was opened with
+        reserved = getattr(window, "total_reserved_cents", 0)
+        settled = getattr(window, "total_settled_cents", 0)
+    used = reserved + settled
+    return {
+        "tenant": tenant,
+        "limit_cents": limit,
+        "reserved_cents": reserved,
+        "settled_cents": settled,
+        "used_cents": used,
+        "share": (used / limit if limit else 1.0) if limit is not None else None,
+        "thresholds": {name: policy["breaker"][name] for name in BREAKER_MARKS},
+        "window_starts_at": starts_at,
+        "window_ends_at": ends_at,
+    }
+
+
+def _lag(tenant, recent: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """How far behind the verifier is in this tenant: the age of its newest verified
+    checkpoint, and the runs started within 24 h with events it has not verified (or sealed)."""
+    verified = getattr(tenant, "last_verified_at", None)
+    return {
+        "tenant": tenant,
+        "last_verified_at": verified,
+        "lag_s": max(0, int((now - verified).total_seconds())) if verified else None,
+        "runs": recent.get("runs", 0),
+        "runs_waiting": recent.get("runs_waiting", 0),
+        "events_unverified": recent.get("events_unverified") or 0,
+        "events_unsealed": recent.get("events_unsealed") or 0,
+    }
