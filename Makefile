@@ -10,12 +10,14 @@ REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
 # The console benchmark's own database: seeded once (~1M runs, 20M events), kept between runs.
 DATABASE_URL_SCALE ?= postgres://postgres@127.0.0.1:5432/fl_scale
 PYTEST_WORKERS ?= 2
+# Where make demo serves; empty is 127.0.0.1:8000 (DEMO_ADDR=8010 or DEMO_ADDR=0.0.0.0:8000).
+DEMO_ADDR ?=
 
 .PHONY: demo simulate test lint bench bench-ledger bench-console bench-reapers bench-reconcilers bench-contention
 
 demo:
 	@.ci/bootstrap
-	.venv/bin/python manage.py demo
+	.venv/bin/python manage.py demo $(DEMO_ADDR)
 
 simulate:
 	@.ci/bootstrap

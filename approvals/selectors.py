@@ -27,13 +27,14 @@ def approvals_for(user):
     return ApprovalRequest.objects.filter(tenant_id__in=_visible_tenant_ids(user))
 
 
+# Names are matched case-insensitively (console.views.common.chosen): no two may differ only
+# in case ("unclaimed" is the cases in status OPEN).
 CASE_FILTERS = {
     "open": PEOPLE_CASE_STATUSES,  # what waits for people; LOOKUP is still with a reconciler
     "unclaimed": (CaseStatus.OPEN,),  # waiting for someone to take it
     "mine": (CaseStatus.CLAIMED,),  # claimed by the one asking (see case_queue)
     "LOOKUP": ("LOOKUP",),
     "unresolved": OPEN_CASE_STATUSES,
-    "OPEN": ("OPEN",),
     "CLAIMED": ("CLAIMED",),
     "ESCALATED": ("ESCALATED",),
     "RESOLVED": ("RESOLVED",),

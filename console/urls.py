@@ -1,7 +1,19 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from console.views import approvals, cases, credentials, dashboard, probes, resources, runs, tenants, webhooks, workers
+from console.views import (
+    approvals,
+    cases,
+    credentials,
+    dashboard,
+    probes,
+    resources,
+    runs,
+    site,
+    tenants,
+    webhooks,
+    workers,
+)
 from ledger.api import api
 
 urlpatterns = [
@@ -12,6 +24,7 @@ urlpatterns = [
     path("healthz", probes.healthz, name="healthz"),
     path("readyz", probes.readyz, name="readyz"),
     path("metrics", probes.metrics_view, name="metrics"),
+    path("favicon.ico", site.favicon, name="favicon"),
     path("runs/", runs.run_list, name="runs"),
     path("runs/<uuid:run_id>/", runs.run_detail, name="run_detail"),
     path("runs/<uuid:run_id>/cancel", runs.run_cancel_view, name="run-cancel"),

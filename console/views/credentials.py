@@ -12,7 +12,7 @@ from django.template.defaultfilters import pluralize
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from console.views.common import BAD_INPUT, done, form_errors, tenant_for_action
+from console.views.common import BAD_INPUT, chosen, done, form_errors, tenant_for_action
 from ledger import admin_selectors
 from ledger.errors import DomainError
 from ledger.roles import ADMINISTER, VIEW, tenants_for
@@ -52,19 +52,20 @@ class RotateForm(forms.Form):
     reason = forms.CharField(max_length=500, strip=True)
 
 
-def _filters(request) -> dict:
+def _filters(request) -> tuple[dict, str]:
     params = request.GET
-    state = params.get("state", "active")
-    return {
+    state, notice = chosen(request, "state", admin_selectors.LEASE_STATES, "active")
+    filters = {
         "tenant": params.get("tenant", "").strip(),
         "principal": params.get("principal", "").strip(),
-        "state": state if state in admin_selectors.LEASE_STATES else "active",
+        "state": state,
         "prefix": params.get("prefix", "").strip(),
     }
+    return filters, notice
 
 
 def _page_context(request, **extra) -> dict:
-    filters = _filters(request)
+    filters, notice = _filters(request)
     errors = list(extra.pop("errors", []))
     try:
         rows, next_cursor = admin_selectors.credential_lease_list(
@@ -84,6 +85,7 @@ def _page_context(request, **extra) -> dict:
         "credentials": admin_selectors.credentials_list(user=request.user, tenant=filters["tenant"]),
         "administrable": set(tenants_for(request.user, ADMINISTER).values_list("pk", flat=True)),
         "errors": errors,
+        "notices": [notice] if notice else [],
         **extra,
     }
 

@@ -34,9 +34,16 @@ class Event(Versioned):
             models.CheckConstraint(condition=Q(seq__gte=1), name="event_seq_positive"),
         ]
         ordering = ["run", "seq"]
-        # A run page's stale-write refusals without reading the rest of a long chain.
+        # A run page's stale-write refusals without reading the rest of a long chain; the
+        # dashboard's refusals per hour (ledger/trends.py) without reading every run's.
         indexes = [
-            models.Index(fields=["run", "seq"], condition=Q(type="STALE_TOKEN_REJECTED"), name="event_stale_refusals")
+            models.Index(fields=["run", "seq"], condition=Q(type="STALE_TOKEN_REJECTED"), name="event_stale_refusals"),
+            models.Index(
+                fields=["occurred_at"],
+                include=["run"],
+                condition=Q(type="STALE_TOKEN_REJECTED"),
+                name="event_stale_recent",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -11,6 +11,9 @@
 (function () {
   "use strict";
 
+  /* Controls that need script (copy buttons) show only when it runs. */
+  document.documentElement.classList.add("js");
+
   var UNITS = [[86400, "d"], [3600, "h"], [60, "min"], [1, "s"]];
 
   function span(seconds) {
@@ -105,7 +108,9 @@
     /* A form behind a disclosure: open it and focus its reason, nothing is sent yet. */
     var details = target.closest("details");
     if (details) details.open = true;
-    var field = target.querySelector("input[name=reason], input[name=text], input:not([type=hidden])");
+    /* the reason first (a comma list would pick the first field in the form instead) */
+    var field = target.querySelector("input[name=reason]") || target.querySelector("input[name=text]") ||
+      target.querySelector("input:not([type=hidden])");
     if (field) field.focus();
     return true;
   }
@@ -163,6 +168,30 @@
     if (navigator.clipboard && navigator.clipboard.writeText) {
       navigator.clipboard.writeText(value).then(done, function () {});
     }
+  });
+
+  /* htmx swaps nothing on an error status: say what happened instead of failing silently. */
+  function toast(text) {
+    var box = document.getElementById("toasts");
+    if (!box) return;
+    /* a failing poll repeats itself: one toast per sentence */
+    Array.prototype.forEach.call(box.querySelectorAll(".toast"), function (old) {
+      if (old.textContent === text) old.remove();
+    });
+    var p = document.createElement("p");
+    p.className = "toast toast-error";
+    p.setAttribute("role", "alert");
+    p.textContent = text;
+    box.appendChild(p);
+  }
+
+  document.addEventListener("htmx:responseError", function (event) {
+    var xhr = event.detail.xhr;
+    var said = xhr && xhr.getResponseHeader("X-Fenceline-Message");
+    toast(said || "The console answered " + (xhr ? xhr.status : "an error") + ": reload the page to see the current state.");
+  });
+  document.addEventListener("htmx:sendError", function () {
+    toast("The console did not answer (network). Reload the page to see whether the action took effect.");
   });
 
   document.addEventListener("htmx:afterSwap", function (event) { refreshTimes(event.target); });

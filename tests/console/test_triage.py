@@ -3,6 +3,7 @@ unclaim and reassign with a reason, a comment thread through the secret boundary
 by any status and decided in bulk after a preview; filters whose unknown values say so;
 the runs list's prefix search, filters, order and totals."""
 
+from django.test import Client
 from django.urls import reverse
 
 from approvals.models import ApprovalRequest, CaseComment
@@ -288,3 +289,51 @@ def test_only_an_admin_drains_in_bulk_and_another_tenants_worker_is_404(acme, ou
     assert operator.post(reverse("workers-drain"), data).status_code == 403
     admin = Browser(user_with("admin", acme.tenant, "ada"))
     assert admin.post(reverse("workers-drain"), {**data, "worker": [str(outsider.worker.pk)]}).status_code == 404
+
+
+# --- a refused form and the icon ---------------------------------------------------------------
+
+
+def test_an_expired_form_answers_a_page_and_an_htmx_toast_that_change_nothing(acme):
+    (case,) = unknown_cases(acme.worker, 1)
+    olga = user_with("operator", acme.tenant, "olga")
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(olga)
+    claim = reverse("case-claim", args=[case.pk])
+    page = client.post(claim)
+    assert page.status_code == 403
+    assert "Form expired" in page.content.decode() and "Nothing was changed" in page.content.decode()
+    htmx = client.post(claim, HTTP_HX_REQUEST="true")
+    assert htmx.status_code == 403 and "Nothing was changed" in htmx["X-Fenceline-Message"]
+    case.refresh_from_db()
+    assert case.status == "OPEN" and case.claimed_by == ""
+
+
+def test_the_icon_a_browser_asks_for_exists(client):
+    answer = client.get("/favicon.ico")
+    assert answer.status_code == 302 and answer["Location"].endswith(".svg")
+    assert client.get(answer["Location"]).status_code == 200
+
+
+def test_the_credentials_list_polls_and_names_an_unknown_state(acme):
+    browser = Browser(user_with("viewer", acme.tenant))
+    page = browser.get(reverse("credentials"), {"state": "Revoked"}).content.decode()
+    assert 'hx-trigger="every 15s' in page and "There is no state" not in page
+    odd = browser.get(reverse("credentials"), {"state": "gone"}).content.decode()
+    assert "There is no state “gone”: showing active instead." in odd
+
+
+def test_open_means_waiting_for_people_in_any_case_and_a_claimed_case_stays_in_it(acme):
+    first, second = unknown_cases(acme.worker, 2)
+    olga = user_with("operator", acme.tenant, "olga")
+    client = Client()
+    client.force_login(olga)
+    answer = client.post(
+        reverse("case-claim", args=[first.pk]) + "?status=open&sort=oldest",
+        HTTP_HX_REQUEST="true",
+        HTTP_HX_TARGET="cases-table",
+    )
+    assert set(shown(answer)) == {str(first.pk), str(second.pk)}  # the claimed case did not vanish
+    for spelled in ("open", "OPEN", "Open"):
+        assert set(shown(Browser(olga).get(CASES, {"status": spelled}))) == {str(first.pk), str(second.pk)}
+    assert shown(Browser(olga).get(CASES, {"status": "unclaimed"})) == [str(second.pk)]

@@ -5,6 +5,8 @@ import contextlib
 import signal
 import subprocess
 import sys
+import threading
+import time
 from datetime import timedelta
 from urllib.parse import urlsplit
 
@@ -71,29 +73,20 @@ class Command(BaseCommand):
         parser.add_argument("--no-jobs", action="store_true", help="do not start the Celery worker and beat")
 
     def handle(self, *args, addrport, no_serve, no_jobs, **options):
+        self.jobs_log = settings.STATE_DIR / "demo-jobs.log"
         self.stdout.write("migrating the database ...")
         call_command("migrate", interactive=False, verbosity=0)
         self.sandbox = self.start_sandbox()
         token = self.seed()
         host = addrport if ":" in addrport else f"127.0.0.1:{addrport}"
-        self.stdout.write(
-            "\n".join(
-                [
-                    "",
-                    f"Tenant {TENANT!r}, worker {WORKER!r}. Its bearer token (a new one each start):",
-                    f"  {token}",
-                    "",
-                    "Try it:",
-                    f"  curl -s -X POST http://{host}/api/v1/runs -H 'Authorization: Bearer {token}' "
-                    "-H 'Content-Type: application/json' -d '{\"schema_version\": 1}'",
-                    f"API docs: http://{host}/api/v1/docs",
-                    "",
-                ]
-            )
-        )
+        ready = self.ready_text(host, token)
         if no_serve:
+            self.stdout.write(ready)
             return
         jobs = None if no_jobs else self.start_jobs()
+        # The token and the curl line come last, once the server answers: Celery's and the
+        # server's start-up lines would otherwise scroll them away.
+        threading.Thread(target=self.announce_when_up, args=(host, ready), daemon=True).start()
         try:
             call_command("runserver", addrport, use_reloader=False)
         finally:
@@ -103,6 +96,32 @@ class Command(BaseCommand):
                     jobs.wait(10)
                 except subprocess.TimeoutExpired:
                     jobs.kill()
+
+    def ready_text(self, host: str, token: str) -> str:
+        return "\n".join(
+            [
+                "",
+                f"Fenceline demo at http://{host}/ (sign in as operator / operator-demo; more users above).",
+                f"Tenant {TENANT!r}, worker {WORKER!r}. Its bearer token (a new one each start):",
+                f"  {token}",
+                "Try it:",
+                f"  curl -s -X POST http://{host}/api/v1/runs -H 'Authorization: Bearer {token}' "
+                "-H 'Content-Type: application/json' -d '{\"schema_version\": 1}'",
+                f"API docs: http://{host}/api/v1/docs · background jobs log: {self.jobs_log}",
+                "Another address: make demo DEMO_ADDR=127.0.0.1:8010 (or python manage.py demo 8010). Ctrl-C stops.",
+                "",
+            ]
+        )
+
+    def announce_when_up(self, host: str, ready: str) -> None:
+        for _ in range(300):
+            try:
+                if requests.get(f"http://{host}/healthz", timeout=1).ok:
+                    self.stdout.write(ready)
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
 
     def seed(self) -> str:
         tenant, _ = tenant_ensure(slug=TENANT, name="Demo tenant")
@@ -204,7 +223,7 @@ class Command(BaseCommand):
         policy_change(
             tenant=tenant,
             document={"human_approval_tools": ["payments"], "tool_contracts": DEMO_CONTRACTS},
-            changed_by="demo",
+            changed_by="admin",
             reason="payments need a person; the tool contracts of payments and search",
         )
         run, token = leased("demo-approvals")
@@ -407,7 +426,7 @@ class Command(BaseCommand):
         policy_change(
             tenant=initech,
             document={"cost_limits_cents": {"run": None, "tenant": 1000, "retry": None, "provider": {}}},
-            changed_by="demo",
+            changed_by="admin",
             reason="a small spend cap",
         )
         for username, role in DEMO_USERS:  # the demo users work on initech too, in the same roles
@@ -450,7 +469,11 @@ class Command(BaseCommand):
 
     def start_jobs(self) -> subprocess.Popen:
         schedule = settings.STATE_DIR / "celerybeat-schedule"
-        self.stdout.write(f"starting background jobs (Celery worker with beat, broker {settings.CELERY_BROKER_URL})")
+        self.stdout.write(
+            f"starting background jobs (Celery worker with beat, broker {settings.CELERY_BROKER_URL}); "
+            f"their output goes to {self.jobs_log}"
+        )
+        log = self.jobs_log.open("ab")
         return subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
             [
                 sys.executable,
@@ -464,5 +487,7 @@ class Command(BaseCommand):
                 "--loglevel=WARNING",
                 "-s",
                 str(schedule),
-            ]
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
