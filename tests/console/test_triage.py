@@ -337,3 +337,17 @@ def test_open_means_waiting_for_people_in_any_case_and_a_claimed_case_stays_in_i
     for spelled in ("open", "OPEN", "Open"):
         assert set(shown(Browser(olga).get(CASES, {"status": spelled}))) == {str(first.pk), str(second.pk)}
     assert shown(Browser(olga).get(CASES, {"status": "unclaimed"})) == [str(second.pk)]
+
+
+def test_no_two_filter_values_differ_only_in_case():
+    """Filters match case-insensitively (``chosen``): "open" and "OPEN" meaning different
+    things made a claimed case vanish from the queue after the claim."""
+    from approvals.selectors import APPROVAL_FILTERS, APPROVAL_SORTS, CASE_FILTERS, SORTS
+    from ledger import admin_selectors
+    from ledger.states import EffectClass, Phase, RunStatus
+
+    for values in (APPROVAL_FILTERS, APPROVAL_SORTS, CASE_FILTERS, SORTS, admin_selectors.LEASE_STATES):
+        values = list(values)
+        assert len({v.lower() for v in values}) == len(values), values
+    for choices in (EffectClass, Phase, RunStatus):
+        assert len({v.lower() for v in choices.values}) == len(choices.values)
