@@ -149,4 +149,8 @@ class ApprovalRequest(Versioned):
         indexes = [
             models.Index(fields=["tenant", "status", "expires_at"], name="approval_queue"),
             models.Index(fields=["status", "expires_at", "id"], name="approval_status_queue"),
+            # The queue's "all" and "decided" views, in either order (issue 17): a page of
+            # them is a walk of one of these, not a sort of every request.
+            models.Index(fields=["expires_at", "id"], name="approval_expiring_all"),
+            models.Index(fields=["requested_at", "id"], name="approval_asked_all"),
         ]

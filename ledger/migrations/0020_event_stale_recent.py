@@ -4,29 +4,14 @@
 # the run). On PostgreSQL it is built CONCURRENTLY: appends to the events table go on while
 # it is built; the embedded SQLite builds it plainly (and without the INCLUDE).
 
-from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 from django.db.models import Q
+
+from ledger.migration_operations import AddIndexWhereConcurrent
 
 INDEX = models.Index(
     fields=["occurred_at"], include=["run"], condition=Q(type="STALE_TOKEN_REJECTED"), name="event_stale_recent"
 )
-
-
-class AddIndexWhereConcurrent(AddIndexConcurrently):
-    """CONCURRENTLY where the database has it, a plain CREATE INDEX elsewhere."""
-
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
-        else:
-            migrations.AddIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
-
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
-        else:
-            migrations.AddIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
 
 
 class Migration(migrations.Migration):

@@ -158,6 +158,10 @@ class RunLease(Versioned):
         ]
         indexes = [
             models.Index(fields=["expires_at"], condition=Q(owner_id__isnull=False), name="lease_held_expiry"),
+            # The workers page: the leases each worker holds now.
+            models.Index(
+                fields=["worker", "expires_at"], condition=Q(owner_id__isnull=False), name="lease_held_worker"
+            ),
         ]
 
 
@@ -166,7 +170,8 @@ class LeaseGrant(Versioned):
     article's *instance*. ``state`` follows ``ledger.states.INSTANCE_TRANSITIONS``; the
     instance quotas count the grants in ``INSTANCE_LIVE``."""
 
-    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="lease_grants")
+    # No index of its own: grant_unique_token_per_run and grant_run_worker lead with the run.
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="lease_grants", db_index=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
     state = models.CharField(max_length=16, choices=InstanceState.choices, default=InstanceState.RUNNING)
     state_changed_at = models.DateTimeField(null=True, blank=True)
@@ -189,10 +194,20 @@ class LeaseGrant(Versioned):
         ]
         ordering = ["run", "fencing_token"]
         indexes = [
-            models.Index(fields=["owner_id"], name="grant_owner"),  # runs search by owner id
+            # The runs search by the start of an owner id: LIKE 'prefix%' needs the pattern
+            # operator class (the database's collation is not C).
+            models.Index(fields=["owner_id"], name="grant_owner_prefix", opclasses=["varchar_pattern_ops"]),
+            # The runs list's worker filter: "did this worker ever hold this run", from the index alone.
+            models.Index(fields=["run", "worker"], name="grant_run_worker"),
             # The instance quotas (per tenant, worker and tool) count live instances from these.
             models.Index(fields=["tenant", "tool"], condition=Q(state__in=INSTANCE_LIVE), name="grant_live_tenant"),
             models.Index(fields=["worker"], condition=Q(state__in=INSTANCE_LIVE), name="grant_live_worker"),
+            # The workers page: the leases each worker lost (its restart episodes).
+            models.Index(
+                fields=["worker"],
+                condition=Q(end_reason__in=[LeaseEnd.EXPIRED, LeaseEnd.REVOKED]),
+                name="grant_lost_worker",
+            ),
             # The reaper's instance pass.
             models.Index(
                 fields=["state_changed_at"],

@@ -148,6 +148,8 @@ COLUMNS = {
         "previous_owner_id",
         "ended_at",
         "end_reason",
+        "state",
+        "tenant_id",
     ),
     "ledger_operation": (
         "schema_version",
@@ -613,7 +615,7 @@ def copy_runs(conn, plan: Plan, run_ids: list[str], tenant_ids: list[int]) -> No
             )
 
 
-def copy_leases(conn, plan: Plan, run_ids: list[str], worker_ids: list[list[int]]) -> None:
+def copy_leases(conn, plan: Plan, run_ids: list[str], worker_ids: list[list[int]], tenant_ids: list[int]) -> None:
     now_us = epoch_us(plan.seeded_at)
     with Copier(conn, "ledger_runlease", plan.runs, "run leases") as out:
         for i, run_id in enumerate(run_ids):
@@ -645,12 +647,25 @@ def copy_leases(conn, plan: Plan, run_ids: list[str], worker_ids: list[list[int]
             created = plan.created_us(i)
             worker = str(worker_ids[plan.tenant(i)][plan.worker(i)])
             if plan.active(i):
-                ended, reason = N, N
+                ended, reason, state = N, N, "RUNNING"
             else:
-                ended, reason = ts(created + (plan.events(i) + 4) * 1_000_000), "RELEASED"
+                ended, reason, state = ts(created + (plan.events(i) + 4) * 1_000_000), "RELEASED", "RELEASED"
             out.add(
                 "\t".join(
-                    (str(i + 1), "1", run_id, "1", plan.owner(i), worker, ts(created + 1_000_000), N, ended, reason)
+                    (
+                        str(i + 1),
+                        "1",
+                        run_id,
+                        "1",
+                        plan.owner(i),
+                        worker,
+                        ts(created + 1_000_000),
+                        N,
+                        ended,
+                        reason,
+                        state,
+                        str(tenant_ids[plan.tenant(i)]),
+                    )
                 )
             )
 
@@ -942,7 +957,7 @@ def seed(server: Server, database: str, plan: Plan) -> dict:
 
         t0 = time.monotonic()
         copy_runs(conn, plan, run_ids, tenant_ids)
-        copy_leases(conn, plan, run_ids, worker_ids)
+        copy_leases(conn, plan, run_ids, worker_ids, tenant_ids)
         copy_operations(conn, plan, run_ids, tenant_ids)
         resolved = copy_cases(conn, plan, run_ids, tenant_ids)
         approvals = copy_approvals(conn, plan, run_ids, tenant_ids)
@@ -1117,7 +1132,24 @@ def measure(args, info: dict, database: str) -> int:
         ("run detail (typical, UNKNOWN op)", f"/runs/{probes['typical_run']}/", {}),
         (f"run detail ({info['big_run_events']:,} events)", f"/runs/{probes['big_run']}/", {}),
         ("run timeline, htmx, deep page", f"/runs/{probes['big_run']}/?after={info['big_run_events'] // 2}", htmx),
+        # The triage filters (issue 17): each a list a person pages through.
+        ("runs ?tenant=<one of two>", f"/runs/?tenant={TENANTS[1]}", {}),
+        ("runs ?worker=<name prefix>", f"/runs/?worker={probes['worker']}", {}),
+        ("runs ?tool=<tool, 1 run in 4>", f"/runs/?tool={TOOLS[0]}", {}),
+        ("runs ?tool=<tool, 1 run in 1,000>", f"/runs/?tool={RARE_TOOL}", {}),
+        ("runs ?class=NON_RETRYABLE", "/runs/?class=NON_RETRYABLE", {}),
+        ("runs ?phase=UNKNOWN", "/runs/?phase=UNKNOWN", {}),
+        ("runs ?sort=oldest", "/runs/?sort=oldest", {}),
+        ("run page, live poll (htmx)", f"/runs/{probes['typical_run']}/?live=1", htmx),
+        ("dashboard, trends partial (htmx)", "/", {**htmx, "HX-Target": "trends"}),
         ("cases (reconciliation queue)", "/cases/", {}),
+        ("cases ?status=unclaimed", "/cases/?status=unclaimed", {}),
+        ("cases ?status=mine", "/cases/?status=mine", {}),
+        ("cases ?status=all (resolved too)", "/cases/?status=all", {}),
+        ("approvals ?status=all", "/approvals/?status=all", {}),
+        ("approvals ?status=decided&sort=newest", "/approvals/?status=decided&sort=newest", {}),
+        ("workers", "/workers/", {}),
+        ("credentials (leases)", "/credentials/", {}),
         ("cases, next page", "next:cases", {}),
         ("approvals (approval queue)", "/approvals/", {}),
         ("approvals, next page", "next:approvals", {}),
