@@ -9,21 +9,23 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
+from operator import attrgetter
 from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
-from django.db.models import Model
+from django.db.models import ForeignKey, Model
 
 from ledger import prepared
 from ledger.boundary import check_fields, check_text, path_segment
 from ledger.chain import EventSigner, canonical_bytes, format_time, hash_bytes
 from ledger.errors import InvalidInput
+from ledger.ids import uuid7
 from ledger.models import Event, Run
 from ledger.states import Phase
 from ledger.storable import storage_problem
@@ -108,7 +110,7 @@ def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: d
     check_fields(fields)  # the secret boundary (invariant 6), before anything is hashed or written
     check_text(actor, path="actor")
     seq = run.last_seq + 1
-    event_id = uuid.uuid4()
+    event_id = uuid7()  # time-ordered: appends land at the right-hand end of the event_id index
     run_id = str(run.pk)
     digest = hash_bytes(
         canonical_bytes(
@@ -144,6 +146,91 @@ def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: d
     run.last_seq = seq
     run.last_hash = digest
     return event
+
+
+def build_events(entries: Sequence[tuple[Run, dict]], *, type: str, actor: str, occurred_at: datetime) -> list[Event]:
+    """The next event of each entry's run, in order, each exactly what :func:`build_event`
+    makes of it (a run may come more than once: its events follow one another in its
+    chain), for the reapers' batches of hundreds of runs. What the events share is done
+    once: the actor's check, the signer, the time's text. Every entry's fields pass
+    :func:`json_safe` and the secret boundary before any event is built, so a refusal
+    leaves every run's in-memory head as it was."""
+    checked = [json_safe(fields) for _, fields in entries]
+    _check_all(checked)  # the secret boundary (invariant 6), before anything is hashed or written
+    check_text(actor, path="actor")
+    when = format_time(occurred_at)
+    signer = event_signer()
+    key_id = signer.key_id
+    events = []
+    for (run, _), fields in zip(entries, checked, strict=True):
+        seq = run.last_seq + 1
+        event_id = uuid7()  # as build_event makes it (keep the two the same)
+        run_id = str(run.pk)
+        digest = hash_bytes(
+            canonical_bytes(
+                run_id=run_id,
+                seq=seq,
+                event_id=str(event_id),
+                type=type,
+                schema_version=CURRENT_SCHEMA_VERSION,
+                actor=actor,
+                occurred_at=when,
+                fields=fields,
+                prev_hash=run.last_hash,
+            )
+        )
+        event = prepared.unsaved(
+            Event,
+            id=None,
+            run_id=run.pk,
+            seq=seq,
+            event_id=event_id,
+            type=type,
+            actor=actor,
+            occurred_at=occurred_at,
+            fields=fields,
+            prev_hash=run.last_hash,
+            hash=digest,
+            mac_key_id=key_id,
+            mac=signer.mac(run_id=run_id, seq=seq, hash=digest),
+            schema_version=CURRENT_SCHEMA_VERSION,
+        )
+        _EVENT_RUN.set_cached_value(event, run)
+        run.last_seq = seq
+        run.last_hash = digest
+        events.append(event)
+    return events
+
+
+def _check_all(documents: list[dict]) -> None:
+    """:func:`check_fields` of every document, judging once what documents of one flat
+    shape share. A document whose values are all strings, numbers, booleans or None (what
+    a reaper's events are made of) refuses only through its keys, what each key allows
+    (which depends on the key and the type of its value), and its strings: so the first
+    document of each shape (its keys and the type of each value) goes through
+    ``check_fields`` whole, and of the others only the strings not judged yet, each by
+    ``check_text`` at the path ``check_fields`` would name. Any other document goes through
+    ``check_fields`` whole. Refuses what ``check_fields`` of each would refuse."""
+    paths: dict[tuple, dict[str, str]] = {}  # shape -> the path of each key
+    judged: set[str] = set()
+    for document in documents:
+        shape = tuple((key, type(value)) for key, value in document.items())
+        if not all(kind in _SCALARS for _, kind in shape):
+            check_fields(document)
+            continue
+        known = paths.get(shape)
+        if known is None:
+            check_fields(document)
+            paths[shape] = {key: path_segment(key) for key in document}
+            judged.update(value for value in document.values() if type(value) is str)
+            continue
+        for key, value in document.items():
+            if type(value) is str and value not in judged:
+                check_text(value, path=known[key])
+                judged.add(value)
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 @dataclass(frozen=True)
@@ -197,6 +284,19 @@ class ChainBatch:
         self.events.append(event)
         self._runs[run.pk] = run
         return event
+
+    def append_many(self, entries: Sequence[tuple[Run, dict]], type: str, *, actor: str) -> list[Event]:
+        """:meth:`append` of one event of ``type`` for each (run, fields) entry, in order,
+        built at once (:func:`build_events`): a reaper's batch."""
+        events = build_events(entries, type=type, actor=actor, occurred_at=self.now)
+        progress = type not in NOT_PROGRESS
+        runs = self._runs
+        for run, _ in entries:
+            if progress:
+                run.last_progress_at = self.now
+            runs[run.pk] = run
+        self.events.extend(events)
+        return events
 
     def count_move(self, run: Run, source: str | None, target: str) -> None:
         """One operation of ``run`` moved from ``source`` (None: new) to ``target``."""
@@ -331,13 +431,15 @@ class ChainBatch:
                     raise h.refusal()
             _stored(self.events, [row[len(held) :] for row in rows])
             return self.events
+        # Many runs (a reaper's batch, a drain): the events, then the heads, each in
+        # statements of one fixed shape whatever the count (one array per column), which
+        # psycopg converts and PostgreSQL plans once per connection.
         self._send(held)
-        for start in range(0, len(self.events), EVENTS_PER_STATEMENT):
-            chunk = self.events[start : start + EVENTS_PER_STATEMENT]
-            events = [p for e in chunk for p in prepared.params(Event, EVENT_INSERTED, e)]
-            sql = f"{prepared.insert_sql(Event, EVENT_INSERTED, len(chunk))} {_RETURNING}"
-            _stored(chunk, prepared.execute(sql, events).fetchall())
-        _update_heads(runs)
+        for start in range(0, len(self.events), ROWS_PER_ARRAY_STATEMENT):
+            chunk = self.events[start : start + ROWS_PER_ARRAY_STATEMENT]
+            _stored(chunk, prepared.execute(_insert_events_sql(), _columns(Event, EVENT_INSERTED, chunk)).fetchall())
+        for start in range(0, len(runs), ROWS_PER_ARRAY_STATEMENT):
+            _update_heads(runs[start : start + ROWS_PER_ARRAY_STATEMENT])
         return self.events
 
     @staticmethod
@@ -390,23 +492,106 @@ def _stored(events: list[Event], rows: list) -> None:
 
 
 def _update_heads(runs: list[Run]) -> None:
-    """The heads of many runs in one ``UPDATE ... FROM (VALUES ...)``: what bulk_update's
+    """The heads of many runs in one ``UPDATE ... FROM unnest(...)``: what bulk_update's
     CASE expressions say, without the ORM compiling one expression per run and field (the
-    reapers commit hundreds of runs at a time; that compiling was 90 % of their time)."""
+    reapers commit hundreds of runs at a time; that compiling was 90 % of their time), and
+    in one statement text whatever the number of runs."""
+    prepared.execute(_update_heads_sql(), _columns(Run, ("id", *HEAD_FIELDS), runs))
+
+
+def _columns(model: type[Model], names: tuple[str, ...], instances: Sequence[Model]) -> list[list[Any]]:
+    """The values of ``instances``' fields ``names``, one list per field: the arrays of an
+    ``unnest`` statement, each value as :func:`prepared.prep` sends it. Integers, strings,
+    UUIDs and aware times go as they are (the statement casts each array, and psycopg
+    dumps a list of plain values in binary without a wrapper object per value)."""
+    read = _getter(model, names)
+    if len(names) == 1:
+        columns = [[read(instance) for instance in instances]]
+    else:
+        columns = [list(column) for column in zip(*map(read, instances), strict=True)] or [[] for _ in names]
+    for index, (name, plain) in enumerate(zip(names, _plain_checks(model, names), strict=True)):
+        column = columns[index]
+        if plain is None or not all(value is None or plain(value) for value in column):
+            column = [prepared.prep(model, name, value) for value in column]
+            if plain is _is_int:  # psycopg's integer wrappers: one kind per array
+                column = [None if value is None else int(value) for value in column]
+            columns[index] = column
+    return columns
+
+
+@cache
+def _getter(model: type[Model], names: tuple[str, ...]) -> Callable[[Any], Any]:
+    return attrgetter(*names)
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int
+
+
+def _is_str(value: object) -> bool:
+    return type(value) is str
+
+
+def _is_uuid(value: object) -> bool:
+    return type(value) is uuid.UUID
+
+
+def _is_aware(value: object) -> bool:
+    return type(value) is datetime and value.tzinfo is not None
+
+
+_PLAIN_CHECKS = {"UUIDField": _is_uuid, "CharField": _is_str, "TextField": _is_str, "DateTimeField": _is_aware}
+
+
+@cache
+def _plain_checks(model: type[Model], names: tuple[str, ...]) -> tuple[Callable[[object], bool] | None, ...]:
+    """Per field, whether a value goes to the database as it is (None: every value goes
+    through its field's preparation)."""
+    fields = {field.attname: field for field in model._meta.concrete_fields}
+    checks = []
+    for name in names:
+        kind = _internal_type(fields[name])
+        checks.append(_is_int if kind.endswith("IntegerField") else _PLAIN_CHECKS.get(kind))
+    return tuple(checks)
+
+
+def _internal_type(field: Any) -> str:
+    return (field.target_field if isinstance(field, ForeignKey) else field).get_internal_type()
+
+
+def _array_casts(model: type[Model], names: tuple[str, ...]) -> list[str]:
+    """``%b::<type>[]`` for each field: text for character fields (an explicit cast to
+    varchar(n) would cut a longer value instead of refusing it; the column's own
+    assignment cast refuses it)."""
+    fields = {field.attname: field for field in model._meta.concrete_fields}
+    casts = []
+    for name in names:
+        field = fields[name]
+        cast = "text" if _internal_type(field) in ("CharField", "TextField") else field.cast_db_type(connection)
+        casts.append(f"%b::{cast}[]")  # binary: no text escaping of every value
+    return casts
+
+
+@cache
+def _insert_events_sql() -> str:
     qn = connection.ops.quote_name
-    concrete = {field.name: field for field in Run._meta.concrete_fields}
-    fields = [concrete["id"], *(concrete[name] for name in HEAD_FIELDS)]
-    casts = [f"%s::{field.cast_db_type(connection)}" for field in fields]
-    row = f"({', '.join(casts)})"
-    names = [qn(field.column or field.name) for field in fields]
-    assignments = ", ".join(f"{name} = v.{name}" for name in names[1:])
+    columns = ", ".join(qn(prepared.column(Event, name)) for name in EVENT_INSERTED)
+    arrays = ", ".join(_array_casts(Event, EVENT_INSERTED))
     # Table and column names come from the model; every value is a parameter.
-    sql = (
+    return f"INSERT INTO {qn(Event._meta.db_table)} ({columns}) SELECT * FROM unnest({arrays}) {_RETURNING}"  # noqa: S608
+
+
+@cache
+def _update_heads_sql() -> str:
+    qn = connection.ops.quote_name
+    names = [qn(prepared.column(Run, name)) for name in ("id", *HEAD_FIELDS)]
+    assignments = ", ".join(f"{name} = v.{name}" for name in names[1:])
+    arrays = ", ".join(_array_casts(Run, ("id", *HEAD_FIELDS)))
+    # Table and column names come from the model; every value is a parameter.
+    return (
         f"UPDATE {qn(Run._meta.db_table)} AS r SET {assignments} "  # noqa: S608
-        f"FROM (VALUES {', '.join([row] * len(runs))}) AS v({', '.join(names)}) WHERE r.id = v.id"
+        f"FROM unnest({arrays}) AS v({', '.join(names)}) WHERE r.id = v.id"
     )
-    params = [field.get_db_prep_value(getattr(run, field.attname), connection) for run in runs for field in fields]
-    prepared.execute(sql, params)
 
 
 def phase_count_field(phase: str) -> str:
@@ -417,6 +602,8 @@ PHASE_COUNT_FIELDS = [phase_count_field(phase) for phase in Phase.values]
 # Written with every commit; the runs are locked, so the in-memory values are current.
 # At most this many events per INSERT (PostgreSQL takes at most 65,535 parameters).
 EVENTS_PER_STATEMENT = 1000
+# At most this many rows per statement of arrays (a bound on one statement's size).
+ROWS_PER_ARRAY_STATEMENT = 10_000
 # The columns of an event's INSERT: all but the generated primary key.
 EVENT_INSERTED = tuple(f.attname for f in Event._meta.concrete_fields if not f.primary_key)
 HEAD_FIELDS = (

@@ -5,31 +5,62 @@ run for the integrity and authorization indicators.
 
 It never holds a lock while it reads: it verifies the chain up to the head it read first
 (events at or below the head have committed with it), so appends go on meanwhile.
+
+It reads the events as rows (``event_rows``: a server-side cursor, a chunk at a time, the
+columns already in the form of the canonical document) and hands them to ``verify_rows``,
+which verifies the usual event without building its document: memory stays bounded by a
+chunk whatever the length of the chain, and most of the time goes into the hashing.
 """
 
+import functools
+import itertools
+import json
+import operator
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from typing import Any
 
 from celery import current_app
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Max, Q
 from django.utils import timezone
 
 from ledger.chain import EVENT_COLUMNS, event_document
 from ledger.evidence_verifier import (
+    ROW_COLUMNS,
     VERIFIER_VERSION,
     Finding,
     Report,
     checkpoint_mac,
-    verify_chain,
+    verify_rows,
 )
 from ledger.models import Checkpoint, Event, Run
 from ledger.states import RUN_FINISHED
-from ledger.versioning import require_known
+from ledger.versioning import KNOWN_SCHEMA_VERSIONS, require_known
 
 PROGRESS_EVERY = 50_000
+# Rows per FETCH from the server-side cursor: what the verifier holds at a time.
+CHUNK_ROWS = 5000
+# Where a row holds what the observer looks at.
+_SEQ, _TYPE, _VERSION, _FIELDS, _HASH = map(ROW_COLUMNS.index, ("seq", "type", "schema_version", "fields", "hash"))
+_types, _versions = operator.itemgetter(_TYPE), operator.itemgetter(_VERSION)
+# The event types whose fields the authorization indicator follows.
+_WATCHED = frozenset(
+    {
+        "LEASE_ACQUIRED",
+        "LEASE_EXPIRED",
+        "LEASE_RELEASED",
+        "LEASE_REVOKED",
+        "CREDENTIAL_LEASE_ISSUED",
+        "CREDENTIAL_LEASE_REVOKED",
+        "CREDENTIAL_ROTATED",
+        "OPERATION_AUTHORIZED",
+        "OPERATION_DISPATCHED",
+    }
+)
 
 
 @dataclass
@@ -50,14 +81,36 @@ class _Observer:
     rotated_to: dict = field(default_factory=dict)  # principal -> newest version seen
     op_lease: dict = field(default_factory=dict)  # operation id -> lease id it was authorized with
 
-    def see(self, event: dict) -> None:
-        require_known(event["schema_version"], f"event seq {event['seq']}", stored=True)
-        seq, kind, fields = event["seq"], event["type"], event["fields"]
-        self.seen += 1
-        if self.on_events is not None and self.seen % PROGRESS_EVERY == 0:
-            self.on_events(self.seen)
-        if seq > self.seal_after and seq % self.every == 0:
-            self.sealable.append((seq, event["hash"]))
+    def see(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Rows (ROW_COLUMNS) as the verifier takes them in: a stored version this build does
+        not know stops the verification; the seqs to seal at and the authorization evidence
+        are noted."""
+        if not rows:
+            return
+        versions = set(map(_versions, rows))
+        if not versions <= KNOWN_SCHEMA_VERSIONS or any(type(version) is not int for version in versions):
+            for row in rows:  # the first row of an unknown version raises
+                require_known(row[_VERSION], f"event seq {row[_SEQ]}", stored=True)
+        seen, self.seen = self.seen, self.seen + len(rows)
+        if self.on_events is not None:
+            for count in range((seen // PROGRESS_EVERY + 1) * PROGRESS_EVERY, self.seen + 1, PROGRESS_EVERY):
+                self.on_events(count)
+        # Seal points: the seqs in these rows that are multiples of ``every``. Sealing waits
+        # for a verified chain, whose rows hold each seq once, in order; so the multiples of
+        # ``every`` between the first and the last seq, found at their place.
+        first, every = rows[0][_SEQ], self.every
+        if type(first) is int:
+            low = max(first, self.seal_after + 1)
+            for seq in range(low + -low % every, first + len(rows), every):
+                row = rows[seq - first]
+                if row[_SEQ] == seq:
+                    self.sealable.append((seq, row[_HASH]))
+        if not _WATCHED.isdisjoint(map(_types, rows)):
+            for row in rows:
+                if row[_TYPE] in _WATCHED:
+                    self._see(row[_SEQ], row[_TYPE], _fields(row[_FIELDS]))
+
+    def _see(self, seq: int, kind: str, fields: Any) -> None:
         if kind == "LEASE_ACQUIRED":
             self.lease_token = fields.get("fencing_token")
         elif kind in ("LEASE_EXPIRED", "LEASE_RELEASED", "LEASE_REVOKED"):
@@ -99,13 +152,65 @@ class _Observer:
                 self.first_mismatch = f"seq {seq}: " + "; ".join(problems)
 
 
-def _events(run: Run, upto: int, observer: _Observer) -> Iterator[dict]:
-    run_id = str(run.pk)
-    rows = Event.objects.filter(run=run, seq__lte=upto).order_by("seq", "pk").values(*EVENT_COLUMNS)
-    for row in rows.iterator(chunk_size=5000):
+def _fields(text: object) -> object:
+    """The stored fields from their JSON text, as the ORM reads a JSONField."""
+    if isinstance(text, str):
+        with suppress(json.JSONDecodeError):
+            return json.loads(text)
+    return text
+
+
+def _rows_sql() -> str:
+    """The event rows of one run up to a seq, in the order stored (seq, then id), as
+    ROW_COLUMNS. PostgreSQL writes event_id and occurred_at as the canonical strings
+    (``str(uuid)``; ``format_time``: UTC, the year without leading zeros as Python's
+    strftime writes it); a time outside the years 1-9999, which no Python datetime holds,
+    comes back NULL, and the event fails the check of its type."""
+    in_years = "occurred_at >= '0001-01-01T00:00:00Z' AND occurred_at < '10000-01-01T00:00:00Z'"
+    time_text = (
+        f"""CASE WHEN {in_years} THEN to_char(occurred_at AT TIME ZONE 'UTC', 'FMYYYY-MM-DD"T"HH24:MI:SS.US"Z"') END"""
+    )
+    columns = {"event_id": "event_id::text", "occurred_at": time_text, "fields": "fields::text"}
+    select = ", ".join(columns.get(name, name) for name in ROW_COLUMNS)
+    table = connection.ops.quote_name(Event._meta.db_table)
+    # The table name comes from the model; the values are parameters.
+    return f"SELECT {select} FROM {table} WHERE run_id = %s AND seq <= %s ORDER BY seq, id"  # noqa: S608
+
+
+_cursor_names = itertools.count()
+
+
+@contextmanager
+def event_rows(*, run_id: uuid.UUID | str, upto: int) -> Iterator[Iterator[Sequence[Sequence[Any]]]]:
+    """The stored events of ``run_id`` at or below seq ``upto`` as the verifier reads them:
+    batches of CHUNK_ROWS rows (ROW_COLUMNS, ``fields`` as JSON text), so that memory holds
+    a batch whatever the length of the chain. On PostgreSQL each batch is one FETCH from a
+    server-side cursor, in a transaction of its own (or a savepoint: a read, nothing to
+    commit; the cursor lives in it, so a pooler in transaction mode keeps it); leaving the
+    block early closes the cursor. Elsewhere (the embedded SQLite) the ORM's rows."""
+    if connection.vendor != "postgresql":
+        yield _orm_rows(run_id, upto)
+        return
+    with transaction.atomic():
+        connection.ensure_connection()
+        name = f"fenceline_verify_{next(_cursor_names)}"
+        with connection.connection.cursor(name=name) as cursor:
+            cursor.execute(_rows_sql(), [run_id, upto])
+            yield iter(functools.partial(cursor.fetchmany, CHUNK_ROWS), [])
+
+
+def _orm_rows(run_id: uuid.UUID | str, upto: int) -> Iterator[list[tuple]]:
+    rows = Event.objects.filter(run_id=run_id, seq__lte=upto).order_by("seq", "pk").values(*EVENT_COLUMNS)
+    batch: list[tuple] = []
+    for row in rows.iterator(chunk_size=CHUNK_ROWS):
         event = event_document(row, run_id)
-        observer.see(event)
-        yield event
+        event["fields"] = json.dumps(event["fields"])
+        batch.append(tuple(event[name] for name in ROW_COLUMNS))
+        if len(batch) == CHUNK_ROWS:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _checkpoints(run: Run) -> list[dict]:
@@ -164,15 +269,17 @@ def run_verify(*, run_id: uuid.UUID | str, seal: bool = True, on_events: Callabl
     )
     trusted = (run.trusted_seq, run.trusted_hash) if run.trusted_seq else None
 
-    report = verify_chain(
-        str(run.pk),
-        _events(run, head_seq, observer),
-        checkpoints,
-        settings.FENCELINE["CHECKPOINT_KEYS"],
-        expected_head=(head_seq, head_hash),
-        trusted=trusted,
-        event_keys=settings.FENCELINE["EVENT_KEYS"],
-    )
+    with event_rows(run_id=run.pk, upto=head_seq) as rows:
+        report = verify_rows(
+            str(run.pk),
+            rows,
+            checkpoints,
+            settings.FENCELINE["CHECKPOINT_KEYS"],
+            expected_head=(head_seq, head_hash),
+            trusted=trusted,
+            event_keys=settings.FENCELINE["EVENT_KEYS"],
+            observe=observer.see,
+        )
     if report.finding is None:
         report = _check_beyond_head(run, report)
 
