@@ -104,25 +104,45 @@ def approval_expire_if_due(*, approval: ApprovalRequest, run: Run, batch: ChainB
 
 def approvals_expire(*, batch_size: int | None = None) -> int:
     """Job: every live approval past its expiry becomes EXPIRED, with an event each. Runs
-    are locked first (as every other writer does), skipping runs busy elsewhere."""
+    are locked first (as every other writer does), skipping runs busy elsewhere; each
+    batch then reads its approvals again under those locks (an approval changes only
+    under its run's lock) and moves them in one UPDATE."""
     batch_size = batch_size or settings.FENCELINE["APPROVAL_EXPIRY_BATCH_SIZE"]
     expired = 0
     while True:
         with transaction.atomic():
             now = timezone.now()
             due = list(
-                ApprovalRequest.objects.filter(status__in=LIVE, expires_at__lte=now).order_by("expires_at")[:batch_size]
+                ApprovalRequest.objects.filter(status__in=LIVE, expires_at__lte=now)
+                .order_by("expires_at")
+                .values_list("run_id", flat=True)[:batch_size]
             )
             if not due:
                 return expired
-            runs = {run.pk: run for run in locked_runs({"run_id__in": {a.run_id for a in due}}, skip_locked=True)}
+            runs = {run.pk: run for run in locked_runs({"run_id__in": set(due)}, skip_locked=True)}
             batch = ChainBatch(now)
-            for approval in due:
-                if approval.run_id in runs:
-                    expired += approval_expire_if_due(approval=approval, run=runs[approval.run_id], batch=batch)
+            expired += _expire_due(runs=runs, batch=batch, limit=batch_size)
             batch.commit()
         if len(due) < batch_size or not runs:
             return expired
+
+
+def _expire_due(*, runs: dict, batch: ChainBatch, limit: int) -> int:
+    """PENDING or APPROVED past its expiry -> EXPIRED for (at most ``limit``) approvals of
+    the locked ``runs``, oldest expiry first, with one APPROVAL_EXPIRED event each."""
+    if not runs:
+        return 0
+    live = ApprovalRequest.objects.filter(run_id__in=list(runs), status__in=LIVE, expires_at__lte=batch.now)
+    due = list(live.select_for_update().order_by("expires_at", "pk").values_list("pk", "run_id")[:limit])
+    if not due:
+        return 0
+    won = live.filter(pk__in=[pk for pk, _ in due]).update(status=ApprovalStatus.EXPIRED)
+    if won != len(due):  # impossible: the rows are locked
+        raise WrongPhase(phase="approval changed concurrently", wanted=ApprovalStatus.PENDING)
+    batch.append_many(
+        [(runs[run_id], {"approval_id": pk}) for pk, run_id in due], "APPROVAL_EXPIRED", actor=SYSTEM_APPROVAL_EXPIRY
+    )
+    return won
 
 
 def _deny_waiting_operation(*, approval: ApprovalRequest, run: Run, batch: ChainBatch, actor: str) -> None:

@@ -31,9 +31,10 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ALL_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import cache
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -41,12 +42,13 @@ from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F,
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
+from ledger import prepared
 from ledger.actors import SYSTEM_RESOURCE_REAPER
 from ledger.boundary import credential_kind
 from ledger.models import LeaseGrant, ResourceAlert, Run, RunResource
-from ledger.services.core.fencing import locked_runs
 from ledger.services.evidence.append import ChainBatch, json_safe
 from ledger.services.lifespan.drivers import Closed, Closing, ResourceRef, driver_for
+from ledger.services.lifespan.instances import runs_locked_for_sweep
 from ledger.services.lifespan.resources import resources_request
 from ledger.states import RESOURCE_CLAIMABLE, InstanceState, ResourceState
 
@@ -110,10 +112,17 @@ def _request_overdue(batch_size: int, result: ResourceReapResult) -> None:
                 )
             if not rows:
                 return
-            runs = {run.pk: run for run in locked_runs({"run_id__in": {r[0] for r in rows}}, skip_locked=True)}
+            runs = {run.pk: run for run in runs_locked_for_sweep(run_ids={r[0] for r in rows})}
+            # Read again under the runs' locks (a resource leaves ACTIVE only under its run's
+            # lock): another reaper may have asked for some between the read and the lock.
+            still = set(
+                RunResource.objects.filter(
+                    pk__in=[pk for run_id, pk, _ in rows if run_id in runs], state=ResourceState.ACTIVE
+                ).values_list("pk", flat=True)
+            )
             by_reason: dict[str, dict[Run, list]] = {}
             for run_id, pk, expires_at in rows:
-                if run_id in runs:
+                if pk in still:
                     reason = "deadline" if expires_at <= now else "idle"
                     by_reason.setdefault(reason, {}).setdefault(runs[run_id], []).append(pk)
             batch = ChainBatch(now)
@@ -127,7 +136,9 @@ def _request_overdue(batch_size: int, result: ResourceReapResult) -> None:
 # --- 2. claim -------------------------------------------------------------------------
 
 
-def _claim(reaper_id: str, batch_size: int) -> list[ResourceRef]:
+def _claim(reaper_id: str, batch_size: int) -> tuple[list[ResourceRef], dict[str, object]]:
+    """Claim up to ``batch_size`` due resources for this pass: the references the drivers
+    are given, and the run of each (by resource id)."""
     with transaction.atomic():
         now = timezone.now()
         due = RunResource.objects.filter(state__in=RESOURCE_CLAIMABLE, next_attempt_at__lte=now).order_by(
@@ -138,7 +149,7 @@ def _claim(reaper_id: str, batch_size: int) -> list[ResourceRef]:
             stale = RunResource.objects.filter(state=ResourceState.RELEASING, claim_expires_at__lte=now)
             ids += list(stale.select_for_update(skip_locked=True).values_list("pk", flat=True)[: batch_size - len(ids)])
         if not ids:
-            return []
+            return [], {}
         claim_s = _option("RESOURCE_CLOSE_TIMEOUT_S") * 3 + 30
         RunResource.objects.filter(pk__in=ids).update(
             state=ResourceState.RELEASING,
@@ -146,8 +157,15 @@ def _claim(reaper_id: str, batch_size: int) -> list[ResourceRef]:
             claim_expires_at=now + timedelta(seconds=claim_s),
             attempts=F("attempts") + 1,
         )
-        rows = RunResource.objects.filter(pk__in=ids).values_list("pk", "kind", "provider", "handle", "attempts")
-        return [ResourceRef(str(pk), kind, provider, handle, attempts) for pk, kind, provider, handle, attempts in rows]
+        rows = RunResource.objects.filter(pk__in=ids).values_list(
+            "pk", "kind", "provider", "handle", "attempts", "run_id"
+        )
+        refs: list[ResourceRef] = []
+        run_of: dict[str, object] = {}
+        for pk, kind, provider, handle, attempts, run_id in rows:
+            refs.append(ResourceRef(str(pk), kind, provider, handle, attempts))
+            run_of[str(pk)] = run_id
+        return refs, run_of
 
 
 # --- 3. close -------------------------------------------------------------------------
@@ -194,8 +212,8 @@ def _close_all(refs: list[ResourceRef]) -> list[tuple[ResourceRef, str, Closing]
             else:
                 still.append(c)
         pending = still
-        if pending:
-            time.sleep(0.005)
+        if pending:  # back as soon as every call answered, or to look at the timeouts again
+            wait([c.future for c in pending], timeout=0.05, return_when=ALL_COMPLETED)
     pool.shutdown(wait=False, cancel_futures=True)
     return answers
 
@@ -259,48 +277,64 @@ def alert_raise(resource: RunResource, reason: str, now) -> ResourceAlert | None
     return alert
 
 
-def _settle(reaper_id: str, answers: list[tuple[ResourceRef, str, Closing]], result: ResourceReapResult) -> None:
+def _settle(
+    reaper_id: str,
+    answers: list[tuple[ResourceRef, str, Closing]],
+    run_of: dict[str, object],
+    result: ResourceReapResult,
+) -> None:
     by_id = {ref.resource_id: (ref, driver, closing) for ref, driver, closing in answers}
     with transaction.atomic():
         now = timezone.now()
-        run_ids = set(
-            RunResource.objects.filter(pk__in=list(by_id)).values_list("run_id", flat=True).order_by("run_id")
-        )
-        runs = {run.pk: run for run in locked_runs({"run_id__in": run_ids}, order_by="run_id")}
+        run_ids = {run_of[resource_id] for resource_id in by_id}
+        runs = {run.pk: run for run in runs_locked_for_sweep(run_ids=run_ids, skip_locked=False)}  # in id order
+        # Only the rows still claimed by this pass (a stale claim may have been taken over),
+        # as plain values: a failure, rare, reads its row whole for its alert.
         mine = list(
             RunResource.objects.select_for_update(of=("self",))
-            .select_related("tenant", "instance__worker")
             .filter(pk__in=list(by_id), claimed_by=reaper_id, state=ResourceState.RELEASING)
             .order_by("pk")
+            .values_list("pk", "run_id", "kind", "attempts", "alerted_at")
         )
         batch = ChainBatch(now)
-        released, failed = [], []
-        for resource in mine:
-            _, driver, closing = by_id[str(resource.pk)]
-            run = runs[resource.run_id]
+        released, cleared, entries, failed_ids = [], [], [], []
+        for pk, run_id, kind, attempts, alerted_at in mine:
+            _, driver, closing = by_id[str(pk)]
             if closing.result in (Closed.CLOSED, Closed.ALREADY_GONE):
-                released.append(resource.pk)
-                batch.append(
-                    run,
-                    "RESOURCE_RELEASED",
-                    actor=SYSTEM_RESOURCE_REAPER,
-                    fields={
-                        "resource_id": resource.pk,
-                        "kind": resource.kind,
-                        "driver": driver,
-                        "result": closing.result.value,
-                        "attempts": resource.attempts,
-                    },
+                released.append(pk)
+                if alerted_at is not None:
+                    cleared.append(pk)
+                entries.append(
+                    (
+                        runs[run_id],
+                        {
+                            "resource_id": pk,
+                            "kind": kind,
+                            "driver": driver,
+                            "result": closing.result.value,
+                            "attempts": attempts,
+                        },
+                    )
                 )
-                continue
+            else:
+                failed_ids.append(pk)
+        batch.append_many(entries, "RESOURCE_RELEASED", actor=SYSTEM_RESOURCE_REAPER)
+        failed = []
+        if failed_ids:
+            failed = list(
+                RunResource.objects.select_related("tenant", "instance__worker")
+                .filter(pk__in=failed_ids)
+                .order_by("pk")
+            )
+        for resource in failed:
+            _, driver, closing = by_id[str(resource.pk)]
             resource.state = ResourceState.CLEANUP_FAILED
             resource.last_error = failure_text(closing.detail)
             resource.first_failed_at = resource.first_failed_at or now
             resource.next_attempt_at = now + timedelta(seconds=backoff_s(resource.attempts))
             resource.claimed_by, resource.claim_expires_at = "", None
-            failed.append(resource)
             batch.append(
-                run,
+                runs[resource.run_id],
                 "RESOURCE_CLEANUP_FAILED",
                 actor=SYSTEM_RESOURCE_REAPER,
                 fields={
@@ -319,7 +353,8 @@ def _settle(reaper_id: str, answers: list[tuple[ResourceRef, str, Closing]], res
                 claimed_by="",
                 claim_expires_at=None,
             )
-            ResourceAlert.objects.filter(resource_id__in=released, cleared_at__isnull=True).update(cleared_at=now)
+        if cleared:  # only a resource that raised an alert has one to clear
+            ResourceAlert.objects.filter(resource_id__in=cleared, cleared_at__isnull=True).update(cleared_at=now)
         if failed:
             RunResource.objects.bulk_update(
                 failed, ["state", "last_error", "first_failed_at", "next_attempt_at", "claimed_by", "claim_expires_at"]
@@ -355,16 +390,30 @@ def instances_settle(*, batch_size: int, result: ResourceReapResult) -> None:
     """EXPIRED -> REAPING (INSTANCE_REAPING); REAPING -> RELEASED (INSTANCE_RELEASED) once
     none of the instance's resources is open. One walk along the ``grant_reaping`` index in
     (state_changed_at, id) order, so an instance still holding open resources is read once
-    per pass, not once per batch; runs are claimed with SKIP LOCKED."""
+    per pass, not once per batch; runs are claimed with SKIP LOCKED.
+
+    An EXPIRED instance with nothing open goes through REAPING to RELEASED in one
+    conditional UPDATE (it never rests in REAPING), and both transitions are recorded.
+    Every UPDATE is conditional on the state read and answers which rows it moved, and
+    only those get their events: an instance another reaper moved between the read and
+    the lock is left alone."""
     after: tuple | None = None
     while True:
         with transaction.atomic():
             now = timezone.now()
-            candidates = LeaseGrant.objects.filter(state__in=[InstanceState.EXPIRED, InstanceState.REAPING])
-            if after is not None:
-                candidates = candidates.filter(
-                    Q(state_changed_at__gt=after[0]) | Q(state_changed_at=after[0], pk__gt=after[1])
+            walk = LeaseGrant.objects.filter(state__in=[InstanceState.EXPIRED, InstanceState.REAPING])
+            if after is not None:  # past the last one read; the lower bound alone is the index's
+                walk = walk.filter(state_changed_at__gte=after[0]).filter(
+                    Q(state_changed_at__gt=after[0]) | Q(pk__gt=after[1])
                 )
+            # The batch's last moment first, read in the index's own order (a scan that stops
+            # after batch_size entries): the batch below then sorts only the rows up to it,
+            # whatever the planner believes of the index (right after a lease sweep its
+            # statistics still count no EXPIRED instance, and a plain ORDER BY ... LIMIT
+            # sorted every one of them, batch after batch).
+            last = walk.order_by("state_changed_at").values_list("state_changed_at", flat=True)
+            bound = list(last[batch_size - 1 : batch_size])
+            candidates = walk.filter(state_changed_at__lte=bound[0]) if bound else walk
             rows = list(
                 candidates.order_by("state_changed_at", "pk").values_list(
                     "pk", "run_id", "state", "fencing_token", "state_changed_at"
@@ -380,38 +429,64 @@ def instances_settle(*, batch_size: int, result: ResourceReapResult) -> None:
                 .distinct()
             )
             movable = [r for r in rows if r[2] == InstanceState.EXPIRED or r[0] not in holding]
-            runs = {}
-            if movable:
-                runs = {run.pk: run for run in locked_runs({"run_id__in": {r[1] for r in movable}}, skip_locked=True)}
+            runs = {run.pk: run for run in runs_locked_for_sweep(run_ids={r[1] for r in movable})}
+            mine = [r for r in movable if r[1] in runs]  # the others' runs are being written to: the next pass
+            free = [r[0] for r in mine if r[0] not in holding]
+            through = _grants_move(free, InstanceState.EXPIRED, InstanceState.RELEASED, now)  # via REAPING
+            released = _grants_move(free, InstanceState.REAPING, InstanceState.RELEASED, now)
+            reaping = _grants_move(
+                [r[0] for r in mine if r[0] in holding], InstanceState.EXPIRED, InstanceState.REAPING, now
+            )
             batch = ChainBatch(now)
-            to_reaping, to_released = [], []
-            for pk, run_id, state, token, _ in movable:
-                run = runs.get(run_id)
-                if run is None:
-                    continue  # its run is being written to: the next pass
-                if state == InstanceState.EXPIRED:
-                    to_reaping.append(pk)
-                    batch.append(run, "INSTANCE_REAPING", actor=SYSTEM_RESOURCE_REAPER, fields={"fencing_token": token})
-                if pk not in holding:
-                    to_released.append(pk)
-                    batch.append(
-                        run,
-                        "INSTANCE_RELEASED",
-                        actor=SYSTEM_RESOURCE_REAPER,
-                        fields={"fencing_token": token, "cleanup": "verified"},
-                    )
-            if to_reaping:
-                LeaseGrant.objects.filter(pk__in=to_reaping, state=InstanceState.EXPIRED).update(
-                    state=InstanceState.REAPING, state_changed_at=now
-                )
-            if to_released:
-                LeaseGrant.objects.filter(pk__in=to_released, state=InstanceState.REAPING).update(
-                    state=InstanceState.RELEASED, state_changed_at=now
-                )
+            batch.append_many(
+                [
+                    (runs[run_id], {"fencing_token": token})
+                    for pk, run_id, _, token, _ in mine
+                    if pk in through or pk in reaping
+                ],
+                "INSTANCE_REAPING",
+                actor=SYSTEM_RESOURCE_REAPER,
+            )
+            batch.append_many(
+                [
+                    (runs[run_id], {"fencing_token": token, "cleanup": "verified"})
+                    for pk, run_id, _, token, _ in mine
+                    if pk in through or pk in released
+                ],
+                "INSTANCE_RELEASED",
+                actor=SYSTEM_RESOURCE_REAPER,
+            )
             batch.commit()
-        result.instances_released += len(to_released)
+        result.instances_released += len(through) + len(released)
         if len(rows) < batch_size:
             return
+
+
+def _grants_move(ids: list[int], source: InstanceState, target: InstanceState, now) -> set[int]:
+    """Instances ``ids`` still in ``source`` to ``target``, their runs locked by the
+    caller, in one conditional UPDATE: the ids it moved."""
+    if not ids:
+        return set()
+    if prepared.database().vendor != "postgresql":  # the embedded default holds the write lock: read, then write
+        moved = set(LeaseGrant.objects.filter(pk__in=ids, state=source).values_list("pk", flat=True))
+        LeaseGrant.objects.filter(pk__in=moved).update(state=target, state_changed_at=now)
+        return moved
+    return {pk for (pk,) in prepared.execute(_grants_move_sql(), [target.value, now, ids, source.value]).fetchall()}
+
+
+@cache
+def _grants_move_sql() -> str:
+    qn = connection.ops.quote_name
+
+    def column(name: str) -> str:
+        return qn(prepared.column(LeaseGrant, name))
+
+    ids = f"%b::{LeaseGrant._meta.pk.db_type(connection)}[]"
+    # Table and column names come from the model; every value is a parameter.
+    return (
+        f"UPDATE {qn(LeaseGrant._meta.db_table)} SET {column('state')} = %s, {column('state_changed_at')} = %s "  # noqa: S608
+        f"WHERE {column('id')} = ANY({ids}) AND {column('state')} = %s RETURNING {column('id')}"
+    )
 
 
 # --- the pass -------------------------------------------------------------------------
@@ -427,10 +502,10 @@ def resources_reap(
     result = ResourceReapResult()
     _request_overdue(batch_size, result)
     while True:
-        refs = _claim(reaper_id, batch_size)
+        refs, run_of = _claim(reaper_id, batch_size)
         if not refs:
             break
-        _settle(reaper_id, _close_all(refs), result)
+        _settle(reaper_id, _close_all(refs), run_of, result)
         result.batches += 1
         if progress is not None:
             progress(result)

@@ -172,13 +172,14 @@ def resources_request(runs_ids: dict, batch: ChainBatch, actor: str, reason: str
     )
     if moved != len(ids):
         raise AssertionError("a resource left ACTIVE without its run's lock")
-    for run, pks in runs_ids.items():
-        batch.append(
-            run,
-            "RESOURCE_RELEASE_REQUESTED",
-            actor=actor,
-            fields={"resource_ids": [str(pk) for pk in pks[:50]], "count": len(pks), "reason": reason},
-        )
+    batch.append_many(
+        [
+            (run, {"resource_ids": [str(pk) for pk in pks[:50]], "count": len(pks), "reason": reason})
+            for run, pks in runs_ids.items()
+        ],
+        "RESOURCE_RELEASE_REQUESTED",
+        actor=actor,
+    )
     return moved
 
 
