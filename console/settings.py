@@ -385,6 +385,14 @@ FENCELINE: dict[str, Any] = {
     "METRICS_ALLOW": [
         a.strip() for a in (env("FENCELINE_METRICS_ALLOW", "127.0.0.1,::1") or "").split(",") if a.strip()
     ],
+    # Upgrades (docs/operations.md "Upgrades"): a worker seen within this many seconds is
+    # live (a schema change waits for every live worker's build); how long a process keeps a
+    # change's phase before reading it again; a backfill's rows per batch (one transaction
+    # each) and how long its lock outlives a runner that stopped renewing it.
+    "WORKER_LIVE_S": env_int("FENCELINE_WORKER_LIVE_S", 300, minimum=1),
+    "UPGRADE_PHASE_CACHE_S": env_int("FENCELINE_UPGRADE_PHASE_CACHE_S", 2, minimum=0),
+    "BACKFILL_BATCH": env_int("FENCELINE_BACKFILL_BATCH", 5000, minimum=1),
+    "BACKFILL_LOCK_S": env_int("FENCELINE_BACKFILL_LOCK_S", 60, minimum=5),
 }
 
 # --- notifications ---------------------------------------------------------------------

@@ -11,6 +11,7 @@ from console.views import (
     runs,
     site,
     tenants,
+    upgrades,
     webhooks,
     workers,
 )
@@ -47,6 +48,9 @@ urlpatterns = [
     path("credentials/revoke", credentials.revoke_preview, name="credential-revoke-preview"),
     path("credentials/revoke/confirm", credentials.revoke, name="credential-revoke"),
     path("credentials/rotate", credentials.rotate, name="credential-rotate"),
+    path("upgrades/", upgrades.upgrades, name="upgrades"),
+    path("upgrades/conflicts/<int:conflict_id>/resolve", upgrades.conflict_decide, name="upgrades-conflict-resolve"),
+    path("upgrades/tenants/<slug:slug>/allow-effects", upgrades.allow_effects, name="upgrades-allow-effects"),
     path("workers/", workers.worker_list, name="workers"),
     path("workers/drain", workers.bulk_drain, name="workers-drain"),
     path("workers/<int:worker_id>/", workers.worker_detail, name="worker_detail"),

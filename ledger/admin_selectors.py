@@ -2,6 +2,7 @@
 user's tenants like every console read. Each returns a bounded page in a fixed number of
 queries, whatever the table sizes."""
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
@@ -14,6 +15,7 @@ from guardian.models import UserObjectPermission
 from ledger.errors import ReconcileFirst
 from ledger.models import (
     AdminAction,
+    Backfill,
     CapabilityBudget,
     CostWindow,
     Credential,
@@ -23,6 +25,8 @@ from ledger.models import (
     ResourceAlert,
     RunLease,
     RunResource,
+    SchemaChange,
+    StateConflict,
     Tenant,
     TenantPolicy,
     Worker,
@@ -38,7 +42,19 @@ from ledger.services.authority.credential_leases import (
 )
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.admission import operations_in_doubt
-from ledger.states import INSTANCE_LIVE, CapabilityStatus, InstanceState, LeaseEnd, Phase, ResourceState, WorkerStatus
+from ledger.services.upgrades.changes import KNOWN_CHANGES, change_get
+from ledger.services.upgrades.fleet import fleet_builds
+from ledger.states import (
+    INSTANCE_LIVE,
+    CapabilityStatus,
+    ConflictStatus,
+    InstanceState,
+    LeaseEnd,
+    Phase,
+    ResourceState,
+    UpgradePhase,
+    WorkerStatus,
+)
 
 LEASE_STATES = ("active", "revoked", "expired", "all")
 PREVIEW_LIMIT = 200
@@ -357,3 +373,42 @@ def alerts_open(*, user, limit: int = 50) -> list:
         .select_related("resource", "tenant")
         .order_by("-raised_at")[:limit]
     )
+
+
+# --- upgrades -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChangeRow:
+    change: SchemaChange
+    backfill: Backfill | None  # None: not started, or not shown to this user
+
+
+def upgrades_overview(*, user) -> dict:
+    """The upgrades page: each schema change's phase (every signed-in user; no tenant data)
+    and, for a superuser, its backfill's progress (counts across every tenant); the builds of
+    the workers of the user's tenants, marked where they cannot read the version being
+    written; the open StateConflicts of those tenants (oldest first); the tenants whose
+    effects are held after a restore."""
+    tenants = visible_tenants(user=user)
+    slugs = set(tenants.values_list("slug", flat=True))
+    changes = [
+        ChangeRow(change_get(name), Backfill.objects.filter(name=name).first() if user.is_superuser else None)
+        for name in KNOWN_CHANGES
+    ]
+    writing = max((row.change.to_version for row in changes if row.change.phase != UpgradePhase.EXPAND), default=1)
+    builds = [b for b in fleet_builds() if b.tenant in slugs]
+    conflicts = list(
+        StateConflict.objects.filter(tenant__in=tenants, status=ConflictStatus.OPEN)
+        .select_related("tenant")
+        .order_by("found_at")[:RECENT]
+    )
+    return {
+        "changes": changes,
+        "writing": writing,
+        "builds": builds,
+        "behind": [b for b in builds if b.live and not b.reads(writing)],
+        "conflicts": conflicts,
+        "open_conflicts": StateConflict.objects.filter(tenant__in=tenants, status=ConflictStatus.OPEN).count(),
+        "held": list(tenants.filter(effects_held=True).order_by("slug")),
+    }

@@ -35,7 +35,11 @@ from typing import Any
 
 import requests
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # the version of the runs this client creates
+# The record versions this client reads (an operation is at 2 once the operation.provider_ref
+# change migrates; docs/api.md "Versions"): a record at any other version is refused here,
+# before anything acts on it. Its boot reports say it reads up to the largest.
+READS_SCHEMA_VERSIONS = frozenset({1, 2})
 DIRECTIVE_HEADER = "Fenceline-Directive"
 
 
@@ -160,6 +164,27 @@ class UnknownSchemaVersion(FencelineError):
     code = "UNKNOWN_SCHEMA_VERSION"
 
 
+class StateConflict(FencelineError):
+    """A record of the run disagrees with itself during an upgrade: nothing on this run
+    proceeds until a person decides (the console's Upgrades page)."""
+
+    code = "STATE_CONFLICT"
+
+
+class UpgradeRefused(FencelineError):
+    """An upgrade step whose preconditions do not hold (operators' commands; listed so that
+    every code the server has is an exception here)."""
+
+    code = "UPGRADE_REFUSED"
+
+
+class EffectsHeld(FencelineError):
+    """The tenant was restored from a backup: read and record, no authorize or dispatch,
+    until a person allows effects."""
+
+    code = "EFFECTS_HELD"
+
+
 class Denied(FencelineError):
     """An authority check refused: ``decision`` is the DENY_* code (``budget`` / ``quota`` name what)."""
 
@@ -215,6 +240,9 @@ ERRORS: dict[str, type[FencelineError]] = {
         EffectClassMismatch,
         ResourceInUse,
         UnknownSchemaVersion,
+        StateConflict,
+        EffectsHeld,
+        UpgradeRefused,
     )
 }
 
@@ -394,14 +422,20 @@ class Done:
     outcome: str = "CONFIRMED"
     actual_cost_cents: int | None = None
     error_code: str = ""
+    # The provider's record as {"id": ..., "provider": ...} (provider optional: the
+    # operation's own); sent beside or instead of provider_request_id.
+    provider_ref: dict[str, str] | None = None
 
 
 class Client:
     """One worker identity talking to Fenceline over HTTP (one keep-alive session)."""
 
-    def __init__(self, base_url: str, token: str, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self, base_url: str, token: str, *, timeout: float = 10.0, reads: frozenset[int] = READS_SCHEMA_VERSIONS
+    ) -> None:
         self.base = base_url.rstrip("/") + "/api/v1"
         self.timeout = timeout
+        self.reads = reads  # the record versions this client acts on
         self.session = requests.Session()
         self.session.headers.update({"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
         self.stop_requested = False  # set once a response carries the STOP_WORKER directive
@@ -425,6 +459,25 @@ class Client:
     def get(self, path: str) -> dict[str, Any]:
         return self.call("GET", path)[1]
 
+    def readable(self, record: dict[str, Any], what: str = "record") -> dict[str, Any]:
+        """``record`` if this client reads its schema_version; else UnknownSchemaVersion,
+        raised here so that nothing acts on a record it would misread."""
+        version = record.get("schema_version", 1)
+        if version not in self.reads:
+            listed = ", ".join(str(v) for v in sorted(self.reads))
+            raise UnknownSchemaVersion(
+                409,
+                {
+                    "error": UnknownSchemaVersion.code,
+                    "detail": f"{what} has schema_version {version!r}; this client reads only {listed}",
+                },
+            )
+        return record
+
+    def get_operation(self, operation_id: str) -> dict[str, Any]:
+        """An operation as the server holds it (checked readable: ``readable``)."""
+        return self.readable(self.get(f"/operations/{operation_id}"), "operation")
+
     def create_run(
         self, *, external_id: str | None = None, parent_run_id: str | None = None, max_runtime_s: int | None = None
     ) -> str:
@@ -447,7 +500,7 @@ class Client:
         config_hash: str,
         code_version: str,
         readiness: dict[str, dict[str, Any]],
-        state_schema_version: int = SCHEMA_VERSION,
+        state_schema_version: int | None = None,
         credential_version: int | None = None,
         error: dict[str, str] | None = None,
         honour_delay: bool = True,
@@ -462,7 +515,7 @@ class Client:
             "boot_id": uuid.uuid4().hex,
             "config_hash": config_hash,
             "code_version": code_version,
-            "state_schema_version": state_schema_version,
+            "state_schema_version": state_schema_version if state_schema_version is not None else max(self.reads),
             "pid": os.getpid(),
             "host": socket.gethostname()[:200] or "unknown",
             "readiness": readiness,
@@ -606,7 +659,7 @@ class Lease:
         body = {"tool": tool, "action": action, "resource": resource, "idempotency_key": idempotency_key, **intent}
         if effect_class is not None:
             body["effect_class"] = effect_class
-        created = self.post(f"/runs/{self.run_id}/operations", body)
+        created = self.client.readable(self.post(f"/runs/{self.run_id}/operations", body), "operation")
         op = str(created["operation_id"])
         phase = created["phase"]
         if phase in ("PLANNED", "PENDING_APPROVAL"):
@@ -624,6 +677,8 @@ class Lease:
         report: dict[str, Any] = {"outcome": done.outcome}
         if done.provider_request_id:
             report["provider_request_id"] = done.provider_request_id
+        if done.provider_ref is not None:
+            report["provider_ref"] = done.provider_ref
         if done.actual_cost_cents is not None:
             report["actual_cost_cents"] = done.actual_cost_cents
         if done.error_code:

@@ -234,6 +234,32 @@ class UnknownSchemaVersion(DomainError):
         self.status = 409 if stored else 422
 
 
+class StateConflictError(DomainError):
+    """A record of the run holds two representations that disagree (an upgrade window):
+    automation on the run stops until a person decides which one is right (invariant 9's
+    other half: never guess). Raised for every fenced call and lease of that run."""
+
+    code = "STATE_CONFLICT"
+    status = 409
+
+
+class EffectsHeld(DomainError):
+    """The tenant was restored from a backup: its workers may read, renew and write events,
+    but no authorize or dispatch until a person allows effects (``manage.py allow_effects``
+    or the console's upgrades page)."""
+
+    code = "EFFECTS_HELD"
+    status = 409
+
+
+class UpgradeRefused(DomainError):
+    """A move of a schema change (or a backfill) whose preconditions do not hold; the
+    detail names what is in the way."""
+
+    code = "UPGRADE_REFUSED"
+    status = 409
+
+
 def parse_id(raw: object, what: str) -> uuid.UUID:
     """A caller's id of a ``what``; an id that is not a UUID names nothing: NotFound."""
     try:

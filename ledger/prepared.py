@@ -32,7 +32,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from psycopg.types.numeric import Int2, Int4, Int8
 
-from ledger.versioning import require_known
+from ledger.versioning import known_for, require_known
 
 type Row = tuple[Any, ...]
 
@@ -319,7 +319,8 @@ def from_row[M: models.Model](model: type[M], row: Sequence[object]) -> M:
     state = instance._state = models.base.ModelState()
     state.adding, state.db = False, DEFAULT_DB_ALIAS
     if "schema_version" in instance.__dict__:
-        require_known(instance.__dict__["schema_version"], f"{model._meta.label} row", stored=True)
+        label = model._meta.label
+        require_known(instance.__dict__["schema_version"], f"{label} row", stored=True, known=known_for(label))
     return instance
 
 

@@ -253,3 +253,26 @@ def resource_sources(target: ResourceState) -> tuple[ResourceState, ...]:
 # what a person may mark released.
 RESOURCE_CLAIMABLE = tuple(s for s in resource_sources(ResourceState.RELEASING) if s != ResourceState.RELEASING)
 RESOURCE_MARKABLE = resource_sources(ResourceState.RELEASED)
+
+
+class UpgradePhase(models.TextChoices):
+    """Where one change of a record's shape stands (the schema-migration article's three
+    releases): EXPAND writes both representations and keeps records at the old version;
+    MIGRATE writes the new version (still with the old representation beside it) and
+    backfills the rest; CONTRACT writes and reads only the new one."""
+
+    EXPAND = "EXPAND"
+    MIGRATE = "MIGRATE"
+    CONTRACT = "CONTRACT"
+
+
+class BackfillState(models.TextChoices):
+    RUNNING = "RUNNING"
+    PAUSING = "PAUSING"  # asked to stop after its current batch
+    PAUSED = "PAUSED"
+    DONE = "DONE"
+
+
+class ConflictStatus(models.TextChoices):
+    OPEN = "OPEN"
+    RESOLVED = "RESOLVED"

@@ -10,13 +10,24 @@ from ledger.errors import UnknownSchemaVersion
 
 CURRENT_SCHEMA_VERSION = 1
 KNOWN_SCHEMA_VERSIONS = frozenset({1})
+# Records with more than one version this build reads. An operation's version follows the
+# phase of the operation.provider_ref change (ledger/services/upgrades/provider_ref.py): this
+# build reads 1 and 2 during its window; any other version is refused, as before.
+RECORD_VERSIONS: dict[str, frozenset[int]] = {"ledger.Operation": frozenset({1, 2})}
 
 
-def require_known(version: object, what: str = "record", *, stored: bool = False) -> int:
+def known_for(label: str) -> frozenset[int]:
+    """The versions this build reads of the record ``label`` ("app.Model")."""
+    return RECORD_VERSIONS.get(label, KNOWN_SCHEMA_VERSIONS)
+
+
+def require_known(
+    version: object, what: str = "record", *, stored: bool = False, known: frozenset[int] = KNOWN_SCHEMA_VERSIONS
+) -> int:
     """``version`` if this build can read it; else UnknownSchemaVersion (``stored``: the
     version came from a row written by a newer build, not from a request)."""
-    if type(version) is not int or version not in KNOWN_SCHEMA_VERSIONS:
-        raise UnknownSchemaVersion(version, what, known=KNOWN_SCHEMA_VERSIONS, stored=stored)
+    if type(version) is not int or version not in known:
+        raise UnknownSchemaVersion(version, what, known=known, stored=stored)
     return version
 
 
@@ -32,5 +43,6 @@ class Versioned(models.Model):
     def from_db(cls, db, field_names, values, *args, **kwargs):
         instance = super().from_db(db, field_names, values, *args, **kwargs)
         if "schema_version" in field_names:
-            require_known(instance.schema_version, f"{cls._meta.label} row", stored=True)
+            label = cls._meta.label
+            require_known(instance.schema_version, f"{label} row", stored=True, known=known_for(label))
         return instance

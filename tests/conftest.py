@@ -50,6 +50,17 @@ def _tasks_run_in_process():
     app.conf.task_always_eager = True
 
 
+@pytest.fixture(autouse=True)
+def _schema_phases_read_fresh():
+    """Each test reads the schema changes' phases from its own database, not a process cache
+    left by the test before (ledger/services/upgrades/changes.py)."""
+    from ledger.services.upgrades.changes import phase_forget
+
+    phase_forget()
+    yield
+    phase_forget()
+
+
 # --- domain fixtures --------------------------------------------------------------------
 
 

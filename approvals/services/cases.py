@@ -2,6 +2,8 @@
 (``approvals.services.handoff.cases_open``), and the people's decisions on them: claim,
 escalate, resolve (UNKNOWN -> RECONCILED with a named person and evidence), bulk resolve."""
 
+import uuid
+
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
@@ -9,7 +11,7 @@ from django.utils import timezone
 from approvals.models import OPEN_CASE_STATUSES, CaseComment, CaseStatus, ReconciliationCase
 from ledger.actors import user_actor
 from ledger.boundary import check_text
-from ledger.errors import Forbidden, InvalidInput, NotFound, WrongPhase, parse_id
+from ledger.errors import Forbidden, InvalidInput, NotFound, StateConflictError, WrongPhase, parse_id
 from ledger.models import Operation
 from ledger.roles import OPERATE, can, tenants_for
 from ledger.services.authority.reservations import cost_resolve
@@ -18,6 +20,8 @@ from ledger.services.core.fencing import Fenced, locked_runs
 from ledger.services.core.phases import transition
 from ledger.services.evidence.append import ChainBatch, json_safe
 from ledger.services.reconciliation.contracts import decision_policy
+from ledger.services.upgrades import provider_ref
+from ledger.services.upgrades.conflicts import conflict_open
 from ledger.states import Phase
 
 RESOLUTIONS = ("HAPPENED", "DID_NOT_HAPPEN", "COMPENSATED")
@@ -54,6 +58,21 @@ def case_resolve(
     )
 
 
+def _no_conflict(operation_id: uuid.UUID | str) -> None:
+    """Refuse to settle an operation whose provider record disagrees with itself: the
+    disagreement becomes a StateConflict for a person, and settling waits for it."""
+    op = Operation.objects.get(pk=operation_id)
+    if provider_ref.disagreement(op, provider_ref.phase_now()) is None:
+        return
+    conflict = conflict_open(operation_id=op.pk, found_by="case.settle")
+    if conflict is not None:
+        raise StateConflictError(
+            f"the operation's provider_request_id and provider_ref disagree (state conflict {conflict.pk}): "
+            "a person decides which is right first",
+            conflict_id=conflict.pk,
+        )
+
+
 def case_settle(
     *,
     case: ReconciliationCase,
@@ -76,6 +95,7 @@ def case_settle(
     check_text(reason, path="reason")
     if provider_request_id:
         check_text(provider_request_id, path="provider_request_id")
+    _no_conflict(case.operation_id)
     with transaction.atomic():
         (run,) = locked_runs({"run_id": case.run_id})
         now = timezone.now()
@@ -100,13 +120,19 @@ def case_settle(
             ctx.batch.append(
                 run, "CASE_LOOKED_UP", actor=actor, fields=lookup_event_fields(case, lookup, to="RESOLVED")
             )
+        changing = provider_ref.phase_now()
+        ref: provider_ref.ProviderRef | None
+        if provider_request_id:
+            ref = provider_ref.ProviderRef(provider=op.provider, id=provider_request_id)
+        else:
+            ref = provider_ref.reference(op, changing)
         transition(
             op,
             Phase.RECONCILED,
             ctx,
             reason=reason.strip(),
             reconciliation=resolution,
-            provider_request_id=provider_request_id or op.provider_request_id,
+            **provider_ref.written(changing, provider=op.provider, ref=ref),
             actual_cost_cents=actual_cost_cents if actual_cost_cents is not None else op.actual_cost_cents,
             event_fields={
                 "case_id": case.pk,

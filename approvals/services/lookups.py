@@ -45,6 +45,8 @@ from ledger.services.core.fencing import locked_runs
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.reconciliation.protocol import Lookup, ProviderUnavailable, Verdict
 from ledger.services.reconciliation.registry import reconciler_named
+from ledger.services.upgrades import provider_ref
+from ledger.services.upgrades.conflicts import conflict_open
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,14 @@ def _request_id_hint(case: ReconciliationCase) -> str:
 
 
 def _ask(case: ReconciliationCase) -> _Answer:
+    op = case.operation
+    if provider_ref.disagreement(op, provider_ref.phase_now()) is not None:
+        # Which record to look up is itself in question: a person decides that first.
+        conflict = conflict_open(operation_id=op.pk, found_by=f"reconciler:{case.reconciler}")
+        why = (
+            f"the operation's provider record disagrees with itself (state conflict {conflict.pk if conflict else '?'})"
+        )
+        return _Answer(Lookup(Verdict.CANNOT_TELL, asked="", why=why))
     reconciler = reconciler_named(case.reconciler)
     if reconciler is None:
         lookup = Lookup(Verdict.CANNOT_TELL, asked="", why=f"no reconciler named {case.reconciler!r} is configured")

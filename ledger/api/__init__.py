@@ -196,7 +196,9 @@ def _op_out(op) -> dict:
                 "attempt",
                 "dispatch_token",
                 "dispatched_at",
+                "schema_version",
                 "provider_request_id",
+                "provider_ref",
                 "error_code",
                 "estimated_cost_cents",
                 "actual_cost_cents",
@@ -358,7 +360,9 @@ def create_operation(request, run_id: str, body: OperationIn):
     op, created = operations.operation_intend(
         worker=request.worker, run_id=run_id, fencing_token=body.fencing_token, intent=intent
     )
-    return Status(201 if created else 200, {"operation_id": str(op.pk), "phase": op.phase})
+    return Status(
+        201 if created else 200, {"operation_id": str(op.pk), "phase": op.phase, "schema_version": op.schema_version}
+    )
 
 
 @api.get("/operations/{operation_id}", response={200: OperationOut, **READ, 404: E}, tags=["operations"])
@@ -477,6 +481,7 @@ def report_outcome(request, operation_id: str, body: OutcomeIn):
         provider_request_id=body.provider_request_id or "",
         actual_cost_cents=body.actual_cost_cents,
         error_code=body.error_code or "",
+        provider_ref=body.provider_ref.dict(exclude_none=True) if body.provider_ref is not None else None,
     )
     return {"phase": op.phase}
 

@@ -373,6 +373,19 @@ class OperationIn(In):
 class OperationCreatedOut(Schema):
     operation_id: str
     phase: Phase
+    schema_version: int  # of the operation record (a client refuses one it does not read)
+
+
+class ProviderRefIn(In):
+    # The provider's record of the effect (schema_version 2 of an operation): its id, and
+    # the provider it is at (the operation's own provider when left out; another is 422).
+    provider: Annotated[StrictStr, Field(min_length=1, max_length=length(Operation, "provider"))] | None = None
+    id: ProviderRequestId
+
+
+class ProviderRefOut(Schema):
+    provider: str
+    id: str
 
 
 class OperationOut(Schema):
@@ -390,7 +403,11 @@ class OperationOut(Schema):
     attempt: int
     dispatch_token: int | None
     dispatched_at: datetime | None
+    # The record's shape (1: provider_request_id only; 2: provider_ref); a client that does
+    # not know the version refuses the record rather than guess (docs/api.md "Versions").
+    schema_version: int
     provider_request_id: str
+    provider_ref: ProviderRefOut | None
     error_code: str
     estimated_cost_cents: int | None
     actual_cost_cents: int | None
@@ -419,7 +436,9 @@ class PhaseOut(Schema):
 class OutcomeIn(In):
     fencing_token: Token
     outcome: OutcomeName
+    # The old form of the provider's record; may be sent with provider_ref when it names the same id.
     provider_request_id: ProviderRequestId | None = None
+    provider_ref: ProviderRefIn | None = None
     actual_cost_cents: ActualCents | None = None
     error_code: Code | None = None
 

@@ -15,9 +15,12 @@ from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResourc
 from ledger.models.notifications import WebhookDelivery, WebhookEndpoint
 from ledger.models.runs import LeaseGrant, Operation, Run, RunLease
 from ledger.models.tenancy import AdminAction, Tenant, TenantPolicy, Worker, WorkerBoot, WorkerDrain
+from ledger.models.upgrades import Backfill, BackupManifest, SchemaChange, StateConflict
 
 __all__ = [
     "AdminAction",
+    "Backfill",
+    "BackupManifest",
     "CapabilityBudget",
     "Checkpoint",
     "CostReservation",
@@ -34,6 +37,8 @@ __all__ = [
     "Run",
     "RunLease",
     "RunResource",
+    "SchemaChange",
+    "StateConflict",
     "Tenant",
     "TenantPolicy",
     "WebhookDelivery",

@@ -67,6 +67,9 @@ class Run(Versioned):
     n_capabilities = models.PositiveIntegerField(default=0)
     n_resources = models.PositiveIntegerField(default=0)
     n_approvals = models.PositiveIntegerField(default=0)
+    # Open StateConflicts of the run's records: while above zero its fenced calls are
+    # refused (409 STATE_CONFLICT), read by the statement that locks the run.
+    open_conflicts = models.PositiveIntegerField(default=0)
 
     # Written only by the verifier (ledger.services.verification).
     verified_at = models.DateTimeField(null=True, blank=True)
@@ -244,8 +247,12 @@ class Operation(Versioned):
     dispatch_owner_id = models.CharField(max_length=200, null=True, blank=True)
     policy_version_at_dispatch = models.PositiveIntegerField(null=True, blank=True)
     credential_version_at_dispatch = models.PositiveIntegerField(null=True, blank=True)
-    # Recorded with the outcome.
+    # Recorded with the outcome. Two representations of the provider's record during the
+    # operation.provider_ref upgrade (ledger/services/upgrades/provider_ref.py): the old
+    # string id (schema_version 1 reads it) and the structured reference {"provider", "id"}
+    # (schema_version 2 reads it); both written until the change is contracted.
     provider_request_id = models.CharField(max_length=200, blank=True, default="")
+    provider_ref = models.JSONField(null=True, blank=True)
     actual_cost_cents = models.BigIntegerField(null=True, blank=True)
     error_code = models.CharField(max_length=64, blank=True, default="")
     # Authority: what the last decision rested on, re-checked at dispatch.

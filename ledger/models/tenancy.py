@@ -21,6 +21,10 @@ class Tenant(Versioned):
     breaker_state = models.CharField(max_length=16, choices=BreakerState.choices, default=BreakerState.NORMAL)
     breaker_reason = models.CharField(max_length=300, blank=True, default="")
     breaker_changed_at = models.DateTimeField(null=True, blank=True)
+    # After a restore (manage.py restore_check) the tenant's workers are admitted read-only:
+    # no authorize or dispatch (409 EFFECTS_HELD) until a person allows effects again.
+    effects_held = models.BooleanField(default=False)
+    effects_held_reason = models.CharField(max_length=500, blank=True, default="")
 
     class Meta:
         permissions = [

@@ -23,7 +23,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.migrations.loader import MigrationLoader
 from django.utils import timezone
 
-from ledger.versioning import KNOWN_SCHEMA_VERSIONS, Versioned
+from ledger.versioning import Versioned, known_for
 
 if TYPE_CHECKING:
     from ledger.models import JobHeartbeat
@@ -146,7 +146,7 @@ def check_schema() -> Check:
         for model in apps.get_models():
             if issubclass(model, Versioned):
                 with transaction.atomic():
-                    if model._default_manager.exclude(schema_version__in=KNOWN_SCHEMA_VERSIONS).exists():
+                    if model._default_manager.exclude(schema_version__in=known_for(model._meta.label)).exists():
                         unknown.append(model._meta.label)
     except DatabaseError as exc:
         return Check("schema", False, f"not checked ({type(exc).__name__})")

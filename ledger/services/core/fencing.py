@@ -19,7 +19,17 @@ from django.utils import timezone
 
 from ledger import prepared
 from ledger.actors import worker_actor
-from ledger.errors import DomainError, NotFound, RunCancelled, RunCompleted, StaleToken, parse_id, worker_refusal
+from ledger.errors import (
+    DomainError,
+    EffectsHeld,
+    NotFound,
+    RunCancelled,
+    RunCompleted,
+    StaleToken,
+    StateConflictError,
+    parse_id,
+    worker_refusal,
+)
 from ledger.models import (
     CostReservation,
     Credential,
@@ -68,11 +78,18 @@ class TenantSeen:
 
     policy_version: int
     breaker: tuple[str, str, datetime | None]  # (state, reason, changed at)
+    # Held after a restore (ledger/services/upgrades/restore.py): no authorize or dispatch.
+    effects_held: bool = False
+    effects_held_reason: str = ""
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> "TenantSeen":
-        """From (policy_version, breaker_state, breaker_reason, breaker_changed_at)."""
-        return cls(policy_version=row[0], breaker=(row[1], row[2], row[3]))
+        """From (policy_version, breaker_state, breaker_reason, breaker_changed_at[,
+        effects_held, effects_held_reason])."""
+        held = (bool(row[4]), row[5]) if len(row) > 4 else (False, "")
+        return cls(
+            policy_version=row[0], breaker=(row[1], row[2], row[3]), effects_held=held[0], effects_held_reason=held[1]
+        )
 
 
 @dataclass
@@ -91,7 +108,14 @@ _RUN = tuple(f.attname for f in Run._meta.concrete_fields)
 _OPERATION = tuple(f.attname for f in Operation._meta.concrete_fields)
 _CREDENTIAL_LEASE = tuple(f.attname for f in CredentialLease._meta.concrete_fields)
 _RESERVATION = tuple(f.attname for f in CostReservation._meta.concrete_fields)
-_TENANT = ("policy_version", "breaker_state", "breaker_reason", "breaker_changed_at")
+_TENANT = (
+    "policy_version",
+    "breaker_state",
+    "breaker_reason",
+    "breaker_changed_at",
+    "effects_held",
+    "effects_held_reason",
+)
 
 
 def _columns(alias: str, model: type[Model], names: tuple[str, ...]) -> list[str]:
@@ -340,7 +364,7 @@ def fenced[T](
             )
             refused: DomainError | None
             if reason is None:
-                refused = ending.before(ctx) if ending is not None else None
+                refused = conflicted(run) or (ending.before(ctx) if ending is not None else None)
                 if refused is None:
                     result = write(ctx)
                     if ending is not None:
@@ -357,6 +381,28 @@ def fenced[T](
         if batch is not None:
             batch.close()
     raise refused
+
+
+def conflicted(run: Run) -> StateConflictError | None:
+    """The refusal of every fenced call on a run with an open StateConflict: automation on
+    it waits until a person decides which representation of its record is right."""
+    if not run.open_conflicts:
+        return None
+    return StateConflictError(
+        f"this run has {run.open_conflicts} open state conflict{'s' if run.open_conflicts != 1 else ''}: "
+        "a record's two representations disagree and a person must decide which is right (console: Upgrades)",
+        run_id=str(run.pk),
+        open_conflicts=run.open_conflicts,
+    )
+
+
+def effects_held(ctx: "Fenced") -> None:
+    """Refuse an authorize or a dispatch while the tenant's effects are held (after a restore)."""
+    if ctx.tenant is not None and ctx.tenant.effects_held:
+        raise EffectsHeld(
+            "effects are held for this tenant after a restore: workers may read and record, not act, "
+            f"until a person allows effects ({ctx.tenant.effects_held_reason or 'no reason recorded'})"
+        )
 
 
 def decided[T](result: tuple[T, DomainError | None]) -> T:

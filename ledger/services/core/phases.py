@@ -15,7 +15,7 @@ from ledger.services.core.fencing import Fenced
 from ledger.states import Phase, can_move
 
 # Changed columns worth naming in the transition's event (when they carry a value).
-LOGGED_CHANGES = frozenset({"dispatch_token", "provider_request_id", "actual_cost_cents", "error_code"})
+LOGGED_CHANGES = frozenset({"dispatch_token", "provider_request_id", "provider_ref", "actual_cost_cents", "error_code"})
 
 
 def transition(

@@ -23,11 +23,11 @@ from ledger.models import LeaseGrant, Run, RunLease, Worker
 from ledger.observability import metrics
 from ledger.services.authority.policy import policy_now
 from ledger.services.core.admission import admission_refusal, worker_executing
-from ledger.services.core.fencing import Fenced, fenced, lock, locked_runs, run_cancelled, worker_refused
+from ledger.services.core.fencing import Fenced, conflicted, fenced, lock, run_cancelled, worker_refused
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.ending import IN_FLIGHT, TIMEOUT_REASON, runs_cancel
 from ledger.services.fence.lease_end import leases_end
-from ledger.services.lifespan.instances import instance_renewed, instances_admit
+from ledger.services.lifespan.instances import instance_renewed, instances_admit, runs_locked_for_sweep
 from ledger.states import RUN_ENDING, InstanceState, LeaseEnd, RunStatus, WorkerStatus
 
 MIN_TTL_S = 1
@@ -82,6 +82,8 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int, 
             refused = run_cancelled(run)
         elif run.status != RunStatus.ACTIVE:
             refused = RunCompleted("the run is completed; it takes no new lease")
+        elif run.open_conflicts:
+            refused = conflicted(run)  # no new owner automates a run a person must decide first
         else:
             takeover = run.lease.owner_id is not None  # _grant refuses a lease still held
             lease = _grant(run=run, worker=worker, owner_id=owner_id, ttl_s=ttl_s, tool=tool, policy=policy, now=now)
@@ -261,7 +263,7 @@ def leases_reap(*, batch_size: int | None = None, progress: Callable[[ReapResult
     while True:
         with transaction.atomic():
             now = timezone.now()
-            runs = locked_runs({"owner_id__isnull": False, "expires_at__lte": now}, skip_locked=True, limit=batch_size)
+            runs = runs_locked_for_sweep(expired_by=now, limit=batch_size)
             if not runs:
                 break
             batch = ChainBatch(now)

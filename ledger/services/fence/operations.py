@@ -15,11 +15,13 @@ from ledger.errors import ApprovalRequired, Denied, DomainError, IdempotencyMism
 from ledger.models import Operation, Run, Tenant, Worker
 from ledger.observability import metrics
 from ledger.services.authority import evaluation
-from ledger.services.core.fencing import Fenced, decided, fenced, worker_refused
+from ledger.services.core.fencing import Fenced, decided, effects_held, fenced, worker_refused
 from ledger.services.core.handoff import queues
 from ledger.services.core.phases import transition
 from ledger.services.fence.ending import NEW_WORK
 from ledger.services.reconciliation.contracts import decision_policy, intent_terms
+from ledger.services.upgrades import provider_ref
+from ledger.services.upgrades.changes import phase as upgrade_phase
 from ledger.states import ApprovalKind, EffectClass, Phase, WorkerStatus
 
 # The operation's unique key within its tenant (the constraint operation_unique_key_per_tenant).
@@ -89,6 +91,7 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
             reconciler=reconciler,
             phase=Phase.PLANNED,
             updated_at=ctx.now,
+            schema_version=provider_ref.version_for_new(upgrade_phase(provider_ref.CHANGE)),
         )
         mark = ctx.batch.mark()
         ctx.batch.count_move(ctx.run, None, Phase.PLANNED)
@@ -180,6 +183,7 @@ def operation_authorize(
     op_id = parse_id(operation_id, "operation")
 
     def write(ctx: Fenced) -> tuple[Operation, DomainError | None]:
+        effects_held(ctx)
         op = _locked_operation(ctx)
         if op.phase == Phase.AUTHORIZED:
             return op, None  # already decided; dispatch checks it all again
@@ -250,6 +254,7 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
     op_id = parse_id(operation_id, "operation")
 
     def write(ctx: Fenced) -> tuple[Operation, DomainError | None]:
+        effects_held(ctx)
         op = _locked_operation(ctx)
         if op.phase != Phase.AUTHORIZED:
             raise WrongPhase(phase=op.phase, wanted=Phase.AUTHORIZED)

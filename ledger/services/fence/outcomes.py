@@ -3,7 +3,8 @@ worker that dispatched it, under the fence."""
 
 from typing import Any
 
-from ledger.errors import NotFound, WrongPhase, parse_id
+from ledger.boundary import check_fields, check_text
+from ledger.errors import InvalidInput, NotFound, WrongPhase, parse_id
 from ledger.models import Operation, Worker
 from ledger.services.authority.policy import policy_now
 from ledger.services.authority.reservations import cost_settle
@@ -13,6 +14,7 @@ from ledger.services.core.phases import transition
 from ledger.services.evidence.append import json_safe
 from ledger.services.fence.ending import IN_FLIGHT
 from ledger.services.fence.unknown import operations_mark_unknown
+from ledger.services.upgrades import provider_ref as upgrades_ref
 from ledger.states import OUTCOME_PHASE, CaseReason, Outcome, Phase
 
 
@@ -25,20 +27,33 @@ def operation_report_outcome(
     provider_request_id: str = "",
     actual_cost_cents: int | None = None,
     error_code: str = "",
+    provider_ref: dict | None = None,
 ) -> Operation:
     """DISPATCHED -> CONFIRMED / FAILED / UNKNOWN (UNKNOWN opens a reconciliation case).
 
+    The provider's record is named by ``provider_request_id`` (the old form) or
+    ``provider_ref`` {"provider", "id"} (the new one), or both when they agree; it is stored
+    in the representations the operation.provider_ref change writes now (``upgrades``).
     The same report sent twice returns the operation unchanged. A report carrying a
     fenced token is refused; if it names a provider request id, that id is kept on the
     operation's reconciliation case as unverified evidence."""
     op_id = parse_id(operation_id, "operation")
     target = OUTCOME_PHASE[Outcome(outcome)]
+    # The boundary first, under the names the caller sent (an id is stored and put in events).
+    if provider_request_id:
+        check_text(provider_request_id, path="provider_request_id")
+    if provider_ref is not None:
+        check_fields({"provider_ref": provider_ref})
+    reported = reported_ref(provider_request_id, provider_ref)
+    provider_request_id = reported.id if reported is not None else ""
 
     def write(ctx: Fenced) -> Operation:
         op = ctx.operation
         if op is None:  # fenced found the run through this operation
             raise NotFound("operation not found")
-        if op.phase == target and op.dispatch_token == ctx.token and op.provider_request_id == provider_request_id:
+        ref = with_provider(reported, op)
+        changing = upgrades_ref.phase_now()
+        if op.phase == target and op.dispatch_token == ctx.token and _same(op, ref, changing):
             if target != Phase.UNKNOWN and actual_cost_cents is not None:
                 # The same report again, now with the usage that was missing: it settles the
                 # reservation left UNKNOWN (a closed one is left as it is).
@@ -51,7 +66,7 @@ def operation_report_outcome(
         if op.dispatch_token != ctx.token:
             raise WrongPhase(phase=f"{op.phase} under another token", wanted="DISPATCHED under this token")
         changes: dict[str, Any] = {
-            "provider_request_id": provider_request_id,
+            **upgrades_ref.written(changing, provider=op.provider, ref=ref),
             "actual_cost_cents": actual_cost_cents,
             "error_code": error_code,
         }
@@ -121,3 +136,36 @@ def operation_report_outcome(
         on_refused=on_refused,
         ending=IN_FLIGHT,
     )
+
+
+def reported_ref(provider_request_id: str, provider_ref: dict | None) -> upgrades_ref.ProviderRef | None:
+    """The provider record a report names: its ``provider_ref``, its ``provider_request_id``,
+    or both when they name the same id (else 422 naming provider_ref)."""
+    ref = upgrades_ref.parsed(provider_ref)
+    if ref is None:
+        return upgrades_ref.ProviderRef(provider="", id=provider_request_id) if provider_request_id else None
+    if provider_request_id and provider_request_id != ref.id:
+        raise InvalidInput("provider_ref.id and provider_request_id name different records", field="provider_ref")
+    return ref
+
+
+def with_provider(ref: upgrades_ref.ProviderRef | None, op: Operation) -> upgrades_ref.ProviderRef | None:
+    """The reference at the operation's provider: a reference without one is at it; one at
+    another provider is refused (the reconciler would look it up in the wrong place)."""
+    if ref is None:
+        return None
+    if not ref.provider:
+        return upgrades_ref.ProviderRef(provider=op.provider, id=ref.id)
+    if op.provider and ref.provider != op.provider:
+        raise InvalidInput(
+            f"provider_ref.provider is {ref.provider!r}; this operation's provider is {op.provider!r}",
+            field="provider_ref.provider",
+        )
+    return ref
+
+
+def _same(op: Operation, ref: upgrades_ref.ProviderRef | None, phase: str) -> bool:
+    """Does ``op`` already hold exactly this provider record (a report sent again)?"""
+    if upgrades_ref.disagreement(op, phase) is not None:
+        return False
+    return upgrades_ref.reference(op, phase) == ref

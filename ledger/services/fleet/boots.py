@@ -117,6 +117,26 @@ def _audited(readiness: dict, failed: list[str], policy: dict) -> None:
         failed.append("admission")
 
 
+def _reads_records(readiness: dict, failed: list[str], reads_up_to: int) -> None:
+    """Fail the state domain of a boot whose build cannot read the records as they are now
+    written: a schema change in MIGRATE or CONTRACT writes its new version (the old build
+    would refuse those records; it is not admitted to meet them)."""
+    from ledger.services.upgrades.changes import written_versions
+
+    needs = [(name, version) for name, version in written_versions() if version > reads_up_to]
+    if not needs:
+        return
+    state = readiness["state"]
+    state["ok"] = False
+    state["evidence"] = {
+        **state["evidence"],
+        "refused_by_server": f"this build reads schema_version up to {reads_up_to}; records are written at "
+        + ", ".join(f"{version} ({name})" for name, version in needs),
+    }
+    if "state" not in failed:
+        failed.append("state")
+
+
 def not_ready_code(failed: list[str], *, in_doubt: int = 0) -> str:
     if not failed:
         return ReconcileFirst.code if in_doubt else ""
@@ -134,6 +154,7 @@ def worker_boot(*, worker: Worker, report: BootReport) -> BootAnswer:
     error = _error(report.error, readiness)
     _, policy = policy_current(tenant=worker.tenant)
     _audited(readiness, failed, policy)
+    _reads_records(readiness, failed, report.state_schema_version)
     budget = policy.get("restart_budget", {"max_restarts": 5, "window_s": 600})
     with transaction.atomic():
         locked = Worker.objects.select_for_update().get(pk=worker.pk)

@@ -35,6 +35,7 @@ from django.utils import timezone
 
 from ledger.models import Operation
 from ledger.services.reconciliation.protocol import Lookup, ProviderUnavailable, Verdict, digest
+from ledger.services.upgrades import provider_ref
 
 DEFAULTS: dict[str, Any] = {
     "by_request_id": None,
@@ -71,7 +72,8 @@ class HttpReconciler:
         """By the provider request id when one is known (the operation's, or ``request_id``
         from the case's evidence) and configured; else, or when that id is not found, by the
         idempotency key."""
-        request_id = operation.provider_request_id or request_id
+        known = provider_ref.reference(operation, provider_ref.phase_now())  # the lookups checked it agrees
+        request_id = (known.id if known is not None else "") or request_id
         if request_id and self.config["by_request_id"]:
             found = self._ask(self.config["by_request_id"], provider_request_id=request_id)
             if found.verdict != Verdict.DID_NOT_HAPPEN or not self.config["by_idempotency_key"]:
