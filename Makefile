@@ -3,7 +3,7 @@
 #   make test   the whole test suite (PostgreSQL at 127.0.0.1:5432, Redis at 127.0.0.1:6379)
 # make lint: ruff (lint and format), mypy, and no missing migration; CI runs it before the tests
 # Benchmarks (docs/performance.md): make bench, make bench-ledger, make bench-console, make bench-reapers,
-# make bench-reconcilers, make bench-contention
+# make bench-reconcilers, make bench-contention, make bench-backfill
 
 DATABASE_URL_TEST ?= postgres://postgres@127.0.0.1:5432/fenceline
 REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
@@ -13,7 +13,7 @@ PYTEST_WORKERS ?= 2
 # Where make demo serves; empty is 127.0.0.1:8000 (DEMO_ADDR=8010 or DEMO_ADDR=0.0.0.0:8000).
 DEMO_ADDR ?=
 
-.PHONY: demo simulate test lint bench bench-ledger bench-console bench-reapers bench-reconcilers bench-contention
+.PHONY: demo simulate test lint bench bench-ledger bench-console bench-reapers bench-reconcilers bench-contention bench-backfill
 
 demo:
 	@.ci/bootstrap
@@ -56,6 +56,10 @@ bench-reapers:
 bench-reconcilers:
 	@.ci/bootstrap
 	DATABASE_URL=$(DATABASE_URL_TEST) .venv/bin/python tests/bench/reconcilers.py $(BENCH_ARGS)
+
+bench-backfill:
+	@.ci/bootstrap
+	DATABASE_URL=$(DATABASE_URL_TEST) .venv/bin/python tests/bench/backfill.py $(BENCH_ARGS)
 
 bench-contention:
 	@.ci/bootstrap

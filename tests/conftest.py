@@ -54,7 +54,7 @@ def _tasks_run_in_process():
 def _schema_phases_read_fresh():
     """Each test reads the schema changes' phases from its own database, not a process cache
     left by the test before (ledger/services/upgrades/changes.py)."""
-    from ledger.services.upgrades.changes import phase_forget
+    from ledger.services.upgrades.phases import phase_forget
 
     phase_forget()
     yield

@@ -36,7 +36,7 @@ from django.contrib.auth import get_user_model
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
 from django.db import close_old_connections
-from django.db.models import Q, Sum
+from django.db.models import Count, Q, Sum
 from django.test import override_settings
 from django.utils import timezone
 
@@ -111,6 +111,11 @@ class Report:
     provider_replayed_keys: int
     provider_faults: dict[str, int]
     effects_missing_from_ledger: int
+    # operation records by schema version, and how many hold the structured provider_ref
+    # (written by both builds' reports: the server dual-writes in EXPAND)
+    versions: dict[str, int] = field(default_factory=dict)
+    with_provider_ref: int = 0
+    old_build_workers: int = 0
     chaos: dict[str, int] = field(default_factory=dict)
     exits: dict[str, int] = field(default_factory=dict)
     logs: str = ""
@@ -118,6 +123,7 @@ class Report:
     def lines(self) -> list[str]:
         faults = ", ".join(f"{name} {count}" for name, count in self.provider_faults.items())
         chaos = ", ".join(f"{name} {count}" for name, count in self.chaos.items()) or "none"
+        versions = ", ".join(f"v{version}: {count}" for version, count in sorted(self.versions.items())) or "none"
         return [
             f"Fleet simulation on tenant {self.tenant!r}, {self.seconds:.0f} s",
             f"  runs                 {self.runs} ({self.runs_completed} completed)",
@@ -134,6 +140,8 @@ class Report:
             f"  provider             {self.provider_charges} charges, {self.provider_replayed_keys} keys "
             f"replayed, faults: {faults}",
             f"  effects the ledger missed  {self.effects_missing_from_ledger}",
+            f"  upgrade window       operation records {versions}; {self.with_provider_ref} with provider_ref; "
+            f"{self.old_build_workers} of the workers on the old build",
             f"  chaos                {chaos}",
             f"  worker logs          {self.logs}",
         ]
@@ -173,6 +181,7 @@ class Slot:
     name: str
     token: str
     bad_config: bool = False
+    old_build: bool = False  # the build before operation.provider_ref (reads version 1 only)
     process: subprocess.Popen | None = None
     restart_at: float = 0.0
     resume_at: float = 0.0  # when a SIGSTOPped process gets its SIGCONT
@@ -222,7 +231,8 @@ class Fleet:
         self.dispatcher, _ = worker_create(tenant=self.tenant, name="sim-dispatcher")
         for index in range(self.options.workers):
             worker, token = worker_create(tenant=self.tenant, name=f"sim-worker-{index + 1}")
-            self.slots.append(Slot(name=worker.name, token=token))
+            # A rolling deploy half done: every other worker still runs the old build.
+            self.slots.append(Slot(name=worker.name, token=token, old_build=index % 2 == 1))
         worker, token = worker_create(tenant=self.tenant, name="sim-bad-config")
         self.slots.append(Slot(name=worker.name, token=token, bad_config=True))
         self.top_up_runs()
@@ -249,6 +259,7 @@ class Fleet:
     def spawn(self, slot: Slot, env: dict[str, str]) -> None:
         command = [sys.executable, "-m", "ledger.simulation.worker", "--ttl", str(self.options.ttl)]
         command += ["--steps", str(self.options.steps)] + (["--bad-config"] if slot.bad_config else [])
+        command += ["--old-build"] if slot.old_build else []
         log = (self.logs / f"{slot.name}.log").open("a")
         slot.process = subprocess.Popen(  # noqa: S603 - our own module, no shell
             command,
@@ -456,6 +467,9 @@ class Fleet:
             provider_replayed_keys=stats["replayed_keys"],
             provider_faults=stats["faults"],
             effects_missing_from_ledger=len(charged - recorded - self.undecided_keys()),
+            versions={str(v): n for v, n in ops.values_list("schema_version").annotate(n=Count("pk")).order_by()},
+            with_provider_ref=ops.exclude(provider_ref=None).count(),
+            old_build_workers=sum(1 for slot in self.slots if slot.old_build),
             chaos=dict(self.chaos),
             exits=dict(self.exits),
             logs=str(self.logs),

@@ -10,6 +10,9 @@ provider once per step under a stable idempotency key (``charge:<run>:<step>``),
 checkpointing after each. SIGTERM only sets a flag; the main loop then drains, finishes
 the step in flight, checkpoints, releases and reports its exit (exit code 0).
 
+``--old-build`` is a worker of the build before the operation.provider_ref change (it
+reads version-1 operation records only and reports the bare provider id).
+
 ``--bad-config`` is the crash-looping worker: its runtime domain fails (a provider URL is
 missing), it reports the config error and exits 3, to be restarted by its supervisor until
 the restart budget quarantines it. Exit 4: quarantined; exit 5: told to stop.
@@ -44,7 +47,13 @@ def say(*words: object) -> None:
 class Worker:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.client = fl.Client(os.environ["FENCELINE_URL"], os.environ["FENCELINE_TOKEN"], timeout=10)
+        # A rolling deploy mid-way: an old build reads operation records of version 1 only and
+        # reports the provider's id as the bare string; the new one reads 1 and 2 and sends the
+        # structured provider_ref. Both act side by side while the server is in EXPAND.
+        self.reads = frozenset({1}) if args.old_build else fl.READS_SCHEMA_VERSIONS
+        self.client = fl.Client(
+            os.environ["FENCELINE_URL"], os.environ["FENCELINE_TOKEN"], timeout=10, reads=self.reads
+        )
         self.provider = os.environ.get("PROVIDER_URL", "")
         self.runs_file = os.environ.get("RUNS_FILE", "")
         self.stopping = False
@@ -65,7 +74,8 @@ class Worker:
             config_hash = "sha256:badc0nf16"
             readiness["runtime"] = {"ok": False, "evidence": {"config": "PROVIDER_URL is not set"}}
             error = {"kind": "config", "message": "PROVIDER_URL is not set", "at": datetime.now(UTC).isoformat()}
-        return self.client.boot(config_hash=config_hash, code_version="sim-1", readiness=readiness, error=error)
+        build = "sim-1" if self.args.old_build else "sim-2"
+        return self.client.boot(config_hash=config_hash, code_version=build, readiness=readiness, error=error)
 
     # -- work --
 
@@ -79,7 +89,10 @@ class Worker:
         if response.status_code == 503:
             return fl.Done(outcome="FAILED", error_code="provider_unavailable")
         response.raise_for_status()
-        return fl.Done(provider_request_id=response.json()["id"], actual_cost_cents=100 * (step + 1))
+        charged, cost = response.json()["id"], 100 * (step + 1)
+        if self.args.old_build:
+            return fl.Done(provider_request_id=charged, actual_cost_cents=cost)
+        return fl.Done(provider_ref={"id": charged}, actual_cost_cents=cost)
 
     def runs(self) -> list[str]:
         with open(self.runs_file) as listing:
@@ -150,6 +163,7 @@ class Worker:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bad-config", action="store_true")
+    parser.add_argument("--old-build", action="store_true", help="the build before operation.provider_ref")
     parser.add_argument("--ttl", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args(argv)

@@ -53,3 +53,15 @@ def test_a_short_simulation_leaves_real_history_that_adds_up(transactional_db, t
         assert op.phase == "RECONCILED" and op.reconciliation == case.resolution
         if case.resolution == "HAPPENED":
             assert op.provider_request_id.startswith("ch_")
+
+    # A rolling deploy half done: sim-worker-2 runs the build before operation.provider_ref.
+    # Both builds act side by side in EXPAND; every record stays at version 1 with both
+    # representations written, agreeing, whichever build reported it.
+    assert report["old_build_workers"] == 1
+    workers = WorkerBoot.objects.filter(worker__name__startswith="sim-worker-")
+    assert set(workers.values_list("code_version", flat=True)) == {"sim-1", "sim-2"}
+    assert set(report["versions"]) == {"1"}
+    reported = Operation.objects.exclude(provider_request_id="")
+    assert report["with_provider_ref"] == reported.count() > 0
+    for op in reported:
+        assert op.provider_ref == {"provider": op.provider, "id": op.provider_request_id}

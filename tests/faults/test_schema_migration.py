@@ -30,8 +30,9 @@ from ledger.services.fence.operations import Intent
 from ledger.services.fleet.boots import BootReport, worker_boot
 from ledger.services.upgrades import provider_ref
 from ledger.services.upgrades.backfill import backfill_pause, backfill_run
-from ledger.services.upgrades.changes import change_move, phase_forget
+from ledger.services.upgrades.changes import change_move
 from ledger.services.upgrades.conflicts import conflict_resolve
+from ledger.services.upgrades.phases import phase_forget
 from ledger.services.upgrades.restore import effects_allow, effects_hold
 from ledger.states import BackfillState, ConflictStatus, Outcome, Phase, UpgradePhase
 from tests.console.queues_fixtures import user_with

@@ -29,6 +29,9 @@ def test_demo_seeds_on_sqlite_and_prints_a_working_token(tmp_path):
     # The webhook to the sandbox's sink: the pending approval, the quarantine, the cleanup
     # alert and the BROKEN chain, each delivered signed.
     assert "webhooks: 4 notification(s) for ops-channel, 4 delivered to the sandbox sink (4 signed)" in done.stdout
+    # The upgrade window: an old build's rewrite of a provider id is a state conflict for a person.
+    assert "upgrade window: operation.provider_ref in EXPAND" in done.stdout
+    assert "found 1 conflict (see /upgrades/)" in done.stdout
     # A second start keeps the data and issues a fresh token.
     again = subprocess.run(
         [sys.executable, "manage.py", "demo", "--no-serve"],

@@ -21,7 +21,7 @@ from approvals.models import ApprovalRequest, ReconciliationCase
 from approvals.services.approvals import approvals_expire
 from approvals.services.lookups import cases_look_up
 from ledger.errors import ApprovalRequired, Denied, StaleToken
-from ledger.models import Event, Run, RunLease, RunResource, Worker
+from ledger.models import Event, Operation, Run, RunLease, RunResource, Worker
 from ledger.models.notifications import NotificationKind
 from ledger.services.authority.credential_leases import credential_lease_issue, credential_lease_revoke
 from ledger.services.authority.credentials import credential_create
@@ -43,6 +43,9 @@ from ledger.services.reconciliation.http import HttpReconciler
 from ledger.services.reconciliation.registry import register
 from ledger.services.tenancy.roles import role_grant
 from ledger.services.tenancy.tenants import tenant_ensure
+from ledger.services.upgrades import provider_ref
+from ledger.services.upgrades.backfill import backfill_run
+from ledger.services.upgrades.conflicts import conflict_open
 from ledger.simulation.provider import SandboxProvider
 from ledger.states import EffectClass
 
@@ -217,6 +220,7 @@ class Command(BaseCommand):
         # reconciler:sandbox-payments, with the charge id); of the second it cannot tell, so
         # it waits in the queue for a person, with the lookup on the case.
         self.seed_lookups(leased, dispatch, outcome)
+        self.seed_upgrade(leased, dispatch, outcome)
 
         # Approvals: payments always need a person. One pending, one expired. The payments
         # contract: what a charge is, whatever a worker says, and who looks it up.
@@ -376,6 +380,25 @@ class Command(BaseCommand):
         self.stdout.write(
             f"provider lookups: {result.happened} settled by reconciler:sandbox-payments, "
             f"{result.to_people} handed to people"
+        )
+
+    def seed_upgrade(self, leased, dispatch, outcome) -> None:
+        """The upgrade window of operation.provider_ref (EXPAND): a report in the new form
+        (provider_ref) is dual-written; then a process of the old build rewrites the bare id
+        of another operation, so its two representations disagree. The dry-run backfill counts
+        it, and it is opened as a StateConflict, as a reader that must act on it opens one
+        (a lookup, a case resolution, the backfill): the run's automation stops until a
+        person decides on /upgrades/."""
+        run, token = leased("demo-upgrade")
+        outcome(dispatch(run, token, "demo:issue:21"), token, "CONFIRMED", provider_ref={"id": "gh-2001"})
+        run, token = leased("demo-upgrade-conflict")
+        op = outcome(dispatch(run, token, "demo:issue:22"), token, "CONFIRMED", provider_request_id="gh-2002")
+        Operation.objects.filter(pk=op.pk).update(provider_request_id="gh-2003")  # the old build's write
+        seen = backfill_run(provider_ref.CHANGE, dry_run=True)
+        conflict_open(operation_id=op.pk, found_by="demo: the backfill's dry run")
+        self.stdout.write(
+            f"upgrade window: operation.provider_ref in {provider_ref.phase_now()}; the dry-run backfill would move "
+            f"{seen.changed} of {seen.scanned} operations and found {seen.conflicts} conflict (see /upgrades/)"
         )
 
     def seed_lifespan(self, tenant, worker: Worker) -> None:

@@ -21,7 +21,7 @@ from ledger.services.core.phases import transition
 from ledger.services.fence.ending import NEW_WORK
 from ledger.services.reconciliation.contracts import decision_policy, intent_terms
 from ledger.services.upgrades import provider_ref
-from ledger.services.upgrades.changes import phase as upgrade_phase
+from ledger.services.upgrades.phases import phase as upgrade_phase
 from ledger.states import ApprovalKind, EffectClass, Phase, WorkerStatus
 
 # The operation's unique key within its tenant (the constraint operation_unique_key_per_tenant).

@@ -29,6 +29,7 @@ from ledger.services.core.admission import operations_in_doubt
 from ledger.services.core.decisions import admin_action_record
 from ledger.services.evidence.append import checked_document
 from ledger.services.fleet.lifecycle import QUARANTINE_FROM, worker_quarantine_by_system, worker_stopped
+from ledger.services.upgrades.phases import written_versions
 from ledger.states import WorkerStatus
 
 DOMAINS = ("runtime", "state", "credentials", "outbound_delivery", "admission")
@@ -121,7 +122,6 @@ def _reads_records(readiness: dict, failed: list[str], reads_up_to: int) -> None
     """Fail the state domain of a boot whose build cannot read the records as they are now
     written: a schema change in MIGRATE or CONTRACT writes its new version (the old build
     would refuse those records; it is not admitted to meet them)."""
-    from ledger.services.upgrades.changes import written_versions
 
     needs = [(name, version) for name, version in written_versions() if version > reads_up_to]
     if not needs:

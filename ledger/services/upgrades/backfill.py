@@ -28,8 +28,8 @@ from django.utils import timezone
 
 from ledger.errors import UpgradeRefused
 from ledger.models import Backfill
-from ledger.services.upgrades.changes import phase
 from ledger.services.upgrades.conflicts import conflicts_open
+from ledger.services.upgrades.phases import phase
 from ledger.services.upgrades.registry import spec_for
 from ledger.states import BackfillState, UpgradePhase
 

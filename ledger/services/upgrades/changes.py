@@ -20,9 +20,7 @@ still writes the old way just after a move leaves at most a few records at the o
 CONTRACT counts them, and running the backfill again moves them."""
 
 import logging
-import time
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -30,41 +28,13 @@ from ledger.errors import InvalidInput, NotFound, UpgradeRefused
 from ledger.models import Backfill, SchemaChange, StateConflict
 from ledger.services.core.decisions import decision_reason
 from ledger.services.upgrades.fleet import behind
+from ledger.services.upgrades.phases import phase_forget
+from ledger.services.upgrades.registry import spec_for
 from ledger.states import BackfillState, ConflictStatus, UpgradePhase
 
 log = logging.getLogger("fenceline.upgrades")
 
 _ORDER = [UpgradePhase.EXPAND, UpgradePhase.MIGRATE, UpgradePhase.CONTRACT]
-_cache: dict[str, tuple[float, str]] = {}
-
-
-def phase(name: str) -> str:
-    """The phase of change ``name``, as this process last read it (at most
-    ``UPGRADE_PHASE_CACHE_S`` seconds ago). A database without the row (one migrated by a
-    build before the change) is in EXPAND."""
-    now = time.monotonic()
-    hit = _cache.get(name)
-    if hit is not None and now - hit[0] < settings.FENCELINE["UPGRADE_PHASE_CACHE_S"]:
-        return hit[1]
-    found = SchemaChange.objects.filter(name=name).values_list("phase", flat=True).first()
-    current = found or UpgradePhase.EXPAND
-    _cache[name] = (now, current)
-    return current
-
-
-def written_versions() -> list[tuple[str, int]]:
-    """(change, version) of every change whose new version is being written (MIGRATE or
-    CONTRACT): a reader must know that version to meet those records."""
-    return [
-        (name, to)
-        for name, current, to in SchemaChange.objects.values_list("name", "phase", "to_version")
-        if current != UpgradePhase.EXPAND
-    ]
-
-
-def phase_forget() -> None:
-    """Read every phase again at its next use (after a move; tests)."""
-    _cache.clear()
 
 
 # The changes this build knows: (from version, to version). Migration ledger.0022 records
@@ -92,8 +62,6 @@ def change_get(name: str) -> SchemaChange:
 
 def records_behind(name: str) -> int:
     """Records of change ``name`` still at the old version."""
-    from ledger.services.upgrades.registry import spec_for
-
     spec = spec_for(name)
     change = change_get(name)
     return spec.model.objects.filter(schema_version__lt=change.to_version).count()

@@ -23,7 +23,7 @@ from ledger.services.core.decisions import acting_name, decision_reason
 from ledger.services.core.fencing import locked_runs
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.upgrades import provider_ref
-from ledger.services.upgrades.changes import phase
+from ledger.services.upgrades.phases import phase
 from ledger.states import ConflictStatus
 
 SYSTEM = "system:upgrade"

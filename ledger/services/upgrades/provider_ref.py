@@ -19,6 +19,7 @@ from django.db import connection
 
 from ledger.errors import InvalidInput
 from ledger.models import Operation
+from ledger.services.upgrades.phases import phase
 from ledger.states import UpgradePhase
 
 CHANGE = "operation.provider_ref"
@@ -96,8 +97,6 @@ def written(phase: str, *, provider: str, ref: ProviderRef | None) -> dict[str, 
 
 def phase_now() -> str:
     """The phase of this change as this process sees it now (cached briefly)."""
-    from ledger.services.upgrades.changes import phase
-
     return phase(CHANGE)
 
 
