@@ -194,3 +194,66 @@ def test_sixteen_processes_racing_for_the_last_cents_of_an_escrowed_window_get_e
     assert totals(acme.tenant, BudgetKind.PROVIDER, "llm")[1] == 1000
     assert_escrow_holds(acme.tenant)
     assert_invariants(acme.tenant)
+
+
+def test_a_refill_and_a_committing_charger_of_the_same_window_do_not_deadlock(acme, escrow):
+    """Found by `make bench --curve` at N = 16 (authority mode): a dispatch that charged a
+    shard and linked its reservation to the window checks that foreign key at COMMIT with a
+    KEY SHARE lock on the window row, while a refill of that window holds the row and waits
+    for the dispatch's shard as a donor. With FOR UPDATE on the window the two waited for
+    each other (PostgreSQL's deadlock detector killed one after a second); a refill takes
+    FOR NO KEY UPDATE, which a KEY SHARE does not wait for."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from ledger.services.authority.windows import shard_refill
+
+    set_policy(acme.tenant, tenant_limit=1000)
+    run, token = leased_run(acme.worker)
+    reserve(acme.tenant, planned_op(acme, run, token, "k-0", estimate=30))  # opens the shards
+    tenant_window = window(acme.tenant, BudgetKind.TENANT, "acme")
+    donor, needy = CostShard.objects.filter(window=tenant_window).order_by("pk")[:2]
+    charged, refiller_waiting, errors = threading.Event(), threading.Event(), []
+
+    def charger():
+        try:
+            with transaction.atomic():
+                CostShard.objects.filter(pk=donor.pk).update(reserved_cents=donor.reserved_cents)  # holds the shard
+                # A row that references the window: its deferred FK check runs at COMMIT.
+                CostShard.objects.create(window=tenant_window, shard=99, allotted_cents=0)
+                charged.set()
+                assert refiller_waiting.wait(10)
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def refiller():
+        try:
+            assert charged.wait(10)
+            with transaction.atomic():
+                shard_refill(tenant_window, needy, 10_000)  # the window row, then every donor
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=charger), threading.Thread(target=refiller)]
+    for thread in threads:
+        thread.start()
+    assert charged.wait(10)
+    with connection.cursor() as cursor:  # the refiller is blocked on the charger's shard
+        for _ in range(200):
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            if cursor.fetchone()[0]:
+                break
+            threading.Event().wait(0.05)
+    refiller_waiting.set()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    CostShard.objects.filter(window=tenant_window, shard=99).delete()  # the stand-in reference
+    assert_escrow_holds(acme.tenant)

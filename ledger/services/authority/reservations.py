@@ -563,7 +563,7 @@ def _close_one_by_one(
     estimate = reservation.estimated_cents
     overage = {}
     direct = list(
-        CostWindow.objects.select_for_update(of=("self",))
+        CostWindow.objects.select_for_update(of=("self",), no_key=True)
         .filter(reservations=reservation, shard_count=0)
         .order_by(LOCK_RANK, "key")
     )
@@ -583,7 +583,7 @@ def _close_one_by_one(
         window = shard.window
         if amount > shard.allotted_cents - shard.settled_cents - shard.reserved_cents + estimate:
             shard_refill(window, shard, amount - estimate)  # locks the window row, then the shard
-        shard = CostShard.objects.select_for_update(of=("self",)).get(pk=shard.pk)
+        shard = CostShard.objects.select_for_update(of=("self",), no_key=True).get(pk=shard.pk)
         room = shard.allotted_cents - shard.settled_cents - shard.reserved_cents + estimate
         if amount > room:
             overage[window_name(window)] = amount - room
@@ -672,9 +672,9 @@ def _close_sql(with_tenant: bool) -> str:
     parts = [
         f"r AS (UPDATE {reservations} SET state = %s, actual_cents = %s, closed_at = %s WHERE id = %s AND state = %s RETURNING 1)",  # noqa: S608
         f"lw AS (SELECT w.id FROM {window} w JOIN {by_window} l ON w.id = l.costwindow_id "  # noqa: S608
-        f"WHERE l.costreservation_id = %s AND w.shard_count = 0 ORDER BY {_RANK}, w.key FOR UPDATE OF w)",
+        f"WHERE l.costreservation_id = %s AND w.shard_count = 0 ORDER BY {_RANK}, w.key FOR NO KEY UPDATE OF w)",
         f"ls AS (SELECT s.id FROM {shard} s JOIN {by_shard} l ON s.id = l.costshard_id JOIN {window} w ON w.id = s.window_id "  # noqa: S608
-        f"WHERE (SELECT count(*) FROM lw) >= 0 AND l.costreservation_id = %s ORDER BY {_RANK}, w.key FOR UPDATE OF s)",
+        f"WHERE (SELECT count(*) FROM lw) >= 0 AND l.costreservation_id = %s ORDER BY {_RANK}, w.key FOR NO KEY UPDATE OF s)",
         f"w AS (UPDATE {window} w SET reserved_cents = w.reserved_cents - %s, settled_cents = w.settled_cents + %s "  # noqa: S608
         "WHERE w.id IN (SELECT id FROM lw) AND %s <= w.limit_cents - w.escrowed_cents - w.settled_cents - w.reserved_cents + %s "
         "RETURNING w.id)",

@@ -180,10 +180,14 @@ def shard_refill(window: CostWindow, shard: CostShard, need: int) -> bool:
     window has anywhere: the window row is locked first (one refill of a window at a time),
     then the shard; headroom comes from the window (a chunk, so that the next charges need
     no refill) and then from the other shards, each locked in primary-key order. Whoever
-    holds a shard of this window waits for nothing of it but this row (and a charger never
-    locks the row), so the order is acyclic. Whether the shard now has ``need`` free."""
-    row = CostWindow.objects.select_for_update(of=("self",)).get(pk=window.pk)
-    mine = CostShard.objects.select_for_update(of=("self",)).get(pk=shard.pk)
+    holds a shard of this window waits for nothing of it but this row, so the order is
+    acyclic — provided the row lock is FOR NO KEY UPDATE: a charger that linked its
+    reservation to the window checks that foreign key at COMMIT with a KEY SHARE lock on
+    the row, which FOR UPDATE would make wait for this refill while the refill waits for the
+    charger's shard (a deadlock the N = 16 benchmark found). Whether the shard now has
+    ``need`` free."""
+    row = CostWindow.objects.select_for_update(of=("self",), no_key=True).get(pk=window.pk)
+    mine = CostShard.objects.select_for_update(of=("self",), no_key=True).get(pk=shard.pk)
     free_here = mine.allotted_cents - mine.reserved_cents - mine.settled_cents
     if free_here >= need:
         return True  # another transaction refilled it while we waited
@@ -194,7 +198,7 @@ def shard_refill(window: CostWindow, shard: CostShard, need: int) -> bool:
     donors: list[tuple[int, int]] = []
     if wanted:
         for donor in (
-            CostShard.objects.select_for_update(of=("self",)).filter(window=row).exclude(pk=mine.pk).order_by("pk")
+            CostShard.objects.select_for_update(of=("self",), no_key=True).filter(window=row).exclude(pk=mine.pk).order_by("pk")
         ):
             spare = donor.allotted_cents - donor.reserved_cents - donor.settled_cents
             if spare > 0:
