@@ -198,7 +198,10 @@ def shard_refill(window: CostWindow, shard: CostShard, need: int) -> bool:
     donors: list[tuple[int, int]] = []
     if wanted:
         for donor in (
-            CostShard.objects.select_for_update(of=("self",), no_key=True).filter(window=row).exclude(pk=mine.pk).order_by("pk")
+            CostShard.objects.select_for_update(of=("self",), no_key=True)
+            .filter(window=row)
+            .exclude(pk=mine.pk)
+            .order_by("pk")
         ):
             spare = donor.allotted_cents - donor.reserved_cents - donor.settled_cents
             if spare > 0:
