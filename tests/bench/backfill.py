@@ -155,14 +155,19 @@ def seed(count: int) -> dict:
     }
 
 
-def writer(url: str, worker_id: int, run_id: str, token: int, seconds: float, index: int, done) -> None:
-    """Live traffic during the backfill: intent, authorize, dispatch and outcome on new operations."""
+def writer(url: str, worker_id: int, seconds: float, index: int, done) -> None:
+    """Live traffic during the backfill: intent, authorize, dispatch and outcome on new
+    operations, in a run of its own (the seeded run holds the disagreeing records, whose
+    conflicts stop automation on that run, as they must)."""
     setup_django(url, recreate=False)
     from ledger.models import Worker
-    from ledger.services.fence import operations, outcomes
+    from ledger.services.fence import leases, operations, outcomes, runs
     from ledger.services.fence.operations import Intent
 
     worker = Worker.objects.get(pk=worker_id)
+    run, _ = runs.run_create(worker=worker, schema_version=1)
+    run_id = run.pk
+    token = leases.lease_acquire(worker=worker, run_id=run_id, owner_id=f"writer-{index}", ttl_s=3600).fencing_token
     count, until = 0, time.monotonic() + seconds
     while time.monotonic() < until and not done.is_set():
         op, _ = operations.operation_intend(
@@ -213,9 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import psycopg
 
-        psycopg.connect(args.database_url, connect_timeout=3).close()
+        server = urlunsplit(urlsplit(args.database_url)._replace(path="/postgres"))  # any database names the server
+        psycopg.connect(server, connect_timeout=3).close()
     except Exception as exc:
-        print(f"PostgreSQL is not reachable at {args.database_url}: {exc}".splitlines()[0], file=sys.stderr)
+        print(f"PostgreSQL is not reachable at {server}: {exc}".splitlines()[0], file=sys.stderr)
         return 2
 
     setup_django(args.database_url, recreate=True)
@@ -248,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     writers = [
         ctx.Process(
             target=writer,
-            args=(url, seeded["worker_id"], seeded["run_id"], seeded["token"], 3600, i, done),
+            args=(url, seeded["worker_id"], 3600, i, done),
         )
         for i in range(args.writers)
     ]
@@ -258,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     done.set()
     for process in writers:
         process.join()
+    if any(process.exitcode for process in writers):
+        print("a live writer failed (its traceback is above): the figures would not be what they say", file=sys.stderr)
+        return 1
     live = Operation.objects.filter(idempotency_key__startswith="live-").count()
     report.append(line(f"resumed to the end ({live:,} live writes)", rest, peak_mb(), before=first))
     again = backfill_run(name, batch_size=args.batch, restart=True)

@@ -1130,7 +1130,9 @@ def report_curve(curve: list[dict], modes: list[str]) -> None:
     pgbench at the same N."""
     say("-" * 72)
     say("the curve: fenced transitions/s (ratio to pgbench at the same N)")
-    say(f"{'N':>4}" + "".join(f"{mode:>20}" for mode in modes) + f"{'pgbench TPS':>14}{'dispatch p50 auth/plain':>26}")
+    say(
+        f"{'N':>4}" + "".join(f"{mode:>20}" for mode in modes) + f"{'pgbench TPS':>14}  {'dispatch p50 auth/plain':>28}"
+    )
     for point in curve:
         cells = []
         for mode in modes:
@@ -1140,7 +1142,7 @@ def report_curve(curve: list[dict], modes: list[str]) -> None:
         pair = ""
         if share is not None:
             pair = f"{ms(point['authority_dispatch_p50'])} / {ms(point['plain_dispatch_p50'])} = {share:.2f}"
-        say(f"{point['n']:>4}" + "".join(f"{c:>20}" for c in cells) + f"{point['pgbench_tps']:>14,.0f}{pair:>26}")
+        say(f"{point['n']:>4}" + "".join(f"{c:>20}" for c in cells) + f"{point['pgbench_tps']:>14,.0f}  {pair:>28}")
     say("=" * 72)
 
 

@@ -4,6 +4,8 @@ writes (old: EXPAND, version 1; new: MIGRATE, version 2). Three cells act; the f
 (old build, new record) refuses before anything is performed, and writes nothing past the
 record it could not read."""
 
+import contextlib
+
 import pytest
 
 from ledger.client import Client, Done, UnknownSchemaVersion
@@ -38,26 +40,16 @@ def test_compatibility_matrix(acme, live_server, build, records, acts):
         performed.append("sent")
         return Done(provider_request_id="ch_77")
 
-    with client.lease(run_id, ttl_s=60) as lease:
-        if acts:
-            lease.operation(
-                tool="email",
-                action="send",
-                resource="mailto:x@example.com",
-                effect_class="IDEMPOTENT",
-                idempotency_key="matrix-1",
-                perform=perform,
-            )
-        else:
-            with pytest.raises(UnknownSchemaVersion):
-                lease.operation(
-                    tool="email",
-                    action="send",
-                    resource="mailto:x@example.com",
-                    effect_class="IDEMPOTENT",
-                    idempotency_key="matrix-1",
-                    perform=perform,
-                )
+    refused = contextlib.nullcontext() if acts else pytest.raises(UnknownSchemaVersion)
+    with client.lease(run_id, ttl_s=60) as lease, refused:
+        lease.operation(
+            tool="email",
+            action="send",
+            resource="mailto:x@example.com",
+            effect_class="IDEMPOTENT",
+            idempotency_key="matrix-1",
+            perform=perform,
+        )
     op = Operation.objects.get(idempotency_key="matrix-1")
     if not acts:
         assert performed == []

@@ -109,6 +109,32 @@ def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: d
     fields = json_safe(fields)
     check_fields(fields)  # the secret boundary (invariant 6), before anything is hashed or written
     check_text(actor, path="actor")
+    return _chained(run, type, actor, fields, occurred_at, format_time(occurred_at), event_signer())
+
+
+def build_events(entries: Sequence[tuple[Run, dict]], *, type: str, actor: str, occurred_at: datetime) -> list[Event]:
+    """The next event of each entry's run, in order, each exactly what :func:`build_event`
+    makes of it (a run may come more than once: its events follow one another in its
+    chain), for the reapers' batches of hundreds of runs. What the events share is done
+    once: the actor's check, the signer, the time's text. Every entry's fields pass
+    :func:`json_safe` and the secret boundary before any event is built, so a refusal
+    leaves every run's in-memory head as it was."""
+    checked = [json_safe(fields) for _, fields in entries]
+    _check_all(checked)  # the secret boundary (invariant 6), before anything is hashed or written
+    check_text(actor, path="actor")
+    when = format_time(occurred_at)
+    signer = event_signer()
+    return [
+        _chained(run, type, actor, fields, occurred_at, when, signer)
+        for (run, _), fields in zip(entries, checked, strict=True)
+    ]
+
+
+def _chained(
+    run: Run, type: str, actor: str, fields: Any, occurred_at: datetime, when: str, signer: EventSigner
+) -> Event:
+    """The event after ``run``'s in-memory head (checked fields; ``when``: the time's
+    canonical text), hashed, linked and signed; the head advances to it."""
     seq = run.last_seq + 1
     event_id = uuid7()  # time-ordered: appends land at the right-hand end of the event_id index
     run_id = str(run.pk)
@@ -120,12 +146,11 @@ def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: d
             type=type,
             schema_version=CURRENT_SCHEMA_VERSION,
             actor=actor,
-            occurred_at=format_time(occurred_at),
+            occurred_at=when,
             fields=fields,
             prev_hash=run.last_hash,
         )
     )
-    signer = event_signer()
     event = prepared.unsaved(
         Event,
         id=None,
@@ -146,60 +171,6 @@ def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: d
     run.last_seq = seq
     run.last_hash = digest
     return event
-
-
-def build_events(entries: Sequence[tuple[Run, dict]], *, type: str, actor: str, occurred_at: datetime) -> list[Event]:
-    """The next event of each entry's run, in order, each exactly what :func:`build_event`
-    makes of it (a run may come more than once: its events follow one another in its
-    chain), for the reapers' batches of hundreds of runs. What the events share is done
-    once: the actor's check, the signer, the time's text. Every entry's fields pass
-    :func:`json_safe` and the secret boundary before any event is built, so a refusal
-    leaves every run's in-memory head as it was."""
-    checked = [json_safe(fields) for _, fields in entries]
-    _check_all(checked)  # the secret boundary (invariant 6), before anything is hashed or written
-    check_text(actor, path="actor")
-    when = format_time(occurred_at)
-    signer = event_signer()
-    key_id = signer.key_id
-    events = []
-    for (run, _), fields in zip(entries, checked, strict=True):
-        seq = run.last_seq + 1
-        event_id = uuid7()  # as build_event makes it (keep the two the same)
-        run_id = str(run.pk)
-        digest = hash_bytes(
-            canonical_bytes(
-                run_id=run_id,
-                seq=seq,
-                event_id=str(event_id),
-                type=type,
-                schema_version=CURRENT_SCHEMA_VERSION,
-                actor=actor,
-                occurred_at=when,
-                fields=fields,
-                prev_hash=run.last_hash,
-            )
-        )
-        event = prepared.unsaved(
-            Event,
-            id=None,
-            run_id=run.pk,
-            seq=seq,
-            event_id=event_id,
-            type=type,
-            actor=actor,
-            occurred_at=occurred_at,
-            fields=fields,
-            prev_hash=run.last_hash,
-            hash=digest,
-            mac_key_id=key_id,
-            mac=signer.mac(run_id=run_id, seq=seq, hash=digest),
-            schema_version=CURRENT_SCHEMA_VERSION,
-        )
-        _EVENT_RUN.set_cached_value(event, run)
-        run.last_seq = seq
-        run.last_hash = digest
-        events.append(event)
-    return events
 
 
 def _check_all(documents: list[dict]) -> None:
