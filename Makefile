@@ -2,7 +2,7 @@
 #   make demo   the console and API with a seeded tenant and worker, on the embedded default
 #   make test   the whole test suite (PostgreSQL at 127.0.0.1:5432, Redis at 127.0.0.1:6379)
 # make lint: ruff (lint and format), mypy, and no missing migration; CI runs it before the tests
-# Benchmarks (docs/performance.md): make bench, make bench-ledger, make bench-console, make bench-reapers,
+# Benchmarks (docs/performance.md): make bench, make bench-all, make bench-ledger, make bench-console, make bench-reapers,
 # make bench-reconcilers, make bench-contention, make bench-backfill
 
 DATABASE_URL_TEST ?= postgres://postgres@127.0.0.1:5432/fenceline
@@ -13,7 +13,7 @@ PYTEST_WORKERS ?= 2
 # Where make demo serves; empty is 127.0.0.1:8000 (DEMO_ADDR=8010 or DEMO_ADDR=0.0.0.0:8000).
 DEMO_ADDR ?=
 
-.PHONY: demo simulate test lint bench bench-ledger bench-console bench-reapers bench-reconcilers bench-contention bench-backfill
+.PHONY: demo simulate test lint bench bench-all bench-ledger bench-console bench-reapers bench-reconcilers bench-contention bench-backfill
 
 demo:
 	@.ci/bootstrap
@@ -40,6 +40,14 @@ lint:
 bench:
 	@.ci/bootstrap
 	DATABASE_URL=$(DATABASE_URL_TEST) .venv/bin/python tests/bench/fenced_transitions.py $(BENCH_ARGS)
+
+# Every hot-path figure of docs/performance.md in one go (about 25 minutes on 2 cores): the fenced
+# transitions with the curve, the ledger, the reapers at 100k and the backfill at 1M.
+bench-all:
+	$(MAKE) bench BENCH_ARGS="--curve 1,2,4,8,16"
+	$(MAKE) bench-ledger BENCH_ARGS=
+	$(MAKE) bench-reapers BENCH_ARGS="--items 100000"
+	$(MAKE) bench-backfill BENCH_ARGS="--operations 1000000"
 
 bench-ledger:
 	@.ci/bootstrap

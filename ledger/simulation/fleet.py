@@ -468,7 +468,7 @@ class Fleet:
             provider_faults=stats["faults"],
             effects_missing_from_ledger=len(charged - recorded - self.undecided_keys()),
             versions={str(v): n for v, n in ops.values_list("schema_version").annotate(n=Count("pk")).order_by()},
-            with_provider_ref=ops.exclude(provider_ref=None).count(),
+            with_provider_ref=ops.exclude(provider_ref__isnull=True).count(),
             old_build_workers=sum(1 for slot in self.slots if slot.old_build),
             chaos=dict(self.chaos),
             exits=dict(self.exits),

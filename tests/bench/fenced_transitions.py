@@ -1222,6 +1222,11 @@ def main(argv: list[str] | None = None) -> int:
         pgbench = shutil.which(args.pgbench)
         if not args.skip_pgbench and not args.show_sql and not pgbench:
             raise BenchError(f"pgbench not found ({args.pgbench!r}); install postgresql-client or pass --pgbench PATH")
+        gunicorn = Path(sys.executable).with_name("gunicorn")
+        if "http" in modes and not args.show_sql and not gunicorn.exists():
+            raise BenchError(
+                f"gunicorn not found ({gunicorn}): run .ci/bootstrap, or leave the http phase out (--mode both)"
+            )
         context = machine_context(server)  # fails here, with the reason, if PostgreSQL is down
         say(
             f"[setup] {context['cores']} cores, load average {context['load'][0]:.2f}; PostgreSQL "
