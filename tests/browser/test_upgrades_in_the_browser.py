@@ -29,6 +29,11 @@ def test_an_operator_decides_a_state_conflict_and_the_run_goes_on(live_server, p
     expect(row).to_contain_text("ch_2")
     expect(row).to_contain_text("ch_1")
     screenshot("upgrades_page_conflict")
+    page.set_viewport_size({"width": 390, "height": 844})  # a phone: the table stacks, the form stays whole
+    expect(row.get_by_role("button", name="Decide")).to_be_visible()
+    expect(row.get_by_label("new (provider_ref)")).to_be_visible()
+    screenshot("upgrades_page_390px")
+    page.set_viewport_size({"width": 1280, "height": 800})
     row.get_by_label("new (provider_ref)").check()
     row.get_by_label(f"Why for conflict {conflict.pk}").fill("the provider's dashboard shows ch_1")
     row.get_by_role("button", name="Decide").click()
