@@ -42,7 +42,7 @@ from ledger.services.authority.credential_leases import (
 )
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.admission import operations_in_doubt
-from ledger.services.upgrades.changes import KNOWN_CHANGES, change_get
+from ledger.services.upgrades.changes import KNOWN_CHANGES, change_read
 from ledger.services.upgrades.fleet import fleet_builds
 from ledger.states import (
     INSTANCE_LIVE,
@@ -393,7 +393,7 @@ def upgrades_overview(*, user) -> dict:
     tenants = visible_tenants(user=user)
     slugs = set(tenants.values_list("slug", flat=True))
     changes = [
-        ChangeRow(change_get(name), Backfill.objects.filter(name=name).first() if user.is_superuser else None)
+        ChangeRow(change_read(name), Backfill.objects.filter(name=name).first() if user.is_superuser else None)
         for name in KNOWN_CHANGES
     ]
     writing = max((row.change.to_version for row in changes if row.change.phase != UpgradePhase.EXPAND), default=1)

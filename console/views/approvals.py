@@ -2,12 +2,10 @@
 version, bound to which args digest and fencing token; approve or deny with a reason.
 Decisions go through approvals.services.approvals.approval_decide."""
 
-import uuid
-
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, QueryDict
+from django.http import QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.template.defaultfilters import pluralize
 from django.urls import reverse
@@ -17,7 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from approvals.selectors import APPROVAL_FILTERS, APPROVAL_SORTS, approval_queue, approvals_for
 from approvals.services.approvals import approval_decide
 from approvals.services.approvals_bulk import approvals_decide_bulk, approvals_preview
-from console.views.common import BAD_INPUT, chosen, form_errors, queue_answer
+from console.views.common import BAD_INPUT, bulk_preview, chosen, form_errors, queue_answer, selected_for_action
 from ledger.errors import DomainError
 from ledger.roles import APPROVE, can, tenants_for
 
@@ -126,23 +124,17 @@ def bulk(request):
     if not form.is_valid():
         return _done(request, form_errors(form), error=True, status=BAD_INPUT)
     ids = form.cleaned_data["approval"]
-    visible = list(approvals_for(request.user).filter(pk__in=_uuids(ids)).select_related("tenant"))
-    if len(visible) != len(set(ids)):
-        raise Http404("approval not found")
-    if any(not can(request.user, approval.tenant, APPROVE) for approval in visible):
-        raise PermissionDenied("your role on this tenant does not allow this action")
+    selected_for_action(request, approvals_for(request.user), ids, APPROVE, "approval")
     approve = form.cleaned_data["decision"] == "approve"
     touched = approvals_preview(approval_ids=ids, user=request.user)
     if not form.cleaned_data["confirm"]:
-        context = {
+        preview = {
             "preview": touched,
             "skipped": len(set(ids)) - len(touched),
             "decision": form.cleaned_data["decision"],
             "reason": form.cleaned_data["reason"],
         }
-        if not request.htmx:
-            context.update(_queue_context(request))
-        return render(request, f"{TEMPLATE}#bulk-preview" if request.htmx else TEMPLATE, context)
+        return bulk_preview(request, TEMPLATE, preview, lambda: _queue_context(request))
     try:
         decided = approvals_decide_bulk(
             approval_ids=ids, user=request.user, approve=approve, reason=form.cleaned_data["reason"]
@@ -151,13 +143,3 @@ def bulk(request):
         return _done(request, f"Nothing changed: {exc.detail}", error=True, status=exc.status)
     count = len(decided)
     return _done(request, f"{count} request{pluralize(count)} {'approved' if approve else 'denied'}.")
-
-
-def _uuids(values):
-    out = []
-    for value in values:
-        try:
-            out.append(uuid.UUID(value))
-        except ValueError:
-            raise Http404("approval not found") from None
-    return out

@@ -2,12 +2,10 @@
 resolve (happened / did not happen / compensated), escalate, and bulk resolve with a
 preview of exactly the cases it will touch. Each action goes through approvals.services."""
 
-import uuid
-
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, QueryDict
+from django.http import HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.template.defaultfilters import pluralize
 from django.urls import reverse
@@ -27,7 +25,7 @@ from approvals.services.cases import (
     cases_preview,
     cases_resolve_bulk,
 )
-from console.views.common import BAD_INPUT, chosen, form_errors, queue_answer
+from console.views.common import BAD_INPUT, bulk_preview, chosen, form_errors, queue_answer, selected_for_action
 from ledger.errors import DomainError
 from ledger.roles import OPERATE, can, tenants_for
 
@@ -50,7 +48,7 @@ class ResolveForm(forms.Form):
         return data
 
 
-class EscalateForm(forms.Form):
+class ReasonForm(forms.Form):  # escalate and unclaim: a reason, nothing else
     reason = forms.CharField(max_length=500, strip=True)
 
 
@@ -154,82 +152,84 @@ def claim(request, case_id):
     return _done(request, f"Case {str(case.pk)[:8]} claimed.")
 
 
-@require_POST
-@login_required
-def resolve(request, case_id):
+def _act(request, case_id, form_class: type[forms.Form], act, said) -> HttpResponse:
+    """One action on one case: the case (404 / 403), its form (422), the service named by
+    ``act(case_id, cleaned)`` (its refusal's status), then the toast ``said(short id, cleaned)``."""
     case = _case_to_act_on(request, case_id)
-    form = ResolveForm(request.POST)
+    form = form_class(request.POST)
     if not form.is_valid():
         return _done(request, form_errors(form), error=True, status=BAD_INPUT)
     try:
-        case_resolve(
-            case_id=case.pk,
-            user=request.user,
-            resolution=form.cleaned_data["resolution"],
-            reason=form.cleaned_data["reason"],
-            provider_request_id=form.cleaned_data["provider_request_id"],
-        )
+        act(case.pk, form.cleaned_data)
     except DomainError as exc:
         return _done(request, exc.detail, error=True, status=exc.status)
-    return _done(request, f"Case {str(case.pk)[:8]} resolved as {form.cleaned_data['resolution']}.")
+    return _done(request, said(str(case.pk)[:8], form.cleaned_data))
+
+
+@require_POST
+@login_required
+def resolve(request, case_id):
+    return _act(
+        request,
+        case_id,
+        ResolveForm,
+        lambda pk, data: case_resolve(
+            case_id=pk,
+            user=request.user,
+            resolution=data["resolution"],
+            reason=data["reason"],
+            provider_request_id=data["provider_request_id"],
+        ),
+        lambda short, data: f"Case {short} resolved as {data['resolution']}.",
+    )
 
 
 @require_POST
 @login_required
 def escalate(request, case_id):
-    case = _case_to_act_on(request, case_id)
-    form = EscalateForm(request.POST)
-    if not form.is_valid():
-        return _done(request, form_errors(form), error=True, status=BAD_INPUT)
-    try:
-        case_escalate(case_id=case.pk, user=request.user, reason=form.cleaned_data["reason"])
-    except DomainError as exc:
-        return _done(request, exc.detail, error=True, status=exc.status)
-    return _done(request, f"Case {str(case.pk)[:8]} escalated.")
+    return _act(
+        request,
+        case_id,
+        ReasonForm,
+        lambda pk, data: case_escalate(case_id=pk, user=request.user, reason=data["reason"]),
+        lambda short, data: f"Case {short} escalated.",
+    )
 
 
 @require_POST
 @login_required
 def unclaim(request, case_id):
-    case = _case_to_act_on(request, case_id)
-    form = EscalateForm(request.POST)  # a reason, nothing else
-    if not form.is_valid():
-        return _done(request, form_errors(form), error=True, status=BAD_INPUT)
-    try:
-        case_unclaim(case_id=case.pk, user=request.user, reason=form.cleaned_data["reason"])
-    except DomainError as exc:
-        return _done(request, exc.detail, error=True, status=exc.status)
-    return _done(request, f"Case {str(case.pk)[:8]} is unclaimed again.")
+    return _act(
+        request,
+        case_id,
+        ReasonForm,
+        lambda pk, data: case_unclaim(case_id=pk, user=request.user, reason=data["reason"]),
+        lambda short, data: f"Case {short} is unclaimed again.",
+    )
 
 
 @require_POST
 @login_required
 def reassign(request, case_id):
-    case = _case_to_act_on(request, case_id)
-    form = ReassignForm(request.POST)
-    if not form.is_valid():
-        return _done(request, form_errors(form), error=True, status=BAD_INPUT)
-    try:
-        case_reassign(
-            case_id=case.pk, user=request.user, to=form.cleaned_data["to"], reason=form.cleaned_data["reason"]
-        )
-    except DomainError as exc:
-        return _done(request, exc.detail, error=True, status=exc.status)
-    return _done(request, f"Case {str(case.pk)[:8]} reassigned to {form.cleaned_data['to']}.")
+    return _act(
+        request,
+        case_id,
+        ReassignForm,
+        lambda pk, data: case_reassign(case_id=pk, user=request.user, to=data["to"], reason=data["reason"]),
+        lambda short, data: f"Case {short} reassigned to {data['to']}.",
+    )
 
 
 @require_POST
 @login_required
 def comment(request, case_id):
-    case = _case_to_act_on(request, case_id)
-    form = CommentForm(request.POST)
-    if not form.is_valid():
-        return _done(request, form_errors(form), error=True, status=BAD_INPUT)
-    try:
-        case_comment(case_id=case.pk, user=request.user, text=form.cleaned_data["text"])
-    except DomainError as exc:
-        return _done(request, exc.detail, error=True, status=exc.status)
-    return _done(request, f"Comment added to case {str(case.pk)[:8]}.")
+    return _act(
+        request,
+        case_id,
+        CommentForm,
+        lambda pk, data: case_comment(case_id=pk, user=request.user, text=data["text"]),
+        lambda short, data: f"Comment added to case {short}.",
+    )
 
 
 @require_POST
@@ -241,23 +241,16 @@ def bulk(request):
     if not form.is_valid():
         return _done(request, form_errors(form), error=True, status=BAD_INPUT)
     ids = form.cleaned_data["case"]
-    visible = list(cases_for(request.user).filter(pk__in=_uuids(ids)).select_related("tenant"))
-    if len(visible) != len(set(ids)):
-        raise Http404("case not found")
-    if any(not can(request.user, case.tenant, OPERATE) for case in visible):
-        raise PermissionDenied("your role on this tenant does not allow this action")
+    selected_for_action(request, cases_for(request.user), ids, OPERATE, "case")
     touched = cases_preview(case_ids=ids, user=request.user)
     if not form.cleaned_data["confirm"]:
-        context = {
+        preview = {
             "preview": touched,
             "skipped": len(ids) - len(touched),
             "resolution": form.cleaned_data["resolution"],
             "reason": form.cleaned_data["reason"],
         }
-        template = f"{TEMPLATE}#bulk-preview" if request.htmx else TEMPLATE
-        if not request.htmx:
-            context.update(_queue_context(request))
-        return render(request, template, context)
+        return bulk_preview(request, TEMPLATE, preview, lambda: _queue_context(request))
     try:
         resolved = cases_resolve_bulk(
             case_ids=ids,
@@ -269,13 +262,3 @@ def bulk(request):
         return _done(request, f"Nothing changed: {exc.detail}", error=True, status=exc.status)
     count = len(resolved)
     return _done(request, f"{count} case{pluralize(count)} resolved as {form.cleaned_data['resolution']}.")
-
-
-def _uuids(values):
-    out = []
-    for value in values:
-        try:
-            out.append(uuid.UUID(value))
-        except ValueError:
-            raise Http404("case not found") from None
-    return out

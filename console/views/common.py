@@ -4,13 +4,14 @@ page, on a decision queue the refreshed table with one out-of-band toast. A refu
 with the status its domain error carries (``ledger.errors``), as the worker API does; a
 form's own errors are bad input too and answer like ``InvalidInput``."""
 
+import uuid
 from collections.abc import Callable, Collection
 from typing import Any
 
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 
 from ledger.admin_selectors import visible_tenants
@@ -80,3 +81,27 @@ def queue_answer(
     if error:
         return render(request, template, {**context(), "errors": [message]}, status=status)
     return redirect(back_to)
+
+
+def selected_for_action(request: HttpRequest, visible: Any, ids: list[str], perm: str, what: str) -> list:
+    """The objects a bulk form names, among ``visible`` (what the user sees): every one of
+    them or 404 (an id that is no UUID names nothing either), and each of a tenant where the
+    user holds ``perm``, or 403."""
+    try:
+        keys = [uuid.UUID(value) for value in ids]
+    except ValueError:
+        raise Http404(f"{what} not found") from None
+    found = list(visible.filter(pk__in=keys).select_related("tenant"))
+    if len(found) != len(set(keys)):
+        raise Http404(f"{what} not found")
+    if any(not can(request.user, item.tenant, perm) for item in found):
+        raise PermissionDenied("your role on this tenant does not allow this action")
+    return found
+
+
+def bulk_preview(request: HttpRequest, template: str, preview: dict, queue_context: Callable[[], dict]) -> HttpResponse:
+    """A bulk form's first answer: exactly what it would touch (the preview partial under
+    htmx; without it, the whole queue page with the preview in it)."""
+    if request.htmx:  # type: ignore[attr-defined]
+        return render(request, f"{template}#bulk-preview", preview)
+    return render(request, template, {**preview, **queue_context()})

@@ -243,17 +243,20 @@ def test_a_refill_and_a_committing_charger_of_the_same_window_do_not_deadlock(ac
     for thread in threads:
         thread.start()
     assert charged.wait(10)
-    with connection.cursor() as cursor:  # the refiller is blocked on the charger's shard
+    blocked = False
+    with connection.cursor() as cursor:  # the refiller must be blocked on the charger's shard
         for _ in range(200):
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
             )
-            if cursor.fetchone()[0]:
+            blocked = cursor.fetchone()[0] > 0
+            if blocked:
                 break
             threading.Event().wait(0.05)
     refiller_waiting.set()
     for thread in threads:
         thread.join(30)
+    assert blocked, "the refiller never waited for the charger: the interleaving under test did not happen"
     assert errors == []
     CostShard.objects.filter(window=tenant_window, shard=99).delete()  # the stand-in reference
     assert_escrow_holds(acme.tenant)

@@ -42,34 +42,44 @@ _ORDER = [UpgradePhase.EXPAND, UpgradePhase.MIGRATE, UpgradePhase.CONTRACT]
 KNOWN_CHANGES = {"operation.provider_ref": (1, 2)}
 
 
-def change_get(name: str) -> SchemaChange:
+def _first(name: str) -> dict:
+    """What a change's row holds before its first move: EXPAND, by the release that added it."""
     if name not in KNOWN_CHANGES:
         raise NotFound(f"there is no schema change {name!r}; known: {', '.join(sorted(KNOWN_CHANGES))}")
     versions = KNOWN_CHANGES[name]
-    change, _ = SchemaChange.objects.get_or_create(
-        name=name,
-        defaults={
-            "phase": UpgradePhase.EXPAND,
-            "from_version": versions[0],
-            "to_version": versions[1],
-            "changed_at": timezone.now(),
-            "changed_by": "system:upgrade",
-            "reason": "expand: the change's first phase",
-        },
-    )
+    return {
+        "phase": UpgradePhase.EXPAND,
+        "from_version": versions[0],
+        "to_version": versions[1],
+        "changed_at": timezone.now(),
+        "changed_by": "system:upgrade",
+        "reason": "expand: the change's first phase",
+    }
+
+
+def change_read(name: str) -> SchemaChange:
+    """Change ``name`` as stored, or (its row missing) as it stands before its first move;
+    writes nothing, for the readers (the console, the preconditions)."""
+    defaults = _first(name)
+    return SchemaChange.objects.filter(name=name).first() or SchemaChange(name=name, **defaults)
+
+
+def change_get(name: str) -> SchemaChange:
+    """Change ``name``'s row, created in its first phase when missing (only a move writes it)."""
+    change, _ = SchemaChange.objects.get_or_create(name=name, defaults=_first(name))
     return change
 
 
 def records_behind(name: str) -> int:
     """Records of change ``name`` still at the old version."""
     spec = spec_for(name)
-    change = change_get(name)
+    change = change_read(name)
     return spec.model.objects.filter(schema_version__lt=change.to_version).count()
 
 
 def change_preconditions(name: str, to: str) -> list[str]:
     """What stands in the way of moving change ``name`` to phase ``to`` (empty: nothing)."""
-    change = change_get(name)
+    change = change_read(name)
     if to not in UpgradePhase.values:
         raise InvalidInput(f"phase must be one of {', '.join(UpgradePhase.values)}", field="phase")
     here, there = _ORDER.index(UpgradePhase(change.phase)), _ORDER.index(UpgradePhase(to))
@@ -107,12 +117,11 @@ def change_move(*, name: str, to: str, by: str, reason: object) -> SchemaChange:
     precondition that does not hold. ``by`` names the person or command."""
     why = decision_reason(reason)
     with transaction.atomic():
-        change_get(name)
-        SchemaChange.objects.select_for_update().filter(name=name).first()  # one move at a time
+        change_get(name)  # the row exists from here on
+        change = SchemaChange.objects.select_for_update().get(name=name)  # one move at a time
         problems = change_preconditions(name, to)
         if problems:
             raise UpgradeRefused(f"{name} cannot move to {to}: " + "; ".join(problems), problems=problems)
-        change = change_get(name)
         was = change.phase
         SchemaChange.objects.filter(name=name).update(
             phase=to, changed_at=timezone.now(), changed_by=by[:150], reason=why
