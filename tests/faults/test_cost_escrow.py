@@ -12,16 +12,14 @@ import pytest
 from django.db import connections
 
 from ledger.errors import Denied
-from ledger.models import CostShard, CostWindow, Operation, Tenant
-from ledger.services.authority import reservations
-from ledger.services.authority.policy import policy_current
+from ledger.models import CostShard, CostWindow
 from ledger.services.fence.operations import operation_authorize, operation_dispatch
 from ledger.services.fence.outcomes import operation_report_outcome
 from ledger.states import BreakerState, BudgetKind, Outcome
 from tests.faults.test_cost_breaker import assert_invariants
 from tests.helpers import SPAWN, spawned
 from tests.ledger.factories import leased_run
-from tests.ledger.test_costs import ACTOR, breaker, planned_op, reserve, set_policy, settle, under_lock, window
+from tests.ledger.test_costs import breaker, planned_op, reserve, set_policy, settle, window
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -150,23 +148,6 @@ def test_dispatch_and_outcome_charge_and_settle_an_escrowed_window(acme, escrow)
 # --- sixteen processes for the last cents of an escrowed window -----------------------------
 
 
-def _race(tenant_id, op_id, barrier, results):
-    try:
-        tenant = Tenant.objects.get(pk=tenant_id)
-        op = Operation.objects.get(pk=op_id)
-        barrier.wait(60)
-        with under_lock(tenant, op.run_id) as (run, batch):
-            _, policy = policy_current(tenant=tenant)
-            reservations.cost_reserve(op=op, run=run, policy=policy, batch=batch, actor=ACTOR, now=batch.now)
-        results.put((str(op_id), "granted"))
-    except Denied as refused:
-        results.put((str(op_id), refused.extra["budget"]))
-    except BaseException as exc:
-        results.put((str(op_id), f"error {type(exc).__name__}: {exc}"))
-    finally:
-        connections.close_all()
-
-
 def test_sixteen_processes_racing_for_the_last_cents_of_an_escrowed_window_get_exactly_the_limit(acme, escrow):
     set_policy(acme.tenant, tenant_limit=1000, provider={"llm": 1500})
     opener, opener_token = leased_run(acme.worker)
@@ -180,7 +161,7 @@ def test_sixteen_processes_racing_for_the_last_cents_of_an_escrowed_window_get_e
 
     barrier = SPAWN.Barrier(PROCESSES)
     results = SPAWN.Queue()
-    racers = [spawned("tests.faults.test_cost_escrow", "_race", acme.tenant.pk, op.pk, barrier, results) for op in ops]
+    racers = [spawned("tests.faults.test_cost_breaker", "_race", acme.tenant.pk, op.pk, barrier, results) for op in ops]
     outcomes = dict(results.get(timeout=180) for _ in racers)
     for racer in racers:
         racer.join(60)
