@@ -1,6 +1,6 @@
 """Schema operations the migrations share."""
 
-from django.contrib.postgres.operations import AddIndexConcurrently
+from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
 from django.db import migrations
 
 
@@ -20,3 +20,37 @@ class AddIndexWhereConcurrent(AddIndexConcurrently):
             super().database_backwards(app_label, schema_editor, from_state, to_state)
         else:
             migrations.AddIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+
+class RemoveIndexWhereConcurrent(RemoveIndexConcurrently):
+    """``DROP INDEX CONCURRENTLY`` on PostgreSQL (no lock that stops the table's writers while
+    it waits; the migration must be ``atomic = False``), a plain ``DROP INDEX`` on the embedded
+    SQLite."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+        else:
+            migrations.RemoveIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            super().database_backwards(app_label, schema_editor, from_state, to_state)
+        else:
+            migrations.RemoveIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+
+def set_fillfactor(table: str, percent: int) -> migrations.RunPython:
+    """Leave ``100 - percent`` of each new heap page of ``table`` free on PostgreSQL, so that an
+    update of a row finds room on its own page and can be HOT (no new index entries); nothing
+    on SQLite. Pages already written keep their layout until they are rewritten."""
+
+    def forwards(apps, schema_editor):
+        if schema_editor.connection.vendor == "postgresql":
+            schema_editor.execute(f"ALTER TABLE {schema_editor.quote_name(table)} SET (fillfactor = {int(percent)})")
+
+    def backwards(apps, schema_editor):
+        if schema_editor.connection.vendor == "postgresql":
+            schema_editor.execute(f"ALTER TABLE {schema_editor.quote_name(table)} RESET (fillfactor)")
+
+    return migrations.RunPython(forwards, backwards, elidable=False)

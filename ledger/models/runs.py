@@ -20,6 +20,12 @@ from ledger.states import (
 )
 from ledger.versioning import Versioned
 
+# A run with an operation waiting for approval, authorized, in flight or UNKNOWN (its
+# counters are kept with every transition, under the run's lock).
+RUN_HAS_OPEN_OPERATIONS = (
+    Q(n_pending_approval__gt=0) | Q(n_authorized__gt=0) | Q(n_dispatched__gt=0) | Q(n_unknown__gt=0)
+)
+
 
 class Run(Versioned):
     """One agent task, with the head of its evidence chain and its stale-write count."""
@@ -107,11 +113,11 @@ class Run(Versioned):
             models.Index(
                 fields=["-created_at", "-id"], condition=Q(authorization_mismatches__gt=0), name="run_mismatch_recent"
             ),
-            models.Index(
-                fields=["-created_at", "-id"],
-                condition=Q(n_unknown__gt=0) | Q(n_dispatched__gt=0),
-                name="run_uncertain_recent",
-            ),
+            # Runs with an operation open (waiting for approval, authorized, in flight or
+            # UNKNOWN): the UNCERTAIN filter, and where a tenant's open operations are counted
+            # (the breaker's THROTTLED level, the resources page) now that the operations
+            # table has no index on the phase.
+            models.Index(fields=["-created_at", "-id"], condition=RUN_HAS_OPEN_OPERATIONS, name="run_open_ops_recent"),
             # The dashboard's per-tenant figures, read from these small indexes only.
             models.Index(fields=["tenant", "stale_rejections"], condition=Q(stale_rejections__gt=0), name="run_stale"),
             # The limits job: runs past their maximum runtime, cancellations past their grace.
@@ -224,9 +230,11 @@ class Operation(Versioned):
     """One side effect. Holds a digest of its arguments, never the arguments."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    # No index of their own: operation_unique_key_per_tenant and operation_tenant_phase lead
-    # with the tenant, operation_run_phase with the run (a phase change is not a HOT update,
-    # so every index of the table costs an insert per transition).
+    # No index of their own: operation_unique_key_per_tenant leads with the tenant,
+    # operation_run with the run. No index of the table names the phase (nor anything else a
+    # fenced transition changes), so that a phase change is a HOT update: no index entry per
+    # transition, with the table's fillfactor (migration 0023) leaving room on the page. A
+    # tenant's open operations are found through its runs (RUN_HAS_OPEN_OPERATIONS).
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="operations", db_index=False)
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="operations", db_index=False)
     idempotency_key = models.CharField(max_length=200)
@@ -283,8 +291,7 @@ class Operation(Versioned):
             ),
         ]
         indexes = [
-            models.Index(fields=["run", "phase"], name="operation_run_phase"),
-            models.Index(fields=["tenant", "phase"], name="operation_tenant_phase"),
+            models.Index(fields=["run", "created_at"], name="operation_run"),
             models.Index(Upper("tool"), "run", name="operation_tool"),  # runs search by tool
         ]
 

@@ -24,6 +24,7 @@ from ledger.services.authority.breaker import OVERAGE_REASON, breaker_allows
 from ledger.services.authority.policy import policy_change, policy_current
 from ledger.services.core.fencing import lock_run
 from ledger.services.evidence.append import ChainBatch
+from ledger.services.fence import outcomes
 from ledger.services.fence.operations import Intent, operation_intend
 from ledger.states import BreakerState, BudgetKind, ReservationState
 from tests.helpers import assert_chain_intact
@@ -562,6 +563,29 @@ def test_breaker_throttled_caps_operations_in_flight(acme):
     set_policy(acme.tenant, tenant_limit=1000, breaker={"throttled_max_dispatched": 1})
     refusal = allows(acme.tenant, candidate)
     assert refusal.extra["budget"] == "tenant:breaker" and "THROTTLED" in refusal.detail
+
+
+def test_breaker_throttled_counts_the_tenants_operations_in_flight_across_its_runs_only(acme, outsider):
+    """Counted from the runs' counters (the operations table has no index on the phase)."""
+    first, first_token = leased_run(acme.worker)
+    second, second_token = leased_run(acme.worker, owner="owner-b")
+    dispatched_operation(acme.worker, first, first_token, "flight-1")
+    landed = dispatched_operation(acme.worker, second, second_token, "flight-2")
+    theirs, their_token = leased_run(outsider.worker)
+    for n in range(3):  # another tenant's operations in flight are not this tenant's
+        dispatched_operation(outsider.worker, theirs, their_token, f"theirs-{n}")
+    set_policy(acme.tenant, tenant_limit=1000, breaker={"throttled_max_dispatched": 3})
+    reserve(acme.tenant, planned_op(acme, first, first_token, "k1", estimate=700))
+    assert breaker(acme.tenant) == BreakerState.THROTTLED
+    candidate = planned_op(acme, first, first_token, "next", estimate=10)
+    assert allows(acme.tenant, candidate) is None  # 2 in flight, 3 allowed
+
+    set_policy(acme.tenant, tenant_limit=1000, breaker={"throttled_max_dispatched": 2})
+    assert "THROTTLED" in allows(acme.tenant, candidate).detail  # 2 in flight, 2 allowed
+    outcomes.operation_report_outcome(
+        worker=acme.worker, operation_id=landed.pk, fencing_token=second_token, outcome="CONFIRMED"
+    )
+    assert allows(acme.tenant, candidate) is None  # 1 in flight
 
 
 def test_breaker_unknown_refuses_retries_until_reconciled(acme):

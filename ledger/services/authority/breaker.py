@@ -23,10 +23,11 @@ event in the chain of the run whose action caused it.
 
 from datetime import datetime
 
+from django.db.models import Sum
 from django.utils import timezone
 
 from ledger.errors import Denied
-from ledger.models import CostReservation, CostWindow, Operation, Run, Tenant
+from ledger.models import RUN_HAS_OPEN_OPERATIONS, CostReservation, CostWindow, Operation, Run, Tenant
 from ledger.policy import contract_for
 from ledger.services.authority.windows import window_bounds
 from ledger.services.evidence.append import ChainBatch
@@ -207,8 +208,13 @@ def breaker_allows(
             )
     if level == BreakerState.THROTTLED:
         most = policy["breaker"]["throttled_max_dispatched"]
-        in_flight = Operation.objects.filter(tenant=tenant, phase=Phase.DISPATCHED).exclude(pk=op.pk).values("pk")
-        if in_flight[:most].count() >= most:
+        # The tenant's DISPATCHED operations, from its runs' counters (kept under each run's
+        # lock with every transition) over the runs with an operation open.
+        dispatched = (
+            Run.objects.filter(RUN_HAS_OPEN_OPERATIONS, tenant=tenant).aggregate(n=Sum("n_dispatched"))["n"] or 0
+        )
+        in_flight = dispatched - (1 if op.phase == Phase.DISPATCHED else 0)
+        if in_flight >= most:
             return _breaker_refusal(
                 f"the tenant's cost breaker is THROTTLED ({reason}): {most} operation(s) already in flight"
             )

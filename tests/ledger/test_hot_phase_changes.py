@@ -1,0 +1,83 @@
+"""An operation's phase changes are HOT updates (issue 16, migration 0023): no index of
+ledger_operation names a column that authorize, dispatch or an outcome changes, and the table
+leaves room on its pages for the new row versions. A HOT update writes no index entry; one
+that is not HOT writes an entry into every index of the table, which is what made the phase
+change the most expensive write of a fenced transition.
+
+Read from PostgreSQL's own counters of the current transaction, which the test runs in: an
+index added on the phase (or a partial index whose condition reads it) makes this fail."""
+
+from django.db import connection
+
+from ledger.services.fence import outcomes
+from tests.ledger.factories import dispatched_operation, leased_run
+
+OPERATIONS = 8
+
+
+def updates_so_far(table: str) -> tuple[int, int]:
+    """(rows updated, of which HOT) in ``table`` by this transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_stat_get_xact_tuples_updated(%s::regclass), pg_stat_get_xact_tuples_hot_updated(%s::regclass)",
+            [table, table],
+        )
+        updated, hot = cursor.fetchone()
+    return updated, hot
+
+
+def test_authorize_dispatch_and_outcome_change_an_operation_without_touching_its_indexes(acme):
+    run, token = leased_run(acme.worker)
+    before = updates_so_far("ledger_operation")
+    for n in range(OPERATIONS):
+        op = dispatched_operation(acme.worker, run, token, f"hot-{n}", effect_class="IDEMPOTENT")
+        outcomes.operation_report_outcome(
+            worker=acme.worker, operation_id=op.pk, fencing_token=token, outcome="CONFIRMED", provider_request_id="p"
+        )
+    after = updates_so_far("ledger_operation")
+    updated, hot = after[0] - before[0], after[1] - before[1]
+    assert updated >= 3 * OPERATIONS  # authorize, dispatch, outcome: at least one update each
+    assert hot == updated, f"{updated - hot} of {updated} phase changes were not HOT"
+
+
+def test_no_index_of_the_operations_table_reads_the_phase(db):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index "
+            "WHERE indrelid = 'ledger_operation'::regclass"
+        )
+        reading = [name for name, definition in cursor.fetchall() if "phase" in definition]
+    assert reading == []
+
+
+def test_the_resources_page_counts_each_tenants_open_operations_through_its_runs(acme, outsider, django_user_model):
+    from ledger.admin_selectors import lifespan_overview
+    from ledger.services.fence import operations
+    from ledger.services.fence.operations import Intent
+
+    run, token = leased_run(acme.worker)
+    other_run, other_token = leased_run(acme.worker, owner="owner-b")
+    dispatched_operation(acme.worker, run, token, "in-flight", effect_class="IDEMPOTENT")
+    done = dispatched_operation(acme.worker, run, token, "done", effect_class="IDEMPOTENT")
+    outcomes.operation_report_outcome(
+        worker=acme.worker, operation_id=done.pk, fencing_token=token, outcome="CONFIRMED", provider_request_id="p"
+    )
+    authorized, _ = operations.operation_intend(
+        worker=acme.worker,
+        run_id=other_run.pk,
+        fencing_token=other_token,
+        intent=Intent(tool="t", action="a", resource="r", effect_class="IDEMPOTENT", idempotency_key="authorized"),
+    )
+    operations.operation_authorize(worker=acme.worker, operation_id=authorized.pk, fencing_token=other_token)
+    operations.operation_intend(  # PLANNED: not active yet
+        worker=acme.worker,
+        run_id=other_run.pk,
+        fencing_token=other_token,
+        intent=Intent(tool="t", action="a", resource="r", effect_class="IDEMPOTENT", idempotency_key="planned"),
+    )
+    outside_run, outside_token = leased_run(outsider.worker)
+    dispatched_operation(outsider.worker, outside_run, outside_token, "theirs", effect_class="IDEMPOTENT")
+
+    admin = django_user_model.objects.create_superuser("root", password="x")
+    active = {row["tenant"].slug: row["active_operations"] for row in lifespan_overview(user=admin)}
+    assert active == {"acme": 2, "globex": 1}  # one DISPATCHED + one AUTHORIZED; the CONFIRMED and PLANNED not
