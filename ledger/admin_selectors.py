@@ -136,7 +136,10 @@ def revocation_preview(*, tenant: Tenant, lease_id: str = "", principal: str = "
         lease.state = lease_state(lease, now)
     lease_ids = leases.values("pk")
     operations = list(
-        Operation.objects.filter(credential_lease__in=lease_ids, phase__in=IN_FLIGHT)
+        # Through the leases' runs: operation_run is the index (credential_lease_id has none).
+        Operation.objects.filter(
+            run_id__in=leases.order_by().values("run_id"), credential_lease__in=lease_ids, phase__in=IN_FLIGHT
+        )
         .select_related("credential_lease__credential")
         .order_by("created_at", "id")[:PREVIEW_LIMIT]
     )

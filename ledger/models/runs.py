@@ -265,11 +265,14 @@ class Operation(Versioned):
     error_code = models.CharField(max_length=64, blank=True, default="")
     # Authority: what the last decision rested on, re-checked at dispatch.
     payload_bytes = models.PositiveIntegerField(null=True, blank=True)
+    # Set by authorize, so not indexed (an index on them would make authorize's update not
+    # HOT): the operations under a credential lease or a capability are found through their
+    # run (operation_run), which both belong to. Neither is ever deleted.
     credential_lease = models.ForeignKey(
-        "CredentialLease", on_delete=models.PROTECT, null=True, blank=True, related_name="operations"
+        "CredentialLease", on_delete=models.PROTECT, null=True, blank=True, related_name="operations", db_index=False
     )
     capability = models.ForeignKey(
-        "CapabilityBudget", on_delete=models.PROTECT, null=True, blank=True, related_name="operations"
+        "CapabilityBudget", on_delete=models.PROTECT, null=True, blank=True, related_name="operations", db_index=False
     )
     decision_policy_version = models.PositiveIntegerField(null=True, blank=True)
     decision_code = models.CharField(max_length=32, blank=True, default="")
