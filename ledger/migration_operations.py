@@ -4,40 +4,37 @@ from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndex
 from django.db import migrations
 
 
-class AddIndexWhereConcurrent(AddIndexConcurrently):
-    """``CREATE INDEX CONCURRENTLY`` on PostgreSQL (writes to the table go on while it is
-    built; the migration must be ``atomic = False``), a plain ``CREATE INDEX`` on the
+class _ConcurrentOnPostgreSQL(migrations.operations.base.Operation):
+    """The CONCURRENTLY form of an index operation on PostgreSQL (writes to the table go on
+    while it runs; the migration must be ``atomic = False``), the ``plain`` form on the
     embedded SQLite."""
 
+    plain: type[migrations.AddIndex] | type[migrations.RemoveIndex]
+
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
         if schema_editor.connection.vendor == "postgresql":
             super().database_forwards(app_label, schema_editor, from_state, to_state)
         else:
-            migrations.AddIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
+            self.plain.database_forwards(self, app_label, schema_editor, from_state, to_state)
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
         if schema_editor.connection.vendor == "postgresql":
             super().database_backwards(app_label, schema_editor, from_state, to_state)
         else:
-            migrations.AddIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+            self.plain.database_backwards(self, app_label, schema_editor, from_state, to_state)
 
 
-class RemoveIndexWhereConcurrent(RemoveIndexConcurrently):
+class AddIndexWhereConcurrent(_ConcurrentOnPostgreSQL, AddIndexConcurrently):
+    """``CREATE INDEX CONCURRENTLY`` on PostgreSQL, a plain ``CREATE INDEX`` on SQLite."""
+
+    plain = migrations.AddIndex
+
+
+class RemoveIndexWhereConcurrent(_ConcurrentOnPostgreSQL, RemoveIndexConcurrently):
     """``DROP INDEX CONCURRENTLY`` on PostgreSQL (no lock that stops the table's writers while
-    it waits; the migration must be ``atomic = False``), a plain ``DROP INDEX`` on the embedded
-    SQLite."""
+    it waits), a plain ``DROP INDEX`` on SQLite."""
 
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
-        else:
-            migrations.RemoveIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
-
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
-        else:
-            migrations.RemoveIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+    plain = migrations.RemoveIndex
 
 
 def set_fillfactor(table: str, percent: int) -> migrations.RunPython:

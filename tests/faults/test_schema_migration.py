@@ -37,7 +37,7 @@ from ledger.services.upgrades.restore import effects_allow, effects_hold
 from ledger.states import BackfillState, ConflictStatus, Outcome, Phase, UpgradePhase
 from tests.console.queues_fixtures import user_with
 from tests.helpers import SPAWN, assert_chain_intact, spawned, subprocess_database_url
-from tests.ledger.factories import dispatched_operation, leased_run
+from tests.ledger.factories import confirm, dispatched_operation, leased_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -445,13 +445,7 @@ def test_a_state_conflict_stops_automation_on_its_run_and_only_a_person_ends_it(
     conflicted_run, token_a = leased_run(acme.worker, owner="a", ttl_s=600)
     healthy_run, token_b = leased_run(acme.worker, owner="b", ttl_s=600)
     op_a = dispatched_operation(acme.worker, conflicted_run, token_a, "a-1")
-    outcomes.operation_report_outcome(
-        worker=acme.worker,
-        operation_id=op_a.pk,
-        fencing_token=token_a,
-        outcome=Outcome.CONFIRMED,
-        provider_request_id="ch_1",
-    )
+    confirm(acme.worker, op_a, token_a, "ch_1")
     # A rolling deploy: an old-build process rewrites the string and never knew provider_ref.
     old_build_writes(op_a, "ch_2")
     move(UpgradePhase.MIGRATE)
@@ -511,13 +505,7 @@ def test_contract_refuses_while_an_old_worker_is_live(acme):
     phase_forget()
     run, token = leased_run(acme.worker, owner="after", ttl_s=600)
     op = dispatched_operation(acme.worker, run, token, "after-contract")
-    outcomes.operation_report_outcome(
-        worker=acme.worker,
-        operation_id=op.pk,
-        fencing_token=token,
-        outcome=Outcome.CONFIRMED,
-        provider_request_id="ch_9",
-    )
+    confirm(acme.worker, op, token, "ch_9")
     op.refresh_from_db()
     # Contracted: only the new representation is written.
     assert (op.schema_version, op.provider_request_id, op.provider_ref) == (

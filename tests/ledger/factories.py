@@ -5,7 +5,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from ledger.models import RunLease
-from ledger.services.fence import leases, operations, runs
+from ledger.services.fence import leases, operations, outcomes, runs
 from ledger.services.fence.operations import Intent
 
 
@@ -30,6 +30,17 @@ def dispatched_operation(worker, run, token: int, key: str, effect_class: str = 
     )
     operations.operation_authorize(worker=worker, operation_id=op.pk, fencing_token=token)
     return operations.operation_dispatch(worker=worker, operation_id=op.pk, fencing_token=token)
+
+
+def confirm(worker, op, token: int, provider_request_id: str = "p"):
+    """The dispatched ``op`` reported CONFIRMED by ``worker`` with ``token``."""
+    return outcomes.operation_report_outcome(
+        worker=worker,
+        operation_id=op.pk,
+        fencing_token=token,
+        outcome="CONFIRMED",
+        provider_request_id=provider_request_id,
+    )
 
 
 def leased_run(worker, owner: str = "owner-a", ttl_s: int = 30):

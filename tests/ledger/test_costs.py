@@ -24,11 +24,10 @@ from ledger.services.authority.breaker import OVERAGE_REASON, breaker_allows
 from ledger.services.authority.policy import policy_change, policy_current
 from ledger.services.core.fencing import lock_run
 from ledger.services.evidence.append import ChainBatch
-from ledger.services.fence import outcomes
 from ledger.services.fence.operations import Intent, operation_intend
 from ledger.states import BreakerState, BudgetKind, ReservationState
 from tests.helpers import assert_chain_intact
-from tests.ledger.factories import dispatched_operation, leased_run
+from tests.ledger.factories import confirm, dispatched_operation, leased_run
 
 ACTOR = "worker:worker-1/owner-a"
 
@@ -582,9 +581,7 @@ def test_breaker_throttled_counts_the_tenants_operations_in_flight_across_its_ru
 
     set_policy(acme.tenant, tenant_limit=1000, breaker={"throttled_max_dispatched": 2})
     assert "THROTTLED" in allows(acme.tenant, candidate).detail  # 2 in flight, 2 allowed
-    outcomes.operation_report_outcome(
-        worker=acme.worker, operation_id=landed.pk, fencing_token=second_token, outcome="CONFIRMED"
-    )
+    confirm(acme.worker, landed, second_token)
     assert allows(acme.tenant, candidate) is None  # 1 in flight
 
 
