@@ -14,7 +14,7 @@ from guardian.models import UserObjectPermission
 
 from ledger.errors import ReconcileFirst
 from ledger.models import (
-    RUN_HAS_OPEN_OPERATIONS,
+    RUN_IN_FLIGHT,
     AdminAction,
     Backfill,
     CapabilityBudget,
@@ -307,10 +307,10 @@ def lifespan_overview(*, user) -> list[dict]:
         .values_list("tenant_id")
         .annotate(n=Count("pk"))
     )
-    # Counted from the runs' phase counters, over the runs with an operation open (a small
-    # partial index): the operations table has no index on the phase (its changes stay HOT).
+    # Counted from the runs' phase counters, over index run_in_flight: the operations table
+    # has no index on the phase (its changes stay HOT).
     active_ops = dict(
-        Run.objects.filter(RUN_HAS_OPEN_OPERATIONS, tenant_id__in=ids)
+        Run.objects.filter(RUN_IN_FLIGHT, tenant_id__in=ids)
         .values_list("tenant_id")
         .annotate(n=Sum(F("n_pending_approval") + F("n_authorized") + F("n_dispatched")))
         .order_by()

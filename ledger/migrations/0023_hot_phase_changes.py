@@ -2,8 +2,8 @@
 # names the phase any more (an index on a column, or a partial index whose condition reads
 # it, makes every update of that column write a new entry into every index of the table),
 # and the table leaves 20 % of each new page free for the updated row versions. A tenant's
-# open operations are found through its runs instead (run_open_ops_recent), and a run's
-# operations through operation_run, in the run page's order.
+# active operations are counted through its runs instead (run_in_flight), and a run's
+# operations found through operation_run, in the run page's order.
 
 from django.db import migrations, models
 
@@ -26,16 +26,14 @@ class Migration(migrations.Migration):
         AddIndexWhereConcurrent(
             model_name="run",
             index=models.Index(
-                fields=["-created_at", "-id"],
+                fields=["tenant"],
                 condition=models.Q(n_pending_approval__gt=0)
                 | models.Q(n_authorized__gt=0)
-                | models.Q(n_dispatched__gt=0)
-                | models.Q(n_unknown__gt=0),
-                name="run_open_ops_recent",
+                | models.Q(n_dispatched__gt=0),
+                name="run_in_flight",
             ),
         ),
         RemoveIndexWhereConcurrent(model_name="operation", name="operation_run_phase"),
         RemoveIndexWhereConcurrent(model_name="operation", name="operation_tenant_phase"),
-        RemoveIndexWhereConcurrent(model_name="run", name="run_uncertain_recent"),
         set_fillfactor("ledger_operation", 80),
     ]

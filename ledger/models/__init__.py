@@ -13,12 +13,12 @@ from ledger.models.evidence import Checkpoint, Event
 from ledger.models.jobs import JobHeartbeat
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
 from ledger.models.notifications import WebhookDelivery, WebhookEndpoint
-from ledger.models.runs import RUN_HAS_OPEN_OPERATIONS, LeaseGrant, Operation, Run, RunLease
+from ledger.models.runs import RUN_IN_FLIGHT, LeaseGrant, Operation, Run, RunLease
 from ledger.models.tenancy import AdminAction, Tenant, TenantPolicy, Worker, WorkerBoot, WorkerDrain
 from ledger.models.upgrades import Backfill, BackupManifest, SchemaChange, StateConflict
 
 __all__ = [
-    "RUN_HAS_OPEN_OPERATIONS",
+    "RUN_IN_FLIGHT",
     "AdminAction",
     "Backfill",
     "BackupManifest",

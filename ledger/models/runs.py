@@ -20,11 +20,10 @@ from ledger.states import (
 )
 from ledger.versioning import Versioned
 
-# A run with an operation waiting for approval, authorized, in flight or UNKNOWN (its
-# counters are kept with every transition, under the run's lock).
-RUN_HAS_OPEN_OPERATIONS = (
-    Q(n_pending_approval__gt=0) | Q(n_authorized__gt=0) | Q(n_dispatched__gt=0) | Q(n_unknown__gt=0)
-)
+# A run with an operation waiting for approval, authorized or dispatched (its counters are
+# kept with every transition, under the run's lock): where a tenant's active operations are
+# counted, over index run_in_flight, now that the operations table has no index on the phase.
+RUN_IN_FLIGHT = Q(n_pending_approval__gt=0) | Q(n_authorized__gt=0) | Q(n_dispatched__gt=0)
 
 
 class Run(Versioned):
@@ -113,11 +112,14 @@ class Run(Versioned):
             models.Index(
                 fields=["-created_at", "-id"], condition=Q(authorization_mismatches__gt=0), name="run_mismatch_recent"
             ),
-            # Runs with an operation open (waiting for approval, authorized, in flight or
-            # UNKNOWN): the UNCERTAIN filter, and where a tenant's open operations are counted
-            # (the breaker's THROTTLED level, the resources page) now that the operations
-            # table has no index on the phase.
-            models.Index(fields=["-created_at", "-id"], condition=RUN_HAS_OPEN_OPERATIONS, name="run_open_ops_recent"),
+            models.Index(
+                fields=["-created_at", "-id"],
+                condition=Q(n_unknown__gt=0) | Q(n_dispatched__gt=0),
+                name="run_uncertain_recent",
+            ),
+            # A tenant's runs with operations active (the breaker's THROTTLED count, the
+            # resources page): few rows, keyed by the tenant.
+            models.Index(fields=["tenant"], condition=RUN_IN_FLIGHT, name="run_in_flight"),
             # The dashboard's per-tenant figures, read from these small indexes only.
             models.Index(fields=["tenant", "stale_rejections"], condition=Q(stale_rejections__gt=0), name="run_stale"),
             # The limits job: runs past their maximum runtime, cancellations past their grace.
@@ -234,7 +236,7 @@ class Operation(Versioned):
     # operation_run with the run. No index of the table names the phase (nor anything else a
     # fenced transition changes), so that a phase change is a HOT update: no index entry per
     # transition, with the table's fillfactor (migration 0023) leaving room on the page. A
-    # tenant's open operations are found through its runs (RUN_HAS_OPEN_OPERATIONS).
+    # tenant's active operations are counted through its runs (RUN_IN_FLIGHT).
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="operations", db_index=False)
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="operations", db_index=False)
     idempotency_key = models.CharField(max_length=200)

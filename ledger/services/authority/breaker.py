@@ -27,7 +27,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from ledger.errors import Denied
-from ledger.models import RUN_HAS_OPEN_OPERATIONS, CostReservation, CostWindow, Operation, Run, Tenant
+from ledger.models import RUN_IN_FLIGHT, CostReservation, CostWindow, Operation, Run, Tenant
 from ledger.policy import contract_for
 from ledger.services.authority.windows import window_bounds
 from ledger.services.evidence.append import ChainBatch
@@ -209,10 +209,8 @@ def breaker_allows(
     if level == BreakerState.THROTTLED:
         most = policy["breaker"]["throttled_max_dispatched"]
         # The tenant's DISPATCHED operations, from its runs' counters (kept under each run's
-        # lock with every transition) over the runs with an operation open.
-        dispatched = (
-            Run.objects.filter(RUN_HAS_OPEN_OPERATIONS, tenant=tenant).aggregate(n=Sum("n_dispatched"))["n"] or 0
-        )
+        # lock with every transition), over its few runs in index run_in_flight.
+        dispatched = Run.objects.filter(RUN_IN_FLIGHT, tenant=tenant).aggregate(n=Sum("n_dispatched"))["n"] or 0
         in_flight = dispatched - (1 if op.phase == Phase.DISPATCHED else 0)
         if in_flight >= most:
             return _breaker_refusal(
