@@ -112,3 +112,27 @@ def test_the_background_jobs_table_shows_which_job_is_not_fresh_and_why(roleless
     assert html.count(">not fresh<") == 1 and html.count(">fresh<") == len(jobs) - 1
     partial = roleless_client.get(URL, headers={"HX-Request": "true"}).content.decode()
     assert "failing with OperationalError" in partial
+
+
+def test_counts_past_the_cap_say_at_least(viewer_client, acme, monkeypatch):
+    """Open cases and expiring leases are counted up to DASHBOARD_COUNT_CAP per tenant (at
+    100,000 open cases an exact count read every one): a count at the cap is exact, one past
+    it shows as "cap+"."""
+    from ledger import selectors
+
+    monkeypatch.setattr(selectors, "DASHBOARD_COUNT_CAP", 2)
+    for n in range(3):  # three UNKNOWN cases, each on a run whose lease expires within 60 s
+        run, token = leased_run(acme.worker, owner=f"o-{n}", ttl_s=30)
+        op = dispatched_operation(acme.worker, run, token, f"capped-{n}")
+        outcomes.operation_report_outcome(
+            worker=acme.worker, operation_id=op.pk, fencing_token=token, outcome="UNKNOWN"
+        )
+    page = viewer_client.get(URL)
+    counts = page.context["counts"]
+    assert (counts["open_unknown"], counts["expiring_leases"]) == (2, 2)
+    assert counts["capped"] == {"open_unknown", "expiring_leases"} == counts["tenants"][0]["capped"]
+    assert page.content.decode().count('<div class="value">2+</div>') == 2
+
+    monkeypatch.setattr(selectors, "DASHBOARD_COUNT_CAP", 3)
+    counts = viewer_client.get(URL).context["counts"]
+    assert (counts["open_unknown"], counts["expiring_leases"], counts["capped"]) == (3, 3, set())
