@@ -36,7 +36,9 @@ times, so its run's items/s are not the figures to quote.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import resource
 import sys
 import tempfile
@@ -51,6 +53,8 @@ DATABASE = "fenceline_bench_reapers"
 CHUNK = 5000  # rows per bulk INSERT while seeding
 SWEEPS = ("leases_reap", "instances_settle", "resources_reap", "approvals_expire", "reservations_expire")
 TRACE_MEMORY = False  # --trace-memory: tracemalloc's peak, at the cost of a slower Python
+PROFILE: str | None = None  # --profile FILE: cProfile of each sweep into FILE.<sweep>
+PROCESSES = 1  # --processes N: copies of each sweep at once, as `reap_leases --processes N` runs them
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -319,7 +323,9 @@ def _peak_rss_mb(reset: bool) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(name: str, items: int, fn) -> dict:
+def _sweep_once(name: str, fn) -> dict:
+    """One copy of a sweep, measured in the process that runs it: what it did, its
+    statements, its peak resident set and (--trace-memory) peak Python memory."""
     from django.db import connection
 
     counter = Counter()
@@ -327,12 +333,40 @@ def measure(name: str, items: int, fn) -> dict:
     rss_before = _rss_mb()
     if TRACE_MEMORY:
         tracemalloc.start()
-    started = time.perf_counter()
+    profiler = cProfile.Profile(time.process_time) if PROFILE else None  # CPU, not waiting
     with connection.execute_wrapper(counter):
-        done = fn()
-    seconds = time.perf_counter() - started
+        done = profiler.runcall(fn) if profiler else fn()
+    if profiler:
+        path = f"{PROFILE}.{name}"
+        profiler.dump_stats(path)
+        say(f"[{name}] cProfile (CPU time, the sweep only) written to {path}; top functions by internal time:")
+        pstats.Stats(path, stream=sys.stdout).sort_stats("tottime").print_stats(15)
     peak = tracemalloc.get_traced_memory()[1] if TRACE_MEMORY else 0
     tracemalloc.stop()
+    peak_rss = _peak_rss_mb(reset)
+    return {
+        "done": done,
+        "statements": counter.statements,
+        "peak_python": peak,
+        "peak_rss": peak_rss,
+        "rss_scope": "sweep" if reset else "process",
+        "growth": max(0.0, peak_rss - rss_before) if reset else 0.0,
+    }
+
+
+def measure(name: str, items: int, fn) -> dict:
+    """Time one sweep, in --processes copies at once (each forked from this process)."""
+    from ledger.services.operating.processes import in_processes
+
+    started = time.perf_counter()
+    copies = in_processes(lambda index: _sweep_once(name, fn), PROCESSES)
+    seconds = time.perf_counter() - started
+    done = sum(copy["done"] for copy in copies)
+    statements = sum(copy["statements"] for copy in copies)
+    peak = max(copy["peak_python"] for copy in copies)
+    row_rss = max(copy["peak_rss"] for copy in copies)
+    scope = "sweep" if all(copy["rss_scope"] == "sweep" for copy in copies) else "process"
+    growth = max(copy["growth"] for copy in copies)
     per_s = done / seconds if seconds else 0
     row = {
         "sweep": name,
@@ -340,22 +374,26 @@ def measure(name: str, items: int, fn) -> dict:
         "seconds": seconds,
         "per_s": per_s,
         "seconds_100k": 100_000 / per_s if per_s else 0,
-        "statements_per_item": counter.statements / done if done else 0,
+        "statements_per_item": statements / done if done else 0,
         "peak_python_mb": peak / 2**20,
-        "peak_rss_mb": _peak_rss_mb(reset),
-        "rss_scope": "sweep" if reset else "process",
-        "rss_growth_mb": 0.0,
+        "peak_rss_mb": row_rss,
+        "rss_scope": scope,
+        "rss_growth_mb": growth,
+        "processes": PROCESSES,
     }
-    row["rss_growth_mb"] = max(0.0, row["peak_rss_mb"] - rss_before) if reset else 0.0
     traced = f"; peak Python memory {row['peak_python_mb']:.1f} MB" if TRACE_MEMORY else ""
     say(
-        f"[{name}] {done:,} items in {seconds:.1f} s = {per_s:,.0f}/s ({row['seconds_100k']:.1f} s per 100k); "
+        f"[{name}] {done:,} items in {seconds:.1f} s{_in_processes()} = {per_s:,.0f}/s ({row['seconds_100k']:.1f} s per 100k); "
         f"{row['statements_per_item']:.3f} statements per item{traced}; "
         f"peak RSS {row['peak_rss_mb']:.0f} MB ({row['rss_scope']}; +{row['rss_growth_mb']:.0f} MB over its start)"
     )
     if done != items:
         say(f"[{name}] WARNING: expected {items:,} items")
     return row
+
+
+def _in_processes() -> str:
+    return f" in {PROCESSES} processes at once (peak RSS: the largest one's)" if PROCESSES > 1 else ""
 
 
 def main() -> None:
@@ -383,12 +421,30 @@ def main() -> None:
     parser.add_argument(
         "--trace-memory", action="store_true", help="peak Python memory (tracemalloc; slows the sweeps)"
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="copies of each sweep at once, each in a process forked from this one, as the sweep commands'"
+        " --processes runs them (1)",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="profile each sweep under cProfile (CPU time; slows it) into FILE.<sweep> and print its top functions",
+    )
     args = parser.parse_args()
     chosen = {name.strip() for name in args.sweeps.split(",") if name.strip()}
     if chosen - set(SWEEPS):
         parser.error(f"unknown sweep(s): {', '.join(sorted(chosen - set(SWEEPS)))}; known: {', '.join(SWEEPS)}")
-    global TRACE_MEMORY
+    global TRACE_MEMORY, PROFILE, PROCESSES
+    if args.processes < 1:
+        parser.error("--processes must be at least 1")
+    if args.profile and args.processes > 1:
+        parser.error("--profile profiles one process: use it with --processes 1")
+    PROCESSES = args.processes
     TRACE_MEMORY = args.trace_memory
+    PROFILE = args.profile and str(Path(args.profile).resolve())
     setup_django(args.database_url)
     seed(args.items)
 
@@ -409,10 +465,13 @@ def main() -> None:
         verify_sample(args.verify)
     say("")
     rss = "peak RSS MB" if all(row["rss_scope"] == "sweep" for row in rows) else "max RSS MB"
-    say(f"{'sweep':<21}{'items':>10}{'items/s':>10}{'s per 100k':>12}{'stmts/item':>12}{'peak Py MB':>12}{rss:>13}")
+    say(
+        f"{'sweep':<21}{'procs':>6}{'items':>10}{'items/s':>10}{'s per 100k':>12}{'stmts/item':>12}"
+        f"{'peak Py MB':>12}{rss:>13}{'RSS +MB':>11}"
+    )
     for row in rows:
         say(
-            f"{row['sweep']:<21}{row['items']:>10,}{row['per_s']:>10,.0f}{row['seconds_100k']:>12.1f}"
+            f"{row['sweep']:<21}{row['processes']:>6}{row['items']:>10,}{row['per_s']:>10,.0f}{row['seconds_100k']:>12.1f}"
             f"{row['statements_per_item']:>12.3f}"
             f"{(format(row['peak_python_mb'], '.1f') if TRACE_MEMORY else '-'):>12}{row['peak_rss_mb']:>13.0f}"
             f"{row['rss_growth_mb']:>11.0f}"

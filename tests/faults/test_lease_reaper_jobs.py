@@ -334,6 +334,38 @@ def test_reap_command_twice_at_once_gives_the_same_result_as_once(acme):
     assert reaped_problems(runs) == []
 
 
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_reap_command_in_two_processes_reaps_each_lease_once_and_both_take_batches(acme):
+    """``reap_leases --processes 2`` for a backlog: two forked copies split the batches
+    (SKIP LOCKED) and together do what one would, each lease and operation once."""
+    runs = expired_runs(acme, [1 + i % 2 for i in range(60)])
+    command = [sys.executable, "manage.py", "reap_leases", "--batch-size", "7", "--processes", "2"]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    # The same starting gate: both copies wait at their first claim, then start together.
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("LOCK TABLE ledger_runlease IN EXCLUSIVE MODE")
+        proc = subprocess.Popen(command, cwd=settings.BASE_DIR, env=subprocess_env(), **pipes)
+        deadline = time.monotonic() + 30
+        while blocked_on("ledger_runlease") < 2:
+            assert proc.poll() is None, f"the command exited before reaching the gate: {proc.communicate()}"
+            assert time.monotonic() < deadline, "the two copies did not reach the gate within 30 s"
+            time.sleep(0.05)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+    assert proc.returncode == 0, (out, err)
+    assert REPORT_LINE.findall(out) == [(str(len(runs)), str(sum(len(r.op_ids) for r in runs)))], (out, err)
+    assert re.search(r"^  \[0\] batch 1:", err, re.MULTILINE), err  # each copy took at least one batch
+    assert re.search(r"^  \[1\] batch 1:", err, re.MULTILINE), err
+    assert reaped_problems(runs) == []
+
+
 @pytest.mark.django_db(transaction=True)
 def test_reap_leases_task_eager(acme):
     held = leased_run(acme, ops=1)

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand
 
 from approvals.services.approvals import approvals_expire
+from ledger.management.sweeps import add_processes_argument, run_sweep
 
 
 class Command(BaseCommand):
@@ -8,6 +9,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--batch-size", type=int, default=500)
+        add_processes_argument(parser)
 
-    def handle(self, *args, batch_size, **options):
-        self.stdout.write(f"expired {approvals_expire(batch_size=batch_size)} approval request(s)")
+    def handle(self, *args, batch_size, processes=1, **options):
+        expired = sum(run_sweep(lambda index: approvals_expire(batch_size=batch_size), processes))
+        self.stdout.write(f"expired {expired} approval request(s)")

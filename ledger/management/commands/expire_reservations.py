@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
+from ledger.management.sweeps import add_processes_argument, prefix, run_sweep
 from ledger.services.authority.reservations import ExpiryResult, reservations_expire
 
 
@@ -12,16 +13,22 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--batch-size", type=int, default=500, help="reservations claimed per transaction")
+        add_processes_argument(parser)
 
-    def handle(self, *args, batch_size=500, **options):
+    def handle(self, *args, batch_size=500, processes=1, **options):
         if batch_size < 1:
             raise CommandError("--batch-size must be at least 1")
 
-        def progress(result: ExpiryResult) -> None:
-            self.stderr.write(f"  batch {result.batches}: {result.reservations} reservations UNKNOWN so far")
+        def sweep(index: int) -> int:
+            def progress(result: ExpiryResult) -> None:
+                self.stderr.write(
+                    f"  {prefix(index, processes)}batch {result.batches}: {result.reservations} reservations UNKNOWN so far"
+                )
 
-        try:
-            expired = reservations_expire(batch_size=batch_size, progress=progress)
-        except DatabaseError as exc:
-            raise CommandError(f"expiring reservations failed: {type(exc).__name__}") from exc
+            try:
+                return reservations_expire(batch_size=batch_size, progress=progress)
+            except DatabaseError as exc:
+                raise CommandError(f"expiring reservations failed: {type(exc).__name__}") from exc
+
+        expired = sum(run_sweep(sweep, processes))
         self.stdout.write(f"expired {expired} cost reservations; they are now UNKNOWN")

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand
 
+from ledger.management.sweeps import add_processes_argument, prefix, run_sweep
 from ledger.services.fence.leases import ReapResult, leases_reap
 
 
@@ -8,12 +9,18 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--batch-size", type=int, default=None, help="runs claimed per transaction")
+        add_processes_argument(parser)
 
-    def handle(self, *args, batch_size=None, **options):
-        def progress(result: ReapResult) -> None:
-            self.stderr.write(
-                f"  batch {result.batches}: {result.leases} leases, {result.operations} operations so far"
-            )
+    def handle(self, *args, batch_size=None, processes=1, **options):
+        def sweep(index: int) -> ReapResult:
+            def progress(result: ReapResult) -> None:
+                self.stderr.write(
+                    f"  {prefix(index, processes)}batch {result.batches}: {result.leases} leases, "
+                    f"{result.operations} operations so far"
+                )
 
-        result = leases_reap(batch_size=batch_size, progress=progress)
-        self.stdout.write(f"reaped {result.leases} expired leases; {result.operations} operations now UNKNOWN")
+            return leases_reap(batch_size=batch_size, progress=progress)
+
+        results = run_sweep(sweep, processes)
+        leases, operations = sum(r.leases for r in results), sum(r.operations for r in results)
+        self.stdout.write(f"reaped {leases} expired leases; {operations} operations now UNKNOWN")

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand
 
+from ledger.management.sweeps import add_processes_argument, prefix, run_sweep
 from ledger.services.lifespan.reaper import ResourceReapResult, resources_reap
 
 
@@ -11,17 +12,26 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--batch-size", type=int, default=None, help="resources claimed per transaction")
+        add_processes_argument(parser)
 
-    def handle(self, *args, batch_size=None, **options):
-        def progress(result: ResourceReapResult) -> None:
-            self.stderr.write(
-                f"  batch {result.batches}: {result.released} released, {result.failed} failed, "
-                f"{result.alerts} alerts so far"
-            )
+    def handle(self, *args, batch_size=None, processes=1, **options):
+        def sweep(index: int) -> ResourceReapResult:
+            def progress(result: ResourceReapResult) -> None:
+                self.stderr.write(
+                    f"  {prefix(index, processes)}batch {result.batches}: {result.released} released, "
+                    f"{result.failed} failed, {result.alerts} alerts so far"
+                )
 
-        result = resources_reap(batch_size=batch_size, progress=progress)
+            return resources_reap(batch_size=batch_size, progress=progress)
+
+        results = run_sweep(sweep, processes)
+
+        def total(name: str) -> int:
+            return sum(getattr(result, name) for result in results)
+
+        seconds = max(result.seconds for result in results)
         self.stdout.write(
-            f"{result.requested} resources past a deadline asked for release; {result.released} released, "
-            f"{result.failed} cleanup failures, {result.alerts} alerts; {result.instances_released} instances released "
-            f"({result.seconds:.1f} s)"
+            f"{total('requested')} resources past a deadline asked for release; {total('released')} released, "
+            f"{total('failed')} cleanup failures, {total('alerts')} alerts; "
+            f"{total('instances_released')} instances released ({seconds:.1f} s)"
         )
