@@ -17,7 +17,8 @@ import itertools
 import json
 import operator
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,8 +185,8 @@ _cursor_names = itertools.count()
 def event_rows(*, run_id: uuid.UUID | str, upto: int) -> Iterator[Iterator[Sequence[Sequence[Any]]]]:
     """The stored events of ``run_id`` at or below seq ``upto`` as the verifier reads them:
     batches of CHUNK_ROWS rows (ROW_COLUMNS, ``fields`` as JSON text), so that memory holds
-    a batch whatever the length of the chain. On PostgreSQL each batch is one FETCH from a
-    server-side cursor, in a transaction of its own (or a savepoint: a read, nothing to
+    two batches whatever the length of the chain. On PostgreSQL each batch is one FETCH from a
+    server-side cursor (the next one fetched while the caller checks this one), in a transaction of its own (or a savepoint: a read, nothing to
     commit; the cursor lives in it, so a pooler in transaction mode keeps it); leaving the
     block early closes the cursor. Elsewhere (the embedded SQLite) the ORM's rows."""
     if connection.vendor != "postgresql":
@@ -196,7 +197,24 @@ def event_rows(*, run_id: uuid.UUID | str, upto: int) -> Iterator[Iterator[Seque
         name = f"fenceline_verify_{next(_cursor_names)}"
         with connection.connection.cursor(name=name) as cursor:
             cursor.execute(_rows_sql(), [run_id, upto])
-            yield iter(functools.partial(cursor.fetchmany, CHUNK_ROWS), [])
+            batches = _fetched_ahead(functools.partial(cursor.fetchmany, CHUNK_ROWS))
+            try:
+                yield batches
+            finally:
+                batches.close()  # waits for a fetch in flight before the cursor closes
+
+
+def _fetched_ahead(fetch: Callable[[], list]) -> Generator[list]:
+    """The batches ``fetch()`` returns until an empty one, each next one fetched on a helper
+    thread while the caller checks the one before: the server's time and the network's
+    then overlap with the hashing, instead of adding to it. One fetch at a time, so the
+    cursor is only ever used by one thread at once; closing this generator waits for the
+    fetch in flight."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-fetch") as pool:
+        pending = pool.submit(fetch)
+        while batch := pending.result():
+            pending = pool.submit(fetch)
+            yield batch
 
 
 def _orm_rows(run_id: uuid.UUID | str, upto: int) -> Iterator[list[tuple]]:
