@@ -3,10 +3,12 @@ by approvers, bound to exactly what they allow (operation, attempt, args digest,
 token), used once, voided by a change of lease owner, EXPIRED on timeout — never approved
 by a timeout."""
 
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus
@@ -102,29 +104,40 @@ def approval_expire_if_due(*, approval: ApprovalRequest, run: Run, batch: ChainB
     return bool(won)
 
 
-def approvals_expire(*, batch_size: int | None = None) -> int:
+def approvals_expire(*, batch_size: int | None = None, progress: Callable[[int, int], None] | None = None) -> int:
     """Job: every live approval past its expiry becomes EXPIRED, with an event each. Runs
     are locked first (as every other writer does), skipping runs busy elsewhere; each
     batch then reads its approvals again under those locks (an approval changes only
-    under its run's lock) and moves them in one UPDATE."""
+    under its run's lock) and moves them in one UPDATE.
+
+    When every run of a batch's due approvals is busy (another copy of this job has them,
+    ``expire_approvals --processes N``), the next read starts past those approvals, in
+    (expires_at, id) order, instead of ending the pass: copies at once split the backlog.
+    ``progress(expired, batches)`` is called after each batch that locked runs."""
     batch_size = batch_size or settings.FENCELINE["APPROVAL_EXPIRY_BATCH_SIZE"]
-    expired = 0
+    expired = batches = 0
+    after: tuple | None = None  # (expires_at, id) of the last due approval whose run was busy
     while True:
         with transaction.atomic():
             now = timezone.now()
-            due = list(
-                ApprovalRequest.objects.filter(status__in=LIVE, expires_at__lte=now)
-                .order_by("expires_at")
-                .values_list("run_id", flat=True)[:batch_size]
-            )
+            due_now = ApprovalRequest.objects.filter(status__in=LIVE, expires_at__lte=now)
+            if after is not None:
+                due_now = due_now.filter(Q(expires_at__gt=after[0]) | Q(expires_at=after[0], pk__gt=after[1]))
+            due = list(due_now.order_by("expires_at", "pk").values_list("run_id", "expires_at", "pk")[:batch_size])
             if not due:
                 return expired
-            runs = {run.pk: run for run in locked_runs({"run_id__in": set(due)}, skip_locked=True)}
+            runs = {run.pk: run for run in locked_runs({"run_id__in": {row[0] for row in due}}, skip_locked=True)}
             batch = ChainBatch(now)
             expired += _expire_due(runs=runs, batch=batch, limit=batch_size)
             batch.commit()
-        if len(due) < batch_size or not runs:
+        if runs:
+            batches += 1
+            if progress is not None:
+                progress(expired, batches)
+        if len(due) < batch_size:
             return expired
+        if not runs:  # all busy elsewhere: look past them (the next pass takes what is left)
+            after = due[-1][1:]
 
 
 def _expire_due(*, runs: dict, batch: ChainBatch, limit: int) -> int:

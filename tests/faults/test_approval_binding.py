@@ -158,3 +158,52 @@ def test_the_expiry_job_and_command_are_safe_to_repeat(api_for, acme, payments_n
     call_command("expire_approvals")
     assert "expired 0 approval request(s)" in capsys.readouterr().out
     assert Event.objects.filter(run_id=run_id, type="APPROVAL_EXPIRED").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_expiry_job_looks_past_approvals_whose_runs_are_busy_elsewhere(api_for, acme, payments_need_a_person):
+    """Two copies at once (``expire_approvals --processes 2``) split the backlog: when every
+    run of a batch is locked by the other copy, this one reads on past those approvals
+    instead of ending its pass. Here another connection holds the runs of the 3 oldest."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from ledger.models import Run
+
+    asked = []  # (approval id, run id), oldest expiry first
+    for i in range(9):
+        client, run_id = leased(api_for, acme)
+        op = charge(client, run_id, f"inv-busy-{i}")
+        asked.append((client.authorize(op, 1).body["approval_id"], run_id))
+    now = timezone.now()
+    for age, (approval_id, _) in enumerate(asked):
+        ApprovalRequest.objects.filter(pk=approval_id).update(expires_at=now - timedelta(minutes=60 - age))
+    busy_runs = [run_id for _, run_id in asked[:3]]
+    locked, done = threading.Event(), threading.Event()
+
+    def the_other_copy() -> None:
+        try:
+            with transaction.atomic():
+                assert len(list(Run.objects.select_for_update().filter(pk__in=busy_runs))) == 3
+                locked.set()
+                done.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=the_other_copy)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        batches = []
+        expired = approvals_expire(batch_size=3, progress=lambda count, n: batches.append((count, n)))
+    finally:
+        done.set()
+        holder.join(30)
+
+    assert expired == 6
+    assert batches == [(3, 1), (6, 2)]
+    statuses = {str(pk): status for pk, status in ApprovalRequest.objects.values_list("pk", "status")}
+    assert [statuses[a] for a, _ in asked] == ["PENDING"] * 3 + ["EXPIRED"] * 6
+    assert approvals_expire(batch_size=3) == 3  # the next pass takes them
+    assert Event.objects.filter(run_id__in=[r for _, r in asked], type="APPROVAL_EXPIRED").count() == 9

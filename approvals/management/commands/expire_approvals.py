@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand
 
 from approvals.services.approvals import approvals_expire
-from ledger.management.sweeps import add_processes_argument, run_sweep
+from ledger.management.sweeps import add_processes_argument, prefix, run_sweep
 
 
 class Command(BaseCommand):
@@ -12,5 +12,11 @@ class Command(BaseCommand):
         add_processes_argument(parser)
 
     def handle(self, *args, batch_size, processes=1, **options):
-        expired = sum(run_sweep(lambda index: approvals_expire(batch_size=batch_size), processes))
+        def sweep(index: int) -> int:
+            def progress(expired: int, batches: int) -> None:
+                self.stderr.write(f"  {prefix(index, processes)}batch {batches}: {expired} expired so far")
+
+            return approvals_expire(batch_size=batch_size, progress=progress)
+
+        expired = sum(run_sweep(sweep, processes))
         self.stdout.write(f"expired {expired} approval request(s)")
