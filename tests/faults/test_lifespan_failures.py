@@ -378,3 +378,53 @@ def test_a_reaper_killed_mid_pass_loses_and_duplicates_nothing(acme, sandbox, se
     for resource in resources:
         assert Event.objects.filter(type="RESOURCE_RELEASED", fields__resource_id=str(resource.pk)).count() == 1
     assert_lifespan_invariants(sandbox)
+
+
+def test_the_reaper_asks_past_runs_busy_elsewhere_for_their_overdue_resources(acme, sandbox):
+    """Copies at once (``reap_resources --processes 2``) split the first step too: when every
+    run of a batch of overdue resources is locked by the other copy, this one reads on without
+    those runs instead of ending the step. Here another connection holds the run whose two
+    resources come first; three more runs have one overdue resource each."""
+    import threading
+    from datetime import timedelta
+
+    from django.db import transaction
+
+    runs = []
+    for n in range(4):
+        run, token = leased_run(acme.worker)
+        runs.append(run)
+        for m in range(2 if n == 0 else 1):
+            attach(acme.worker, run, token, f"overdue-{n}-{m}")
+    RunResource.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    held = runs[0]
+    locked, done = threading.Event(), threading.Event()
+
+    def the_other_copy() -> None:
+        try:
+            with transaction.atomic():
+                assert len(list(Run.objects.select_for_update().filter(pk=held.pk))) == 1
+                locked.set()
+                done.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=the_other_copy)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        result = resources_reap(batch_size=1)
+    finally:
+        done.set()
+        holder.join(30)
+
+    assert (result.requested, result.released) == (3, 3), result
+    states = dict(RunResource.objects.values_list("handle", "state"))
+    assert states == {
+        "overdue-0-0": "ACTIVE",
+        "overdue-0-1": "ACTIVE",
+        **{f"overdue-{n}-0": "RELEASED" for n in (1, 2, 3)},
+    }
+    result = resources_reap(batch_size=1)  # the next pass takes the held run's
+    assert (result.requested, result.released) == (2, 2), result
+    assert_lifespan_invariants(sandbox)

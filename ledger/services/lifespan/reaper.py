@@ -100,11 +100,19 @@ def _idle_overdue(idle, now, limit: int) -> list[tuple]:
 
 
 def _request_overdue(batch_size: int, result: ResourceReapResult) -> None:
+    """Ask for the release of ACTIVE resources past a deadline, batch by batch. When every
+    run of a batch is busy elsewhere (another copy of the reaper has them: ``reap_resources
+    --processes N``), the next reads leave those runs out instead of ending the step, so
+    copies at once split it; a resource left out is asked for by the copy that holds its
+    run, or by the next pass."""
+    busy: set = set()  # runs found locked by another copy in a batch of nothing else
     while True:
         with transaction.atomic():
             now = timezone.now()
             # Two reads, each along its own index: past the lifetime, then idle-overdue.
             active = RunResource.objects.filter(state=ResourceState.ACTIVE)
+            if busy:
+                active = active.exclude(run_id__in=busy)
             rows = list(active.filter(expires_at__lte=now).values_list("run_id", "pk", "expires_at")[:batch_size])
             if len(rows) < batch_size:
                 rows += _idle_overdue(
@@ -129,8 +137,10 @@ def _request_overdue(batch_size: int, result: ResourceReapResult) -> None:
             for reason, by_run in by_reason.items():  # one UPDATE per reason
                 result.requested += resources_request(by_run, batch, SYSTEM_RESOURCE_REAPER, reason)
             batch.commit()
-        if len(rows) < batch_size or not by_reason:
+        if len(rows) < batch_size:
             return
+        if not by_reason:  # these runs are busy elsewhere: read on without them
+            busy.update(run_id for run_id, _, _ in rows if run_id not in runs)
 
 
 # --- 2. claim -------------------------------------------------------------------------
