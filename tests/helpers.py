@@ -1,10 +1,11 @@
 """Assertions and tools shared by tests."""
 
 import multiprocessing
+import threading
 from contextlib import contextmanager
 from urllib.parse import quote
 
-from django.db import connection
+from django.db import connection, transaction
 
 from ledger.chain import GENESIS_HASH, event_hash, format_time
 from ledger.models import Event, Run
@@ -53,6 +54,34 @@ def tampering(*tables: str):
             for table in tables:
                 cursor.execute(f"ALTER TABLE {table} ENABLE TRIGGER {table}_append_only")
             cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+
+
+@contextmanager
+def runs_held_elsewhere(run_ids: list):
+    """For the block, the rows of ``run_ids`` locked ``FOR UPDATE`` by another connection (a
+    thread's): another copy of a sweep, busy with those runs. Needs a ``transaction=True``
+    test (the other connection sees only committed rows)."""
+    locked, done = threading.Event(), threading.Event()
+    held: list[int] = []
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                held.append(len(list(Run.objects.select_for_update().filter(pk__in=run_ids))))
+                locked.set()
+                done.wait(60)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(30), "the other connection did not lock the runs"
+        assert held == [len(set(run_ids))], held
+        yield
+    finally:
+        done.set()
+        holder.join(30)
 
 
 def database_fingerprint() -> dict[str, str]:

@@ -13,6 +13,7 @@ from ledger.errors import WrongPhase
 from ledger.models import Event, Operation
 from ledger.services.authority.policy import policy_change
 from tests.faults.test_races import expire_lease
+from tests.helpers import runs_held_elsewhere
 
 
 @pytest.fixture
@@ -165,12 +166,6 @@ def test_the_expiry_job_looks_past_approvals_whose_runs_are_busy_elsewhere(api_f
     """Two copies at once (``expire_approvals --processes 2``) split the backlog: when every
     run of a batch is locked by the other copy, this one reads on past those approvals
     instead of ending its pass. Here another connection holds the runs of the 3 oldest."""
-    import threading
-
-    from django.db import connection, transaction
-
-    from ledger.models import Run
-
     asked = []  # (approval id, run id), oldest expiry first
     for i in range(9):
         client, run_id = leased(api_for, acme)
@@ -179,27 +174,9 @@ def test_the_expiry_job_looks_past_approvals_whose_runs_are_busy_elsewhere(api_f
     now = timezone.now()
     for age, (approval_id, _) in enumerate(asked):
         ApprovalRequest.objects.filter(pk=approval_id).update(expires_at=now - timedelta(minutes=60 - age))
-    busy_runs = [run_id for _, run_id in asked[:3]]
-    locked, done = threading.Event(), threading.Event()
-
-    def the_other_copy() -> None:
-        try:
-            with transaction.atomic():
-                assert len(list(Run.objects.select_for_update().filter(pk__in=busy_runs))) == 3
-                locked.set()
-                done.wait(30)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=the_other_copy)
-    holder.start()
-    try:
-        assert locked.wait(30)
-        batches = []
+    batches = []
+    with runs_held_elsewhere([run_id for _, run_id in asked[:3]]):
         expired = approvals_expire(batch_size=3, progress=lambda count, n: batches.append((count, n)))
-    finally:
-        done.set()
-        holder.join(30)
 
     assert expired == 6
     assert batches == [(3, 1), (6, 2)]

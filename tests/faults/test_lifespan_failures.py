@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ from ledger.services.lifespan.drivers import SandboxDriver
 from ledger.services.lifespan.reaper import resources_reap
 from ledger.services.lifespan.resources import Attach, resource_attach, resource_release
 from tests.conftest import make_worker
-from tests.helpers import assert_chain_intact, subprocess_database_url
+from tests.helpers import assert_chain_intact, runs_held_elsewhere, subprocess_database_url
 from tests.ledger.factories import leased_run, new_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -385,11 +386,6 @@ def test_the_reaper_asks_past_runs_busy_elsewhere_for_their_overdue_resources(ac
     run of a batch of overdue resources is locked by the other copy, this one reads on without
     those runs instead of ending the step. Here another connection holds the run whose two
     resources come first; three more runs have one overdue resource each."""
-    import threading
-    from datetime import timedelta
-
-    from django.db import transaction
-
     runs = []
     for n in range(4):
         run, token = leased_run(acme.worker)
@@ -397,26 +393,8 @@ def test_the_reaper_asks_past_runs_busy_elsewhere_for_their_overdue_resources(ac
         for m in range(2 if n == 0 else 1):
             attach(acme.worker, run, token, f"overdue-{n}-{m}")
     RunResource.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
-    held = runs[0]
-    locked, done = threading.Event(), threading.Event()
-
-    def the_other_copy() -> None:
-        try:
-            with transaction.atomic():
-                assert len(list(Run.objects.select_for_update().filter(pk=held.pk))) == 1
-                locked.set()
-                done.wait(30)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=the_other_copy)
-    holder.start()
-    try:
-        assert locked.wait(30)
+    with runs_held_elsewhere([runs[0].pk]):
         result = resources_reap(batch_size=1)
-    finally:
-        done.set()
-        holder.join(30)
 
     assert (result.requested, result.released) == (3, 3), result
     states = dict(RunResource.objects.values_list("handle", "state"))
