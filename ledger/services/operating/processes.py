@@ -13,9 +13,13 @@ management command; a Celery prefork child may not start processes of its own, s
 periodic jobs run one copy each.
 """
 
+import ctypes
 import gc
 import multiprocessing
+import os
+import signal
 from collections.abc import Callable
+from contextlib import suppress
 from multiprocessing.connection import Connection
 from typing import cast
 
@@ -39,6 +43,8 @@ def in_processes[R](sweep: Callable[[int], R], processes: int) -> list[R]:
         raise ValueError("processes must be at least 1")
     if processes == 1:
         return [sweep(0)]
+    if any(c.in_atomic_block for c in connections.all(initialized_only=True)):
+        raise RuntimeError("in_processes closes the connections: call it outside a transaction")
     connections.close_all()
     gc.freeze()
     context = multiprocessing.get_context("fork")
@@ -46,11 +52,17 @@ def in_processes[R](sweep: Callable[[int], R], processes: int) -> list[R]:
     try:
         for index in range(processes):
             receive, send = context.Pipe(duplex=False)
-            child = context.Process(target=_child, args=(sweep, index, send), name=f"sweep-{index}")
+            child = context.Process(target=_child, args=(sweep, index, send, os.getpid()), name=f"sweep-{index}")
             child.start()
             send.close()  # the child's end: once it exits, a read here ends instead of waiting
             started.append((child, receive))
         outcomes = [_outcome(child, receive) for child, receive in started]
+    except BaseException:
+        # Interrupted (Ctrl-C, an error here): stop the copies rather than leave them sweeping
+        # on their own. Each batch is one transaction, so a stopped copy loses nothing.
+        for child, _ in started:
+            child.terminate()
+        raise
     finally:
         for child, receive in started:
             child.join()
@@ -62,16 +74,30 @@ def in_processes[R](sweep: Callable[[int], R], processes: int) -> list[R]:
     return [cast(R, value) for _, value in outcomes]
 
 
-def _child[R](sweep: Callable[[int], R], index: int, send: Connection) -> None:
+def _child[R](sweep: Callable[[int], R], index: int, send: Connection, parent: int) -> None:
+    _end_with_parent(parent)
     try:
         outcome: tuple[bool, object] = (True, sweep(index))
     except Exception as exc:
         # The exception's type only: its text may quote a statement's values.
         outcome = (False, type(exc).__name__)
     finally:
-        connections.close_all()
+        with suppress(Exception):  # a connection that is already gone
+            connections.close_all()
     send.send(outcome)
     send.close()
+
+
+def _end_with_parent(parent: int) -> None:
+    """On Linux, have the kernel send this copy SIGTERM when the parent dies (SIGKILL
+    included), so that no copy goes on sweeping unseen; elsewhere this does nothing."""
+    with suppress(AttributeError, OSError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before the request above
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _outcome(child: multiprocessing.process.BaseProcess, receive: Connection) -> tuple[bool, object]:
