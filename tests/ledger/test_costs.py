@@ -26,7 +26,7 @@ from ledger.services.core.fencing import lock_run
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.operations import Intent, operation_intend
 from ledger.states import BreakerState, BudgetKind, ReservationState
-from tests.helpers import assert_chain_intact
+from tests.helpers import assert_chain_intact, runs_held_elsewhere
 from tests.ledger.factories import confirm, dispatched_operation, leased_run
 
 ACTOR = "worker:worker-1/owner-a"
@@ -640,6 +640,31 @@ def test_expired_reservations_become_unknown_once_by_command(acme):
     assert window(acme.tenant, BudgetKind.TENANT, "acme").reserved_cents == 400
     assert_ledger_reconciles(acme.tenant)
     assert_chain_intact(run.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_expiry_job_looks_past_reservations_whose_runs_are_busy_elsewhere(acme):
+    """Copies at once (``expire_reservations --processes 2``) split the backlog: when every
+    run of a batch is locked by the other copy, this one reads on past those reservations
+    instead of ending its pass. Another connection holds the run of the 2 oldest."""
+    set_policy(acme.tenant, tenant_limit=1000, ttl_s=60)
+    leased = [leased_run(acme.worker) for _ in range(3)]
+    ops = []  # oldest expiry first: two on the held run, then one on each other run
+    for n, (run, token) in enumerate([leased[0], leased[0], leased[1], leased[2]]):
+        op = planned_op(acme, run, token, f"busy-{n}", estimate=100)
+        reserve(acme.tenant, op)
+        ops.append(op)
+    now = timezone.now()
+    for age, op in enumerate(ops):
+        CostReservation.objects.filter(operation=op).update(expires_at=now - timedelta(minutes=60 - age))
+
+    with runs_held_elsewhere([leased[0][0].pk]):
+        assert reservations.reservations_expire(batch_size=2) == 2
+
+    states = dict(CostReservation.objects.values_list("operation_id", "state"))
+    assert [states[op.pk] for op in ops] == ["RESERVED", "RESERVED", "UNKNOWN", "UNKNOWN"]
+    assert reservations.reservations_expire(batch_size=2) == 2  # the next pass takes them
+    assert_ledger_reconciles(acme.tenant)
 
 
 def test_the_expiry_task_runs_the_service(acme):

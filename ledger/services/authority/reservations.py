@@ -36,7 +36,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
-from django.db.models import BigIntegerField, Case, F, QuerySet, Sum, Value, When
+from django.db.models import BigIntegerField, Case, F, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import Least
 from django.utils import timezone
 from psycopg.types.numeric import Int8
@@ -787,20 +787,22 @@ def reservations_expire(
     (a run busy in a dispatch or an outcome is left for the next pass, and two jobs at once
     split the work), claims their reservations with ``FOR UPDATE SKIP LOCKED``, moves them
     in one UPDATE and writes one COST_UNKNOWN event each, then re-evaluates each tenant's
-    breaker. Returns how many reservations became UNKNOWN."""
+    breaker. When every run of a batch is busy, the next read starts past those
+    reservations, in (expires_at, id) order, instead of ending the pass. Returns how many
+    reservations became UNKNOWN."""
     batch_size = batch_size or settings.FENCELINE["RESERVATION_EXPIRY_BATCH_SIZE"]
     result = ExpiryResult()
+    after: tuple | None = None  # (expires_at, id) of the last due reservation whose run was busy
     while True:
         with transaction.atomic():
             now = timezone.now()
-            due = list(
-                CostReservation.objects.filter(state=ReservationState.RESERVED, expires_at__lte=now)
-                .order_by("expires_at")
-                .values_list("run_id", flat=True)[:batch_size]
-            )
+            due_now = CostReservation.objects.filter(state=ReservationState.RESERVED, expires_at__lte=now)
+            if after is not None:
+                due_now = due_now.filter(Q(expires_at__gt=after[0]) | Q(expires_at=after[0], pk__gt=after[1]))
+            due = list(due_now.order_by("expires_at", "pk").values_list("run_id", "expires_at", "pk")[:batch_size])
             if not due:
                 break
-            runs = {run.pk: run for run in locked_runs({"run_id__in": set(due)}, skip_locked=True)}
+            runs = {run.pk: run for run in locked_runs({"run_id__in": {row[0] for row in due}}, skip_locked=True)}
             reservations = list(
                 CostReservation.objects.select_for_update(of=("self",), skip_locked=True)
                 .filter(run_id__in=list(runs), state=ReservationState.RESERVED, expires_at__lte=now)
@@ -816,6 +818,11 @@ def reservations_expire(
                 reason="reservation expired",
             )
             batch.commit()
+        if not runs and len(due) == batch_size:
+            # Every run of these is busy elsewhere (another copy of this job, `expire_reservations
+            # --processes N`): read on past them, so that copies at once split the backlog.
+            after = due[-1][1:]
+            continue
         if not moved:
             break  # what is due belongs to runs busy right now: the next pass takes it
         result.reservations += moved
