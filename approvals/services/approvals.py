@@ -117,6 +117,7 @@ def approvals_expire(*, batch_size: int | None = None, progress: Callable[[int, 
     batch_size = batch_size or settings.FENCELINE["APPROVAL_EXPIRY_BATCH_SIZE"]
     expired = batches = 0
     after: tuple | None = None  # (expires_at, id) of the last due approval whose run was busy
+    restarted = False
     while True:
         with transaction.atomic():
             now = timezone.now()
@@ -135,7 +136,12 @@ def approvals_expire(*, batch_size: int | None = None, progress: Callable[[int, 
             if progress is not None:
                 progress(expired, batches)
         if len(due) < batch_size:
-            return expired
+            if after is None or restarted:
+                return expired
+            # The end, reached by reading past busy runs: once more from the start, for what
+            # the other copy's batches left (a run's approvals past its batch's limit).
+            after, restarted = None, True
+            continue
         if not runs:  # all busy elsewhere: look past them (the next pass takes what is left)
             after = due[-1][1:]
 

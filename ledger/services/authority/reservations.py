@@ -793,6 +793,7 @@ def reservations_expire(
     batch_size = batch_size or settings.FENCELINE["RESERVATION_EXPIRY_BATCH_SIZE"]
     result = ExpiryResult()
     after: tuple | None = None  # (expires_at, id) of the last due reservation whose run was busy
+    restarted = False
     while True:
         with transaction.atomic():
             now = timezone.now()
@@ -830,7 +831,11 @@ def reservations_expire(
         if progress is not None:
             progress(result)
         if len(due) < batch_size:
-            break  # every due reservation was in this batch (those of busy runs wait)
+            if after is None or restarted:
+                break  # every due reservation was in this batch (those of busy runs wait)
+            # The end, reached by reading past busy runs: once more from the start, for what
+            # the other copy's batches left (a run's reservations past its batch's limit).
+            after, restarted = None, True
     return result.reservations
 
 
