@@ -19,7 +19,8 @@ def expire(run) -> None:
     RunLease.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))
 
 
-def dispatched_operation(worker, run, token: int, key: str, effect_class: str = "NON_RETRYABLE"):
+def intended_operation(worker, run, token: int, key: str, effect_class: str = "NON_RETRYABLE", authorize=False):
+    """A PLANNED operation under ``token`` (AUTHORIZED with ``authorize``)."""
     op, _ = operations.operation_intend(
         worker=worker,
         run_id=run.pk,
@@ -28,7 +29,13 @@ def dispatched_operation(worker, run, token: int, key: str, effect_class: str = 
             tool="email", action="send", resource="mailto:x@example.com", effect_class=effect_class, idempotency_key=key
         ),
     )
-    operations.operation_authorize(worker=worker, operation_id=op.pk, fencing_token=token)
+    if authorize:
+        return operations.operation_authorize(worker=worker, operation_id=op.pk, fencing_token=token)
+    return op
+
+
+def dispatched_operation(worker, run, token: int, key: str, effect_class: str = "NON_RETRYABLE"):
+    op = intended_operation(worker, run, token, key, effect_class, authorize=True)
     return operations.operation_dispatch(worker=worker, operation_id=op.pk, fencing_token=token)
 
 

@@ -550,22 +550,9 @@ def test_breaker_degraded_lets_only_pure_operations_through(acme):
     assert refusal.extra["budget"] == "tenant:breaker" and "only PURE" in refusal.detail
 
 
-def test_breaker_throttled_caps_operations_in_flight(acme):
-    run, token = leased_run(acme.worker)
-    dispatched_operation(acme.worker, run, token, "flight-1")  # dispatched before any cost limit
-    set_policy(acme.tenant, tenant_limit=1000, breaker={"throttled_max_dispatched": 2})
-    reserve(acme.tenant, planned_op(acme, run, token, "k1", estimate=700))
-    assert breaker(acme.tenant) == BreakerState.THROTTLED
-    candidate = planned_op(acme, run, token, "next", estimate=10)
-    assert allows(acme.tenant, candidate) is None  # 1 in flight, 2 allowed
-
-    set_policy(acme.tenant, tenant_limit=1000, breaker={"throttled_max_dispatched": 1})
-    refusal = allows(acme.tenant, candidate)
-    assert refusal.extra["budget"] == "tenant:breaker" and "THROTTLED" in refusal.detail
-
-
 def test_breaker_throttled_counts_the_tenants_operations_in_flight_across_its_runs_only(acme, outsider):
-    """Counted from the runs' counters (the operations table has no index on the phase)."""
+    """THROTTLED caps the operations in flight, counted from the runs' counters (the operations
+    table has no index on the phase)."""
     first, first_token = leased_run(acme.worker)
     second, second_token = leased_run(acme.worker, owner="owner-b")
     dispatched_operation(acme.worker, first, first_token, "flight-1")
@@ -580,7 +567,8 @@ def test_breaker_throttled_counts_the_tenants_operations_in_flight_across_its_ru
     assert allows(acme.tenant, candidate) is None  # 2 in flight, 3 allowed
 
     set_policy(acme.tenant, tenant_limit=1000, breaker={"throttled_max_dispatched": 2})
-    assert "THROTTLED" in allows(acme.tenant, candidate).detail  # 2 in flight, 2 allowed
+    refusal = allows(acme.tenant, candidate)  # 2 in flight, 2 allowed
+    assert refusal.extra["budget"] == "tenant:breaker" and "THROTTLED" in refusal.detail
     confirm(acme.worker, landed, second_token)
     assert allows(acme.tenant, candidate) is None  # 1 in flight
 

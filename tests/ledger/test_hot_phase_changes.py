@@ -11,7 +11,7 @@ import re
 
 from django.db import connection
 
-from tests.ledger.factories import confirm, dispatched_operation, leased_run
+from tests.ledger.factories import confirm, dispatched_operation, intended_operation, leased_run
 
 OPERATIONS = 8
 
@@ -77,27 +77,14 @@ def test_no_index_of_the_operations_table_reads_a_column_the_transitions_change(
 
 def test_the_resources_page_counts_each_tenants_open_operations_through_its_runs(acme, outsider, django_user_model):
     from ledger.admin_selectors import lifespan_overview
-    from ledger.services.fence import operations
-    from ledger.services.fence.operations import Intent
 
     run, token = leased_run(acme.worker)
     other_run, other_token = leased_run(acme.worker, owner="owner-b")
     dispatched_operation(acme.worker, run, token, "in-flight", effect_class="IDEMPOTENT")
     done = dispatched_operation(acme.worker, run, token, "done", effect_class="IDEMPOTENT")
     confirm(acme.worker, done, token)
-    authorized, _ = operations.operation_intend(
-        worker=acme.worker,
-        run_id=other_run.pk,
-        fencing_token=other_token,
-        intent=Intent(tool="t", action="a", resource="r", effect_class="IDEMPOTENT", idempotency_key="authorized"),
-    )
-    operations.operation_authorize(worker=acme.worker, operation_id=authorized.pk, fencing_token=other_token)
-    operations.operation_intend(  # PLANNED: not active yet
-        worker=acme.worker,
-        run_id=other_run.pk,
-        fencing_token=other_token,
-        intent=Intent(tool="t", action="a", resource="r", effect_class="IDEMPOTENT", idempotency_key="planned"),
-    )
+    intended_operation(acme.worker, other_run, other_token, "authorized", "IDEMPOTENT", authorize=True)
+    intended_operation(acme.worker, other_run, other_token, "planned", "IDEMPOTENT")  # PLANNED: not active yet
     outside_run, outside_token = leased_run(outsider.worker)
     dispatched_operation(outsider.worker, outside_run, outside_token, "theirs", effect_class="IDEMPOTENT")
 
