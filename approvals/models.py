@@ -153,4 +153,13 @@ class ApprovalRequest(Versioned):
             # them is a walk of one of these, not a sort of every request.
             models.Index(fields=["expires_at", "id"], name="approval_expiring_all"),
             models.Index(fields=["requested_at", "id"], name="approval_asked_all"),
+            # The expiry job's walk (issue 16): the live requests in (expires_at, id) order,
+            # read a batch at a time from the front, past none of the expired, used or
+            # decided ones (its IN (PENDING, APPROVED) cannot walk approval_status_queue in
+            # that order).
+            models.Index(
+                fields=["expires_at", "id"],
+                name="approval_live_expiry",
+                condition=Q(status__in=[ApprovalStatus.PENDING, ApprovalStatus.APPROVED]),
+            ),
         ]

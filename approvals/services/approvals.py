@@ -19,7 +19,7 @@ from ledger.errors import InvalidInput, NotFound, WrongPhase, parse_id
 from ledger.models import CapabilityBudget, Operation, Run
 from ledger.roles import APPROVE
 from ledger.services.core.decisions import acting_name
-from ledger.services.core.fencing import Fenced, locked_runs
+from ledger.services.core.fencing import Fenced, locked_runs, runs_locked_for_sweep
 from ledger.services.core.phases import transition
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.reconciliation.contracts import decision_policy
@@ -127,7 +127,7 @@ def approvals_expire(*, batch_size: int | None = None, progress: Callable[[int, 
             due = list(due_now.order_by("expires_at", "pk").values_list("run_id", "expires_at", "pk")[:batch_size])
             if not due:
                 return expired
-            runs = {run.pk: run for run in locked_runs({"run_id__in": {row[0] for row in due}}, skip_locked=True)}
+            runs = {run.pk: run for run in runs_locked_for_sweep(run_ids={row[0] for row in due})}
             batch = ChainBatch(now)
             expired += _expire_due(runs=runs, batch=batch, limit=batch_size)
             batch.commit()

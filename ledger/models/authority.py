@@ -170,4 +170,7 @@ class CostReservation(Versioned):
         constraints = [
             models.UniqueConstraint(fields=["operation", "attempt"], name="reservation_one_per_attempt"),
         ]
-        indexes = [models.Index(fields=["state", "expires_at"], name="reservation_open")]
+        # The expiry job reads the RESERVED ones due in (expires_at, id) order a batch at a
+        # time (issue 16): with the id in the index that is a walk from the front, not a sort
+        # of everything due.
+        indexes = [models.Index(fields=["state", "expires_at", "id"], name="reservation_state_expiry")]

@@ -61,7 +61,7 @@ from ledger.services.authority.windows import (
     window_name,
     windows_ensure,
 )
-from ledger.services.core.fencing import RESERVATION_SEEN, locked_runs
+from ledger.services.core.fencing import RESERVATION_SEEN, runs_locked_for_sweep
 from ledger.services.evidence.append import ChainBatch
 from ledger.states import BudgetKind, CapabilityStatus, ReservationState
 
@@ -743,24 +743,22 @@ def _to_unknown(
     if moved != len(ids):  # impossible while the rows are locked
         raise WrongPhase(phase="reservation changed concurrently", wanted=ReservationState.RESERVED)
     first_run_of: dict = {}
+    entries = []
     for reservation in reservations:
         reservation.state = ReservationState.UNKNOWN
         run = runs[reservation.run_id]
         first_run_of.setdefault(reservation.tenant_id, run)
-        batch.append(
-            run,
-            "COST_UNKNOWN",
-            actor=actor,
-            fields={
-                "reservation_id": reservation.pk,
-                "operation_id": reservation.operation_id,
-                "attempt": reservation.attempt,
-                "from": ReservationState.RESERVED.value,
-                "to": ReservationState.UNKNOWN.value,
-                "estimated_cents": reservation.estimated_cents,
-                "reason": reason,
-            },
-        )
+        fields = {
+            "reservation_id": reservation.pk,
+            "operation_id": reservation.operation_id,
+            "attempt": reservation.attempt,
+            "from": ReservationState.RESERVED.value,
+            "to": ReservationState.UNKNOWN.value,
+            "estimated_cents": reservation.estimated_cents,
+            "reason": reason,
+        }
+        entries.append((run, fields))
+    batch.append_many(entries, "COST_UNKNOWN", actor=actor)
     tenants = Tenant.objects.in_bulk(list(first_run_of))
     for tenant_id in sorted(first_run_of):  # one order for every caller: no lock cycles
         tenant = tenants[tenant_id]
@@ -803,7 +801,7 @@ def reservations_expire(
             due = list(due_now.order_by("expires_at", "pk").values_list("run_id", "expires_at", "pk")[:batch_size])
             if not due:
                 break
-            runs = {run.pk: run for run in locked_runs({"run_id__in": {row[0] for row in due}}, skip_locked=True)}
+            runs = {run.pk: run for run in runs_locked_for_sweep(run_ids={row[0] for row in due})}
             reservations = list(
                 CostReservation.objects.select_for_update(of=("self",), skip_locked=True)
                 .filter(run_id__in=list(runs), state=ReservationState.RESERVED, expires_at__lte=now)

@@ -7,14 +7,15 @@ transaction. A refused write is counted on the run and leaves a STALE_TOKEN_REJE
 event in its chain; the refusal is raised after that record has committed.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import Any, Protocol, TypeVar
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models import F, Model
+from django.db.models.base import ModelState
 from django.utils import timezone
 
 from ledger import prepared
@@ -41,7 +42,8 @@ from ledger.models import (
     Worker,
     WorkerDrain,
 )
-from ledger.services.evidence.append import ChainBatch
+from ledger.services.evidence.append import HEAD_FIELDS, ChainBatch
+from ledger.versioning import require_known
 
 T = TypeVar("T")
 
@@ -69,6 +71,95 @@ def locked_runs(
         run.lease = lease
         runs.append(run)
     return runs
+
+
+def runs_locked_for_sweep(
+    *,
+    expired_by: datetime | None = None,
+    run_ids: Collection[object] = (),
+    limit: int | None = None,
+    skip_locked: bool = True,
+) -> list[Run]:
+    """For the sweeps (the reapers, the approval and reservation expiry jobs): runs with
+    their leases, locked, as ``locked_runs`` gives them — those whose lease expired by
+    ``expired_by`` (oldest expiry first, at most ``limit``), or those of ``run_ids``. With ``skip_locked`` (the default) a run busy
+    elsewhere is left for the next pass; without it, the locks are waited for, taken in
+    run id order.
+
+    On PostgreSQL, one pre-built statement reads them, and each run is made from its row
+    directly (a sweep takes hundreds at a time) with the columns a sweep reads and writes,
+    :data:`SWEEP_RUN_COLUMNS` (its chain head and counts, tenant, parent and status; any
+    other field loads on first use, as after the ORM's ``only()``; so does a lease's own
+    ``run``, which only the run's side caches). The lease rows are
+    locked with the runs when the sweep ends the leases (``expired_by``); a sweep by
+    ``run_ids`` writes no lease and locks the run rows alone (every writer of a run locks
+    its row, so that lock is the one that excludes them), sparing a write to each lease's
+    page."""
+    if expired_by is None:
+        if not run_ids:
+            return []
+        where: dict = {"run_id__in": set(run_ids)}
+    else:
+        where = {"owner_id__isnull": False, "expires_at__lte": expired_by}
+    if prepared.database().vendor != "postgresql":
+        if skip_locked or expired_by is not None:
+            return locked_runs(where, skip_locked=skip_locked, limit=limit)
+        return locked_runs(where, limit=limit, order_by="run_id")
+    if expired_by is None:
+        ids = list(run_ids)
+        params: list = [ids, len(ids) if limit is None else limit]
+    else:
+        params = [expired_by, limit]
+    width = len(prepared.attnames(RunLease))
+    runs = []
+    for row in prepared.execute(_sweep_sql(expired_by is not None, skip_locked), params).fetchall():
+        lease = prepared.from_row(RunLease, row[:width])
+        run = _loaded(Run, SWEEP_RUN_COLUMNS, row[width:])
+        # The run's lease, as select_related sets it; not the lease's run back (no sweep reads
+        # it; it would load on first use): without that cycle a batch's runs are freed as
+        # soon as it ends, instead of piling up for the garbage collector's older generations.
+        _RUN_LEASE.set_cached_value(run, lease)
+        runs.append(run)
+    return runs
+
+
+_RUN_LEASE = Run._meta.get_field("lease")
+# What a sweep reads of a run and writes back with its chain head (the head is written from
+# the instance, field by field, so every head field is loaded).
+SWEEP_RUN_COLUMNS = ("id", "tenant_id", "parent_id", "status", "schema_version", *HEAD_FIELDS)
+
+
+def _loaded[M: Model](model: type[M], names: tuple[str, ...], row: Sequence[object]) -> M:
+    """An instance of ``model`` as read from the database with the columns ``names`` only
+    (their values in ``row``, none needing a conversion); the others are deferred fields.
+    Its schema version is checked, as every load checks it."""
+    instance = model.__new__(model)
+    instance.__dict__.update(zip(names, row, strict=True))
+    state = instance._state = ModelState()
+    state.adding, state.db = False, DEFAULT_DB_ALIAS
+    require_known(instance.__dict__["schema_version"], f"{model._meta.label} row", stored=True)
+    return instance
+
+
+@cache
+def _sweep_sql(by_expiry: bool, skip_locked: bool) -> str:
+    qn = connection.ops.quote_name
+
+    def lease(name: str) -> str:
+        return f"l.{qn(prepared.column(RunLease, name))}"
+
+    columns = [lease(name) for name in prepared.attnames(RunLease)]
+    columns += [f"r.{qn(prepared.column(Run, name))}" for name in SWEEP_RUN_COLUMNS]
+    if by_expiry:
+        where = f"{lease('owner_id')} IS NOT NULL AND {lease('expires_at')} <= %s ORDER BY {lease('expires_at')}"
+    else:
+        where = f"{lease('run_id')} = ANY(%b::{Run._meta.pk.db_type(connection)}[]) ORDER BY {lease('run_id')}"
+    # Table and column names come from the models; every value is a parameter.
+    return (
+        f"SELECT {', '.join(columns)} FROM {qn(RunLease._meta.db_table)} l "  # noqa: S608
+        f"JOIN {qn(Run._meta.db_table)} r ON r.{qn('id')} = {lease('run_id')} "
+        f"WHERE {where} LIMIT %s FOR UPDATE OF {'l, r' if by_expiry else 'r'}{' SKIP LOCKED' if skip_locked else ''}"
+    )
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,19 @@ from ledger.models import LeaseGrant, Run, RunLease, Worker
 from ledger.observability import metrics
 from ledger.services.authority.policy import policy_now
 from ledger.services.core.admission import admission_refusal, worker_executing
-from ledger.services.core.fencing import Fenced, conflicted, fenced, lock, run_cancelled, worker_refused
+from ledger.services.core.fencing import (
+    Fenced,
+    conflicted,
+    fenced,
+    lock,
+    run_cancelled,
+    runs_locked_for_sweep,
+    worker_refused,
+)
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.ending import IN_FLIGHT, TIMEOUT_REASON, runs_cancel
 from ledger.services.fence.lease_end import leases_end
-from ledger.services.lifespan.instances import instance_renewed, instances_admit, runs_locked_for_sweep
+from ledger.services.lifespan.instances import instance_renewed, instances_admit
 from ledger.states import RUN_ENDING, InstanceState, LeaseEnd, RunStatus, WorkerStatus
 
 MIN_TTL_S = 1

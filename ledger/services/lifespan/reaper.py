@@ -46,9 +46,9 @@ from ledger import prepared
 from ledger.actors import SYSTEM_RESOURCE_REAPER
 from ledger.boundary import credential_kind
 from ledger.models import LeaseGrant, ResourceAlert, Run, RunResource
+from ledger.services.core.fencing import runs_locked_for_sweep
 from ledger.services.evidence.append import ChainBatch, json_safe
 from ledger.services.lifespan.drivers import Closed, Closing, ResourceRef, driver_for
-from ledger.services.lifespan.instances import runs_locked_for_sweep
 from ledger.services.lifespan.resources import resources_request
 from ledger.states import RESOURCE_CLAIMABLE, InstanceState, ResourceState
 
