@@ -251,7 +251,7 @@ def _related_model(model: type[models.Model], name: str) -> type[models.Model]:
     return target
 
 
-def get(model: type[models.Model], related: tuple[str, ...] = (), **where: object) -> models.Model | None:
+def get[M: models.Model](model: type[M], related: tuple[str, ...] = (), **where: object) -> M | None:
     """The one row of ``model`` matching ``where`` (by equality), as a model instance with
     the objects of its foreign keys ``related`` attached, as ``select_related`` would; or
     None."""
@@ -260,8 +260,21 @@ def get(model: type[models.Model], related: tuple[str, ...] = (), **where: objec
     names = tuple(where)
     sql, own = select_sql(model, names, related)
     row = execute(sql, [prep(model, name, where[name]) for name in names]).fetchone()
-    if row is None:
-        return None
+    return None if row is None else _with_related(model, related, row, own)
+
+
+def select[M: models.Model](model: type[M], related: tuple[str, ...] = (), **where: object) -> list[M]:
+    """Every row of ``model`` matching ``where`` (by equality), in no particular order, as
+    :func:`get` makes each: ``list(filter(**where))`` without the ORM compiling it."""
+    if database().vendor != "postgresql":
+        return list(model._default_manager.select_related(*related).filter(**where))
+    names = tuple(where)
+    sql, own = select_sql(model, names, related)
+    rows = execute(sql, [prep(model, name, where[name]) for name in names]).fetchall()
+    return [_with_related(model, related, row, own) for row in rows]
+
+
+def _with_related[M: models.Model](model: type[M], related: tuple[str, ...], row: Sequence[object], own: int) -> M:
     instance = from_row(model, row[:own])
     offset = own
     for name in related:

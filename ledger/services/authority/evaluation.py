@@ -18,8 +18,7 @@ reservation of that attempt.
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import F
-
+from ledger import prepared
 from ledger.errors import Denied, parse_id
 from ledger.models import CapabilityBudget, Credential, CredentialLease, Operation
 from ledger.policy import allows, contract_for, needs_human
@@ -73,13 +72,10 @@ def _check_credential(
     if at_dispatch:
         lease = op.credential_lease
     elif lease_id is not None:
-        lease = (
-            CredentialLease.objects.filter(pk=parse_id(lease_id, "credential lease"), run=ctx.run)
-            .annotate(credential_version_now=F("credential__version"))
-            .first()
-        )
-        if lease is None:
+        lease = prepared.get(CredentialLease, ("credential",), id=parse_id(lease_id, "credential lease"))
+        if lease is None or lease.run_id != ctx.run.pk:
             raise Denied("DENY_POLICY", "no such credential lease for this run")
+        lease.__dict__["credential_version_now"] = lease.credential.version
     else:
         lease = None
     if lease is None:
@@ -109,7 +105,8 @@ def _check_credential(
 def _check_capability(op: Operation, ctx: Fenced, policy: dict, grounds: Grounds) -> None:
     held: list[CapabilityBudget] = []
     if ctx.run.n_capabilities > 0:  # while the run has asked for none there is nothing to read
-        held = list(CapabilityBudget.objects.filter(run=ctx.run, tool=op.tool).exclude(status=CapabilityStatus.DENIED))
+        found = prepared.select(CapabilityBudget, run_id=ctx.run.pk, tool=op.tool)
+        held = [c for c in found if c.status != CapabilityStatus.DENIED]
     if not held and not policy["require_capability"]:
         return  # the policy does not ask for capabilities and the run holds none for this tool
     matching = [c for c in held if op.action in c.actions and op.resource in c.resources]
