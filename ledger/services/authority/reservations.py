@@ -123,6 +123,7 @@ def cost_reserve(
             return existing
     charged = None
     if fresh and connection.vendor == "postgresql":
+        _windows_in_place(tenant=tenant, budgets=budgets, now=now, window_s=policy["cost_window_s"])
         charged = _reserve_at_once(
             op=op, run=run, policy=policy, budgets=budgets, estimate=estimate, now=now, capability=capability
         )
@@ -166,6 +167,28 @@ def cost_reserve(
     else:
         breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now)
     return reservation
+
+
+# The windows this process has seen in place, (tenant id, kind, key, starts_at): a hint, so
+# that the first dispatch of a run (whose RUN window the period has not opened yet) takes the
+# one-statement path too, instead of failing it and charging one by one. A window named here
+# that is not there (its transaction rolled back) fails the statement, and the one-by-one
+# path opens it: the hint is never needed for correctness.
+_windows_seen: set[tuple[object, str, str, datetime]] = set()
+_WINDOWS_SEEN_MAX = 100_000
+
+
+def _windows_in_place(*, tenant: Tenant, budgets: list[Budget], now: datetime, window_s: int) -> None:
+    """Open the current windows of ``budgets`` (``windows_ensure``) unless this process has
+    seen them all in place already."""
+    starts_at, _ = window_bounds(now, window_s)
+    keys = [(tenant.pk, b.kind.value, b.key, starts_at) for b in budgets]
+    if all(key in _windows_seen for key in keys):
+        return
+    windows_ensure(tenant=tenant, budgets=budgets, now=now, window_s=window_s)
+    if len(_windows_seen) >= _WINDOWS_SEEN_MAX:
+        _windows_seen.clear()
+    _windows_seen.update(keys)
 
 
 def capability_spend(*, capability: CapabilityBudget, op: Operation, now: datetime) -> None:
