@@ -25,7 +25,7 @@ from ledger.policy import allows, contract_for, needs_human
 from ledger.services.authority.breaker import breaker_allows
 from ledger.services.authority.policy import policy_now
 from ledger.services.authority.reservations import cost_reserve
-from ledger.services.core.fencing import Fenced
+from ledger.services.core.fencing import CAPABILITIES_SEEN, Fenced
 from ledger.services.core.handoff import Approval, queues
 from ledger.states import ApprovalKind, CapabilityStatus
 
@@ -105,8 +105,10 @@ def _check_credential(
 def _check_capability(op: Operation, ctx: Fenced, policy: dict, grounds: Grounds) -> None:
     held: list[CapabilityBudget] = []
     if ctx.run.n_capabilities > 0:  # while the run has asked for none there is nothing to read
-        found = prepared.select(CapabilityBudget, run_id=ctx.run.pk, tool=op.tool)
-        held = [c for c in found if c.status != CapabilityStatus.DENIED]
+        held = op.__dict__.pop(CAPABILITIES_SEEN, None)  # read by the fence's statement, once
+        if held is None:
+            found = prepared.select(CapabilityBudget, run_id=ctx.run.pk, tool=op.tool)
+            held = [c for c in found if c.status != CapabilityStatus.DENIED]
     if not held and not policy["require_capability"]:
         return  # the policy does not ask for capabilities and the run holds none for this tool
     matching = [c for c in held if op.action in c.actions and op.resource in c.resources]

@@ -32,6 +32,7 @@ from ledger.errors import (
     worker_refusal,
 )
 from ledger.models import (
+    CapabilityBudget,
     CostReservation,
     Credential,
     CredentialLease,
@@ -43,6 +44,7 @@ from ledger.models import (
     WorkerDrain,
 )
 from ledger.services.evidence.append import HEAD_FIELDS, ChainBatch
+from ledger.states import CapabilityStatus
 from ledger.versioning import require_known
 
 T = TypeVar("T")
@@ -199,6 +201,7 @@ _RUN = tuple(f.attname for f in Run._meta.concrete_fields)
 _OPERATION = tuple(f.attname for f in Operation._meta.concrete_fields)
 _CREDENTIAL_LEASE = tuple(f.attname for f in CredentialLease._meta.concrete_fields)
 _RESERVATION = tuple(f.attname for f in CostReservation._meta.concrete_fields)
+_CAPABILITY = tuple(f.attname for f in CapabilityBudget._meta.concrete_fields)
 _TENANT = (
     "policy_version",
     "breaker_state",
@@ -215,10 +218,13 @@ def _columns(alias: str, model: type[Model], names: tuple[str, ...]) -> list[str
 
 
 @cache
-def _lock_sql(by_operation: bool) -> str:
+def _lock_sql(by_operation: bool, capabilities: bool = False) -> str:
     """The hot path's one read, written once: the lease and its run, both locked, with what
     the write needs of the tenant and, by operation, of the operation and its credential
-    lease. (The ORM spent more CPU compiling this than PostgreSQL spent running it.)
+    lease, and with ``capabilities`` the run's capability budgets for the operation's tool
+    (all but the DENIED ones, one array per column, in id order; the status is the
+    statement's first parameter). (The ORM spent more CPU compiling this than PostgreSQL
+    spent running it.)
 
     Only the lease and the run are locked. The operation and the tenant are read as the
     statement's snapshot saw them; should the statement have waited for the run's lock,
@@ -249,6 +255,19 @@ def _lock_sql(by_operation: bool) -> str:
             f"LEFT JOIN {qn(Credential._meta.db_table)} cr ON cr.id = c.credential_id "
             f"LEFT JOIN {qn(CostReservation._meta.db_table)} cost ON cost.operation_id = o.id AND cost.attempt = o.attempt"
         )
+        if capabilities:
+            budget = qn(CapabilityBudget._meta.db_table)
+            key = qn(prepared.column(CapabilityBudget, "id"))
+            arrays = ", ".join(
+                f"array_agg(cb.{qn(prepared.column(CapabilityBudget, name))} ORDER BY cb.{key}) AS c{index}"
+                for index, name in enumerate(_CAPABILITY)
+            )
+            run_column, tool, status = (qn(prepared.column(CapabilityBudget, n)) for n in ("run", "tool", "status"))
+            tables += (
+                f" LEFT JOIN LATERAL (SELECT {arrays} FROM {budget} cb WHERE cb.{run_column} = o.run_id"  # noqa: S608
+                f" AND cb.{tool} = o.tool AND cb.{status} <> %s) caps ON true"
+            )
+            columns += [f"caps.c{index}" for index in range(len(_CAPABILITY))]
         where = "o.id = %s AND o.tenant_id = %s AND r.tenant_id = %s"
     else:
         where = "l.run_id = %s AND r.tenant_id = %s"
@@ -256,14 +275,19 @@ def _lock_sql(by_operation: bool) -> str:
     return f"SELECT {', '.join(columns)} FROM {tables} WHERE {where} FOR UPDATE OF l, r"  # noqa: S608
 
 
-def lock(*, tenant: Tenant, run_id: object = None, operation_id: object = None) -> Locked:
+def lock(*, tenant: Tenant, run_id: object = None, operation_id: object = None, capabilities: bool = False) -> Locked:
     """One run of ``tenant`` — named directly or as the run of one of its operations — with
-    its lease, both rows locked by one statement until the transaction ends."""
+    its lease, both rows locked by one statement until the transaction ends. By operation,
+    with ``capabilities``, the same statement also reads the run's capability budgets for
+    the operation's tool, which the operation then carries (:data:`CAPABILITIES_SEEN`)."""
     if connection.vendor != "postgresql":  # the embedded default: plain ORM, typed by Django
         return _lock_orm(tenant, run_id=run_id, operation_id=operation_id)
     if operation_id is not None:
         op_id = parse_id(operation_id, "operation")
-        row = prepared.execute(_lock_sql(True), [op_id, tenant.pk, tenant.pk]).fetchone()
+        params = [op_id, tenant.pk, tenant.pk]
+        if capabilities:
+            params.insert(0, CapabilityStatus.DENIED.value)
+        row = prepared.execute(_lock_sql(True, capabilities), params).fetchone()
         if row is None:
             raise NotFound("operation not found")
     else:
@@ -289,6 +313,7 @@ def lock(*, tenant: Tenant, run_id: object = None, operation_id: object = None) 
     credential_lease = take(len(_CREDENTIAL_LEASE))
     (credential_version,) = take(1)
     reservation = take(len(_RESERVATION))
+    arrays = take(len(_CAPABILITY)) if capabilities else None
     if snapshot_seq != run.last_seq:  # the run moved while this statement waited for its lock
         fresh = prepared.get(Operation, ("credential_lease",), id=op.pk)
         if not isinstance(fresh, Operation):
@@ -306,6 +331,12 @@ def lock(*, tenant: Tenant, run_id: object = None, operation_id: object = None) 
             op.attempt,
             prepared.from_row(CostReservation, reservation) if reservation[0] is not None else None,
         )
+        if arrays is not None:
+            # The run's capabilities for the tool (changed under the run's lock, but for a
+            # delegation to a child run, which only takes calls away: the charge at dispatch
+            # is conditional and refuses what is no longer there).
+            rows = zip(*arrays, strict=True) if arrays[0] is not None else ()
+            op.__dict__[CAPABILITIES_SEEN] = [prepared.from_row(CapabilityBudget, row) for row in rows]
     _OPERATION_RUN.set_cached_value(op, run)
     return Locked(run=run, operation=op, tenant=seen)
 
@@ -337,6 +368,9 @@ _RUN_TENANT = Run._meta.get_field("tenant")
 # The key under which a locked operation carries (its attempt, that attempt's cost reservation
 # or None) as the fence's statement read them.
 RESERVATION_SEEN = "cost_reservation_seen"
+# The key under which a locked operation carries the run's capability budgets for its tool
+# (all but DENIED) as the fence's statement read them; taken by the first check that reads them.
+CAPABILITIES_SEEN = "capabilities_seen"
 _OPERATION_RUN = Operation._meta.get_field("run")
 _OPERATION_CREDENTIAL_LEASE = Operation._meta.get_field("credential_lease")
 
@@ -424,13 +458,16 @@ def fenced[T](
     on_refused: Callable[[Fenced, str], None] | None = None,
     refusal: Callable[[str], DomainError] = StaleToken,
     ending: Ending | None = None,
+    capabilities: bool = False,
 ) -> T:
     """Run ``write`` under the fence, or record and raise the refusal. A presenter whose
-    lease ended with its run's cancellation is answered 409 RUN_CANCELLED."""
+    lease ended with its run's cancellation is answered 409 RUN_CANCELLED. ``capabilities``:
+    the locking statement also reads the run's capabilities for the operation's tool
+    (:func:`lock`), for a write that checks them (authorize, dispatch)."""
     batch: ChainBatch | None = None
     try:
         with transaction.atomic():
-            locked = lock(tenant=worker.tenant, run_id=run_id, operation_id=operation_id)
+            locked = lock(tenant=worker.tenant, run_id=run_id, operation_id=operation_id, capabilities=capabilities)
             run = locked.run
             now = timezone.now()
             reason = fence_reason(run.lease, token, now, owner_id=owner_id)

@@ -239,6 +239,7 @@ def operation_authorize(
             attempted="operation.authorize",
             write=write,
             ending=NEW_WORK,
+            capabilities=True,
         )
     )
 
@@ -292,5 +293,6 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
             attempted="operation.dispatch",
             write=write,
             ending=NEW_WORK,
+            capabilities=True,
         )
     )
