@@ -1,11 +1,12 @@
 """The one keyset pager of the console's lists: pages ordered by (a moment, id), each page
-the same few queries however long the list, with an opaque cursor for the next page."""
+the same few queries however long the list, with an opaque cursor for the next page. Its
+condition, :func:`past`, is also how the sweeps read on past rows they have seen."""
 
 import base64
 import json
 import uuid
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from django.db.models import Model, Q, QuerySet
 
@@ -29,21 +30,28 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID | int] | None:
         return None
 
 
+def past[M: Model](
+    queryset: QuerySet[M], order_field: str, moment: object, pk: object, *, descending: bool = False
+) -> QuerySet[M]:
+    """The rows of ``queryset`` after (``moment``, ``pk``) in (order_field, id) order (before
+    it when ``descending``). The first condition bounds the index range; the second is the
+    exact keyset."""
+    after_op, bound_op = ("lt", "lte") if descending else ("gt", "gte")
+    return queryset.filter(**{f"{order_field}__{bound_op}": moment}).filter(
+        Q(**{f"{order_field}__{after_op}": moment}) | Q(**{order_field: moment, f"id__{after_op}": pk})
+    )
+
+
 def keyset_page[M: Model](
     queryset: QuerySet[M], *, order_field: str, cursor: str | None, size: int = PAGE_SIZE, descending: bool = False
 ) -> tuple[list[M], str | None]:
     """One page ordered by (order_field, id) after ``cursor`` (newest first when
     ``descending``); returns (rows, next_cursor)."""
-    sign, after_op, bound_op = ("-", "lt", "lte") if descending else ("", "gt", "gte")
+    sign = "-" if descending else ""
     queryset = queryset.order_by(f"{sign}{order_field}", f"{sign}id")
     after = decode_cursor(cursor) if cursor else None
     if after is not None:
-        moment, pk = after
-        bound: dict[str, Any] = {f"{order_field}__{bound_op}": moment}
-        # The first condition bounds the index range; the second is the exact keyset.
-        queryset = queryset.filter(**bound).filter(
-            Q(**{f"{order_field}__{after_op}": moment}) | Q(**{order_field: moment, f"id__{after_op}": pk})
-        )
+        queryset = past(queryset, order_field, *after, descending=descending)
     rows = list(queryset[: size + 1])
     if len(rows) > size:
         rows = rows[:size]

@@ -8,7 +8,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus
@@ -17,6 +16,7 @@ from ledger.actors import SYSTEM_APPROVAL_EXPIRY, user_actor
 from ledger.boundary import check_text
 from ledger.errors import InvalidInput, NotFound, WrongPhase, parse_id
 from ledger.models import CapabilityBudget, Operation, Run
+from ledger.pagination import past
 from ledger.roles import APPROVE
 from ledger.services.core.decisions import acting_name
 from ledger.services.core.fencing import Fenced, locked_runs, runs_locked_for_sweep
@@ -123,7 +123,7 @@ def approvals_expire(*, batch_size: int | None = None, progress: Callable[[int, 
             now = timezone.now()
             due_now = ApprovalRequest.objects.filter(status__in=LIVE, expires_at__lte=now)
             if after is not None:
-                due_now = due_now.filter(Q(expires_at__gt=after[0]) | Q(expires_at=after[0], pk__gt=after[1]))
+                due_now = past(due_now, "expires_at", *after)
             due = list(due_now.order_by("expires_at", "pk").values_list("run_id", "expires_at", "pk")[:batch_size])
             if not due:
                 return expired

@@ -36,7 +36,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
-from django.db.models import BigIntegerField, Case, F, Q, QuerySet, Sum, Value, When
+from django.db.models import BigIntegerField, Case, F, QuerySet, Sum, Value, When
 from django.db.models.functions import Least
 from django.utils import timezone
 from psycopg.types.numeric import Int8
@@ -45,6 +45,7 @@ from ledger import prepared
 from ledger.actors import SYSTEM_RESERVATION_EXPIRY
 from ledger.errors import Denied, InvalidInput, WrongPhase
 from ledger.models import CapabilityBudget, CostReservation, CostShard, CostWindow, Operation, Run, Tenant
+from ledger.pagination import past
 from ledger.services.authority.breaker import OVERAGE_REASON, breaker_after_spend, breaker_update
 from ledger.services.authority.policy import policy_now
 from ledger.services.authority.windows import (
@@ -820,7 +821,7 @@ def reservations_expire(
             now = timezone.now()
             due_now = CostReservation.objects.filter(state=ReservationState.RESERVED, expires_at__lte=now)
             if after is not None:
-                due_now = due_now.filter(Q(expires_at__gt=after[0]) | Q(expires_at=after[0], pk__gt=after[1]))
+                due_now = past(due_now, "expires_at", *after)
             due = list(due_now.order_by("expires_at", "pk").values_list("run_id", "expires_at", "pk")[:batch_size])
             if not due:
                 break

@@ -84,19 +84,18 @@ def runs_locked_for_sweep(
 ) -> list[Run]:
     """For the sweeps (the reapers, the approval and reservation expiry jobs): runs with
     their leases, locked, as ``locked_runs`` gives them — those whose lease expired by
-    ``expired_by`` (oldest expiry first, at most ``limit``), or those of ``run_ids``. With ``skip_locked`` (the default) a run busy
-    elsewhere is left for the next pass; without it, the locks are waited for, taken in
-    run id order.
+    ``expired_by`` (oldest expiry first, at most ``limit``), or those of ``run_ids``. With
+    ``skip_locked`` (the default) a run busy elsewhere is left for the next pass; without
+    it, the locks are waited for, taken in run id order.
 
     On PostgreSQL, one pre-built statement reads them, and each run is made from its row
     directly (a sweep takes hundreds at a time) with the columns a sweep reads and writes,
     :data:`SWEEP_RUN_COLUMNS` (its chain head and counts, tenant, parent and status; any
     other field loads on first use, as after the ORM's ``only()``; so does a lease's own
-    ``run``, which only the run's side caches). The lease rows are
-    locked with the runs when the sweep ends the leases (``expired_by``); a sweep by
-    ``run_ids`` writes no lease and locks the run rows alone (every writer of a run locks
-    its row, so that lock is the one that excludes them), sparing a write to each lease's
-    page."""
+    ``run``, which only the run's side caches). The lease rows are locked with the runs
+    when the sweep ends the leases (``expired_by``); a sweep by ``run_ids`` writes no lease
+    and locks the run rows alone (every writer of a run locks its row, so that lock is the
+    one that excludes them), sparing a write to each lease's page."""
     if expired_by is None:
         if not run_ids:
             return []

@@ -44,8 +44,8 @@ from ledger.versioning import KNOWN_SCHEMA_VERSIONS, require_known
 
 PROGRESS_EVERY = 50_000
 # Rows per FETCH from the server-side cursor: the verifier holds two such batches at a time
-# (about 25 MB; docs/performance.md, issue 16's fourth session: 10,000 verified 15-20 % faster
-# than 5,000 in three interleaved runs out of three).
+# (about 25 MB; docs/performance.md, issue 16's fourth session: 10,000 verified 12-23 % faster
+# than 5,000 in each of three interleaved runs).
 CHUNK_ROWS = 10_000
 # Where a row holds what the observer looks at.
 _SEQ, _TYPE, _VERSION, _FIELDS, _HASH = map(ROW_COLUMNS.index, ("seq", "type", "schema_version", "fields", "hash"))
@@ -187,10 +187,11 @@ _cursor_names = itertools.count()
 def event_rows(*, run_id: uuid.UUID | str, upto: int) -> Iterator[Iterator[Sequence[Sequence[Any]]]]:
     """The stored events of ``run_id`` at or below seq ``upto`` as the verifier reads them:
     batches of CHUNK_ROWS rows (ROW_COLUMNS, ``fields`` as JSON text), so that memory holds
-    two batches whatever the length of the chain. On PostgreSQL each batch is one FETCH from a
-    server-side cursor (the next one fetched while the caller checks this one), in a transaction of its own (or a savepoint: a read, nothing to
-    commit; the cursor lives in it, so a pooler in transaction mode keeps it); leaving the
-    block early closes the cursor. Elsewhere (the embedded SQLite) the ORM's rows."""
+    two batches whatever the length of the chain. On PostgreSQL each batch is one FETCH from
+    a server-side cursor (the next one fetched while the caller checks this one), in a
+    transaction of its own (or a savepoint: a read, nothing to commit; the cursor lives in
+    it, so a pooler in transaction mode keeps it); leaving the block early closes the
+    cursor. Elsewhere (the embedded SQLite) the ORM's rows."""
     if connection.vendor != "postgresql":
         yield _orm_rows(run_id, upto)
         return

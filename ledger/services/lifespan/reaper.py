@@ -38,7 +38,7 @@ from functools import cache
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -46,6 +46,7 @@ from ledger import prepared
 from ledger.actors import SYSTEM_RESOURCE_REAPER
 from ledger.boundary import credential_kind
 from ledger.models import LeaseGrant, ResourceAlert, Run, RunResource
+from ledger.pagination import past
 from ledger.services.core.fencing import runs_locked_for_sweep
 from ledger.services.evidence.append import ChainBatch, json_safe
 from ledger.services.lifespan.drivers import Closed, Closing, ResourceRef, driver_for
@@ -412,10 +413,8 @@ def instances_settle(*, batch_size: int, result: ResourceReapResult) -> None:
         with transaction.atomic():
             now = timezone.now()
             walk = LeaseGrant.objects.filter(state__in=[InstanceState.EXPIRED, InstanceState.REAPING])
-            if after is not None:  # past the last one read; the lower bound alone is the index's
-                walk = walk.filter(state_changed_at__gte=after[0]).filter(
-                    Q(state_changed_at__gt=after[0]) | Q(pk__gt=after[1])
-                )
+            if after is not None:  # past the last one read
+                walk = past(walk, "state_changed_at", *after)
             # The batch's last moment first, read in the index's own order (a scan that stops
             # after batch_size entries): the batch below then sorts only the rows up to it,
             # whatever the planner believes of the index (right after a lease sweep its
