@@ -6,13 +6,14 @@ details").
 One pass (``resources_reap``, run by beat and by ``manage.py reap_resources``):
 
 1. **Overdue.** ACTIVE resources past their lifetime (``expires_at``) or idle deadline (no
-   progress of their run for ``idle_s``) are asked for release, under their run's lock
-   (taken with SKIP LOCKED: a run being written to waits for the next pass).
-2. **Claim.** Due releases and retries — and claims whose reaper died — are claimed
-   set-based with ``FOR UPDATE SKIP LOCKED`` and moved to RELEASING with this pass's id and
-   a claim expiry, in a short transaction of their own. Two reapers at once claim disjoint
-   sets; a reaper killed after its claim leaves RELEASING rows that the next pass claims
-   again once the claim expired.
+   progress of their run for ``idle_s``) are asked for release and claimed for this pass
+   in one UPDATE, under their runs' locks (taken with SKIP LOCKED: a run being written to
+   waits for the next pass), each batch closed and settled (3, 4) before the next.
+2. **Claim.** Then due releases (asked for by workers and lease ends) and retries — and
+   claims whose reaper died — are claimed set-based with ``FOR UPDATE SKIP LOCKED`` and
+   moved to RELEASING with this pass's id and a claim expiry, in a short transaction of
+   their own. Two reapers at once claim disjoint sets; a reaper killed after its claim
+   leaves RELEASING rows that the next pass claims again once the claim expired.
 3. **Close.** Each claimed resource goes to the driver of its kind (``drivers.py``), a few
    at a time, each call bounded by a timeout (a hung call is abandoned as FAILED).
 4. **Settle.** Under the runs' locks, and only for rows still claimed by this pass:
@@ -30,22 +31,23 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ALL_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cache
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, QuerySet, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from ledger import prepared
 from ledger.actors import SYSTEM_RESOURCE_REAPER
 from ledger.boundary import credential_kind
-from ledger.models import LeaseGrant, ResourceAlert, Run, RunResource
+from ledger.models import LeaseGrant, ResourceAlert, RunResource
 from ledger.pagination import past
 from ledger.services.core.fencing import runs_locked_for_sweep
 from ledger.services.evidence.append import ChainBatch, json_safe
@@ -69,6 +71,43 @@ class ResourceReapResult:
 
 def _option(name: str) -> int:
     return int(settings.FENCELINE[name])
+
+
+# --- claims ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Claim:
+    """One batch's claim on resources: its id (each row's ``claimed_by``) and expiry, and
+    once read back (:meth:`read`), the references the drivers are given and the run of
+    each (by resource id). The rows still under it are those a stale claim's takeover
+    (another reaper, once it expired) has not taken."""
+
+    id: str
+    expires_at: datetime
+    refs: list[ResourceRef] = field(default_factory=list)
+    run_of: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def new(cls, now: datetime) -> "_Claim":
+        claim_s = _option("RESOURCE_CLOSE_TIMEOUT_S") * 3 + 30
+        return cls(uuid.uuid4().hex, now + timedelta(seconds=claim_s))
+
+    def fields(self) -> dict:
+        """What the claim writes on a resource's row, beside state RELEASING."""
+        return {"claimed_by": self.id, "claim_expires_at": self.expires_at, "attempts": F("attempts") + 1}
+
+    def rows(self) -> QuerySet[RunResource]:
+        """The rows still under this claim (along the ``resource_claimed`` index)."""
+        return RunResource.objects.filter(
+            state=ResourceState.RELEASING, claim_expires_at=self.expires_at, claimed_by=self.id
+        )
+
+    def read(self) -> None:
+        rows = self.rows().values_list("pk", "kind", "provider", "handle", "attempts", "run_id")
+        for pk, kind, provider, handle, attempts, run_id in rows:
+            self.refs.append(ResourceRef(str(pk), kind, provider, handle, attempts))
+            self.run_of[str(pk)] = run_id
 
 
 # --- 1. overdue -----------------------------------------------------------------------
@@ -100,12 +139,39 @@ def _idle_overdue(idle, now, limit: int) -> list[tuple]:
     return due[:limit]
 
 
-def _request_overdue(batch_size: int, result: ResourceReapResult) -> None:
-    """Ask for the release of ACTIVE resources past a deadline, batch by batch. When every
-    run of a batch is busy elsewhere (another copy of the reaper has them: ``reap_resources
-    --processes N``), the next reads leave those runs out instead of ending the step, so
-    copies at once split it; a resource left out is asked for by the copy that holds its
-    run, or by the next pass."""
+# A batch of the overdue step claims at most this many times its size: every overdue
+# resource of the runs it locked, so that a run gets one RESOURCE_RELEASE_REQUESTED event
+# per pass and reason rather than one per batch its resources were read in.
+BATCH_SPREAD = 10
+
+
+def _overdue_of(run_ids: list, now, limit: int) -> tuple[dict[str, dict[Any, list]], bool]:
+    """The overdue ACTIVE resources of the locked runs ``run_ids`` (at most ``limit``), by
+    reason and run id, and whether the limit cut the reads. Read under the runs' locks: a
+    resource leaves ACTIVE only under its run's lock, and a run's progress is written
+    under it, so what another reaper or the run's worker did since the first read is seen."""
+    active = RunResource.objects.filter(run_id__in=run_ids, state=ResourceState.ACTIVE)
+    by_reason: dict[str, dict[Any, list]] = {}
+    rows = list(active.filter(expires_at__lte=now).values_list("run_id", "pk", "expires_at")[:limit])
+    if len(rows) < limit:
+        rows += _idle_overdue(active.filter(idle_s__isnull=False, expires_at__gt=now), now, limit - len(rows))
+    for run_id, pk, expires_at in rows:
+        reason = "deadline" if expires_at <= now else "idle"
+        by_reason.setdefault(reason, {}).setdefault(run_id, []).append(pk)
+    return by_reason, len(rows) == limit
+
+
+def _overdue_claims(batch_size: int, result: ResourceReapResult) -> Iterator[_Claim]:
+    """Ask for the release of ACTIVE resources past a deadline and claim them for this pass
+    in the same UPDATE (ACTIVE -> RELEASING through RELEASE_REQUESTED, both recorded by the
+    run's RESOURCE_RELEASE_REQUESTED event), batch by batch: each batch's claims, once
+    committed. A batch is the runs of ``batch_size`` overdue resources, with every overdue
+    resource of theirs (up to ``BATCH_SPREAD`` times ``batch_size``).
+
+    When every run of a batch is busy elsewhere (another copy of the reaper has them:
+    ``reap_resources --processes N``), the next reads leave those runs out instead of
+    ending the step, so copies at once split it; a resource left out is asked for by the
+    copy that holds its run, or by the next pass."""
     busy: set = set()  # runs found locked by another copy in a batch of nothing else
     while True:
         with transaction.atomic():
@@ -122,23 +188,18 @@ def _request_overdue(batch_size: int, result: ResourceReapResult) -> None:
             if not rows:
                 return
             runs = {run.pk: run for run in runs_locked_for_sweep(run_ids={r[0] for r in rows})}
-            # Read again under the runs' locks (a resource leaves ACTIVE only under its run's
-            # lock): another reaper may have asked for some between the read and the lock.
-            still = set(
-                RunResource.objects.filter(
-                    pk__in=[pk for run_id, pk, _ in rows if run_id in runs], state=ResourceState.ACTIVE
-                ).values_list("pk", flat=True)
-            )
-            by_reason: dict[str, dict[Run, list]] = {}
-            for run_id, pk, expires_at in rows:
-                if pk in still:
-                    reason = "deadline" if expires_at <= now else "idle"
-                    by_reason.setdefault(reason, {}).setdefault(runs[run_id], []).append(pk)
+            by_reason, cut = _overdue_of(list(runs), now, BATCH_SPREAD * batch_size)
             batch = ChainBatch(now)
+            claim = _Claim.new(now)
             for reason, by_run in by_reason.items():  # one UPDATE per reason
-                result.requested += resources_request(by_run, batch, SYSTEM_RESOURCE_REAPER, reason)
+                ids = {runs[run_id]: pks for run_id, pks in by_run.items()}
+                result.requested += resources_request(ids, batch, SYSTEM_RESOURCE_REAPER, reason, claim=claim.fields())
+            if by_reason:
+                claim.read()
             batch.commit()
-        if len(rows) < batch_size:
+        if claim.refs:
+            yield claim
+        if len(rows) < batch_size and not cut:
             return
         if not by_reason:  # these runs are busy elsewhere: read on without them
             busy.update(run_id for run_id, _, _ in rows if run_id not in runs)
@@ -147,11 +208,11 @@ def _request_overdue(batch_size: int, result: ResourceReapResult) -> None:
 # --- 2. claim -------------------------------------------------------------------------
 
 
-def _claim(reaper_id: str, batch_size: int) -> tuple[list[ResourceRef], dict[str, object]]:
-    """Claim up to ``batch_size`` due resources for this pass: the references the drivers
-    are given, and the run of each (by resource id)."""
+def _claim(batch_size: int) -> _Claim:
+    """Claim up to ``batch_size`` due resources for this pass."""
     with transaction.atomic():
         now = timezone.now()
+        claim = _Claim.new(now)
         due = RunResource.objects.filter(state__in=RESOURCE_CLAIMABLE, next_attempt_at__lte=now).order_by(
             "next_attempt_at"
         )
@@ -159,24 +220,10 @@ def _claim(reaper_id: str, batch_size: int) -> tuple[list[ResourceRef], dict[str
         if len(ids) < batch_size:  # claims whose reaper died before it settled them
             stale = RunResource.objects.filter(state=ResourceState.RELEASING, claim_expires_at__lte=now)
             ids += list(stale.select_for_update(skip_locked=True).values_list("pk", flat=True)[: batch_size - len(ids)])
-        if not ids:
-            return [], {}
-        claim_s = _option("RESOURCE_CLOSE_TIMEOUT_S") * 3 + 30
-        RunResource.objects.filter(pk__in=ids).update(
-            state=ResourceState.RELEASING,
-            claimed_by=reaper_id,
-            claim_expires_at=now + timedelta(seconds=claim_s),
-            attempts=F("attempts") + 1,
-        )
-        rows = RunResource.objects.filter(pk__in=ids).values_list(
-            "pk", "kind", "provider", "handle", "attempts", "run_id"
-        )
-        refs: list[ResourceRef] = []
-        run_of: dict[str, object] = {}
-        for pk, kind, provider, handle, attempts, run_id in rows:
-            refs.append(ResourceRef(str(pk), kind, provider, handle, attempts))
-            run_of[str(pk)] = run_id
-        return refs, run_of
+        if ids:
+            RunResource.objects.filter(pk__in=ids).update(state=ResourceState.RELEASING, **claim.fields())
+            claim.read()
+        return claim
 
 
 # --- 3. close -------------------------------------------------------------------------
@@ -288,22 +335,17 @@ def alert_raise(resource: RunResource, reason: str, now) -> ResourceAlert | None
     return alert
 
 
-def _settle(
-    reaper_id: str,
-    answers: list[tuple[ResourceRef, str, Closing]],
-    run_of: dict[str, object],
-    result: ResourceReapResult,
-) -> None:
+def _settle(claim: _Claim, answers: list[tuple[ResourceRef, str, Closing]], result: ResourceReapResult) -> None:
     by_id = {ref.resource_id: (ref, driver, closing) for ref, driver, closing in answers}
     with transaction.atomic():
         now = timezone.now()
-        run_ids = {run_of[resource_id] for resource_id in by_id}
+        run_ids = {claim.run_of[resource_id] for resource_id in by_id}
         runs = {run.pk: run for run in runs_locked_for_sweep(run_ids=run_ids, skip_locked=False)}  # in id order
-        # Only the rows still claimed by this pass (a stale claim may have been taken over),
-        # as plain values: a failure, rare, reads its row whole for its alert.
+        # Only the rows still under the claim (a stale claim may have been taken over), as
+        # plain values: a failure, rare, reads its row whole for its alert.
         mine = list(
-            RunResource.objects.select_for_update(of=("self",))
-            .filter(pk__in=list(by_id), claimed_by=reaper_id, state=ResourceState.RELEASING)
+            claim.rows()
+            .select_for_update(of=("self",))
             .order_by("pk")
             .values_list("pk", "run_id", "kind", "attempts", "alerted_at")
         )
@@ -356,16 +398,6 @@ def _settle(
                     "next_attempt_at": resource.next_attempt_at,
                 },
             )
-        if released:
-            RunResource.objects.filter(pk__in=released).update(
-                state=ResourceState.RELEASED,
-                released_at=now,
-                released_by=SYSTEM_RESOURCE_REAPER,
-                claimed_by="",
-                claim_expires_at=None,
-            )
-        if cleared:  # only a resource that raised an alert has one to clear
-            ResourceAlert.objects.filter(resource_id__in=cleared, cleared_at__isnull=True).update(cleared_at=now)
         if failed:
             RunResource.objects.bulk_update(
                 failed, ["state", "last_error", "first_failed_at", "next_attempt_at", "claimed_by", "claim_expires_at"]
@@ -375,6 +407,18 @@ def _settle(
                     resource, "failures", now
                 ):
                     result.alerts += 1
+        if released:  # what is left under the claim, locked above, once the failures left it
+            moved = claim.rows().update(
+                state=ResourceState.RELEASED,
+                released_at=now,
+                released_by=SYSTEM_RESOURCE_REAPER,
+                claimed_by="",
+                claim_expires_at=None,
+            )
+            if moved != len(released):
+                raise AssertionError("a claimed resource changed under its lock")
+        if cleared:  # only a resource that raised an alert has one to clear
+            ResourceAlert.objects.filter(resource_id__in=cleared, cleared_at__isnull=True).update(cleared_at=now)
         batch.commit()
     result.released += len(released)
     result.failed += len(failed)
@@ -507,18 +551,22 @@ def resources_reap(
     """One pass of the resource reaper (see the module text). Safe to run twice at once."""
     started = time.monotonic()
     batch_size = batch_size or _option("RESOURCE_REAPER_BATCH_SIZE")
-    reaper_id = uuid.uuid4().hex
     result = ResourceReapResult()
-    _request_overdue(batch_size, result)
-    while True:
-        refs, run_of = _claim(reaper_id, batch_size)
-        if not refs:
-            break
-        _settle(reaper_id, _close_all(refs), run_of, result)
+
+    def close_and_settle(claim: _Claim) -> None:
+        _settle(claim, _close_all(claim.refs), result)
         result.batches += 1
         if progress is not None:
             progress(result)
-        if len(refs) < batch_size:
+
+    for claim in _overdue_claims(batch_size, result):
+        close_and_settle(claim)
+    while True:
+        claim = _claim(batch_size)
+        if not claim.refs:
+            break
+        close_and_settle(claim)
+        if len(claim.refs) < batch_size:
             break
     _alert_past_deadline(result)
     instances_settle(batch_size=batch_size, result=result)
