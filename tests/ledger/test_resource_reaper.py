@@ -101,3 +101,43 @@ def test_an_idle_resource_is_released_once_its_run_made_no_progress_for_idle_s(a
     assert (asked["count"], asked["reason"]) == (2, "idle")
     assert requests_of(busy) == []
     assert_chain_intact(quiet.pk)
+
+
+class BrokenDriver:
+    """A driver with a bug: every close raises."""
+
+    name = "broken"
+
+    def close(self, resource):
+        raise RuntimeError("the driver's own message is not kept")
+
+
+def test_a_hung_call_and_a_driver_s_bug_fail_their_resource_only(acme, settings):
+    settings.FENCELINE = {
+        **settings.FENCELINE,
+        "RESOURCE_CLOSE_TIMEOUT_S": 1,
+        "RESOURCE_CLOSE_CONCURRENCY": 2,
+        "RESOURCE_DRIVERS": {
+            **settings.FENCELINE["RESOURCE_DRIVERS"],
+            "connection:broken": f"{__name__}.BrokenDriver",
+        },
+    }
+    run, token = leased_run(acme.worker)
+    handles = {"hung": ("sandbox", "hung?hang=5"), "buggy": ("broken", "buggy"), "fine": ("sandbox", "fine")}
+    for provider, handle in handles.values():
+        resource_attach(
+            worker=acme.worker,
+            run_id=run.pk,
+            fencing_token=token,
+            attach=Attach(kind="connection", provider=provider, handle=handle),
+        )
+    RunResource.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    result = resources_reap()
+
+    assert (result.released, result.failed) == (1, 2), result
+    outcome = dict(RunResource.objects.values_list("handle", "state"))
+    assert outcome == {"hung?hang=5": "CLEANUP_FAILED", "buggy": "CLEANUP_FAILED", "fine": "RELEASED"}
+    errors = dict(RunResource.objects.filter(state="CLEANUP_FAILED").values_list("provider", "last_error"))
+    assert errors == {"sandbox": "driver sandbox timed out after 1 s", "broken": "RuntimeError in driver broken"}
+    assert_chain_intact(run.pk)

@@ -29,13 +29,15 @@ Nothing here touches a credential lease: its expiry is its own, and never waits 
 
 import logging
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ALL_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cache
+from queue import Empty, SimpleQueue
 from typing import Any
 
 from django.conf import settings
@@ -229,12 +231,52 @@ def _claim(batch_size: int) -> _Claim:
 # --- 3. close -------------------------------------------------------------------------
 
 
-@dataclass
-class _Call:
-    ref: ResourceRef
-    driver: str
-    future: Future
-    started: list[float] = field(default_factory=list)
+class _Calls:
+    """The driver calls of one batch. A few callers (threads of a pool) take the resources
+    one at a time, so a call costs no task of its own; each call's start is noted, so that
+    the batch can give up on one that runs too long. Each resource is answered once: by its
+    driver, or by the timeout, whichever comes first."""
+
+    def __init__(self, refs: list[ResourceRef]) -> None:
+        self.todo: SimpleQueue[ResourceRef] = SimpleQueue()
+        for ref in refs:
+            self.todo.put(ref)
+        self.answers: dict[str, tuple[ResourceRef, str, Closing]] = {}
+        self.running: dict[str, tuple[ResourceRef, str, float]] = {}  # resource id -> (ref, driver, start)
+        self.lock = threading.Lock()
+        self.answered = threading.Event()
+
+    def caller(self) -> None:
+        while True:
+            try:
+                ref = self.todo.get_nowait()
+            except Empty:
+                return
+            driver = driver_for(ref.kind, ref.provider)
+            with self.lock:
+                self.running[ref.resource_id] = (ref, driver.name, time.monotonic())
+            try:
+                closing = driver.close(ref)
+            except Exception as exc:  # a driver's bug is a failed close, not a dead reaper
+                closing = Closing(Closed.FAILED, f"{type(exc).__name__} in driver {driver.name}")
+            with self.lock:
+                if self.running.pop(ref.resource_id, None) is None:
+                    return  # given up on while it ran: the batch has moved on without this caller
+                self.answers[ref.resource_id] = (ref, driver.name, closing)
+            self.answered.set()
+
+    def give_up_past(self, timeout: float) -> None:
+        """Answer FAILED for each call running longer than ``timeout`` seconds."""
+        now = time.monotonic()
+        with self.lock:
+            for resource_id, (ref, driver, started) in list(self.running.items()):
+                if now - started > timeout:
+                    del self.running[resource_id]
+                    self.answers[resource_id] = (
+                        ref,
+                        driver,
+                        Closing(Closed.FAILED, f"driver {driver} timed out after {timeout} s"),
+                    )
 
 
 def _close_all(refs: list[ResourceRef]) -> list[tuple[ResourceRef, str, Closing]]:
@@ -242,38 +284,20 @@ def _close_all(refs: list[ResourceRef]) -> list[tuple[ResourceRef, str, Closing]
     a call running longer than RESOURCE_CLOSE_TIMEOUT_S is given up as FAILED (its thread
     is left to finish on its own: a driver must return eventually)."""
     timeout = _option("RESOURCE_CLOSE_TIMEOUT_S")
-    pool = ThreadPoolExecutor(max_workers=_option("RESOURCE_CLOSE_CONCURRENCY"), thread_name_prefix="reaper")
-    calls = []
-    for ref in refs:
-        driver = driver_for(ref.kind, ref.provider)
-        started: list[float] = []
-
-        def call(driver=driver, ref=ref, started=started) -> Closing:
-            started.append(time.monotonic())
-            try:
-                return driver.close(ref)
-            except Exception as exc:  # a driver's bug is a failed close, not a dead reaper
-                return Closing(Closed.FAILED, f"{type(exc).__name__} in driver {driver.name}")
-
-        calls.append(_Call(ref, driver.name, pool.submit(call), started))
-    answers: list[tuple[ResourceRef, str, Closing]] = []
-    pending = calls
-    while pending:
-        still = []
-        for c in pending:
-            if c.future.done():
-                answers.append((c.ref, c.driver, c.future.result()))
-            elif c.started and time.monotonic() - c.started[0] > timeout:
-                answers.append(
-                    (c.ref, c.driver, Closing(Closed.FAILED, f"driver {c.driver} timed out after {timeout} s"))
-                )
-            else:
-                still.append(c)
-        pending = still
-        if pending:  # back as soon as every call answered, or to look at the timeouts again
-            wait([c.future for c in pending], timeout=0.05, return_when=ALL_COMPLETED)
-    pool.shutdown(wait=False, cancel_futures=True)
-    return answers
+    callers = min(_option("RESOURCE_CLOSE_CONCURRENCY"), len(refs))
+    calls = _Calls(refs)
+    pool = ThreadPoolExecutor(max_workers=callers, thread_name_prefix="reaper")
+    for _ in range(callers):
+        pool.submit(calls.caller)
+    while True:  # back on each answer, or to look at the timeouts again
+        calls.answered.clear()
+        calls.give_up_past(timeout)
+        if len(calls.answers) == len(refs):
+            break
+        calls.answered.wait(0.05)
+    pool.shutdown(wait=False)
+    with calls.lock:
+        return list(calls.answers.values())
 
 
 # --- 4. settle ------------------------------------------------------------------------
