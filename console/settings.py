@@ -328,6 +328,8 @@ FENCELINE: dict[str, Any] = {
     "REAPER_INTERVAL_S": env_int("FENCELINE_REAPER_INTERVAL_S", 5, minimum=1),
     "REAPER_BATCH_SIZE": env_int("FENCELINE_REAPER_BATCH_SIZE", 500, minimum=1),
     "VERIFIER_INTERVAL_S": env_int("FENCELINE_VERIFIER_INTERVAL_S", 30, minimum=1),
+    # /metrics reads the runs' totals as this job last counted them (one pass over every run).
+    "RUN_TOTALS_INTERVAL_S": env_int("FENCELINE_RUN_TOTALS_INTERVAL_S", 15, minimum=1),
     "VERIFIER_BATCH_RUNS": env_int("FENCELINE_VERIFIER_BATCH_RUNS", 200, minimum=1),
     "APPROVAL_EXPIRY_INTERVAL_S": env_int("FENCELINE_APPROVAL_EXPIRY_INTERVAL_S", 15, minimum=1),
     "APPROVAL_EXPIRY_BATCH_SIZE": env_int("FENCELINE_APPROVAL_EXPIRY_BATCH_SIZE", 500, minimum=1),
@@ -453,6 +455,8 @@ CELERY_BEAT_SCHEDULE = {
     # Closes what runs left behind through each kind's driver, independently of any worker.
     "reap-resources": _every("ledger.tasks.reap_resources_task", "RESOURCE_REAPER_INTERVAL_S"),
     "verify-ledger": _every("ledger.tasks.verify_ledger_task", "VERIFIER_INTERVAL_S"),
+    # What each tenant's runs add up to, for /metrics (a scrape then reads a row per tenant).
+    "count-run-totals": _every("ledger.tasks.count_run_totals_task", "RUN_TOTALS_INTERVAL_S"),
     "expire-approvals": _every("approvals.tasks.expire_approvals_task", "APPROVAL_EXPIRY_INTERVAL_S"),
     # Cost reservations past their TTL (policy reservation_ttl_s, 900 s by default) -> UNKNOWN.
     "expire-reservations": _every("ledger.tasks.expire_reservations_task", "RESERVATION_EXPIRY_INTERVAL_S"),

@@ -24,6 +24,7 @@ from ledger.services.fence.leases import leases_reap
 from ledger.services.fleet.lifecycle import workers_drain_enforce, workers_stop_lapsed
 from ledger.services.lifespan.reaper import resources_reap
 from ledger.services.operating.jobs import job_failed, job_finished, job_started
+from ledger.services.operating.totals import run_totals_store
 
 # The one retry policy of every job: what a passing outage raises — the database going
 # away or refusing connections (Django's OperationalError / InterfaceError), the broker,
@@ -128,6 +129,12 @@ def verify_ledger_task(run_id: str | None = None) -> dict[str, int]:
     """Verify runs whose chain moved (bounded batch), or one run; seals checkpoints."""
     result = ledger_verify(run_ids=[run_id] if run_id else None)
     return {"runs": result.runs, "events": result.events, "broken": result.broken}
+
+
+@job()
+def count_run_totals_task() -> dict[str, int]:
+    """What each tenant's runs add up to, kept for /metrics (ledger/services/operating/totals.py)."""
+    return {"tenants": run_totals_store()}
 
 
 @job()

@@ -10,7 +10,7 @@ from ledger.models.authority import (
     CredentialLease,
 )
 from ledger.models.evidence import Checkpoint, Event
-from ledger.models.jobs import JobHeartbeat
+from ledger.models.jobs import JobHeartbeat, RunTotals
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
 from ledger.models.notifications import WebhookDelivery, WebhookEndpoint
 from ledger.models.runs import RUN_IN_FLIGHT, LeaseGrant, Operation, Run, RunLease
@@ -38,6 +38,7 @@ __all__ = [
     "Run",
     "RunLease",
     "RunResource",
+    "RunTotals",
     "SchemaChange",
     "StateConflict",
     "Tenant",

@@ -21,3 +21,19 @@ class JobHeartbeat(Versioned):
 
     class Meta:
         ordering = ["name"]
+
+
+class RunTotals(Versioned):
+    """What each tenant's runs add up to, as the run-totals job last counted them: one pass
+    over every run, done by the job so that a ``/metrics`` scrape reads a row per tenant
+    instead (``ledger/services/operating/totals.py``)."""
+
+    tenant = models.OneToOneField("ledger.Tenant", on_delete=models.CASCADE, primary_key=True, related_name="+")
+    accepted = models.PositiveBigIntegerField(default=0)  # events accepted: the sum of every chain's head seq
+    broken = models.PositiveBigIntegerField(default=0)  # runs the verifier found BROKEN
+    lag = models.BigIntegerField(default=0)  # events beyond each run's last verified checkpoint
+    unknown = models.PositiveBigIntegerField(default=0)  # operations in UNKNOWN
+    active = models.PositiveBigIntegerField(default=0)  # runs in status ACTIVE
+    in_flight = models.PositiveBigIntegerField(default=0)  # operations AUTHORIZED or DISPATCHED
+    verified_at = models.DateTimeField(null=True, blank=True)  # the newest verification of a run
+    counted_at = models.DateTimeField()

@@ -225,6 +225,8 @@ class LeaseGrant(Versioned):
                 condition=Q(state__in=[InstanceState.EXPIRED, InstanceState.REAPING]),
                 name="grant_reaping",
             ),
+            # /metrics counts the takeovers per tenant: only the takeovers are in it.
+            models.Index(fields=["tenant"], condition=Q(previous_owner_id__isnull=False), name="grant_takeover_tenant"),
         ]
 
 

@@ -5,7 +5,10 @@ Two sources, so that every replica answers the same and nothing is lost when a p
 - **The database, read at scrape time**, for everything it already holds: UNKNOWN outcomes,
   reconciliations by source, stale-token rejections, events accepted, verification, breakers,
   cost windows, credential leases, instances, resources, drains, restarts and the periodic
-  jobs' heartbeats. Bounded aggregates over indexed columns, labelled by tenant.
+  jobs' heartbeats. Bounded aggregates over indexed columns, labelled by tenant. What the
+  runs add up to takes a pass over every run: the count-run-totals job keeps it
+  (``ledger/services/operating/totals.py``), and a scrape counts it only when the job is not
+  fresh.
 - **Process counters** (prometheus_client) for what the database does not keep: request
   latency per endpoint, lease acquisitions and renewals, duplicate rejections, retries by
   effect class. With ``PROMETHEUS_MULTIPROC_DIR`` set (gunicorn with several workers, the
@@ -20,8 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Count, F, Max, Min, Q, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Count, F, Min, Q, Sum
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -92,6 +94,7 @@ class DatabaseMetrics(Collector):
             WorkerBoot,
             WorkerDrain,
         )
+        from ledger.services.operating.totals import run_totals_read
         from ledger.states import BreakerState, InstanceState, ResourceState, RunStatus
 
         now = timezone.now()
@@ -124,18 +127,18 @@ class DatabaseMetrics(Collector):
                 .order_by()
             ),
         )
-        # The chain: events accepted (every run's head), runs found BROKEN, verification lag.
-        runs = list(
-            Run.objects.values("tenant_id")
-            .annotate(
-                accepted=Sum("last_seq"),
-                broken=Count("id", filter=~Q(broken_reason="")),
-                lag=Sum(F("last_seq") - Coalesce("verified_checkpoint_seq", 0)),
-                unknown=Sum("n_unknown"),
-                active=Count("id", filter=Q(status=RunStatus.ACTIVE)),
-                in_flight=Sum(F("n_authorized") + F("n_dispatched")),
-            )
-            .order_by()
+        # The chain: events accepted (every run's head), runs found BROKEN, verification lag
+        # and the newest verification: what the runs add up to, as the count-run-totals job
+        # last counted them (counted here when it has not kept them fresh).
+        totals = run_totals_read()
+        runs = [vars(t) for t in totals]
+        yield _gauge(
+            "fenceline_run_totals_age_seconds",
+            "Seconds since the run totals below were counted (0: counted by this scrape)",
+            ["tenant"],
+            by_tenant(
+                [{"tenant_id": t.tenant_id, "n": max(0.0, (now - t.counted_at).total_seconds())} for t in totals]
+            ),
         )
         yield _counter(
             "audit_events_accepted",
@@ -162,12 +165,11 @@ class DatabaseMetrics(Collector):
             by_tenant(runs, value="lag"),
         )
         yield _gauge("fenceline_active_runs", "Runs in status ACTIVE", ["tenant"], by_tenant(runs, value="active"))
-        newest = Run.objects.filter(verified_at__isnull=False).values("tenant_id").annotate(n=Max("verified_at"))
         yield _gauge(
             "fenceline_seconds_since_verified_checkpoint",
             "Seconds since the verifier last verified a run of the tenant",
             ["tenant"],
-            [(t, (now - at).total_seconds()) for t, at in by_tenant(newest.order_by())],
+            [(t, (now - at).total_seconds()) for t, at in by_tenant(runs, value="verified_at") if at is not None],
         )
 
         # UNKNOWN outcomes and their reconciliation (cases).
