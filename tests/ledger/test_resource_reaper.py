@@ -8,8 +8,8 @@ import pytest
 from django.utils import timezone
 
 from ledger.models import Event, Run, RunResource
-from ledger.services.lifespan.drivers import SandboxDriver
-from ledger.services.lifespan.reaper import BATCH_SPREAD, resources_reap
+from ledger.services.lifespan.drivers import Closed, Closing, ResourceRef, SandboxDriver
+from ledger.services.lifespan.reaper import BATCH_SPREAD, _close_all, resources_reap
 from ledger.services.lifespan.resources import Attach, resource_attach
 from tests.helpers import assert_chain_intact
 from tests.ledger.factories import leased_run
@@ -141,3 +141,18 @@ def test_a_hung_call_and_a_driver_s_bug_fail_their_resource_only(acme, settings)
     errors = dict(RunResource.objects.filter(state="CLEANUP_FAILED").values_list("provider", "last_error"))
     assert errors == {"sandbox": "driver sandbox timed out after 1 s", "broken": "RuntimeError in driver broken"}
     assert_chain_intact(run.pk)
+
+
+def test_a_caller_whose_call_was_given_up_on_goes_on_with_the_batch(settings):
+    """One caller: its first call hangs past the timeout (answered FAILED at once), and once
+    it returns, the caller takes the rest of the batch."""
+    settings.FENCELINE = {**settings.FENCELINE, "RESOURCE_CLOSE_TIMEOUT_S": 1, "RESOURCE_CLOSE_CONCURRENCY": 1}
+    refs = [
+        ResourceRef("r-hung", "connection", "sandbox", "hung?hang=2", 1),
+        ResourceRef("r-after", "connection", "sandbox", "after", 1),
+    ]
+
+    answers = {ref.resource_id: (driver, closing) for ref, driver, closing in _close_all(refs)}
+
+    assert answers["r-hung"][1] == Closing(Closed.FAILED, "driver sandbox timed out after 1 s")
+    assert answers["r-after"][1].result in (Closed.CLOSED, Closed.ALREADY_GONE)

@@ -261,7 +261,7 @@ class _Calls:
                 closing = Closing(Closed.FAILED, f"{type(exc).__name__} in driver {driver.name}")
             with self.lock:
                 if self.running.pop(ref.resource_id, None) is None:
-                    return  # given up on while it ran: the batch has moved on without this caller
+                    continue  # given up on while it ran (answered FAILED): on to the next
                 self.answers[ref.resource_id] = (ref, driver.name, closing)
             self.answered.set()
 
