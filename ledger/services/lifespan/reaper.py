@@ -508,9 +508,13 @@ def instances_settle(*, batch_size: int, result: ResourceReapResult) -> None:
             movable = [r for r in rows if r[2] == InstanceState.EXPIRED or r[0] not in holding]
             runs = {run.pk: run for run in runs_locked_for_sweep(run_ids={r[1] for r in movable})}
             mine = [r for r in movable if r[1] in runs]  # the others' runs are being written to: the next pass
-            free = [r[0] for r in mine if r[0] not in holding]
-            through = _grants_move(free, InstanceState.EXPIRED, InstanceState.RELEASED, now)  # via REAPING
-            released = _grants_move(free, InstanceState.REAPING, InstanceState.RELEASED, now)
+            # Each UPDATE only for the rows read in its source state (one found in another
+            # state was moved by another reaper meanwhile: the next pass reads it again).
+            free = [r for r in mine if r[0] not in holding]
+            expired = [r[0] for r in free if r[2] == InstanceState.EXPIRED]
+            through = _grants_move(expired, InstanceState.EXPIRED, InstanceState.RELEASED, now)  # via REAPING
+            cleaned = [r[0] for r in free if r[2] == InstanceState.REAPING]
+            released = _grants_move(cleaned, InstanceState.REAPING, InstanceState.RELEASED, now)
             reaping = _grants_move(
                 [r[0] for r in mine if r[0] in holding], InstanceState.EXPIRED, InstanceState.REAPING, now
             )
