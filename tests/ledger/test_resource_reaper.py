@@ -156,3 +156,7 @@ def test_a_caller_whose_call_was_given_up_on_goes_on_with_the_batch(settings):
 
     assert answers["r-hung"][1] == Closing(Closed.FAILED, "driver sandbox timed out after 1 s")
     assert answers["r-after"][1].result in (Closed.CLOSED, Closed.ALREADY_GONE)
+
+
+def test_an_empty_batch_calls_nothing():
+    assert _close_all([]) == []

@@ -283,6 +283,8 @@ def _close_all(refs: list[ResourceRef]) -> list[tuple[ResourceRef, str, Closing]
     """Close each resource through its driver, at most RESOURCE_CLOSE_CONCURRENCY at once;
     a call running longer than RESOURCE_CLOSE_TIMEOUT_S is given up as FAILED (its thread
     is left to finish on its own: a driver must return eventually)."""
+    if not refs:
+        return []
     timeout = _option("RESOURCE_CLOSE_TIMEOUT_S")
     callers = min(_option("RESOURCE_CLOSE_CONCURRENCY"), len(refs))
     calls = _Calls(refs)
