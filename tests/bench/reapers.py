@@ -523,7 +523,7 @@ def _settled(instances_settle, result_type) -> int:
     from django.conf import settings
 
     result = result_type()
-    instances_settle(batch_size=settings.FENCELINE["RESOURCE_REAPER_BATCH_SIZE"], result=result)
+    instances_settle(batch_size=settings.FENCELINE["REAPER_BATCH_SIZE"], result=result)  # as resources_reap
     return result.instances_released
 
 

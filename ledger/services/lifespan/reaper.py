@@ -599,7 +599,9 @@ def resources_reap(
         if len(claim.refs) < batch_size:
             break
     _alert_past_deadline(result)
-    instances_settle(batch_size=batch_size, result=result)
+    # Instances are the lease reaper's to follow up: its batch size (500), not the resources'
+    # (a batch of 200 spent a fifth more per instance on its fixed costs).
+    instances_settle(batch_size=_option("REAPER_BATCH_SIZE"), result=result)
     result.seconds = time.monotonic() - started
     if progress is not None:
         progress(result)
