@@ -22,7 +22,6 @@ one so far. Only the tenants where the user has a role are read (``tenants_for``
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db.models import Count, F, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce, TruncHour
 from django.utils import timezone
@@ -32,6 +31,7 @@ from ledger.models import CostWindow, Event, Run, TenantPolicy
 from ledger.policy import completed_policy
 from ledger.roles import tenants_for
 from ledger.services.authority.windows import window_bounds
+from ledger.services.operating.jobs import job_allowed_s
 from ledger.states import BudgetKind
 
 HOURS = 24
@@ -40,10 +40,9 @@ BREAKER_MARKS = ("throttled_at", "degraded_at", "open_at")
 
 
 def verifier_allowance_s() -> int:
-    """How long the verify-ledger job may go without finishing before it is not fresh (as
-    ``ledger.observability.health.jobs_freshness`` reckons it): the lag it is allowed."""
-    interval = float(settings.CELERY_BEAT_SCHEDULE["verify-ledger"]["schedule"])
-    return round(interval * settings.FENCELINE["JOB_STALE_AFTER_INTERVALS"] + settings.FENCELINE["JOB_STALE_GRACE_S"])
+    """How long the verify-ledger job may go without finishing before it is not fresh: the
+    lag it is allowed."""
+    return round(job_allowed_s("verify-ledger"))
 
 
 def trend_hours(now: datetime) -> list[datetime]:

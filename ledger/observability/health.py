@@ -83,14 +83,14 @@ def _failing_since_success(beat: "JobHeartbeat") -> bool:
 def jobs_freshness() -> list[JobFreshness]:
     """Each beat job: fresh or not, and why (also the dashboard's "Background jobs")."""
     from ledger.models import JobHeartbeat
+    from ledger.services.operating.jobs import job_allowed_s
 
-    factor = settings.FENCELINE["JOB_STALE_AFTER_INTERVALS"]
     now = timezone.now()
     beats = {b.name: b for b in JobHeartbeat.objects.all()}
     rows = []
     for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
         interval = float(entry["schedule"])
-        allowed = interval * factor + settings.FENCELINE["JOB_STALE_GRACE_S"]
+        allowed = job_allowed_s(name)
         beat = beats.get(name)
         reason = ""
         if beat is None or beat.last_finished_at is None:

@@ -94,7 +94,7 @@ class DatabaseMetrics(Collector):
             WorkerBoot,
             WorkerDrain,
         )
-        from ledger.services.operating.totals import run_totals_read
+        from ledger.services.operating.totals import TOTALS, run_totals_read
         from ledger.states import BreakerState, InstanceState, ResourceState, RunStatus
 
         now = timezone.now()
@@ -131,7 +131,7 @@ class DatabaseMetrics(Collector):
         # and the newest verification: what the runs add up to, as the count-run-totals job
         # last counted them (counted here when it has not kept them fresh).
         totals = run_totals_read()
-        runs = [vars(t) for t in totals]
+        runs = [{"tenant_id": t.tenant_id, **{k: getattr(t, k) for k in TOTALS}} for t in totals]
         yield _gauge(
             "fenceline_run_totals_age_seconds",
             "Seconds since the run totals below were counted (0: counted by this scrape)",

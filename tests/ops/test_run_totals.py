@@ -10,6 +10,7 @@ from django.utils import timezone
 from ledger.models import Run, RunTotals
 from ledger.observability.metrics import scrape
 from ledger.services.fence.notes import event_append
+from ledger.services.operating.jobs import job_allowed_s
 from ledger.tasks import count_run_totals_task
 from tests.conftest import make_worker
 from tests.ledger.factories import leased_run
@@ -42,11 +43,11 @@ def test_a_scrape_reads_the_totals_the_job_counted_until_it_counts_again(acme):
     assert scraped("audit_events_accepted", "acme", "_total") == counted + 1 == accepted(acme.tenant)
 
 
-def test_a_scrape_counts_itself_once_the_job_is_not_fresh(acme, settings):
+def test_a_scrape_counts_itself_once_the_job_is_not_fresh(acme):
     run, token = leased_run(acme.worker)
     count_run_totals_task.apply().get()
     event_append(worker=acme.worker, run_id=run.pk, fencing_token=token, type="NOTE", fields={"n": 1})
-    allowed = settings.FENCELINE["RUN_TOTALS_INTERVAL_S"] * settings.FENCELINE["JOB_STALE_AFTER_INTERVALS"]
+    allowed = job_allowed_s("count-run-totals")  # what /readyz allows the job
     RunTotals.objects.update(counted_at=timezone.now() - timedelta(seconds=allowed + 1))
 
     assert scraped("audit_events_accepted", "acme", "_total") == accepted(acme.tenant)

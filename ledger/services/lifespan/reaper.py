@@ -11,12 +11,12 @@ One pass (``resources_reap``, run by beat and by ``manage.py reap_resources``):
    waits for the next pass), each batch closed and settled (3, 4) before the next.
 2. **Claim.** Then due releases (asked for by workers and lease ends) and retries — and
    claims whose reaper died — are claimed set-based with ``FOR UPDATE SKIP LOCKED`` and
-   moved to RELEASING with this pass's id and a claim expiry, in a short transaction of
-   their own. Two reapers at once claim disjoint sets; a reaper killed after its claim
+   moved to RELEASING under the batch's claim (its id and expiry), in a short transaction
+   of their own. Two reapers at once claim disjoint sets; a reaper killed after its claim
    leaves RELEASING rows that the next pass claims again once the claim expired.
 3. **Close.** Each claimed resource goes to the driver of its kind (``drivers.py``), a few
    at a time, each call bounded by a timeout (a hung call is abandoned as FAILED).
-4. **Settle.** Under the runs' locks, and only for rows still claimed by this pass:
+4. **Settle.** Under the runs' locks, and only for rows still under the batch's claim:
    CLOSED / ALREADY_GONE -> RELEASED (the only way to RELEASED besides an admin's
    decision); FAILED -> CLEANUP_FAILED with exponential backoff and jitter. After
    ``RESOURCE_ALERT_AFTER_FAILURES`` failures, or once past its deadline, a resource raises
