@@ -1,7 +1,7 @@
 """Fenceline's Python worker client: the lease renewal thread, the fenced calls and the
 operation walk, so a worker does not hand-write them. No Django import (like
 ``ledger/evidence_verifier.py``): copy it next to a worker, or import it; it needs only
-``requests``.
+``urllib3``.
 
     client = Client("https://fenceline.example", token)
     run_id = client.create_run(external_id="invoice-17")
@@ -23,17 +23,19 @@ the worker's next call on the lease, in the worker's own thread. See ``docs/clie
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import stat
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import requests
+import urllib3
 
 SCHEMA_VERSION = 1  # the version of the runs this client creates
 # The record versions this client reads (an operation is at 2 once the operation.provider_ref
@@ -203,6 +205,12 @@ class ApprovalDenied(FencelineError):
 
 class ServerError(FencelineError):
     code = "SERVER_ERROR"
+
+
+class TransportError(OSError):
+    """No answer: the connection failed, broke or timed out. The request may or may not have
+    reached the server (an intent or outcome may have been written); its idempotency makes the
+    same call safe to repeat. Not a refusal, so not a ``FencelineError``."""
 
 
 class StopWorker(FencelineError):
@@ -414,6 +422,17 @@ def runtime_readiness(audit: dict[str, Any] | None = None) -> dict[str, Any]:
 # --- the client ------------------------------------------------------------------------
 
 
+def _connections(base: str) -> tuple[urllib3.PoolManager | urllib3.HTTPConnectionPool, str]:
+    """Where a client's requests go and the prefix of their paths: the server's keep-alive
+    pool (two connections: the worker's thread and the renewal thread), or the proxy that the
+    environment names for it (HTTPS_PROXY, HTTP_PROXY, NO_PROXY), read once here."""
+    parsed = urllib3.util.parse_url(base)
+    proxy = urllib.request.getproxies().get(parsed.scheme or "http")
+    if proxy and not urllib.request.proxy_bypass(parsed.host or ""):
+        return urllib3.ProxyManager(proxy, maxsize=2), base
+    return urllib3.connection_from_url(base, maxsize=2), parsed.path or ""
+
+
 @dataclass(frozen=True)
 class Done:
     """What ``perform`` returns when the provider answered: CONFIRMED (default) or FAILED."""
@@ -436,22 +455,40 @@ class Client:
         self.base = base_url.rstrip("/") + "/api/v1"
         self.timeout = timeout
         self.reads = reads  # the record versions this client acts on
-        self.session = requests.Session()
-        self.session.headers.update({"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self.pool, self.prefix = _connections(self.base)
+        self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
         self.stop_requested = False  # set once a response carries the STOP_WORKER directive
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
-        """One request; a refusal raises its exception. Returns (status, body) otherwise."""
-        response = self.session.request(method, self.base + path, json=body, timeout=self.timeout)
+        """One request, never repeated here; a refusal raises its exception, no answer raises
+        ``TransportError``. Returns (status, body) otherwise."""
+        payload = None if body is None else json.dumps(body).encode()
+        try:
+            response = self.pool.urlopen(
+                method,
+                self.prefix + path,
+                body=payload,
+                headers=self.headers,
+                timeout=self._timeout,
+                retries=False,  # a POST that may have landed is the caller's to repeat, by its key
+                redirect=False,
+            )
+        except urllib3.exceptions.HTTPError as failure:
+            raise TransportError(f"{method} {path}: {type(failure).__name__}") from failure
+        status = response.status
         if response.headers.get(DIRECTIVE_HEADER) == StopWorker.code:
             self.stop_requested = True
         try:
-            data = response.json()
+            data = json.loads(response.data)
         except ValueError:
-            data = {"error": "SERVER_ERROR" if response.status_code >= 500 else "", "detail": response.text[:200]}
-        if response.status_code >= 400:
-            raise error_for(response.status_code, data)
-        return response.status_code, data
+            data = None
+        if not isinstance(data, dict):  # a proxy's page, or JSON that is not the API's
+            text = response.data.decode(errors="replace")[:200]
+            data = {"error": "SERVER_ERROR" if status >= 500 else "", "detail": text}
+        if status >= 400:
+            raise error_for(status, data)
+        return status, data
 
     def post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.call("POST", path, body or {})[1]
@@ -589,7 +626,7 @@ class Lease:
                     f"/runs/{self.run_id}/lease/renew",
                     {"owner_id": self.owner_id, "fencing_token": self.token, "ttl_s": self.ttl_s},
                 )
-            except (requests.RequestException, ServerError):
+            except (TransportError, ServerError):
                 continue  # a passing outage: the lease may still be valid; try again next tick
             except FencelineError as failure:  # LEASE_LOST, STALE_TOKEN, RUN_CANCELLED, a revoked token ...
                 self._failure = failure  # raised at the worker's next call

@@ -143,8 +143,9 @@ class Worker:
                 return EXIT_TOLD_TO_STOP
             except fl.WorkerNotAccepting:
                 return EXIT_QUARANTINED
-            except (requests.RequestException, fl.ServerError) as outage:
-                say("OUTAGE", type(outage).__name__)  # its outcome was reported UNKNOWN
+            except (requests.RequestException, fl.TransportError, fl.ServerError) as outage:
+                # the provider's or Fenceline's: an outcome it could not learn was reported UNKNOWN
+                say("OUTAGE", type(outage).__name__)
                 time.sleep(0.2)
         return self.drain()
 

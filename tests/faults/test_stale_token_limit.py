@@ -8,6 +8,7 @@ count. Rejections spread wider than the window never add up to a quarantine."""
 from datetime import timedelta
 
 import pytest
+import requests
 from django.utils import timezone
 
 from ledger import client as fl
@@ -49,7 +50,7 @@ def test_the_rejection_past_the_limit_quarantines_and_every_response_then_says_s
         stale_write(worker, run_id)  # the sixth: quarantined, and this very answer says stop
     assert worker.stop_requested
     assert Worker.objects.get(pk=limited.worker.pk).status == "QUARANTINED"
-    raw = worker.session.post(worker.base + "/workers/me/heartbeat", json={}, timeout=5)
+    raw = requests.post(worker.base + "/workers/me/heartbeat", json={}, headers=worker.headers, timeout=5)
     assert raw.status_code == 200 and raw.headers["Fenceline-Directive"] == "STOP_WORKER"
     record = AdminAction.objects.get(tenant=limited.tenant, action="worker.quarantine")
     assert record.actor == "system:stale-tokens" and "6 stale-token rejections within 60 s" in record.reason
