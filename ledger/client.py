@@ -43,6 +43,7 @@ SCHEMA_VERSION = 1  # the version of the runs this client creates
 # before anything acts on it. Its boot reports say it reads up to the largest.
 READS_SCHEMA_VERSIONS = frozenset({1, 2})
 DIRECTIVE_HEADER = "Fenceline-Directive"
+KEPT_CONNECTIONS = 10  # per client, kept open between calls (requests' default pool size)
 
 
 # --- errors: one class per code --------------------------------------------------------
@@ -424,13 +425,14 @@ def runtime_readiness(audit: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def _connections(base: str) -> tuple[urllib3.PoolManager | urllib3.HTTPConnectionPool, str]:
     """Where a client's requests go and the prefix of their paths: the server's keep-alive
-    pool (two connections: the worker's thread and the renewal thread), or the proxy that the
-    environment names for it (HTTPS_PROXY, HTTP_PROXY, NO_PROXY), read once here."""
+    pool, or the proxy that the environment names for it (HTTPS_PROXY, HTTP_PROXY, NO_PROXY),
+    read once here. Every thread that calls at once gets a connection (the worker's, each
+    lease's renewal thread); up to ``KEPT_CONNECTIONS`` stay open between calls."""
     parsed = urllib3.util.parse_url(base)
     proxy = urllib.request.getproxies().get(parsed.scheme or "http")
     if proxy and not urllib.request.proxy_bypass(parsed.host or ""):
-        return urllib3.ProxyManager(proxy, maxsize=2), base
-    return urllib3.connection_from_url(base, maxsize=2), parsed.path or ""
+        return urllib3.ProxyManager(proxy, maxsize=KEPT_CONNECTIONS), base
+    return urllib3.connection_from_url(base, maxsize=KEPT_CONNECTIONS), parsed.path or ""
 
 
 @dataclass(frozen=True)

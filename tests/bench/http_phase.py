@@ -2,7 +2,7 @@
 plain phase, made by N client processes with the Python worker client (``ledger.client``)
 against gunicorn serving the project's WSGI application.
 
-    gunicorn console.wsgi:application --workers W --worker-class sync
+    gunicorn console.wsgi:application --workers W --worker-class gthread --threads 1 --keep-alive 75
         DB_CONN_MAX_AGE=300 (persistent database connections, as docs/production.md asks)
     N client processes:  create_run -> lease (acquire, a renewal thread) ->
         20 x lease.operation(intent -> authorize -> dispatch -> outcome CONFIRMED) -> release
@@ -218,7 +218,9 @@ def run_http(
     server = Gunicorn(database_url, args.http_workers)
     try:
         server.wait_ready()
-        say(f"[http] gunicorn with {args.http_workers} sync workers at {server.url}; starting {n} client processes")
+        say(
+            f"[http] gunicorn with {args.http_workers} gthread workers (one thread each) at {server.url}; starting {n} client processes"
+        )
         ctx = mp.get_context("spawn")
         counters = ctx.Array("q", n, lock=False)
         ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()

@@ -6,6 +6,7 @@ honoured; a renewal that gets no answer is a passing outage, not a lost lease.""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -40,9 +41,12 @@ class Recorder:
             except OSError:
                 return
             self.connections += 1
-            with conn, conn.makefile("rb") as reader:
-                while self.one(conn, reader):
-                    pass
+            threading.Thread(target=self.talk, args=(conn,), daemon=True).start()
+
+    def talk(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as reader:
+            while self.one(conn, reader):
+                pass
 
     def one(self, conn: socket.socket, reader) -> bool:
         line = reader.readline().decode().strip()
@@ -91,6 +95,27 @@ def test_answers_on_one_kept_alive_connection_with_the_token_and_the_body():
     assert server.connections == 1
     assert server.headers[0]["authorization"] == "Bearer tok-123"
     assert server.headers[0]["content-type"] == "application/json"
+
+
+def test_threads_calling_at_once_each_get_a_connection_and_keep_it(caplog):
+    with recorder(ok) as server:
+        client = fl.Client(server.url, "t")
+        start = threading.Barrier(4)
+
+        def calls() -> None:
+            start.wait()
+            for _ in range(5):
+                assert client.heartbeat() == {"ok": True}
+
+        threads = [threading.Thread(target=calls) for _ in range(4)]
+        with caplog.at_level(logging.WARNING, logger="urllib3"):
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    assert len(server.lines) == 20
+    assert server.connections <= 4  # kept between calls, not one per call
+    assert not [record for record in caplog.records if "pool is full" in record.getMessage()]
 
 
 def test_a_path_prefix_in_the_base_url_is_kept():
