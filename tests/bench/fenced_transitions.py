@@ -986,6 +986,11 @@ def report(context: dict, args, fenced_phases: list[dict], pg: dict) -> None:
     )
     row("client CPU per transition", cpu_per("client_cpu_s"))
     row("  of which kernel (sys)", cpu_per("client_sys_s"))
+    row("app server CPU per transition", cpu_per("app_cpu_s"))
+    row(
+        "  its floor: per request, no view",
+        lambda ph, n: f"{ph['app_floor_us']:,.0f} us" if ph.get("app_floor_us") is not None else None,
+    )
     row("server backend CPU per transition", cpu_per("server_cpu_s"))
     row(
         "client preemptions per transition",
@@ -1015,7 +1020,8 @@ def report(context: dict, args, fenced_phases: list[dict], pg: dict) -> None:
         say(f"(+ {fenced['runs']:,} run_create calls, not counted)")
     say("'SQL stmts' = statements per call, counted in one untimed census cycle per worker after the")
     say(" timed loop; BEGIN/COMMIT are not in it; 'rest of machine' = other processes, PostgreSQL's")
-    say(" WAL writer/checkpointer, kernel")
+    say(" WAL writer/checkpointer, kernel; 'its floor' = gunicorn's CPU per GET /healthz (no database,")
+    say(" no authentication) from the same clients after the phase: what every request costs before its view")
     say("=" * 72)
     for fenced in fenced_phases:
         if fenced.get("profile"):
@@ -1120,6 +1126,9 @@ def figures(fenced_phases: list[dict], pg: dict) -> dict:
         out[f"{mode}_ratio"] = phase["tps"] / pg["tps"] if pg["tps"] == pg["tps"] and pg["tps"] else None
         dispatch = phase["by_kind"].get("dispatch", {})
         out[f"{mode}_dispatch_p50"] = dispatch.get("p50")
+        if phase.get("app_cpu_s") is not None and phase["total"]:
+            out[f"{mode}_app_cpu_us"] = 1e6 * phase["app_cpu_s"] / phase["total"]
+            out[f"{mode}_app_floor_us"] = phase.get("app_floor_us")
     if out.get("plain_dispatch_p50") and out.get("authority_dispatch_p50"):
         out["dispatch_p50_authority_over_plain"] = out["authority_dispatch_p50"] / out["plain_dispatch_p50"]
     return out

@@ -8,8 +8,8 @@ connections), and N client processes send ``GET /healthz`` over kept-alive conne
 urllib3, as the worker client does. That view reads no database and authenticates nobody, so
 what the gunicorn processes spend per request is what every request pays before any service
 runs: gunicorn's parsing and threads, Django's handler and signals, the middleware, the
-request's log line and latency sample, the JSON response. Read beside the app-server CPU per
-transition of the HTTP phase (docs/performance.md, "Issue 16, sixth session").
+request's log line and latency sample, the JSON response. The HTTP phase of ``make bench``
+measures the same after its timed loop ("its floor"); this runs it alone, for longer.
 
 Prints, per round: requests/s and gunicorn CPU per request (utime + stime of the master and
 its workers, from /proc).
@@ -18,50 +18,16 @@ its workers, from /proc).
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.bench.http_phase import Gunicorn  # noqa: E402 - the path above first
+from tests.bench.http_phase import FLOOR_PATH, Gunicorn, floor_round  # noqa: E402 - the path above first
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/postgres"
-
-
-def client(url: str, seconds: float, results) -> None:
-    import urllib3
-
-    pool = urllib3.connection_from_url(url, maxsize=1)
-    count, deadline = 0, time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        answer = pool.urlopen("GET", "/healthz", retries=False)
-        if answer.status != 200:
-            results.put(("error", f"/healthz answered {answer.status}"))
-            return
-        count += 1
-    results.put(("count", count))
-
-
-def one_round(server: Gunicorn, clients: int, seconds: float) -> tuple[float, float]:
-    """(requests/s, gunicorn CPU µs per request) of one round."""
-    results: mp.Queue = mp.Queue()
-    workers = [mp.Process(target=client, args=(server.url, seconds, results)) for _ in range(clients)]
-    cpu_before = server.cpu_s()
-    for worker in workers:
-        worker.start()
-    answers = [results.get(timeout=seconds + 60) for _ in workers]
-    for worker in workers:
-        worker.join()
-    cpu = server.cpu_s() - cpu_before
-    errors = [text for kind, text in answers if kind == "error"]
-    if errors:
-        raise SystemExit(f"http_floor: {errors[0]}")
-    total = sum(count for _, count in answers)
-    return total / seconds, 1e6 * cpu / max(total, 1)
 
 
 def main() -> int:
@@ -82,10 +48,10 @@ def main() -> int:
     try:
         server.wait_ready()
         print(f"gunicorn with {args.workers} gthread workers at {server.url}; {args.clients} keep-alive clients")
-        one_round(server, args.clients, 1.0)  # warm: every worker has imported and answered
+        floor_round(server, args.clients, 1.0)  # warm: every worker has imported and answered
         for index in range(args.rounds):
-            rate, cpu_us = one_round(server, args.clients, args.seconds)
-            print(f"round {index + 1}: {rate:,.0f} requests/s, gunicorn CPU {cpu_us:,.0f} us per request")
+            rate, cpu_us = floor_round(server, args.clients, args.seconds)
+            print(f"round {index + 1}: GET {FLOOR_PATH} {rate:,.0f}/s, gunicorn CPU {cpu_us:,.0f} us per request")
     finally:
         server.stop()
     return 0

@@ -210,6 +210,45 @@ class Gunicorn:
             self.process.kill()
 
 
+FLOOR_PATH = "/healthz"  # no database, no authentication: what every request pays before its view
+FLOOR_SECONDS = 3.0
+
+
+def floor_client(url: str, seconds: float, results) -> None:
+    """One client of :func:`floor_round`: ``FLOOR_PATH`` over one kept-alive connection."""
+    import urllib3
+
+    pool = urllib3.connection_from_url(url, maxsize=1)
+    count, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        answer = pool.urlopen("GET", FLOOR_PATH, retries=False)
+        if answer.status != 200:
+            results.put(("error", f"{FLOOR_PATH} answered {answer.status}"))
+            return
+        count += 1
+    results.put(("count", count))
+
+
+def floor_round(server: Gunicorn, clients: int, seconds: float) -> tuple[float, float]:
+    """The HTTP stack's own cost: ``clients`` processes send ``GET /healthz`` to ``server``
+    for ``seconds``. Returns (requests/s, gunicorn CPU in µs per request)."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=floor_client, args=(server.url, seconds, results)) for _ in range(clients)]
+    cpu_before = server.cpu_s()
+    for proc in procs:
+        proc.start()
+    answers = [results.get(timeout=seconds + 120) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=30)
+    cpu = server.cpu_s() - cpu_before
+    errors = [text for kind, text in answers if kind == "error"]
+    if errors:
+        raise RuntimeError(errors[0])
+    total = sum(count for _, count in answers)
+    return total / seconds, 1e6 * cpu / max(total, 1)
+
+
 def run_http(
     database_url: str, tokens: list[str], args, *, tool: tuple[str, str], say, percentile, stats, backends, cpu
 ) -> dict:
@@ -266,6 +305,9 @@ def run_http(
             proc.join(timeout=30)
         server_cpu = backends.stop()
         after = stats.snapshot()
+        # The same server, untimed by the phase: what a request costs it before any view.
+        floor_rate, floor_us = floor_round(server, n, FLOOR_SECONDS)
+        say(f"[http] floor: GET {FLOOR_PATH} {floor_rate:,.0f}/s, {floor_us:,.0f} us of gunicorn CPU per request")
     finally:
         server.stop()
     elapsed = max(r["finished"] for r in collected.values()) - start_at.value
@@ -299,6 +341,7 @@ def run_http(
         "client_sys_s": sum(r["sys_s"] for r in collected.values()),
         "client_preempted": sum(r["preempted"] for r in collected.values()),
         "app_cpu_s": app_after - app_before,
+        "app_floor_us": floor_us,
         "server_cpu_s": server_cpu,
         "machine_busy_cores": (cpu_before, cpu_after),
         "commits": commits,
