@@ -11,7 +11,7 @@ from django.db.models import Exists, F, OuterRef, Q, Subquery
 
 from ledger import prepared
 from ledger.errors import NotFound, parse_id
-from ledger.models import Run, Tenant, Worker
+from ledger.models import Run, RunLease, Tenant, Worker
 from ledger.pagination import keyset_page
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.fleet.workers import token_digest
@@ -26,9 +26,14 @@ def worker_for_token(token: str) -> Worker | None:
 
 
 def run_get(*, tenant: Tenant, run_id: object) -> Run:
-    run = Run.objects.select_related("lease").filter(tenant=tenant, pk=parse_id(run_id, "run")).first()
+    """A run of ``tenant`` with its lease, by pre-built statements (the worker API's read;
+    compiling the queryset cost more than the rest of the request)."""
+    run = prepared.get(Run, tenant_id=tenant.pk, id=parse_id(run_id, "run"))
     if run is None:
         raise NotFound("run not found")
+    lease = prepared.get(RunLease, run_id=run.pk)
+    if lease is not None:  # every run has one (run_create writes both)
+        run.lease = lease
     return run
 
 
@@ -113,7 +118,7 @@ def run_indicators(run: Run) -> dict[str, dict[str, Any]]:
 def approval_get(*, tenant: Tenant, approval_id: object):
     from approvals.models import ApprovalRequest
 
-    approval = ApprovalRequest.objects.filter(tenant=tenant, pk=parse_id(approval_id, "approval")).first()
+    approval = prepared.get(ApprovalRequest, tenant_id=tenant.pk, id=parse_id(approval_id, "approval"))
     if approval is None:
         raise NotFound("approval not found")
     return approval
@@ -455,7 +460,6 @@ def _capped_counts(ids: list[int], *, expiring_by) -> dict[int, dict[str, int]]:
     from django.db import connection
 
     from approvals.models import OPEN_CASE_STATUSES, CaseStatus, ReconciliationCase
-    from ledger.models import RunLease
 
     qn = connection.ops.quote_name
     case, lease, worker = (qn(m._meta.db_table) for m in (ReconciliationCase, RunLease, Worker))
@@ -537,7 +541,7 @@ def worker_liveness(*, worker: Worker, now=None) -> dict[str, Any]:
     from django.utils import timezone
 
     from approvals.models import ReconciliationCase
-    from ledger.models import LeaseGrant, RunLease
+    from ledger.models import LeaseGrant
 
     now = now or timezone.now()
     held = RunLease.objects.filter(worker=worker, owner_id__isnull=False)

@@ -46,6 +46,16 @@ def leased(api_for, acme):
     return client, run_id
 
 
+def test_another_tenants_approval_and_an_id_that_is_no_uuid_are_404(api_for, acme, outsider, payments_need_a_person):
+    client, run_id = leased(api_for, acme)
+    approval_id = client.authorize(charge(client, run_id, "inv-18"), 1).body["approval_id"]
+    assert client.get(f"/approvals/{approval_id}").body["status"] == "PENDING"
+    seen = api_for(outsider).get(f"/approvals/{approval_id}")
+    assert (seen.status, seen.body["error"]) == (404, "NOT_FOUND")
+    malformed = client.get("/approvals/not-an-id")  # names nothing (ledger.errors.parse_id)
+    assert (malformed.status, malformed.body["error"]) == (404, "NOT_FOUND")
+
+
 def test_an_approved_operation_proceeds_once(api_for, acme, payments_need_a_person):
     client, run_id = leased(api_for, acme)
     op = charge(client, run_id, "inv-17")
