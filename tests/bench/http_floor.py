@@ -25,9 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.bench.http_phase import FLOOR_PATH, Gunicorn, floor_round  # noqa: E402 - the path above first
-
-DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+from tests.bench.fenced_transitions import DEFAULT_URL  # noqa: E402 - the path above first
+from tests.bench.http_phase import FLOOR_PATH, Gunicorn, floor_round  # noqa: E402
 
 
 def main() -> int:
