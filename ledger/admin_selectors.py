@@ -307,7 +307,7 @@ def lifespan_overview(*, user) -> list[dict]:
         .values_list("tenant_id")
         .annotate(n=Count("pk"))
     )
-    # Counted from the runs' phase counters, over index run_in_flight: the operations table
+    # Counted from the runs' phase counters, over index run_may_be_in_flight: the operations table
     # has no index on the phase (its changes stay HOT).
     active_ops = dict(
         Run.objects.filter(RUN_IN_FLIGHT, tenant_id__in=ids)

@@ -11,7 +11,7 @@ from django.db.models import Exists, F, OuterRef, Q, Subquery
 
 from ledger import prepared
 from ledger.errors import NotFound, parse_id
-from ledger.models import Run, RunLease, Tenant, Worker
+from ledger.models import RUN_UNCERTAIN, Run, RunLease, Tenant, Worker
 from ledger.pagination import keyset_page
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.fleet.workers import token_digest
@@ -151,7 +151,7 @@ INDICATOR_FILTERS = {
     },
     "certainty": {
         "CERTAIN": lambda: Q(n_unknown=0, n_dispatched=0),
-        "UNCERTAIN": lambda: Q(n_unknown__gt=0) | Q(n_dispatched__gt=0),
+        "UNCERTAIN": lambda: RUN_UNCERTAIN,
     },
 }
 

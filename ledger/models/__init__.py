@@ -13,12 +13,13 @@ from ledger.models.evidence import Checkpoint, Event
 from ledger.models.jobs import JobHeartbeat, RunTotals
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
 from ledger.models.notifications import WebhookDelivery, WebhookEndpoint
-from ledger.models.runs import RUN_IN_FLIGHT, LeaseGrant, Operation, Run, RunLease
+from ledger.models.runs import RUN_IN_FLIGHT, RUN_UNCERTAIN, LeaseGrant, Operation, Run, RunLease
 from ledger.models.tenancy import AdminAction, Tenant, TenantPolicy, Worker, WorkerBoot, WorkerDrain
 from ledger.models.upgrades import Backfill, BackupManifest, SchemaChange, StateConflict
 
 __all__ = [
     "RUN_IN_FLIGHT",
+    "RUN_UNCERTAIN",
     "AdminAction",
     "Backfill",
     "BackupManifest",

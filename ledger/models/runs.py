@@ -12,6 +12,7 @@ from ledger.models.tenancy import Tenant, Worker
 from ledger.states import (
     CANCEL_ENDS,
     INSTANCE_LIVE,
+    RUN_FINISHED,
     EffectClass,
     InstanceState,
     LeaseEnd,
@@ -22,8 +23,12 @@ from ledger.versioning import Versioned
 
 # A run with an operation waiting for approval, authorized or dispatched (its counters are
 # kept with every transition, under the run's lock): where a tenant's active operations are
-# counted, over index run_in_flight, now that the operations table has no index on the phase.
-RUN_IN_FLIGHT = Q(n_pending_approval__gt=0) | Q(n_authorized__gt=0) | Q(n_dispatched__gt=0)
+# counted, now that the operations table has no index on the phase. Over index
+# run_may_be_in_flight, whose condition reads the flag, not these counters (see the field).
+RUN_IN_FLIGHT = Q(may_be_in_flight=True) & (Q(n_pending_approval__gt=0) | Q(n_authorized__gt=0) | Q(n_dispatched__gt=0))
+# A run with an operation dispatched or UNKNOWN (the UNCERTAIN filter), over index
+# run_uncertain: every run that may have one in flight, and those with UNKNOWN operations.
+RUN_UNCERTAIN = (Q(may_be_in_flight=True) | Q(n_unknown__gt=0)) & (Q(n_unknown__gt=0) | Q(n_dispatched__gt=0))
 
 
 class Run(Versioned):
@@ -75,6 +80,14 @@ class Run(Versioned):
     # Open StateConflicts of the run's records: while above zero its fenced calls are
     # refused (409 STATE_CONFLICT), read by the statement that locks the run.
     open_conflicts = models.PositiveIntegerField(default=0)
+    # False only once the run has finished with no operation waiting for approval, authorized
+    # or dispatched (kept with the chain head; a CHECK holds it). The indexes of runs with work
+    # in flight select on this flag instead of the phase counters: an index that reads a
+    # column, even only in its condition, makes every change of that column write an entry
+    # into every index of the table (not a HOT update), and the counters change with every
+    # transition, while this flag changes once, when the run ends. True by default in the
+    # database as well, so that a row written by a build that does not know it is counted.
+    may_be_in_flight = models.BooleanField(default=True, db_default=True)
 
     # Written only by the verifier (ledger.services.verification).
     verified_at = models.DateTimeField(null=True, blank=True)
@@ -102,6 +115,11 @@ class Run(Versioned):
                 condition=~Q(status=RunStatus.CANCELLING) | Q(cancel_grace_until__isnull=False, ending__in=CANCEL_ENDS),
                 name="run_cancelling_has_grace_and_end",
             ),
+            models.CheckConstraint(
+                condition=Q(may_be_in_flight=True)
+                | Q(status__in=sorted(RUN_FINISHED), n_pending_approval=0, n_authorized=0, n_dispatched=0),
+                name="run_in_flight_flagged",
+            ),
         ]
         indexes = [
             models.Index(fields=["tenant", "-created_at"], name="run_tenant_recent"),
@@ -112,14 +130,17 @@ class Run(Versioned):
             models.Index(
                 fields=["-created_at", "-id"], condition=Q(authorization_mismatches__gt=0), name="run_mismatch_recent"
             ),
+            # Neither condition reads a counter the hot transitions change (their run updates
+            # stay HOT); n_unknown changes only when an outcome is UNKNOWN or reconciled.
             models.Index(
                 fields=["-created_at", "-id"],
-                condition=Q(n_unknown__gt=0) | Q(n_dispatched__gt=0),
-                name="run_uncertain_recent",
+                condition=Q(may_be_in_flight=True) | Q(n_unknown__gt=0),
+                name="run_uncertain",
             ),
-            # A tenant's runs with operations active (the breaker's THROTTLED count, the
-            # resources page): few rows, keyed by the tenant.
-            models.Index(fields=["tenant"], condition=RUN_IN_FLIGHT, name="run_in_flight"),
+            # A tenant's runs that may have operations active (the breaker's THROTTLED count,
+            # the resources page): its unfinished runs and the few finished with one still in
+            # flight, keyed by the tenant; not its runs with UNKNOWN operations.
+            models.Index(fields=["tenant"], condition=Q(may_be_in_flight=True), name="run_may_be_in_flight"),
             # The dashboard's per-tenant figures, read from these small indexes only.
             models.Index(fields=["tenant", "stale_rejections"], condition=Q(stale_rejections__gt=0), name="run_stale"),
             # The limits job: runs past their maximum runtime, cancellations past their grace.

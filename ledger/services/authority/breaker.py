@@ -209,7 +209,7 @@ def breaker_allows(
     if level == BreakerState.THROTTLED:
         most = policy["breaker"]["throttled_max_dispatched"]
         # The tenant's DISPATCHED operations, from its runs' counters (kept under each run's
-        # lock with every transition), over its few runs in index run_in_flight.
+        # lock with every transition), over its unfinished runs in index run_may_be_in_flight.
         dispatched = Run.objects.filter(RUN_IN_FLIGHT, tenant=tenant).aggregate(n=Sum("n_dispatched"))["n"] or 0
         in_flight = dispatched - (1 if op.phase == Phase.DISPATCHED else 0)
         if in_flight >= most:

@@ -9,7 +9,7 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,7 +27,7 @@ from ledger.chain import EventSigner, canonical_bytes, format_time, hash_bytes
 from ledger.errors import InvalidInput
 from ledger.ids import uuid7
 from ledger.models import Event, Run
-from ledger.states import Phase
+from ledger.states import RUN_FINISHED, Phase
 from ledger.storable import storage_problem
 from ledger.versioning import CURRENT_SCHEMA_VERSION
 
@@ -356,7 +356,7 @@ class ChainBatch:
         key): the batch's events and run head are written only when the row was inserted,
         in the same statement. False: nothing was written, and the batch is rewound to
         ``mark`` (taken before the events that belonged to the insert)."""
-        runs = list(self._runs.values())
+        runs = _flagged(self._runs.values())
         if connection.vendor != "postgresql" or len(runs) != 1 or not 0 < len(self.events) <= EVENTS_PER_STATEMENT:
             if not prepared.insert(instance, conflict=conflict):
                 self.rewind(mark)
@@ -385,7 +385,7 @@ class ChainBatch:
         if not self._runs:
             self._send(held)
             return []
-        runs = list(self._runs.values())
+        runs = _flagged(self._runs.values())
         if connection.vendor != "postgresql":  # the embedded default: the ORM
             Event.objects.bulk_create(self.events)
             Run.objects.bulk_update(runs, HEAD_FIELDS)
@@ -450,6 +450,17 @@ def _commit_inserting_sql(model: type[Model], names: tuple[str, ...], conflict: 
     appended = f"appended AS (INSERT INTO {qn(Event._meta.db_table)} ({columns}) SELECT * FROM (VALUES {values}) AS v"  # noqa: S608
     appended += f" WHERE EXISTS (SELECT 1 FROM inserted) {_RETURNING})"  # noqa: S608
     return f"WITH {inserted}, {appended}, head AS ({head} AND EXISTS (SELECT 1 FROM inserted)) SELECT id, event_id FROM appended"  # noqa: S608
+
+
+def _flagged(runs: Iterable[Run]) -> list[Run]:
+    """``runs``, each with its ``may_be_in_flight`` as its head will be written: False once
+    it has finished with nothing waiting for approval, authorized or dispatched."""
+    flagged = list(runs)
+    for run in flagged:
+        run.may_be_in_flight = run.status not in RUN_FINISHED or (
+            run.n_pending_approval + run.n_authorized + run.n_dispatched > 0
+        )
+    return flagged
 
 
 def _stored(events: list[Event], rows: list) -> None:
@@ -585,6 +596,7 @@ HEAD_FIELDS = (
     "n_capabilities",
     "n_resources",
     "n_approvals",
+    "may_be_in_flight",
 )
 # Events that are not progress: a lease kept alive, a stale write refused, what an instance's
 # idleness, the reapers or an admin's cleanup decisions record. Every other event moves Run.last_progress_at, from which
