@@ -63,7 +63,7 @@ from tests.bench.fenced_transitions import BenchError, Server  # noqa: E402 - af
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/fl_scale"
 MARKER = "fenceline console bench data set "  # the database comment: this + JSON of the sizes
-SHAPE_VERSION = 2  # bump when the generated data changes shape (the sizes then differ: --reseed)
+SHAPE_VERSION = 3  # bump when the generated data changes shape (the sizes then differ: --reseed)
 DAYS = 90  # runs are spread over this many days, the newest a minute before the seed
 COPY_BYTES = 8 << 20  # one COPY write every ~8 MB of text
 PROGRESS_EVERY_S = 1.0
@@ -125,6 +125,7 @@ COLUMNS = {
         "broken_detail",
         "authorization_mismatches",
         "authorization_detail",
+        "may_be_in_flight",
     ),
     "ledger_runlease": (
         "schema_version",
@@ -610,6 +611,7 @@ def copy_runs(conn, plan: Plan, run_ids: list[str], tenant_ids: list[int]) -> No
                         *verified,
                         *broken_cols,
                         *mismatch,
+                        "t" if active else "f",  # a finished run here has nothing in flight
                     )
                 )
             )
