@@ -63,18 +63,28 @@ CHANGED_BY_TRANSITIONS = (
 )
 
 
-def test_no_index_of_the_operations_table_reads_a_column_the_transitions_change(db):
+def index_definitions(table: str) -> dict[str, str]:
+    """Each index of ``table`` by name, with its definition (key, expressions, condition)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index "
-            "WHERE indrelid = 'ledger_operation'::regclass"
+            "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = %s::regclass",
+            [table],
         )
-        definitions = dict(cursor.fetchall())
+        return dict(cursor.fetchall())
+
+
+def indexes_reading(definitions: dict[str, str], columns) -> dict[str, list[str]]:
+    """The indexes whose definition names any of ``columns``, with the columns each names."""
     reading = {
-        name: [column for column in CHANGED_BY_TRANSITIONS if re.search(rf"\b{column}\b", definition)]
+        name: [column for column in columns if re.search(rf"\b{column}\b", definition)]
         for name, definition in definitions.items()
     }
-    assert {name: columns for name, columns in reading.items() if columns} == {}
+    return {name: named for name, named in reading.items() if named}
+
+
+def test_no_index_of_the_operations_table_reads_a_column_the_transitions_change(db):
+    definitions = index_definitions("ledger_operation")
+    assert indexes_reading(definitions, CHANGED_BY_TRANSITIONS) == {}
     assert "operation_run" in definitions  # a run's operations still have their index
 
 
@@ -141,17 +151,8 @@ def test_no_index_of_the_runs_table_reads_the_head_a_transition_writes(db):
     # Written with every head, but changing only when the run ends (the flag) or an outcome is
     # UNKNOWN or reconciled (n_unknown): the indexes of runs with work in flight read them.
     changing = [name for name in HEAD_FIELDS if name not in ("may_be_in_flight", "n_unknown")]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index "
-            "WHERE indrelid = 'ledger_run'::regclass"
-        )
-        definitions = dict(cursor.fetchall())
-    reading = {
-        name: [column for column in changing if re.search(rf"\b{column}\b", definition)]
-        for name, definition in definitions.items()
-    }
-    assert {name: columns for name, columns in reading.items() if columns} == {}
+    definitions = index_definitions("ledger_run")
+    assert indexes_reading(definitions, changing) == {}
     assert {"run_uncertain", "run_may_be_in_flight"} <= set(definitions)
 
 
