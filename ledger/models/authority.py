@@ -32,7 +32,8 @@ class Credential(Versioned):
 
 class CredentialLease(Versioned):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="credential_leases")
+    # Found through credlease_active (tenant, ...), not an index of its own.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="credential_leases", db_index=False)
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="credential_leases")
     credential = models.ForeignKey(Credential, on_delete=models.PROTECT, related_name="leases")
     version = models.PositiveIntegerField()
@@ -54,7 +55,8 @@ class CredentialLease(Versioned):
 class CapabilityBudget(Versioned):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="capabilities")
-    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="capabilities")
+    # Found through capability_run_tool (run, tool), not an index of its own.
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="capabilities", db_index=False)
     tool = models.CharField(max_length=100)
     actions = models.JSONField()
     resources = models.JSONField()
@@ -153,7 +155,9 @@ class CostReservation(Versioned):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="cost_reservations")
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="cost_reservations")
-    operation = models.ForeignKey(Operation, on_delete=models.PROTECT, related_name="cost_reservations")
+    # Found through reservation_one_per_attempt (operation, attempt), not an index of its own:
+    # every dispatch in authority mode writes one, and each index is one more entry to write.
+    operation = models.ForeignKey(Operation, on_delete=models.PROTECT, related_name="cost_reservations", db_index=False)
     attempt = models.PositiveIntegerField()
     provider = models.CharField(max_length=100, blank=True, default="")
     estimated_cents = models.BigIntegerField()

@@ -35,7 +35,8 @@ class Run(Versioned):
     """One agent task, with the head of its evidence chain and its stale-write count."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="runs")
+    # Found through run_tenant_recent (tenant, -created_at), not an index of its own.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="runs", db_index=False)
     # A child run (a sub-agent) never holds more authority than its parent granted it.
     parent = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="children")
     external_id = models.CharField(max_length=200, null=True, blank=True)

@@ -219,3 +219,41 @@ def test_the_migration_flags_the_runs_that_are_unfinished_or_have_work_in_flight
     Run.objects.filter(pk=stopped.pk).update(n_dispatched=1)  # finished with one still in flight
     migration.flag_runs_in_flight(apps, None)
     assert flags(done, active, stopped) == [False, True, True]
+
+
+# The tables a fenced transition, a lease or an authority-mode dispatch writes rows into.
+WRITTEN_ON_THE_FENCED_PATH = (
+    "ledger_run",
+    "ledger_runlease",
+    "ledger_leasegrant",
+    "ledger_operation",
+    "ledger_event",
+    "ledger_costreservation",
+    "ledger_costreservation_windows",
+    "ledger_costreservation_shards",
+    "ledger_credentiallease",
+    "ledger_capabilitybudget",
+)
+
+
+def test_no_index_of_the_fenced_paths_tables_only_repeats_the_start_of_another(db):
+    """A plain index on the first column(s) of another index of its table serves no lookup the
+    wider one does not (a foreign key's check included), and costs an entry per row written."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH plain AS (
+                SELECT i.indrelid::regclass::text AS tbl, i.indexrelid::regclass::text AS name,
+                       i.indkey::text AS cols, i.indisunique AS uniq,
+                       i.indpred IS NULL AND i.indexprs IS NULL AS whole, am.amname AS method
+                FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam
+                WHERE i.indrelid = ANY(%s::regclass[])
+            )
+            SELECT a.name, b.name FROM plain a JOIN plain b ON a.tbl = b.tbl AND a.name <> b.name
+            WHERE NOT a.uniq AND a.whole AND b.whole AND a.method = 'btree' AND b.method = 'btree'
+              AND (b.cols = a.cols OR b.cols LIKE a.cols || ' %%')
+            """,
+            [list(WRITTEN_ON_THE_FENCED_PATH)],
+        )
+        repeated = dict(cursor.fetchall())
+    assert repeated == {}
