@@ -30,14 +30,20 @@ def updates_so_far(table: str) -> tuple[int, int]:
     return updated, hot
 
 
+def updates_while_operating(worker, run, token: int, table: str, operations: int) -> tuple[int, int]:
+    """(rows updated, of which HOT) in ``table`` while ``operations`` operations of ``run`` go
+    through intent, authorize, dispatch and a CONFIRMED outcome."""
+    before = updates_so_far(table)
+    for n in range(operations):
+        op = dispatched_operation(worker, run, token, f"hot-{n}", effect_class="IDEMPOTENT")
+        confirm(worker, op, token)
+    after = updates_so_far(table)
+    return after[0] - before[0], after[1] - before[1]
+
+
 def test_authorize_dispatch_and_outcome_change_an_operation_without_touching_its_indexes(acme):
     run, token = leased_run(acme.worker)
-    before = updates_so_far("ledger_operation")
-    for n in range(OPERATIONS):
-        op = dispatched_operation(acme.worker, run, token, f"hot-{n}", effect_class="IDEMPOTENT")
-        confirm(acme.worker, op, token)
-    after = updates_so_far("ledger_operation")
-    updated, hot = after[0] - before[0], after[1] - before[1]
+    updated, hot = updates_while_operating(acme.worker, run, token, "ledger_operation", OPERATIONS)
     assert updated >= 3 * OPERATIONS  # authorize, dispatch, outcome: at least one update each
     assert hot == updated, f"{updated - hot} of {updated} phase changes were not HOT"
 
@@ -135,12 +141,7 @@ def test_a_runs_transitions_update_its_head_without_touching_its_indexes(acme):
     run, token = leased_run(acme.worker)
     op = dispatched_operation(acme.worker, run, token, "warm", effect_class="IDEMPOTENT")
     confirm(acme.worker, op, token)
-    before = updates_so_far("ledger_run")
-    for n in range(RUN_OPERATIONS):
-        op = dispatched_operation(acme.worker, run, token, f"hot-{n}", effect_class="IDEMPOTENT")
-        confirm(acme.worker, op, token)
-    after = updates_so_far("ledger_run")
-    updated, hot = after[0] - before[0], after[1] - before[1]
+    updated, hot = updates_while_operating(acme.worker, run, token, "ledger_run", RUN_OPERATIONS)
     assert updated >= 4 * RUN_OPERATIONS  # intend, authorize, dispatch, outcome: the head each time
     assert hot == updated, f"{updated - hot} of {updated} head updates were not HOT"
 
