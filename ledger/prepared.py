@@ -12,9 +12,9 @@ each shape once per connection and then only executes it (a prepared statement, 
 client-side binding and are never prepared). Django's execute wrappers and query log see
 these statements as they see the ORM's.
 
-:func:`get`, :func:`update` and :func:`insert` answer as their ORM counterparts do; on
-the embedded SQLite default, or given a value that is an expression (``F()``, a database
-default), they are those counterparts.
+:func:`get`, :func:`update` and :func:`insert` answer as their ORM counterparts do; given a
+value that is an expression (``F()``, a database default), :func:`update` is its
+counterpart.
 """
 
 import uuid
@@ -27,7 +27,7 @@ from weakref import WeakKeyDictionary
 
 import psycopg
 import psycopg._queries
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, models, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from psycopg.types.numeric import Int2, Int4, Int8
@@ -73,7 +73,7 @@ def database() -> BaseDatabaseWrapper:
 def execute(sql: str, params: Sequence[Any]) -> Result:
     """Run one statement with server-side binding (prepared once it has been used
     ``prepare_threshold`` times on this connection) and return its cursor to fetch from
-    before the next statement. PostgreSQL only.
+    before the next statement.
 
     With nothing watching the connection it goes straight to psycopg (Django's cursor
     wrapper costs about as much CPU as the round trip); when the query log is on or an
@@ -255,8 +255,6 @@ def get[M: models.Model](model: type[M], related: tuple[str, ...] = (), **where:
     """The one row of ``model`` matching ``where`` (by equality), as a model instance with
     the objects of its foreign keys ``related`` attached, as ``select_related`` would; or
     None."""
-    if database().vendor != "postgresql":
-        return model._default_manager.select_related(*related).filter(**where).first()
     names = tuple(where)
     sql, own = select_sql(model, names, related)
     row = execute(sql, [prep(model, name, where[name]) for name in names]).fetchone()
@@ -266,8 +264,6 @@ def get[M: models.Model](model: type[M], related: tuple[str, ...] = (), **where:
 def select[M: models.Model](model: type[M], related: tuple[str, ...] = (), **where: object) -> list[M]:
     """Every row of ``model`` matching ``where`` (by equality), in no particular order, as
     :func:`get` makes each: ``list(filter(**where))`` without the ORM compiling it."""
-    if database().vendor != "postgresql":
-        return list(model._default_manager.select_related(*related).filter(**where))
     names = tuple(where)
     sql, own = select_sql(model, names, related)
     rows = execute(sql, [prep(model, name, where[name]) for name in names]).fetchall()
@@ -340,7 +336,7 @@ def from_row[M: models.Model](model: type[M], row: Sequence[object]) -> M:
 def update(model: type[models.Model], values: dict[str, object], **where: object) -> int:
     """``UPDATE`` ``model`` set ``values`` where every ``where`` column equals its value;
     the number of rows changed."""
-    if database().vendor != "postgresql" or not plain(values.values()):
+    if not plain(values.values()):
         return model._default_manager.filter(**where).update(**values)
     assigned, keys = tuple(values), tuple(where)
     params: list[Any] = [prep(model, name, values[name]) for name in assigned] + [
@@ -366,15 +362,6 @@ def insert(instance: models.Model, *, conflict: tuple[str, ...] = ()) -> bool:
     when a row holds the same values of that unique key. Whether it was inserted. Every
     field must carry a plain value."""
     model = type(instance)
-    if database().vendor != "postgresql":
-        try:
-            with transaction.atomic():
-                instance.save(force_insert=True)
-        except IntegrityError:
-            if not conflict:
-                raise
-            return False
-        return True
     generated = instance.pk is None and isinstance(model._meta.pk, models.AutoField)
     fields = [f for f in model._meta.concrete_fields if not (generated and f.primary_key)]
     values = [field.pre_save(instance, True) for field in fields]

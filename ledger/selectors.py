@@ -267,11 +267,9 @@ def runs_page(
 
 def estimated_count(qs) -> int | None:
     """The planner's estimate of how many rows ``qs`` holds (PostgreSQL's EXPLAIN: no row
-    is read, so it costs the same at a million runs as at ten); None elsewhere."""
+    is read, so it costs the same at a million runs as at ten)."""
     from django.db import connection
 
-    if connection.vendor != "postgresql":
-        return None
     try:
         sql, params = qs.order_by().values("pk").query.sql_with_params()
     except EmptyResultSet:  # Django knows it matches nothing (no visible tenant, no match)

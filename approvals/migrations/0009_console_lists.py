@@ -3,7 +3,7 @@
 
 from django.db import migrations, models
 
-from ledger.migration_operations import AddIndexWhereConcurrent
+from django.contrib.postgres.operations import AddIndexConcurrently
 
 
 class Migration(migrations.Migration):
@@ -15,11 +15,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        AddIndexWhereConcurrent(
+        AddIndexConcurrently(
             model_name="approvalrequest",
             index=models.Index(fields=["expires_at", "id"], name="approval_expiring_all"),
         ),
-        AddIndexWhereConcurrent(
+        AddIndexConcurrently(
             model_name="approvalrequest",
             index=models.Index(fields=["requested_at", "id"], name="approval_asked_all"),
         ),

@@ -5,7 +5,7 @@
 
 from django.db import migrations, models
 
-from ledger.migration_operations import AddIndexWhereConcurrent
+from django.contrib.postgres.operations import AddIndexConcurrently
 
 
 class Migration(migrations.Migration):
@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        AddIndexWhereConcurrent(
+        AddIndexConcurrently(
             model_name="approvalrequest",
             index=models.Index(
                 condition=models.Q(("status__in", ["PENDING", "APPROVED"])),

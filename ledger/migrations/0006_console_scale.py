@@ -50,21 +50,14 @@ class Migration(migrations.Migration):
     ]
 
 
-# Substring search on external ids (runs list ?q=) uses a trigram index on PostgreSQL, where
-# it exists; SQLite (the embedded demo default) scans, which is fine at demo sizes. The
-# expression matches what icontains compiles to: UPPER("external_id"::text) LIKE UPPER(%s).
-def external_id_trigram(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    schema_editor.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
-    schema_editor.execute(
-        "CREATE INDEX IF NOT EXISTS run_external_id_trgm ON ledger_run USING gin (UPPER(external_id::text) gin_trgm_ops)"
+# Substring search on external ids (runs list ?q=) uses a trigram index. The expression
+# matches what icontains compiles to: UPPER("external_id"::text) LIKE UPPER(%s).
+Migration.operations.append(
+    migrations.RunSQL(
+        [
+            "CREATE EXTENSION IF NOT EXISTS pg_trgm",
+            "CREATE INDEX IF NOT EXISTS run_external_id_trgm ON ledger_run USING gin (UPPER(external_id::text) gin_trgm_ops)",
+        ],
+        "DROP INDEX IF EXISTS run_external_id_trgm",
     )
-
-
-def drop_external_id_trigram(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("DROP INDEX IF EXISTS run_external_id_trgm")
-
-
-Migration.operations.append(migrations.RunPython(external_id_trigram, drop_external_id_trigram))
+)

@@ -13,22 +13,16 @@ COUNTED = {
     "n_approvals": "approvals_approvalrequest",
 }
 # Only the runs that have rows of the kind are touched.
-COUNT = {
-    "postgresql": """
-        UPDATE ledger_run r SET {column} = c.n
-        FROM (SELECT run_id, count(*) AS n FROM {table} GROUP BY run_id) c
-        WHERE c.run_id = r.id
-    """,
-    "sqlite": """
-        UPDATE ledger_run SET {column} = (SELECT count(*) FROM {table} c WHERE c.run_id = ledger_run.id)
-        WHERE id IN (SELECT run_id FROM {table})
-    """,
-}
+COUNT = """
+    UPDATE ledger_run r SET {column} = c.n
+    FROM (SELECT run_id, count(*) AS n FROM {table} GROUP BY run_id) c
+    WHERE c.run_id = r.id
+"""
 
 
 def count_what_runs_asked_for(apps, schema_editor):
     for column, table in COUNTED.items():
-        schema_editor.execute(COUNT[schema_editor.connection.vendor].format(column=column, table=table))
+        schema_editor.execute(COUNT.format(column=column, table=table))
 
 
 class Migration(migrations.Migration):

@@ -5,7 +5,7 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-from ledger.migration_operations import AddIndexWhereConcurrent
+from django.contrib.postgres.operations import AddIndexConcurrently
 
 
 class Migration(migrations.Migration):
@@ -17,15 +17,15 @@ class Migration(migrations.Migration):
 
     operations = [
         # New indexes first, built without blocking writes; then the ones they replace go.
-        AddIndexWhereConcurrent(
+        AddIndexConcurrently(
             model_name="leasegrant",
             index=models.Index(fields=["owner_id"], name="grant_owner_prefix", opclasses=["varchar_pattern_ops"]),
         ),
-        AddIndexWhereConcurrent(
+        AddIndexConcurrently(
             model_name="leasegrant",
             index=models.Index(fields=["run", "worker"], name="grant_run_worker"),
         ),
-        AddIndexWhereConcurrent(
+        AddIndexConcurrently(
             model_name="leasegrant",
             index=models.Index(
                 condition=models.Q(("end_reason__in", ["EXPIRED", "REVOKED"])),
@@ -33,7 +33,7 @@ class Migration(migrations.Migration):
                 name="grant_lost_worker",
             ),
         ),
-        AddIndexWhereConcurrent(
+        AddIndexConcurrently(
             model_name="runlease",
             index=models.Index(
                 condition=models.Q(("owner_id__isnull", False)),

@@ -7,7 +7,9 @@
 
 from django.db import migrations, models
 
-from ledger.migration_operations import AddIndexWhereConcurrent, RemoveIndexWhereConcurrent, set_fillfactor
+from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
+
+from ledger.migration_operations import set_fillfactor
 
 
 class Migration(migrations.Migration):
@@ -19,11 +21,11 @@ class Migration(migrations.Migration):
 
     operations = [
         # New indexes first, built without blocking writes; then the ones they replace go.
-        AddIndexWhereConcurrent(
+        AddIndexConcurrently(
             model_name="operation",
             index=models.Index(fields=["run", "created_at"], name="operation_run"),
         ),
-        AddIndexWhereConcurrent(
+        AddIndexConcurrently(
             model_name="run",
             index=models.Index(
                 fields=["tenant"],
@@ -33,7 +35,7 @@ class Migration(migrations.Migration):
                 name="run_in_flight",
             ),
         ),
-        RemoveIndexWhereConcurrent(model_name="operation", name="operation_run_phase"),
-        RemoveIndexWhereConcurrent(model_name="operation", name="operation_tenant_phase"),
+        RemoveIndexConcurrently(model_name="operation", name="operation_run_phase"),
+        RemoveIndexConcurrently(model_name="operation", name="operation_tenant_phase"),
         set_fillfactor("ledger_operation", 80),
     ]

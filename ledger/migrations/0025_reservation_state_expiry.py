@@ -6,7 +6,7 @@
 
 from django.db import migrations, models
 
-from ledger.migration_operations import AddIndexWhereConcurrent, RemoveIndexWhereConcurrent
+from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
 
 
 class Migration(migrations.Migration):
@@ -17,9 +17,9 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        AddIndexWhereConcurrent(
+        AddIndexConcurrently(
             model_name="costreservation",
             index=models.Index(fields=["state", "expires_at", "id"], name="reservation_state_expiry"),
         ),
-        RemoveIndexWhereConcurrent(model_name="costreservation", name="reservation_open"),
+        RemoveIndexConcurrently(model_name="costreservation", name="reservation_open"),
     ]

@@ -4,7 +4,7 @@
 
 from django.db import migrations, models
 
-from ledger.migration_operations import AddIndexWhereConcurrent
+from django.contrib.postgres.operations import AddIndexConcurrently
 
 
 class Migration(migrations.Migration):
@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        AddIndexWhereConcurrent(
+        AddIndexConcurrently(
             model_name="leasegrant",
             index=models.Index(
                 fields=["tenant"], condition=models.Q(previous_owner_id__isnull=False), name="grant_takeover_tenant"

@@ -4,7 +4,7 @@
 
 from django.db import migrations, models
 
-from ledger.migration_operations import AddIndexWhereConcurrent, RemoveIndexWhereConcurrent
+from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
 
 
 class Migration(migrations.Migration):
@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        AddIndexWhereConcurrent(
+        AddIndexConcurrently(
             model_name="run",
             index=models.Index(
                 fields=["-created_at", "-id"],
@@ -23,10 +23,10 @@ class Migration(migrations.Migration):
                 name="run_uncertain",
             ),
         ),
-        AddIndexWhereConcurrent(
+        AddIndexConcurrently(
             model_name="run",
             index=models.Index(fields=["tenant"], condition=models.Q(may_be_in_flight=True), name="run_may_be_in_flight"),
         ),
-        RemoveIndexWhereConcurrent(model_name="run", name="run_uncertain_recent"),
-        RemoveIndexWhereConcurrent(model_name="run", name="run_in_flight"),
+        RemoveIndexConcurrently(model_name="run", name="run_uncertain_recent"),
+        RemoveIndexConcurrently(model_name="run", name="run_in_flight"),
     ]

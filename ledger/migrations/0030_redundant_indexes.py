@@ -34,10 +34,9 @@ def _single_column_indexes(schema_editor, table: str, column: str) -> list[str]:
 
 
 def drop_link_indexes(apps, schema_editor):
-    concurrently = "CONCURRENTLY " if schema_editor.connection.vendor == "postgresql" else ""
     for table, column in _link_tables(apps):
         for name in _single_column_indexes(schema_editor, table, column):
-            schema_editor.execute(f"DROP INDEX {concurrently}IF EXISTS {schema_editor.quote_name(name)}")
+            schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(name)}")
 
 
 def create_link_indexes(apps, schema_editor):

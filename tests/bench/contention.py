@@ -102,7 +102,7 @@ def prepare_database(server: Server, workers: int, ops_per_lease: int) -> list[i
     from django.db import connection
 
     call_command("migrate", verbosity=0, interactive=False)
-    if connection.vendor != "postgresql" or connection.settings_dict["NAME"] != CONTENTION_DB:
+    if connection.settings_dict["NAME"] != CONTENTION_DB:
         raise BenchError(f"Django is not connected to PostgreSQL database {CONTENTION_DB}")
     from ledger.models import Worker
     from ledger.services.fleet.workers import worker_create

@@ -567,7 +567,7 @@ def prepare_fenced_db(
     from django.db import connection
 
     call_command("migrate", verbosity=0, interactive=False)
-    if connection.vendor != "postgresql" or connection.settings_dict["NAME"] != database:
+    if connection.settings_dict["NAME"] != database:
         raise BenchError(f"Django is not connected to PostgreSQL database {database}")
     from ledger.services.fleet.workers import worker_create
     from ledger.services.tenancy.tenants import tenant_ensure

@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_demo_seeds_on_sqlite_and_prints_a_working_token(tmp_path):
+def test_demo_seeds_on_the_embedded_postgresql_and_prints_a_working_token(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     env["FENCELINE_STATE_DIR"] = str(tmp_path)
     done = subprocess.run(
@@ -20,7 +20,8 @@ def test_demo_seeds_on_sqlite_and_prints_a_working_token(tmp_path):
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert (tmp_path / "fenceline.sqlite3").exists()
+    assert (tmp_path / "postgres" / "PG_VERSION").exists()
+    assert not (tmp_path / "postgres" / "postmaster.pid").exists()  # stopped with the command
     lines = done.stdout.splitlines()
     token = lines[lines.index(next(line for line in lines if "bearer token" in line)) + 1].strip()
     assert token.startswith("flw_")

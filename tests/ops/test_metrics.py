@@ -3,7 +3,6 @@
 summed across processes (prometheus_client's multiprocess mode, as under gunicorn)."""
 
 import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import spawned
+from tests.helpers import embedded_database, spawned
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,73 +91,76 @@ def test_every_metric_exists_after_the_demo_seed_with_the_value_its_rows_give(tm
     families = parse(manage(env, "metrics"))
     assert set(families) >= NAMES, sorted(NAMES - set(families))
 
-    db = sqlite3.connect(tmp_path / "fenceline.sqlite3")
+    with embedded_database(tmp_path) as db:
 
-    def one(sql: str, *params) -> float:
-        return float(db.execute(sql, params).fetchone()[0] or 0)
+        def one(sql: str, *params) -> float:
+            return float(db.execute(sql, params or None).fetchone()[0] or 0)
 
-    tenants = [slug for (slug,) in db.execute("SELECT slug FROM ledger_tenant")]
-    assert "demo" in tenants
-    for slug in tenants:
-        of_tenant = "JOIN ledger_run r ON e.run_id = r.id JOIN ledger_tenant t ON r.tenant_id = t.id WHERE t.slug = ?"
-        # Accepted: up to the run's head (the demo's forged event past the head was never accepted).
-        events = one(f"SELECT COUNT(*) FROM ledger_event e {of_tenant} AND e.seq <= r.last_seq", slug)  # noqa: S608
-        assert value(families, "audit_events_accepted", "_total", tenant=slug) == events, slug
-        stale = one(f"SELECT COUNT(*) FROM ledger_event e {of_tenant} AND e.type = 'STALE_TOKEN_REJECTED'", slug)  # noqa: S608
-        assert value(families, "fenceline_stale_token_rejections", "_total", tenant=slug) == stale, slug
-        unknown = one(
-            "SELECT COUNT(*) FROM ledger_operation o JOIN ledger_tenant t ON o.tenant_id = t.id"
-            " WHERE t.slug = ? AND o.phase = 'UNKNOWN'",
-            slug,
+        tenants = [slug for (slug,) in db.execute("SELECT slug FROM ledger_tenant")]
+        assert "demo" in tenants
+        for slug in tenants:
+            of_tenant = (
+                "JOIN ledger_run r ON e.run_id = r.id JOIN ledger_tenant t ON r.tenant_id = t.id WHERE t.slug = %s"
+            )
+            # Accepted: up to the run's head (the demo's forged event past the head was never accepted).
+            events = one(f"SELECT COUNT(*) FROM ledger_event e {of_tenant} AND e.seq <= r.last_seq", slug)  # noqa: S608
+            assert value(families, "audit_events_accepted", "_total", tenant=slug) == events, slug
+            stale = one(f"SELECT COUNT(*) FROM ledger_event e {of_tenant} AND e.type = 'STALE_TOKEN_REJECTED'", slug)  # noqa: S608
+            assert value(families, "fenceline_stale_token_rejections", "_total", tenant=slug) == stale, slug
+            unknown = one(
+                "SELECT COUNT(*) FROM ledger_operation o JOIN ledger_tenant t ON o.tenant_id = t.id"
+                " WHERE t.slug = %s AND o.phase = 'UNKNOWN'",
+                slug,
+            )
+            assert value(families, "audit_unknown_outcomes", tenant=slug) == unknown, slug
+            in_flight = one(
+                "SELECT COUNT(*) FROM ledger_operation o JOIN ledger_tenant t ON o.tenant_id = t.id"
+                " WHERE t.slug = %s AND o.phase IN ('AUTHORIZED', 'DISPATCHED')",
+                slug,
+            )
+            assert value(families, "fenceline_active_operations", tenant=slug) == in_flight, slug
+        demo_events = value(families, "audit_events_accepted", "_total", tenant="demo")
+        assert demo_events > 50
+        assert value(families, "fenceline_stale_token_rejections", "_total", tenant="demo") >= 1
+
+        cases = "FROM approvals_reconciliationcase c JOIN ledger_tenant t ON c.tenant_id = t.id WHERE t.slug = 'demo'"
+        for status in ("LOOKUP", "OPEN", "CLAIMED", "ESCALATED"):
+            expected = one(f"SELECT COUNT(*) {cases} AND c.status = %s", status)
+            assert value(families, "unknown_outcomes", tenant="demo", status=status) == expected, status
+        by_reconciler = one(f"SELECT COUNT(*) {cases} AND c.status = 'RESOLVED' AND c.resolved_by LIKE 'reconciler:%'")
+        by_people = one(f"SELECT COUNT(*) {cases} AND c.status = 'RESOLVED' AND c.resolved_by NOT LIKE 'reconciler:%'")
+        assert by_reconciler == 1  # the demo's lost answer, found at the sandbox provider
+        assert value(families, "reconciliations", "_total", tenant="demo", source="reconciler") == by_reconciler
+        assert value(families, "reconciliations", "_total", tenant="demo", source="person") == by_people
+        settled = by_reconciler + by_people
+        assert value(families, "unknown_outcome_duration_seconds", "_count", tenant="demo") == settled
+        assert value(families, "unknown_outcome_duration_seconds", "_bucket", tenant="demo", le="+Inf") == settled
+
+        approvals = "FROM approvals_approvalrequest a JOIN ledger_tenant t ON a.tenant_id = t.id WHERE t.slug = 'demo'"
+        for (kind,) in db.execute(f"SELECT DISTINCT kind {approvals}"):
+            expected = one(f"SELECT COUNT(*) {approvals} AND a.kind = %s", kind)
+            assert value(families, "approval_interruptions", "_total", tenant="demo", kind=kind) == expected
+
+        for slug, state in db.execute("SELECT slug, breaker_state FROM ledger_tenant"):
+            assert value(families, "fenceline_breaker_state", tenant=slug, state=state) == 1.0
+            assert sum(v for k, v in families["fenceline_breaker_state"].items() if ("tenant", slug) in k) == 1.0
+        assert "DEGRADED" in {state for (state,) in db.execute("SELECT breaker_state FROM ledger_tenant")}
+
+        for slug, status, n in db.execute(
+            "SELECT t.slug, w.status, COUNT(*) FROM ledger_worker w JOIN ledger_tenant t ON w.tenant_id = t.id"
+            " GROUP BY t.slug, w.status"
+        ):
+            assert value(families, "fenceline_workers", tenant=slug, status=status) == n
+        assert value(families, "fenceline_workers", tenant="demo", status="QUARANTINED") >= 1
+
+        open_alerts = one("SELECT COUNT(*) FROM ledger_resourcealert WHERE cleared_at IS NULL")
+        assert open_alerts >= 1
+        assert sum(families["fenceline_cleanup_alerts_open"].values()) == open_alerts
+        takeovers = one("SELECT COUNT(*) FROM ledger_leasegrant WHERE previous_owner_id IS NOT NULL")
+        assert (
+            sum(families["fenceline_lease_takeovers"].get(k, 0) for k in families["fenceline_lease_takeovers"])
+            == takeovers
         )
-        assert value(families, "audit_unknown_outcomes", tenant=slug) == unknown, slug
-        in_flight = one(
-            "SELECT COUNT(*) FROM ledger_operation o JOIN ledger_tenant t ON o.tenant_id = t.id"
-            " WHERE t.slug = ? AND o.phase IN ('AUTHORIZED', 'DISPATCHED')",
-            slug,
-        )
-        assert value(families, "fenceline_active_operations", tenant=slug) == in_flight, slug
-    demo_events = value(families, "audit_events_accepted", "_total", tenant="demo")
-    assert demo_events > 50
-    assert value(families, "fenceline_stale_token_rejections", "_total", tenant="demo") >= 1
-
-    cases = "FROM approvals_reconciliationcase c JOIN ledger_tenant t ON c.tenant_id = t.id WHERE t.slug = 'demo'"
-    for status in ("LOOKUP", "OPEN", "CLAIMED", "ESCALATED"):
-        expected = one(f"SELECT COUNT(*) {cases} AND c.status = ?", status)
-        assert value(families, "unknown_outcomes", tenant="demo", status=status) == expected, status
-    by_reconciler = one(f"SELECT COUNT(*) {cases} AND c.status = 'RESOLVED' AND c.resolved_by LIKE 'reconciler:%'")
-    by_people = one(f"SELECT COUNT(*) {cases} AND c.status = 'RESOLVED' AND c.resolved_by NOT LIKE 'reconciler:%'")
-    assert by_reconciler == 1  # the demo's lost answer, found at the sandbox provider
-    assert value(families, "reconciliations", "_total", tenant="demo", source="reconciler") == by_reconciler
-    assert value(families, "reconciliations", "_total", tenant="demo", source="person") == by_people
-    settled = by_reconciler + by_people
-    assert value(families, "unknown_outcome_duration_seconds", "_count", tenant="demo") == settled
-    assert value(families, "unknown_outcome_duration_seconds", "_bucket", tenant="demo", le="+Inf") == settled
-
-    approvals = "FROM approvals_approvalrequest a JOIN ledger_tenant t ON a.tenant_id = t.id WHERE t.slug = 'demo'"
-    for (kind,) in db.execute(f"SELECT DISTINCT kind {approvals}"):
-        expected = one(f"SELECT COUNT(*) {approvals} AND a.kind = ?", kind)
-        assert value(families, "approval_interruptions", "_total", tenant="demo", kind=kind) == expected
-
-    for slug, state in db.execute("SELECT slug, breaker_state FROM ledger_tenant"):
-        assert value(families, "fenceline_breaker_state", tenant=slug, state=state) == 1.0
-        assert sum(v for k, v in families["fenceline_breaker_state"].items() if ("tenant", slug) in k) == 1.0
-    assert "DEGRADED" in {state for (state,) in db.execute("SELECT breaker_state FROM ledger_tenant")}
-
-    for slug, status, n in db.execute(
-        "SELECT t.slug, w.status, COUNT(*) FROM ledger_worker w JOIN ledger_tenant t ON w.tenant_id = t.id"
-        " GROUP BY t.slug, w.status"
-    ):
-        assert value(families, "fenceline_workers", tenant=slug, status=status) == n
-    assert value(families, "fenceline_workers", tenant="demo", status="QUARANTINED") >= 1
-
-    open_alerts = one("SELECT COUNT(*) FROM ledger_resourcealert WHERE cleared_at IS NULL")
-    assert open_alerts >= 1
-    assert sum(families["fenceline_cleanup_alerts_open"].values()) == open_alerts
-    takeovers = one("SELECT COUNT(*) FROM ledger_leasegrant WHERE previous_owner_id IS NOT NULL")
-    assert (
-        sum(families["fenceline_lease_takeovers"].get(k, 0) for k in families["fenceline_lease_takeovers"]) == takeovers
-    )
 
 
 # --- two processes, one scrape ------------------------------------------------------------

@@ -33,14 +33,13 @@ class Command(BaseCommand):
         if manifest_only:
             self.stdout.write(json.dumps(document, indent=2, sort_keys=True))
             return
-        if connection.vendor != "postgresql":
-            raise CommandError("the dump is pg_dump's: on SQLite, copy the database file after --manifest-only")
-        if shutil.which("pg_dump") is None:
+        pg_dump = shutil.which("pg_dump", path=settings.FENCELINE["PG_BIN_DIR"])
+        if pg_dump is None:
             raise CommandError("pg_dump is not installed here")
-        db = settings.DATABASES["default"]
-        env = {"PGPASSWORD": db.get("PASSWORD") or ""}
-        command = ["pg_dump", "--format=custom", "--file", output, "--dbname", db["NAME"]]
-        for flag, value in (("--host", db.get("HOST")), ("--port", db.get("PORT")), ("--username", db.get("USER"))):
+        db = connection.get_connection_params()  # the embedded server's socket too
+        env = {"PGPASSWORD": db.get("password") or ""}
+        command = [pg_dump, "--format=custom", "--file", output, "--dbname", db["dbname"]]
+        for flag, value in (("--host", db.get("host")), ("--port", db.get("port")), ("--username", db.get("user"))):
             if value:
                 command += [flag, str(value)]
         done = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True)  # noqa: S603

@@ -32,7 +32,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -111,8 +111,6 @@ def _credential_for_share(tenant: Tenant, principal: str) -> Credential | None:
     """The credential row, locked FOR SHARE until the transaction ends: a rotation waits
     for this issue to commit (and then sees its lease), or this issue waits for the
     rotation (and then reads the new version). Issues do not block each other."""
-    if connection.vendor != "postgresql":  # SQLite: the IMMEDIATE transaction already serializes writers
-        return Credential.objects.filter(tenant=tenant, principal=principal).first()
     table = Credential._meta.db_table
     rows = list(
         Credential.objects.raw(

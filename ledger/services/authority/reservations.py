@@ -123,7 +123,7 @@ def cost_reserve(
         if existing is not None:
             return existing
     charged = None
-    if fresh and connection.vendor == "postgresql":
+    if fresh:
         _windows_in_place(tenant=tenant, budgets=budgets, now=now, window_s=policy["cost_window_s"])
         charged = _reserve_at_once(
             op=op, run=run, policy=policy, budgets=budgets, estimate=estimate, now=now, capability=capability
@@ -523,11 +523,9 @@ def _close(
     tenant = run.tenant
     if policy is None:
         policy = policy_now(tenant=tenant).document
-    closed = None
-    if connection.vendor == "postgresql":
-        closed = _close_at_once(
-            reservation, tenant_slug=tenant.slug, source=source, target=target, amount=amount, now=now, policy=policy
-        )
+    closed = _close_at_once(
+        reservation, tenant_slug=tenant.slug, source=source, target=target, amount=amount, now=now, policy=policy
+    )
     if closed is None:
         overage = _close_one_by_one(reservation, source=source, target=target, amount=amount, now=now)
     else:

@@ -1,8 +1,7 @@
 """The fence: every write that carries a fencing token goes through :func:`fenced`.
 
-``fenced`` locks the run and its lease row in one statement (``SELECT ... FOR UPDATE``;
-on SQLite the IMMEDIATE transaction holds the database write lock instead), checks the
-token, owner and expiry under that lock, and only then runs the write, in the same
+``fenced`` locks the run and its lease row in one statement (``SELECT ... FOR UPDATE``),
+checks the token, owner and expiry under that lock, and only then runs the write, in the same
 transaction. A refused write is counted on the run and leaves a STALE_TOKEN_REJECTED
 event in its chain; the refusal is raised after that record has committed.
 """
@@ -99,15 +98,7 @@ def runs_locked_for_sweep(
     if expired_by is None:
         if not run_ids:
             return []
-        where: dict = {"run_id__in": set(run_ids)}
-    else:
-        where = {"owner_id__isnull": False, "expires_at__lte": expired_by}
-    if prepared.database().vendor != "postgresql":
-        if skip_locked or expired_by is not None:
-            return locked_runs(where, skip_locked=skip_locked, limit=limit)
-        return locked_runs(where, limit=limit, order_by="run_id")
-    if expired_by is None:
-        ids = list(run_ids)
+        ids = list(set(run_ids))
         params: list = [ids, len(ids) if limit is None else limit]
     else:
         params = [expired_by, limit]
@@ -279,8 +270,6 @@ def lock(*, tenant: Tenant, run_id: object = None, operation_id: object = None, 
     its lease, both rows locked by one statement until the transaction ends. By operation,
     with ``capabilities``, the same statement also reads the run's capability budgets for
     the operation's tool, which the operation then carries (:data:`CAPABILITIES_SEEN`)."""
-    if connection.vendor != "postgresql":  # the embedded default: plain ORM, typed by Django
-        return _lock_orm(tenant, run_id=run_id, operation_id=operation_id)
     if operation_id is not None:
         op_id = parse_id(operation_id, "operation")
         params = [op_id, tenant.pk, tenant.pk]
@@ -337,24 +326,6 @@ def lock(*, tenant: Tenant, run_id: object = None, operation_id: object = None, 
             rows = zip(*arrays, strict=True) if arrays[0] is not None else ()
             op.__dict__[CAPABILITIES_SEEN] = [prepared.from_row(CapabilityBudget, row) for row in rows]
     _OPERATION_RUN.set_cached_value(op, run)
-    return Locked(run=run, operation=op, tenant=seen)
-
-
-def _lock_orm(tenant: Tenant, *, run_id: object, operation_id: object) -> Locked:
-    op = None
-    if operation_id is not None:
-        op_id = parse_id(operation_id, "operation")
-        run_id = Operation.objects.filter(pk=op_id, tenant=tenant).values_list("run_id", flat=True).first()
-        if run_id is None:
-            raise NotFound("operation not found")
-    runs = locked_runs({"run__tenant": tenant, "run_id": parse_id(run_id, "run")})
-    if not runs:
-        raise NotFound("run not found")
-    run = runs[0]
-    if operation_id is not None:
-        op = Operation.objects.select_related("credential_lease").get(pk=op_id)
-        _OPERATION_RUN.set_cached_value(op, run)
-    seen = TenantSeen.from_row(Tenant.objects.values_list(*_TENANT).get(pk=tenant.pk))
     return Locked(run=run, operation=op, tenant=seen)
 
 

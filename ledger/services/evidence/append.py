@@ -244,7 +244,7 @@ class ChainBatch:
         self.now = now
         self.events: list[Event] = []
         self._runs: dict[object, Run] = {}
-        self._defer = defer and connection.vendor == "postgresql"
+        self._defer = defer
         self._deferred: list[_Deferred] = []
         self._guarding = False
 
@@ -357,7 +357,7 @@ class ChainBatch:
         in the same statement. False: nothing was written, and the batch is rewound to
         ``mark`` (taken before the events that belonged to the insert)."""
         runs = _flagged(self._runs.values())
-        if connection.vendor != "postgresql" or len(runs) != 1 or not 0 < len(self.events) <= EVENTS_PER_STATEMENT:
+        if len(runs) != 1 or not 0 < len(self.events) <= EVENTS_PER_STATEMENT:
             if not prepared.insert(instance, conflict=conflict):
                 self.rewind(mark)
                 return False
@@ -386,10 +386,6 @@ class ChainBatch:
             self._send(held)
             return []
         runs = _flagged(self._runs.values())
-        if connection.vendor != "postgresql":  # the embedded default: the ORM
-            Event.objects.bulk_create(self.events)
-            Run.objects.bulk_update(runs, HEAD_FIELDS)
-            return self.events
         if len(runs) == 1 and 0 < len(self.events) <= EVENTS_PER_STATEMENT:
             # The common case, a transition: its update, its events and the head in one round trip.
             run = runs[0]

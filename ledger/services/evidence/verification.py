@@ -29,7 +29,6 @@ from django.db import connection, transaction
 from django.db.models import F, Max, Q
 from django.utils import timezone
 
-from ledger.chain import EVENT_COLUMNS, event_document
 from ledger.evidence_verifier import (
     ROW_COLUMNS,
     VERIFIER_VERSION,
@@ -187,14 +186,11 @@ _cursor_names = itertools.count()
 def event_rows(*, run_id: uuid.UUID | str, upto: int) -> Iterator[Iterator[Sequence[Sequence[Any]]]]:
     """The stored events of ``run_id`` at or below seq ``upto`` as the verifier reads them:
     batches of CHUNK_ROWS rows (ROW_COLUMNS, ``fields`` as JSON text), so that memory holds
-    two batches whatever the length of the chain. On PostgreSQL each batch is one FETCH from
+    two batches whatever the length of the chain. Each batch is one FETCH from
     a server-side cursor (the next one fetched while the caller checks this one), in a
     transaction of its own (or a savepoint: a read, nothing to commit; the cursor lives in
     it, so a pooler in transaction mode keeps it); leaving the block early closes the
-    cursor. Elsewhere (the embedded SQLite) the ORM's rows."""
-    if connection.vendor != "postgresql":
-        yield _orm_rows(run_id, upto)
-        return
+    cursor."""
     with transaction.atomic():
         connection.ensure_connection()
         name = f"fenceline_verify_{next(_cursor_names)}"
@@ -218,20 +214,6 @@ def _fetched_ahead(fetch: Callable[[], list]) -> Generator[list]:
         while batch := pending.result():
             pending = pool.submit(fetch)
             yield batch
-
-
-def _orm_rows(run_id: uuid.UUID | str, upto: int) -> Iterator[list[tuple]]:
-    rows = Event.objects.filter(run_id=run_id, seq__lte=upto).order_by("seq", "pk").values(*EVENT_COLUMNS)
-    batch: list[tuple] = []
-    for row in rows.iterator(chunk_size=CHUNK_ROWS):
-        event = event_document(row, run_id)
-        event["fields"] = json.dumps(event["fields"])
-        batch.append(tuple(event[name] for name in ROW_COLUMNS))
-        if len(batch) == CHUNK_ROWS:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 def _checkpoints(run: Run) -> list[dict]:

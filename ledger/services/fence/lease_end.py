@@ -84,12 +84,9 @@ def leases_end(
 
 
 def _set_for_runs(model: type[Model], run_ids: list, values: dict[str, Any], *, unset: str = "") -> int:
-    """``UPDATE model SET values WHERE run_id IN run_ids`` (and ``unset IS NULL``): on
-    PostgreSQL one pre-built statement whatever the number of runs (the ids as one array),
-    which a reaper sends hundreds of runs at a time; the ORM on the embedded default."""
-    if prepared.database().vendor != "postgresql" or not prepared.plain(values.values()):
-        where = {f"{unset}__isnull": True} if unset else {}
-        return model._default_manager.filter(run_id__in=run_ids, **where).update(**values)
+    """``UPDATE model SET values WHERE run_id IN run_ids`` (and ``unset IS NULL``): one
+    pre-built statement whatever the number of runs (the ids as one array), which a reaper
+    sends hundreds of runs at a time."""
     params = [prepared.prep(model, name, value) for name, value in values.items()]
     return prepared.execute(_set_for_runs_sql(model, tuple(values), unset), [*params, run_ids]).rowcount
 

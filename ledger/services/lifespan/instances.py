@@ -40,8 +40,6 @@ from ledger.states import INSTANCE_LIVE, InstanceState, ResourceState, instance_
 
 
 def _advisory_lock(*parts: object) -> None:
-    if connection.vendor != "postgresql":
-        return  # the embedded default: the IMMEDIATE transaction already holds the write lock
     key = int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "big", signed=True)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])

@@ -124,21 +124,10 @@ def _idle_due():
 
 
 def _idle_overdue(idle, now, limit: int) -> list[tuple]:
-    """(run_id, pk, expires_at) of idle-overdue resources: in SQL on PostgreSQL; on the
-    embedded default (SQLite has no integer x interval) compared here, row by row."""
-    if connection.vendor == "postgresql":
-        return list(
-            idle.annotate(idle_due=_idle_due())
-            .filter(idle_due__lte=now)
-            .values_list("run_id", "pk", "expires_at")[:limit]
-        )
-    rows = idle.values_list("run_id", "pk", "expires_at", "idle_s", "created_at", "run__last_progress_at")
-    due = [
-        (run_id, pk, expires_at)
-        for run_id, pk, expires_at, idle_s, created_at, progress in rows.iterator()
-        if max(created_at, progress or created_at) + timedelta(seconds=idle_s) <= now
-    ]
-    return due[:limit]
+    """(run_id, pk, expires_at) of idle-overdue resources."""
+    return list(
+        idle.annotate(idle_due=_idle_due()).filter(idle_due__lte=now).values_list("run_id", "pk", "expires_at")[:limit]
+    )
 
 
 # A batch of the overdue step claims at most this many times its size: every overdue
@@ -550,10 +539,6 @@ def _grants_move(ids: list[int], source: InstanceState, target: InstanceState, n
     caller, in one conditional UPDATE: the ids it moved."""
     if not ids:
         return set()
-    if prepared.database().vendor != "postgresql":  # the embedded default holds the write lock: read, then write
-        moved = set(LeaseGrant.objects.filter(pk__in=ids, state=source).values_list("pk", flat=True))
-        LeaseGrant.objects.filter(pk__in=moved).update(state=target, state_changed_at=now)
-        return moved
     return {pk for (pk,) in prepared.execute(_grants_move_sql(), [target.value, now, ids, source.value]).fetchall()}
 
 

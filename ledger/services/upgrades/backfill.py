@@ -61,14 +61,13 @@ def me() -> str:
 
 
 def estimate(model) -> int:
-    """How many rows the table holds: the planner's figure on PostgreSQL (no scan), a count
-    elsewhere. Only the progress display uses it."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [model._meta.db_table])
-            row = cursor.fetchone()
-        if row and row[0] and row[0] > 0:
-            return int(row[0])
+    """How many rows the table holds: the planner's figure (no scan), or a count of a table
+    never analyzed. Only the progress display uses it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [model._meta.db_table])
+        row = cursor.fetchone()
+    if row and row[0] and row[0] > 0:
+        return int(row[0])
     return model.objects.count()
 
 

@@ -141,8 +141,7 @@ class Batch:
 class ProviderRefBackfill:
     """Version-1 operations to version 2: ``provider_ref`` from ``provider`` and
     ``provider_request_id`` where it is missing (or kept where it agrees), and the version.
-    Keyed by the operation id; each batch is one statement on PostgreSQL (the update and
-    the count), plus one read of the records that disagree, which stay at version 1 and are
+    Keyed by the operation id; each batch is one statement (the update and the count), plus one read of the records that disagree, which stay at version 1 and are
     handed back to become StateConflicts after the batch commits (opening one locks its run,
     which a batch never holds)."""
 
@@ -151,11 +150,6 @@ class ProviderRefBackfill:
     describe = "operations: provider_request_id -> provider_ref, schema_version 1 -> 2"
 
     def batch(self, *, after: str, limit: int, dry_run: bool = False) -> Batch:
-        if connection.vendor == "postgresql":
-            return self._batch_sql(after=after, limit=limit, dry_run=dry_run)
-        return self._batch_orm(after=after, limit=limit, dry_run=dry_run)
-
-    def _batch_sql(self, *, after: str, limit: int, dry_run: bool) -> Batch:
         after_clause = "WHERE id > %s::uuid" if after else ""
         params: list[Any] = [after] if after else []
         batch_cte = f"batch AS (SELECT id FROM ledger_operation {after_clause} ORDER BY id LIMIT %s)"  # noqa: S608
@@ -191,35 +185,6 @@ class ProviderRefBackfill:
                 for op_id, run_id, provider, old, new in cursor.fetchall()
             ]
         return Batch(last_key=last_key, scanned=scanned, changed=changed, conflicts=conflicts)
-
-    def _batch_orm(self, *, after: str, limit: int, dry_run: bool) -> Batch:
-        rows = Operation.objects.order_by("pk")
-        if after:
-            rows = rows.filter(pk__gt=after)
-        found = list(
-            rows.values_list("pk", "run_id", "schema_version", "provider", "provider_request_id", "provider_ref")[
-                :limit
-            ]
-        )
-        if not found:
-            return Batch(last_key="", scanned=0, changed=0, conflicts=[])
-        changed, conflicts = 0, []
-        for op_id, run_id, version, provider, old, ref in found:
-            if not agrees(schema_version=version, provider=provider, provider_request_id=old, provider_ref=ref):
-                conflicts.append((op_id, run_id, {"provider": provider, "provider_request_id": old}, ref))
-                continue
-            if version != OLD:
-                continue
-            new = ref if ref is not None else (legacy(provider, old).as_json() if old else None)  # type: ignore[union-attr]
-            if dry_run:
-                changed += 1
-                continue
-            # The values read are part of the condition: a record a writer changed since is
-            # left for the next run of the backfill, never overwritten with what was read.
-            changed += Operation.objects.filter(
-                pk=op_id, schema_version=OLD, provider=provider, provider_request_id=old
-            ).update(schema_version=NEW, provider_ref=new)
-        return Batch(last_key=str(found[-1][0]), scanned=len(found), changed=changed, conflicts=conflicts)
 
 
 def _json(value: object) -> object:

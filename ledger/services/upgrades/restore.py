@@ -67,7 +67,6 @@ def manifest_now() -> dict:
             for b in Backfill.objects.order_by("name")
         },
         "runs": Run.objects.count(),
-        "vendor": connection.vendor,
     }
 
 

@@ -1,0 +1,88 @@
+"""With DATABASE_URL unset Fenceline runs on an embedded PostgreSQL: the first process that
+connects starts it, the last one to exit stops it, and a process killed outright does not
+keep it up for ever."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def embedded_env(state_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    return env | {"FENCELINE_STATE_DIR": str(state_dir), "FENCELINE_LOG_FORMAT": "plain"}
+
+
+def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def running(state_dir: Path) -> bool:
+    return (state_dir / "postgres" / "postmaster.pid").exists()
+
+
+def test_a_command_starts_the_embedded_server_and_stops_it_when_it_exits(tmp_path):
+    env = embedded_env(tmp_path)
+    done = manage(
+        env,
+        "shell",
+        "-c",
+        "from django.db import connection; print(connection.cursor().connection.info.server_version)",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) >= 180000  # the wheel's PostgreSQL 18, not the machine's
+    assert (tmp_path / "postgres" / "PG_VERSION").exists()
+    assert not running(tmp_path)
+    # Nothing listens on TCP: the socket lives in the data directory.
+    assert list((tmp_path / "postgres").glob(".s.PGSQL.*")) == []  # removed as it stopped
+
+
+def test_a_process_killed_outright_does_not_keep_the_server_up(tmp_path):
+    env = embedded_env(tmp_path)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "manage.py",
+            "shell",
+            "--no-imports",
+            "-c",
+            "from django.db import connection; connection.ensure_connection(); print('up', flush=True); "
+            "import time; time.sleep(600)",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "up"
+        assert running(tmp_path)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+    assert running(tmp_path)  # nobody stopped it: the holder died without a word
+    # The next process forgets the dead one, and stops the server as the last live user.
+    done = manage(env, "showmigrations", "--plan")
+    assert done.returncode == 0, done.stderr[-2000:]
+    deadline = time.monotonic() + 10
+    while running(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(tmp_path)
+
+
+@pytest.mark.parametrize("url", ["sqlite:///tmp/fenceline.sqlite3", "mysql://root@127.0.0.1/fenceline"])
+def test_a_database_url_that_is_not_postgresql_stops_start_up_naming_it(tmp_path, url):
+    env = embedded_env(tmp_path) | {"DATABASE_URL": url}
+    done = manage(env, "check")
+    assert done.returncode != 0
+    assert "DATABASE_URL must point at PostgreSQL" in done.stderr
+    assert not (tmp_path / "postgres").exists()
