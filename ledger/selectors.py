@@ -1,37 +1,35 @@
 """Reads, scoped to a tenant (worker API) or a user (console)."""
 
-import json
 import re
 import uuid
 from datetime import timedelta
 from typing import Any
 
-from django.core.exceptions import EmptyResultSet
 from django.db.models import Exists, F, OuterRef, Q, Subquery
 
-from ledger import prepared
 from ledger.errors import NotFound, parse_id
 from ledger.models import RUN_UNCERTAIN, Run, RunLease, Tenant, Worker
 from ledger.pagination import keyset_page
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.fleet.workers import token_digest
+from ledger.sql import rows as sql_rows
 from ledger.states import RUN_FINISHED
 
 
 def worker_for_token(token: str) -> Worker | None:
     """The worker (with its tenant) whose token this is: every worker request asks, so the
-    statement is pre-built (``ledger.prepared``), not compiled each time. token_hash is unique."""
-    worker = prepared.get(Worker, ("tenant",), token_hash=token_digest(token))
+    statement is pre-built (``ledger.sql.rows``), not compiled each time. token_hash is unique."""
+    worker = sql_rows.get(Worker, ("tenant",), token_hash=token_digest(token))
     return worker if isinstance(worker, Worker) else None
 
 
 def run_get(*, tenant: Tenant, run_id: object) -> Run:
     """A run of ``tenant`` with its lease, by pre-built statements (the worker API's read;
     compiling the queryset cost more than the rest of the request)."""
-    run = prepared.get(Run, tenant_id=tenant.pk, id=parse_id(run_id, "run"))
+    run = sql_rows.get(Run, tenant_id=tenant.pk, id=parse_id(run_id, "run"))
     if run is None:
         raise NotFound("run not found")
-    lease = prepared.get(RunLease, run_id=run.pk)
+    lease = sql_rows.get(RunLease, run_id=run.pk)
     if lease is not None:  # every run has one (run_create writes both)
         run.lease = lease
     return run
@@ -118,7 +116,7 @@ def run_indicators(run: Run) -> dict[str, dict[str, Any]]:
 def approval_get(*, tenant: Tenant, approval_id: object):
     from approvals.models import ApprovalRequest
 
-    approval = prepared.get(ApprovalRequest, tenant_id=tenant.pk, id=parse_id(approval_id, "approval"))
+    approval = sql_rows.get(ApprovalRequest, tenant_id=tenant.pk, id=parse_id(approval_id, "approval"))
     if approval is None:
         raise NotFound("approval not found")
     return approval
@@ -263,23 +261,6 @@ def runs_page(
     the next cursor."""
     qs = qs.select_related("tenant", "lease", "lease__worker")
     return keyset_page(qs, order_field="created_at", cursor=before, size=size, descending=not oldest_first)
-
-
-def estimated_count(qs) -> int | None:
-    """The planner's estimate of how many rows ``qs`` holds (PostgreSQL's EXPLAIN: no row
-    is read, so it costs the same at a million runs as at ten)."""
-    from django.db import connection
-
-    try:
-        sql, params = qs.order_by().values("pk").query.sql_with_params()
-    except EmptyResultSet:  # Django knows it matches nothing (no visible tenant, no match)
-        return 0
-    with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
-        plan = cursor.fetchone()[0]
-    if isinstance(plan, str):
-        plan = json.loads(plan)
-    return int(plan[0]["Plan"]["Plan Rows"])
 
 
 def run_events_page(*, run: Run, after: int = 0, size: int = EVENT_PAGE):

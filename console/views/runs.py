@@ -20,6 +20,7 @@ from ledger.services.core.decisions import acting_name
 from ledger.services.evidence.export import chain_export
 from ledger.services.evidence.verification import run_verify
 from ledger.services.fence.ending import run_cancel
+from ledger.sql import reads as sql_reads
 from ledger.states import EffectClass, Phase, RunStatus
 
 BADGE = {
@@ -101,7 +102,7 @@ def run_list(request):
         page = 1
     # The planner's estimate (one query whatever the size, so every page costs the same
     # queries); the exact number when everything is on this page.
-    total: int | None = selectors.estimated_count(qs)
+    total: int | None = sql_reads.estimated_count(qs)
     exact = page == 1 and next_cursor is None
     if exact:
         total = len(rows)

@@ -23,6 +23,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.migrations.loader import MigrationLoader
 from django.utils import timezone
 
+from ledger.sql import reads as sql_reads
 from ledger.versioning import Versioned, known_for
 
 if TYPE_CHECKING:
@@ -39,8 +40,7 @@ class Check:
 
 def check_database() -> Check:
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
+        sql_reads.ping()
         loader = MigrationLoader(connection)
         # Every migration of the code that the database has not recorded, wherever it sits
         # in the graph (a plan towards the leaves would skip one whose child is applied).

@@ -232,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     from ledger.services.upgrades.backfill import backfill_run
     from ledger.services.upgrades.changes import change_move
     from ledger.services.upgrades.phases import phase_forget
+    from ledger.sql.upgrades import AGREES_SQL
 
     say(f"Backfill benchmark: {args.operations:,} operations, batches of {args.batch:,}, {args.writers} live writers")
     say(
@@ -285,9 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     left = Operation.objects.filter(schema_version=1)
     conflicts = StateConflict.objects.filter(status="OPEN")
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT count(*) FROM ledger_operation o WHERE o.schema_version = 2 AND NOT {provider_ref.AGREES_SQL}"
-        )
+        cursor.execute(f"SELECT count(*) FROM ledger_operation o WHERE o.schema_version = 2 AND NOT {AGREES_SQL}")
         disagreeing_v2 = cursor.fetchone()[0]
     checks = {
         "left at version 1 = the disagreeing ones": left.count() == seeded["disagreeing"],

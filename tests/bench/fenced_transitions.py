@@ -347,7 +347,7 @@ class SqlMeter:
     psycopg outside cursor.execute and are not in it. Installed only for the census cycle
     after the timed loop: an execute wrapper sends every statement through Django's cursor
     wrapper, which costs the client about as much CPU as the round trip itself
-    (``ledger.prepared.execute``), so the timed loop runs without it."""
+    (``ledger.sql.connection.execute``), so the timed loop runs without it."""
 
     def __init__(self) -> None:
         self.statements = 0

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.services.upgrades.provider_ref import (
-    AGREES_SQL,
     NEW,
     OLD,
     ProviderRef,
@@ -20,6 +19,7 @@ from ledger.services.upgrades.provider_ref import (
     version_for_new,
     written,
 )
+from ledger.sql.upgrades import AGREES_SQL
 from ledger.states import UpgradePhase
 
 pytestmark = pytest.mark.django_db

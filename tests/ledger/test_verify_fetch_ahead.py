@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ledger.services.evidence.verification import _fetched_ahead
+from ledger.sql.evidence import _fetched_ahead
 
 
 class Source:

@@ -39,7 +39,7 @@ from django.utils import timezone
 from ledger.actors import user_actor
 from ledger.boundary import check_text
 from ledger.errors import Denied, InvalidInput, NotFound, StaleToken, WorkerNotAccepting, parse_id
-from ledger.models import Credential, CredentialLease, Run, Tenant, Worker
+from ledger.models import CredentialLease, Run, Tenant, Worker
 from ledger.policy import allows
 from ledger.roles import ADMINISTER
 from ledger.services.authority.credentials import credential_get, human_decision, principal_check
@@ -47,6 +47,7 @@ from ledger.services.authority.policy import policy_current
 from ledger.services.core.decisions import acting_name, admin_action_record
 from ledger.services.core.fencing import Fenced, fenced, locked_runs, refuse_new_work
 from ledger.services.evidence.append import ChainBatch
+from ledger.sql import credentials as sql_credentials
 from ledger.states import WorkerStatus
 
 MAX_ACTION_LENGTH = 100  # as Operation.action
@@ -107,20 +108,6 @@ def ttl_refusal(policy: dict, ttl_s: int) -> str | None:
 # --- issue --------------------------------------------------------------------------------
 
 
-def _credential_for_share(tenant: Tenant, principal: str) -> Credential | None:
-    """The credential row, locked FOR SHARE until the transaction ends: a rotation waits
-    for this issue to commit (and then sees its lease), or this issue waits for the
-    rotation (and then reads the new version). Issues do not block each other."""
-    table = Credential._meta.db_table
-    rows = list(
-        Credential.objects.raw(
-            f"SELECT * FROM {table} WHERE tenant_id = %s AND principal = %s FOR SHARE",  # noqa: S608 - table name only
-            [tenant.pk, principal],
-        )
-    )
-    return rows[0] if rows else None
-
-
 def credential_lease_issue(
     *,
     worker: Worker,
@@ -143,7 +130,9 @@ def credential_lease_issue(
     refused: StaleToken | None = None
     with transaction.atomic():
         policy_version, policy = policy_current(tenant=tenant)
-        credential = _credential_for_share(tenant, principal)
+        # Locked FOR SHARE: a rotation waits for this issue (and then sees its lease), or
+        # this issue for the rotation (and then reads the new version).
+        credential = sql_credentials.credential_for_share(tenant_id=tenant.pk, principal=principal)
         denial = ttl_refusal(policy, ttl_s) or scope_refusal(policy, actions=actions, resources=resources)
         if credential is None and denial is None:
             denial = DENIED_DETAIL  # an unknown principal is a policy refusal, not a 404

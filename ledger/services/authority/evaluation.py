@@ -18,7 +18,6 @@ reservation of that attempt.
 from dataclasses import dataclass
 from typing import Any
 
-from ledger import prepared
 from ledger.errors import Denied, parse_id
 from ledger.models import CapabilityBudget, Credential, CredentialLease, Operation
 from ledger.policy import allows, contract_for, needs_human
@@ -27,6 +26,7 @@ from ledger.services.authority.policy import policy_now
 from ledger.services.authority.reservations import cost_reserve
 from ledger.services.core.fencing import CAPABILITIES_SEEN, Fenced
 from ledger.services.core.handoff import Approval, queues
+from ledger.sql import rows as sql_rows
 from ledger.states import ApprovalKind, CapabilityStatus
 
 
@@ -72,7 +72,7 @@ def _check_credential(
     if at_dispatch:
         lease = op.credential_lease
     elif lease_id is not None:
-        lease = prepared.get(CredentialLease, ("credential",), id=parse_id(lease_id, "credential lease"))
+        lease = sql_rows.get(CredentialLease, ("credential",), id=parse_id(lease_id, "credential lease"))
         if lease is None or lease.run_id != ctx.run.pk:
             raise Denied("DENY_POLICY", "no such credential lease for this run")
         lease.__dict__["credential_version_now"] = lease.credential.version
@@ -107,7 +107,7 @@ def _check_capability(op: Operation, ctx: Fenced, policy: dict, grounds: Grounds
     if ctx.run.n_capabilities > 0:  # while the run has asked for none there is nothing to read
         held = op.__dict__.pop(CAPABILITIES_SEEN, None)  # read by the fence's statement, once
         if held is None:
-            found = prepared.select(CapabilityBudget, run_id=ctx.run.pk, tool=op.tool)
+            found = sql_rows.select(CapabilityBudget, run_id=ctx.run.pk, tool=op.tool)
             held = [c for c in found if c.status != CapabilityStatus.DENIED]
     if not held and not policy["require_capability"]:
         return  # the policy does not ask for capabilities and the run holds none for this tool

@@ -31,17 +31,14 @@ claims its own runs.
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache
 from typing import Any
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.db.models import BigIntegerField, Case, F, QuerySet, Sum, Value, When
 from django.db.models.functions import Least
 from django.utils import timezone
-from psycopg.types.numeric import Int8
 
-from ledger import prepared
 from ledger.actors import SYSTEM_RESERVATION_EXPIRY
 from ledger.errors import Denied, InvalidInput, WrongPhase
 from ledger.models import CapabilityBudget, CostReservation, CostShard, CostWindow, Operation, Run, Tenant
@@ -64,6 +61,7 @@ from ledger.services.authority.windows import (
 )
 from ledger.services.core.fencing import RESERVATION_SEEN, runs_locked_for_sweep
 from ledger.services.evidence.append import ChainBatch
+from ledger.sql import costs as sql_costs
 from ledger.states import BudgetKind, CapabilityStatus, ReservationState
 
 RESERVATION_TRANSITIONS: dict[ReservationState, frozenset[ReservationState]] = {
@@ -279,20 +277,7 @@ def _reserve_at_once(
     what was charged is taken back here, and the caller charges one by one, which refills
     shards, creates windows and names the refusal."""
     starts_at, _ = window_bounds(now, policy["cost_window_s"])
-    shape = tuple(b.kind in ESCROWED_KINDS for b in budgets)
-    has_bytes = capability is not None and capability.max_bytes is not None
     tenant_at = next((i for i, b in enumerate(budgets) if b.kind == BudgetKind.TENANT), None)
-    sql = _reserve_sql(shape, capability is not None, has_bytes, tenant_at)
-    est, hashed = Int8(estimate), Int8(run_shard_hash(run.pk))
-    params: list = []
-    for budget in budgets:  # the direct charges first, then the shards (as _reserve_sql writes them)
-        params += [est, run.tenant_id, budget.kind.value, budget.key, starts_at, est]
-    for budget, escrowed in zip(budgets, shape, strict=True):
-        if escrowed:
-            params += [est, run.tenant_id, budget.kind.value, budget.key, starts_at, hashed, est]
-    need = Int8(op.payload_bytes or 0)
-    if capability is not None:
-        params += [need, capability.pk, now] + ([need] if has_bytes else [])
     reservation = CostReservation(
         tenant_id=run.tenant_id,
         run=run,
@@ -304,11 +289,24 @@ def _reserve_at_once(
         created_at=now,
         expires_at=now + timedelta(seconds=policy["reservation_ttl_s"]),
     )
-    names, values = prepared.insert_params(reservation)  # noqa: RUF059
-    params += values
-    if tenant_at is not None:
-        params += [run.tenant_id, BudgetKind.TENANT.value, budgets[tenant_at].key, starts_at]
-    row = prepared.execute(sql, params).fetchone()
+    spend = None
+    if capability is not None:
+        spend = sql_costs.Spend(
+            capability_id=capability.pk,
+            payload_bytes=op.payload_bytes or 0,
+            limited_bytes=capability.max_bytes is not None,
+            now=now,
+        )
+    row = sql_costs.charge(
+        keys=[sql_costs.Key(b.kind.value, b.key, b.kind in ESCROWED_KINDS) for b in budgets],
+        tenant_id=run.tenant_id,
+        starts_at=starts_at,
+        estimate=estimate,
+        run_hash=run_shard_hash(run.pk),
+        spend=spend,
+        reservation=reservation,
+        tenant_at=tenant_at,
+    )
     granted, charged, tenant_row = row[0], row[1 : 1 + 2 * len(budgets) + 1], row[1 + 2 * len(budgets) + 1 :]
     if not granted:
         _take_back(charged, budgets=budgets, estimate=estimate, capability=capability, need=op.payload_bytes or 0)
@@ -336,92 +334,6 @@ def _take_back(
         CapabilityBudget.objects.filter(pk=capability.pk).update(
             used_calls=F("used_calls") - 1, used_bytes=F("used_bytes") - need
         )
-
-
-# A window's reserved and settled cents with its shards', in SQL (``w`` the window).
-_TOTAL_USED = (
-    "w.reserved_cents + w.settled_cents "
-    "+ COALESCE((SELECT sum(s.reserved_cents + s.settled_cents) FROM {shard} s WHERE s.window_id = w.id), 0)"
-)
-
-
-@cache
-def _reserve_sql(escrowed: tuple[bool, ...], capability: bool, has_bytes: bool, tenant_at: int | None) -> str:
-    """The statement of :func:`_reserve_at_once` for budgets of this shape."""
-    qn = connection.ops.quote_name
-    window, shard = qn(CostWindow._meta.db_table), qn(CostShard._meta.db_table)
-    by_key = "w.tenant_id = %s AND w.kind = %s AND w.key = %s AND w.starts_at = %s"
-    # Rows are locked in the order every path takes (LOCK ORDER in the module text): the
-    # windows charged directly in budget order, then the shards in budget order. Each part
-    # waits for the one before it (its WHERE reads that part's count).
-    parts, granted, window_ids, shard_ids, returned, previous = [], [], [], [], [], None
-
-    def after_previous() -> str:
-        return f"(SELECT count(*) FROM {previous}) >= 0 AND " if previous else ""  # noqa: S608
-
-    for i in range(len(escrowed)):
-        parts.append(
-            f"d{i} AS (UPDATE {window} w SET reserved_cents = w.reserved_cents + %s WHERE {after_previous()}{by_key} "  # noqa: S608
-            "AND w.shard_count = 0 AND w.reserved_cents + w.settled_cents + w.escrowed_cents + %s <= w.limit_cents "
-            "RETURNING w.id)"
-        )
-        previous = f"d{i}"
-        window_ids.append(f"SELECT id FROM d{i}")  # noqa: S608
-    for i, can_escrow in enumerate(escrowed):
-        count = f"(SELECT count(*) FROM d{i})"  # noqa: S608
-        returned.append(f"(SELECT id FROM d{i})")  # noqa: S608
-        if can_escrow:
-            parts.append(
-                f"s{i} AS (UPDATE {shard} s SET reserved_cents = s.reserved_cents + %s FROM {window} w "  # noqa: S608
-                f"WHERE {after_previous()}{by_key} AND w.shard_count > 0 AND s.window_id = w.id "
-                "AND s.shard = mod(%s, w.shard_count) AND s.reserved_cents + s.settled_cents + %s <= s.allotted_cents "
-                "RETURNING s.id, s.window_id)"
-            )
-            previous = f"s{i}"
-            count += f" + (SELECT count(*) FROM s{i})"  # noqa: S608
-            window_ids.append(f"SELECT window_id FROM s{i}")  # noqa: S608
-            shard_ids.append(f"SELECT id FROM s{i}")  # noqa: S608
-            returned.append(f"(SELECT id FROM s{i})")  # noqa: S608
-        else:
-            returned.append("NULL::bigint")
-        granted.append(f"{count} = 1")
-    if capability:
-        table = qn(CapabilityBudget._meta.db_table)
-        within = " AND used_bytes <= max_bytes - %s" if has_bytes else ""
-        parts.append(
-            f"cap AS (UPDATE {table} SET used_calls = used_calls + 1, used_bytes = used_bytes + %s "  # noqa: S608
-            f"WHERE {after_previous()}id = %s AND status = '{CapabilityStatus.ACTIVE.value}' AND expires_at > %s "
-            f"AND used_calls < max_calls{within} RETURNING 1)"
-        )
-        granted.append("(SELECT count(*) FROM cap) = 1")
-        returned.append("(SELECT count(*) FROM cap)")
-    else:
-        returned.append("0")
-    parts.append(f"ok AS (SELECT {' AND '.join(granted) or 'true'} AS granted)")
-    names = prepared.attnames(CostReservation)
-    columns = ", ".join(qn(prepared.column(CostReservation, name)) for name in names)
-    parts.append(
-        f"r AS (INSERT INTO {qn(CostReservation._meta.db_table)} ({columns}) "  # noqa: S608
-        f"SELECT {', '.join(['%s'] * len(names))} FROM ok WHERE ok.granted RETURNING id)"
-    )
-    if window_ids:  # (a reservation under no limit has no window)
-        parts.append(
-            f"lw AS (INSERT INTO {qn(CostReservation.windows.through._meta.db_table)} (costreservation_id, costwindow_id) "  # noqa: S608
-            f"SELECT r.id, x.id FROM r, ({' UNION ALL '.join(window_ids)}) x(id))"
-        )
-    if shard_ids:
-        parts.append(
-            f"ls AS (INSERT INTO {qn(CostReservation.shards.through._meta.db_table)} (costreservation_id, costshard_id) "  # noqa: S608
-            f"SELECT r.id, x.id FROM r, ({' UNION ALL '.join(shard_ids)}) x(id))"
-        )
-    selected = ["(SELECT granted FROM ok)", *returned]
-    if tenant_at is not None:  # the TENANT window as the statement's snapshot saw it, for the breaker
-        selected += ["w.limit_cents", _TOTAL_USED.format(shard=shard)]
-        tail = f" FROM (VALUES (1)) AS one(x) LEFT JOIN {window} w ON {by_key}"
-    else:
-        tail = ""
-    # Table and column names come from the models; every value is a parameter.
-    return f"WITH {', '.join(parts)} SELECT {', '.join(selected)}{tail}"
 
 
 def _current_reservation(op: Operation) -> CostReservation | None:
@@ -644,15 +556,20 @@ def _close_at_once(
     tenant limit); None when something did not fit (taken back here: the caller goes one
     by one and measures the overage)."""
     tenant_limit = policy["cost_limits_cents"]["tenant"]
-    sql = _close_sql(tenant_limit is not None)
-    est, amt, pk = Int8(reservation.estimated_cents), Int8(amount), reservation.pk
-    params = [target.value, amt, now, pk, source.value, pk, pk]
-    params += [est, amt, amt, est]  # windows
-    params += [est, amt, amt, est]  # shards
+    tenant_window = None
     if tenant_limit is not None:
         starts_at, _ = window_bounds(now, policy["cost_window_s"])
-        params += [reservation.tenant_id, BudgetKind.TENANT.value, tenant_slug, starts_at]
-    row = prepared.execute(sql, params).fetchone()
+        tenant_window = (reservation.tenant_id, BudgetKind.TENANT.value, tenant_slug, starts_at)
+    pk = reservation.pk
+    row = sql_costs.settle(
+        reservation_id=pk,
+        source=source.value,
+        target=target.value,
+        estimate=reservation.estimated_cents,
+        amount=amount,
+        now=now,
+        tenant_window=tenant_window,
+    )
     moved, windows, shards, want_windows, want_shards = row[:5]
     if moved != 1:  # impossible while the reservation row is locked
         raise WrongPhase(phase="reservation changed concurrently", wanted=source)
@@ -676,58 +593,11 @@ def _close_at_once(
     return ((limit, used + (amount - reservation.estimated_cents if touched else 0)),)
 
 
-@cache
-def _close_sql(with_tenant: bool) -> str:
-    """The statement of :func:`_close_at_once`: the rows are locked first, in the order
-    every path takes (the direct windows, then the shards, each in budget order), then
-    settled."""
-    qn = connection.ops.quote_name
-    reservations, window, shard = (
-        qn(CostReservation._meta.db_table),
-        qn(CostWindow._meta.db_table),
-        qn(CostShard._meta.db_table),
-    )
-    by_window, by_shard = (
-        qn(CostReservation.windows.through._meta.db_table),
-        qn(CostReservation.shards.through._meta.db_table),
-    )
-    parts = [
-        f"r AS (UPDATE {reservations} SET state = %s, actual_cents = %s, closed_at = %s WHERE id = %s AND state = %s RETURNING 1)",  # noqa: S608
-        f"lw AS (SELECT w.id FROM {window} w JOIN {by_window} l ON w.id = l.costwindow_id "  # noqa: S608
-        f"WHERE l.costreservation_id = %s AND w.shard_count = 0 ORDER BY {_RANK}, w.key FOR NO KEY UPDATE OF w)",
-        f"ls AS (SELECT s.id FROM {shard} s JOIN {by_shard} l ON s.id = l.costshard_id JOIN {window} w ON w.id = s.window_id "  # noqa: S608
-        f"WHERE (SELECT count(*) FROM lw) >= 0 AND l.costreservation_id = %s ORDER BY {_RANK}, w.key FOR NO KEY UPDATE OF s)",
-        f"w AS (UPDATE {window} w SET reserved_cents = w.reserved_cents - %s, settled_cents = w.settled_cents + %s "  # noqa: S608
-        "WHERE w.id IN (SELECT id FROM lw) AND %s <= w.limit_cents - w.escrowed_cents - w.settled_cents - w.reserved_cents + %s "
-        "RETURNING w.id)",
-        f"s AS (UPDATE {shard} s SET reserved_cents = s.reserved_cents - %s, settled_cents = s.settled_cents + %s "  # noqa: S608
-        "WHERE s.id IN (SELECT id FROM ls) AND %s <= s.allotted_cents - s.settled_cents - s.reserved_cents + %s "
-        "RETURNING s.id, s.window_id)",
-    ]
-    selected = [
-        "(SELECT count(*) FROM r)",
-        "(SELECT array_agg(id) FROM w)",
-        "(SELECT array_agg(ARRAY[id, window_id]) FROM s)",
-        "(SELECT count(*) FROM lw)",
-        "(SELECT count(*) FROM ls)",
-    ]
-    tail = ""
-    if with_tenant:
-        selected += ["w.id", "w.limit_cents", _TOTAL_USED.format(shard=shard)]
-        tail = (
-            f" FROM (VALUES (1)) AS one(x) LEFT JOIN {window} w ON "
-            "w.tenant_id = %s AND w.kind = %s AND w.key = %s AND w.starts_at = %s"
-        )
-    # Table and column names come from the models; every value is a parameter.
-    return f"WITH {', '.join(parts)} SELECT {', '.join(selected)}{tail}"
-
-
 # A window's place in the lock order: its budget kind, in the order budgets_for lists them.
 RANKS: dict[str, int] = {
     kind.value: rank
     for rank, kind in enumerate((BudgetKind.RUN, BudgetKind.TENANT, BudgetKind.PROVIDER, BudgetKind.RETRY))
 }
-_RANK = "array_position(ARRAY['RUN', 'TENANT', 'PROVIDER', 'RETRY']::varchar[], w.kind)"
 LOCK_RANK = Case(*(When(kind=kind, then=Value(rank)) for kind, rank in RANKS.items()), default=Value(len(RANKS)))
 
 

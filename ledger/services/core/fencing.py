@@ -9,15 +9,12 @@ event in its chain; the refusal is raised after that record has committed.
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cache
 from typing import Any, Protocol, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, connection, transaction
-from django.db.models import F, Model
-from django.db.models.base import ModelState
+from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
-from ledger import prepared
 from ledger.actors import worker_actor
 from ledger.errors import (
     DomainError,
@@ -33,7 +30,6 @@ from ledger.errors import (
 from ledger.models import (
     CapabilityBudget,
     CostReservation,
-    Credential,
     CredentialLease,
     Operation,
     Run,
@@ -43,8 +39,9 @@ from ledger.models import (
     WorkerDrain,
 )
 from ledger.services.evidence.append import HEAD_FIELDS, ChainBatch
+from ledger.sql import fence as sql_fence
+from ledger.sql import rows as sql_rows
 from ledger.states import CapabilityStatus
-from ledger.versioning import require_known
 
 T = TypeVar("T")
 
@@ -98,15 +95,18 @@ def runs_locked_for_sweep(
     if expired_by is None:
         if not run_ids:
             return []
-        ids = list(set(run_ids))
-        params: list = [ids, len(ids) if limit is None else limit]
+        rows = sql_fence.runs_by_id(
+            run_ids=set(run_ids), limit=limit, skip_locked=skip_locked, run_columns=SWEEP_RUN_COLUMNS
+        )
     else:
-        params = [expired_by, limit]
-    width = len(prepared.attnames(RunLease))
+        rows = sql_fence.runs_expired(
+            by=expired_by, limit=limit, skip_locked=skip_locked, run_columns=SWEEP_RUN_COLUMNS
+        )
+    width = len(sql_fence.LEASE)
     runs = []
-    for row in prepared.execute(_sweep_sql(expired_by is not None, skip_locked), params).fetchall():
-        lease = prepared.from_row(RunLease, row[:width])
-        run = _loaded(Run, SWEEP_RUN_COLUMNS, row[width:])
+    for row in rows:
+        lease = sql_rows.from_row(RunLease, row[:width])
+        run = sql_rows.loaded(Run, SWEEP_RUN_COLUMNS, row[width:])
         # The run's lease, as select_related sets it; not the lease's run back (no sweep reads
         # it; it would load on first use): without that cycle a batch's runs are freed as
         # soon as it ends, instead of piling up for the garbage collector's older generations.
@@ -119,39 +119,6 @@ _RUN_LEASE = Run._meta.get_field("lease")
 # What a sweep reads of a run and writes back with its chain head (the head is written from
 # the instance, field by field, so every head field is loaded).
 SWEEP_RUN_COLUMNS = ("id", "tenant_id", "parent_id", "status", "schema_version", *HEAD_FIELDS)
-
-
-def _loaded[M: Model](model: type[M], names: tuple[str, ...], row: Sequence[object]) -> M:
-    """An instance of ``model`` as read from the database with the columns ``names`` only
-    (their values in ``row``, none needing a conversion); the others are deferred fields.
-    Its schema version is checked, as every load checks it."""
-    instance = model.__new__(model)
-    instance.__dict__.update(zip(names, row, strict=True))
-    state = instance._state = ModelState()
-    state.adding, state.db = False, DEFAULT_DB_ALIAS
-    require_known(instance.__dict__["schema_version"], f"{model._meta.label} row", stored=True)
-    return instance
-
-
-@cache
-def _sweep_sql(by_expiry: bool, skip_locked: bool) -> str:
-    qn = connection.ops.quote_name
-
-    def lease(name: str) -> str:
-        return f"l.{qn(prepared.column(RunLease, name))}"
-
-    columns = [lease(name) for name in prepared.attnames(RunLease)]
-    columns += [f"r.{qn(prepared.column(Run, name))}" for name in SWEEP_RUN_COLUMNS]
-    if by_expiry:
-        where = f"{lease('owner_id')} IS NOT NULL AND {lease('expires_at')} <= %s ORDER BY {lease('expires_at')}"
-    else:
-        where = f"{lease('run_id')} = ANY(%b::{Run._meta.pk.db_type(connection)}[]) ORDER BY {lease('run_id')}"
-    # Table and column names come from the models; every value is a parameter.
-    return (
-        f"SELECT {', '.join(columns)} FROM {qn(RunLease._meta.db_table)} l "  # noqa: S608
-        f"JOIN {qn(Run._meta.db_table)} r ON r.{qn('id')} = {lease('run_id')} "
-        f"WHERE {where} LIMIT %s FOR UPDATE OF {'l, r' if by_expiry else 'r'}{' SKIP LOCKED' if skip_locked else ''}"
-    )
 
 
 @dataclass(frozen=True)
@@ -185,101 +152,20 @@ class Locked:
     tenant: TenantSeen | None
 
 
-# The columns each part of the locking statement selects, in order.
-_LEASE = tuple(f.attname for f in RunLease._meta.concrete_fields)
-_RUN = tuple(f.attname for f in Run._meta.concrete_fields)
-_OPERATION = tuple(f.attname for f in Operation._meta.concrete_fields)
-_CREDENTIAL_LEASE = tuple(f.attname for f in CredentialLease._meta.concrete_fields)
-_RESERVATION = tuple(f.attname for f in CostReservation._meta.concrete_fields)
-_CAPABILITY = tuple(f.attname for f in CapabilityBudget._meta.concrete_fields)
-_TENANT = (
-    "policy_version",
-    "breaker_state",
-    "breaker_reason",
-    "breaker_changed_at",
-    "effects_held",
-    "effects_held_reason",
-)
-
-
-def _columns(alias: str, model: type[Model], names: tuple[str, ...]) -> list[str]:
-    qn = connection.ops.quote_name
-    return [f"{alias}.{qn(prepared.column(model, name))}" for name in names]
-
-
-@cache
-def _lock_sql(by_operation: bool, capabilities: bool = False) -> str:
-    """The hot path's one read, written once: the lease and its run, both locked, with what
-    the write needs of the tenant and, by operation, of the operation and its credential
-    lease, and with ``capabilities`` the run's capability budgets for the operation's tool
-    (all but the DENIED ones, one array per column, in id order; the status is the
-    statement's first parameter). (The ORM spent more CPU compiling this than PostgreSQL
-    spent running it.)
-
-    Only the lease and the run are locked. The operation and the tenant are read as the
-    statement's snapshot saw them; should the statement have waited for the run's lock,
-    whoever held it may have moved the operation since. Every such move appends to the
-    run's chain, so ``r0``, the run as the snapshot saw it (not locked), tells: its
-    ``last_seq`` differs from the locked row's, and :func:`lock` reads the operation
-    again."""
-    qn = connection.ops.quote_name
-    columns = [
-        *_columns("l", RunLease, _LEASE),
-        *_columns("r", Run, _RUN),
-        *_columns("t", Tenant, _TENANT),
-    ]
-    tables = f"{qn(RunLease._meta.db_table)} l JOIN {qn(Run._meta.db_table)} r ON r.id = l.run_id "
-    tables += f"JOIN {qn(Tenant._meta.db_table)} t ON t.id = r.tenant_id"
-    if by_operation:
-        columns += [
-            "r0.last_seq",
-            *_columns("o", Operation, _OPERATION),
-            *_columns("c", CredentialLease, _CREDENTIAL_LEASE),
-            "cr.version",
-            *_columns("cost", CostReservation, _RESERVATION),
-        ]
-        tables = (
-            f"{qn(Operation._meta.db_table)} o JOIN {tables} ON l.run_id = o.run_id "
-            f"JOIN {qn(Run._meta.db_table)} r0 ON r0.id = o.run_id "
-            f"LEFT JOIN {qn(CredentialLease._meta.db_table)} c ON c.id = o.credential_lease_id "
-            f"LEFT JOIN {qn(Credential._meta.db_table)} cr ON cr.id = c.credential_id "
-            f"LEFT JOIN {qn(CostReservation._meta.db_table)} cost ON cost.operation_id = o.id AND cost.attempt = o.attempt"
-        )
-        if capabilities:
-            budget = qn(CapabilityBudget._meta.db_table)
-            key = qn(prepared.column(CapabilityBudget, "id"))
-            arrays = ", ".join(
-                f"array_agg(cb.{qn(prepared.column(CapabilityBudget, name))} ORDER BY cb.{key}) AS c{index}"
-                for index, name in enumerate(_CAPABILITY)
-            )
-            run_column, tool, status = (qn(prepared.column(CapabilityBudget, n)) for n in ("run", "tool", "status"))
-            tables += (
-                f" LEFT JOIN LATERAL (SELECT {arrays} FROM {budget} cb WHERE cb.{run_column} = o.run_id"  # noqa: S608
-                f" AND cb.{tool} = o.tool AND cb.{status} <> %s) caps ON true"
-            )
-            columns += [f"caps.c{index}" for index in range(len(_CAPABILITY))]
-        where = "o.id = %s AND o.tenant_id = %s AND r.tenant_id = %s"
-    else:
-        where = "l.run_id = %s AND r.tenant_id = %s"
-    # Table and column names come from the models; every value is a parameter.
-    return f"SELECT {', '.join(columns)} FROM {tables} WHERE {where} FOR UPDATE OF l, r"  # noqa: S608
-
-
 def lock(*, tenant: Tenant, run_id: object = None, operation_id: object = None, capabilities: bool = False) -> Locked:
     """One run of ``tenant`` — named directly or as the run of one of its operations — with
     its lease, both rows locked by one statement until the transaction ends. By operation,
     with ``capabilities``, the same statement also reads the run's capability budgets for
     the operation's tool, which the operation then carries (:data:`CAPABILITIES_SEEN`)."""
     if operation_id is not None:
-        op_id = parse_id(operation_id, "operation")
-        params = [op_id, tenant.pk, tenant.pk]
-        if capabilities:
-            params.insert(0, CapabilityStatus.DENIED.value)
-        row = prepared.execute(_lock_sql(True, capabilities), params).fetchone()
+        denied = CapabilityStatus.DENIED.value if capabilities else None
+        row = sql_fence.lock_operation(
+            operation_id=parse_id(operation_id, "operation"), tenant_id=tenant.pk, denied=denied
+        )
         if row is None:
             raise NotFound("operation not found")
     else:
-        row = prepared.execute(_lock_sql(False), [parse_id(run_id, "run"), tenant.pk]).fetchone()
+        row = sql_fence.lock_run(run_id=parse_id(run_id, "run"), tenant_id=tenant.pk)
         if row is None:
             raise NotFound("run not found")
     at = 0
@@ -289,42 +175,42 @@ def lock(*, tenant: Tenant, run_id: object = None, operation_id: object = None, 
         at += count
         return row[at - count : at]
 
-    lease = prepared.from_row(RunLease, take(len(_LEASE)))
-    run = prepared.from_row(Run, take(len(_RUN)))
-    seen = TenantSeen.from_row(take(len(_TENANT)))
+    lease = sql_rows.from_row(RunLease, take(len(sql_fence.LEASE)))
+    run = sql_rows.from_row(Run, take(len(sql_fence.RUN)))
+    seen = TenantSeen.from_row(take(len(sql_fence.TENANT)))
     run.lease, lease.run = lease, run
     _RUN_TENANT.set_cached_value(run, tenant)  # the statement matched run.tenant_id = tenant.pk
     if operation_id is None:
         return Locked(run=run, operation=None, tenant=seen)
     (snapshot_seq,) = take(1)
-    op = prepared.from_row(Operation, take(len(_OPERATION)))
-    credential_lease = take(len(_CREDENTIAL_LEASE))
+    op = sql_rows.from_row(Operation, take(len(sql_fence.OPERATION)))
+    credential_lease = take(len(sql_fence.CREDENTIAL_LEASE))
     (credential_version,) = take(1)
-    reservation = take(len(_RESERVATION))
-    arrays = take(len(_CAPABILITY)) if capabilities else None
+    reservation = take(len(sql_fence.RESERVATION))
+    arrays = take(len(sql_fence.CAPABILITY)) if capabilities else None
     if snapshot_seq != run.last_seq:  # the run moved while this statement waited for its lock
-        fresh = prepared.get(Operation, ("credential_lease",), id=op.pk)
+        fresh = sql_rows.get(Operation, ("credential_lease",), id=op.pk)
         if not isinstance(fresh, Operation):
             raise NotFound("operation not found")
         op = fresh
     else:
         found = None
         if credential_lease[0] is not None:
-            found = prepared.from_row(CredentialLease, credential_lease)
+            found = sql_rows.from_row(CredentialLease, credential_lease)
             found.__dict__["credential_version_now"] = credential_version  # what evaluation compares it with
         _OPERATION_CREDENTIAL_LEASE.set_cached_value(op, found)
         # The cost reservation of its current attempt (changed only under the run's lock):
         # ``reservations.reservation_of`` reads it from here instead of asking again.
         op.__dict__[RESERVATION_SEEN] = (
             op.attempt,
-            prepared.from_row(CostReservation, reservation) if reservation[0] is not None else None,
+            sql_rows.from_row(CostReservation, reservation) if reservation[0] is not None else None,
         )
         if arrays is not None:
             # The run's capabilities for the tool (changed under the run's lock, but for a
             # delegation to a child run, which only takes calls away: the charge at dispatch
             # is conditional and refuses what is no longer there).
             rows = zip(*arrays, strict=True) if arrays[0] is not None else ()
-            op.__dict__[CAPABILITIES_SEEN] = [prepared.from_row(CapabilityBudget, row) for row in rows]
+            op.__dict__[CAPABILITIES_SEEN] = [sql_rows.from_row(CapabilityBudget, row) for row in rows]
     _OPERATION_RUN.set_cached_value(op, run)
     return Locked(run=run, operation=op, tenant=seen)
 

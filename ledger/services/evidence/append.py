@@ -13,20 +13,19 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cache
-from operator import attrgetter
 from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
-from django.db.models import ForeignKey, Model
+from django.db.models import Model
 
-from ledger import prepared
 from ledger.boundary import check_fields, check_text, path_segment
 from ledger.chain import EventSigner, canonical_bytes, format_time, hash_bytes
 from ledger.errors import InvalidInput
 from ledger.ids import uuid7
 from ledger.models import Event, Run
+from ledger.sql import chain as sql_chain
+from ledger.sql import rows as sql_rows
 from ledger.states import RUN_FINISHED, Phase
 from ledger.storable import storage_problem
 from ledger.versioning import CURRENT_SCHEMA_VERSION
@@ -151,7 +150,7 @@ def _chained(
             prev_hash=run.last_hash,
         )
     )
-    event = prepared.unsaved(
+    event = sql_rows.unsaved(
         Event,
         id=None,
         run_id=run.pk,
@@ -215,15 +214,9 @@ class _Mark:
 class _Deferred:
     """A conditional UPDATE that must change exactly one row, written with the chain."""
 
-    model: type[Model]
-    assigned: tuple[str, ...]
-    where: tuple[str, ...]
-    params: list[Any]
+    update: sql_chain.Update
     key: tuple[object, ...]  # the row: (model, its where values)
     refusal: Callable[[], Exception]
-
-    def sql(self) -> str:
-        return prepared.update_sql(self.model, self.assigned, self.where)
 
 
 _EVENT_RUN = Event._meta.get_field("run")
@@ -283,17 +276,17 @@ class ChainBatch:
     ) -> None:
         """``UPDATE model SET values WHERE where``, which must change exactly one row, else
         ``refusal()`` is raised — now, or (held back) when the batch commits."""
-        if not self._defer or not prepared.plain(values.values()):
-            if prepared.update(model, values, **where) != 1:
+        if not self._defer or not sql_rows.plain(values.values()):
+            if sql_rows.update(model, values, **where) != 1:
                 raise refusal()
             return
         key = (model, *where.values())
         if any(held.key == key for held in self._deferred):
             self._send_deferred()  # one statement cannot change a row twice
         assigned, keys = tuple(values), tuple(where)
-        params = [prepared.prep(model, name, values[name]) for name in assigned]
-        params += [prepared.prep(model, name, where[name]) for name in keys]
-        self._deferred.append(_Deferred(model, assigned, keys, params, key, refusal))
+        params = [sql_rows.prep(model, name, values[name]) for name in assigned]
+        params += [sql_rows.prep(model, name, where[name]) for name in keys]
+        self._deferred.append(_Deferred(sql_chain.Update(model, assigned, keys, params), key, refusal))
         if not self._guarding:
             connection.execute_wrappers.append(self._before_any_statement)
             self._guarding = True
@@ -311,9 +304,7 @@ class ChainBatch:
         return held
 
     def _send_deferred(self) -> None:
-        for held in self._take_deferred():
-            if prepared.execute(held.sql(), held.params).rowcount != 1:
-                raise held.refusal()
+        self._send(self._take_deferred())
 
     def close(self) -> None:
         """The transaction is over: forget what was held back (committed or rolled back)."""
@@ -358,19 +349,23 @@ class ChainBatch:
         ``mark`` (taken before the events that belonged to the insert)."""
         runs = _flagged(self._runs.values())
         if len(runs) != 1 or not 0 < len(self.events) <= EVENTS_PER_STATEMENT:
-            if not prepared.insert(instance, conflict=conflict):
+            if not sql_rows.insert(instance, conflict=conflict):
                 self.rewind(mark)
                 return False
             self.commit()
         else:
             self._send_deferred()
             run = runs[0]
-            model = type(instance)
-            names, row = prepared.insert_params(instance)
-            events = [p for e in self.events for p in prepared.params(Event, EVENT_INSERTED, e)]
-            head = prepared.params(Run, HEAD_FIELDS, run)
-            sql = _commit_inserting_sql(model, names, conflict, len(self.events))
-            rows = prepared.execute(sql, [*row, *events, *head, run.pk]).fetchall()
+            names, row = sql_rows.insert_params(instance)
+            rows = sql_chain.inserting(
+                names=names,
+                row=row,
+                model=type(instance),
+                conflict=conflict,
+                events=self.events,
+                run=run,
+                head=HEAD_FIELDS,
+            )
             if not rows:
                 self.rewind(mark)
                 return False
@@ -388,11 +383,9 @@ class ChainBatch:
         runs = _flagged(self._runs.values())
         if len(runs) == 1 and 0 < len(self.events) <= EVENTS_PER_STATEMENT:
             # The common case, a transition: its update, its events and the head in one round trip.
-            run = runs[0]
-            events = [p for e in self.events for p in prepared.params(Event, EVENT_INSERTED, e)]
-            head = prepared.params(Run, HEAD_FIELDS, run)
-            sql = _commit_sql(len(self.events), tuple(h.sql() for h in held))
-            rows = prepared.execute(sql, [p for h in held for p in h.params] + events + head + [run.pk]).fetchall()
+            rows = sql_chain.transition(
+                updates=[h.update for h in held], events=self.events, run=runs[0], head=HEAD_FIELDS
+            )
             for h, count in zip(held, rows[0][: len(held)], strict=True):
                 if count != 1:
                     raise h.refusal()
@@ -400,52 +393,20 @@ class ChainBatch:
             return self.events
         # Many runs (a reaper's batch, a drain): the events, then the heads, each in
         # statements of one fixed shape whatever the count (one array per column), which
-        # psycopg converts and PostgreSQL plans once per connection.
+        # PostgreSQL plans once per connection.
         self._send(held)
         for start in range(0, len(self.events), ROWS_PER_ARRAY_STATEMENT):
             chunk = self.events[start : start + ROWS_PER_ARRAY_STATEMENT]
-            _stored(chunk, prepared.execute(_insert_events_sql(), _columns(Event, EVENT_INSERTED, chunk)).fetchall())
+            _stored(chunk, sql_chain.insert_events(chunk))
         for start in range(0, len(runs), ROWS_PER_ARRAY_STATEMENT):
-            _update_heads(runs[start : start + ROWS_PER_ARRAY_STATEMENT])
+            sql_chain.update_heads(runs[start : start + ROWS_PER_ARRAY_STATEMENT], HEAD_FIELDS)
         return self.events
 
     @staticmethod
     def _send(held: list[_Deferred]) -> None:
         for h in held:
-            if prepared.execute(h.sql(), h.params).rowcount != 1:
+            if not sql_chain.update_one(h.update):
                 raise h.refusal()
-
-
-@cache
-def _commit_sql(events: int, updates: tuple[str, ...]) -> str:
-    """One round trip for a transition: its held-back updates, its events' INSERT and the
-    run head's UPDATE as data-modifying CTEs (PostgreSQL runs each once, to completion),
-    answering how many rows each update changed. The events' foreign key sees the run
-    row either way."""
-    head = prepared.update_sql(Run, tuple(HEAD_FIELDS), ("id",))
-    parts = [f"u{i} AS ({sql} RETURNING 1)" for i, sql in enumerate(updates)]
-    parts += [f"appended AS ({prepared.insert_sql(Event, EVENT_INSERTED, events)} {_RETURNING})", f"head AS ({head})"]
-    counts = [f"(SELECT count(*) FROM u{i})" for i in range(len(updates))]  # noqa: S608
-    return f"WITH {', '.join(parts)} SELECT {', '.join([*counts, 'id', 'event_id'])} FROM appended"  # noqa: S608
-
-
-_RETURNING = "RETURNING id, event_id"
-
-
-@cache
-def _commit_inserting_sql(model: type[Model], names: tuple[str, ...], conflict: tuple[str, ...], events: int) -> str:
-    """The statement of :meth:`ChainBatch.commit_inserting`: the INSERT of one row, then
-    the events and the run head only if that row was inserted."""
-    qn = connection.ops.quote_name
-    columns = ", ".join(qn(prepared.column(Event, name)) for name in EVENT_INSERTED)
-    row = f"({', '.join(['%s'] * len(EVENT_INSERTED))})"
-    head = prepared.update_sql(Run, tuple(HEAD_FIELDS), ("id",))
-    values = ", ".join([row] * events)
-    # Table and column names come from the models; every value is a parameter.
-    inserted = f"inserted AS ({prepared.insert_sql(model, names, 1, conflict)} RETURNING 1)"
-    appended = f"appended AS (INSERT INTO {qn(Event._meta.db_table)} ({columns}) SELECT * FROM (VALUES {values}) AS v"  # noqa: S608
-    appended += f" WHERE EXISTS (SELECT 1 FROM inserted) {_RETURNING})"  # noqa: S608
-    return f"WITH {inserted}, {appended}, head AS ({head} AND EXISTS (SELECT 1 FROM inserted)) SELECT id, event_id FROM appended"  # noqa: S608
 
 
 def _flagged(runs: Iterable[Run]) -> list[Run]:
@@ -469,109 +430,6 @@ def _stored(events: list[Event], rows: list) -> None:
         event._state.db = DEFAULT_DB_ALIAS
 
 
-def _update_heads(runs: list[Run]) -> None:
-    """The heads of many runs in one ``UPDATE ... FROM unnest(...)``: what bulk_update's
-    CASE expressions say, without the ORM compiling one expression per run and field (the
-    reapers commit hundreds of runs at a time; that compiling was 90 % of their time), and
-    in one statement text whatever the number of runs."""
-    prepared.execute(_update_heads_sql(), _columns(Run, ("id", *HEAD_FIELDS), runs))
-
-
-def _columns(model: type[Model], names: tuple[str, ...], instances: Sequence[Model]) -> list[list[Any]]:
-    """The values of ``instances``' fields ``names``, one list per field: the arrays of an
-    ``unnest`` statement, each value as :func:`prepared.prep` sends it. Integers, strings,
-    UUIDs and aware times go as they are (the statement casts each array, and psycopg
-    dumps a list of plain values in binary without a wrapper object per value)."""
-    read = _getter(model, names)
-    if len(names) == 1:
-        columns = [[read(instance) for instance in instances]]
-    else:
-        columns = [list(column) for column in zip(*map(read, instances), strict=True)] or [[] for _ in names]
-    for index, (name, plain) in enumerate(zip(names, _plain_checks(model, names), strict=True)):
-        column = columns[index]
-        if plain is None or not all(value is None or plain(value) for value in column):
-            column = [prepared.prep(model, name, value) for value in column]
-            if plain is _is_int:  # psycopg's integer wrappers: one kind per array
-                column = [None if value is None else int(value) for value in column]
-            columns[index] = column
-    return columns
-
-
-@cache
-def _getter(model: type[Model], names: tuple[str, ...]) -> Callable[[Any], Any]:
-    return attrgetter(*names)
-
-
-def _is_int(value: object) -> bool:
-    return type(value) is int
-
-
-def _is_str(value: object) -> bool:
-    return type(value) is str
-
-
-def _is_uuid(value: object) -> bool:
-    return type(value) is uuid.UUID
-
-
-def _is_aware(value: object) -> bool:
-    return type(value) is datetime and value.tzinfo is not None
-
-
-_PLAIN_CHECKS = {"UUIDField": _is_uuid, "CharField": _is_str, "TextField": _is_str, "DateTimeField": _is_aware}
-
-
-@cache
-def _plain_checks(model: type[Model], names: tuple[str, ...]) -> tuple[Callable[[object], bool] | None, ...]:
-    """Per field, whether a value goes to the database as it is (None: every value goes
-    through its field's preparation)."""
-    fields = {field.attname: field for field in model._meta.concrete_fields}
-    checks = []
-    for name in names:
-        kind = _internal_type(fields[name])
-        checks.append(_is_int if kind.endswith("IntegerField") else _PLAIN_CHECKS.get(kind))
-    return tuple(checks)
-
-
-def _internal_type(field: Any) -> str:
-    return (field.target_field if isinstance(field, ForeignKey) else field).get_internal_type()
-
-
-def _array_casts(model: type[Model], names: tuple[str, ...]) -> list[str]:
-    """``%b::<type>[]`` for each field: text for character fields (an explicit cast to
-    varchar(n) would cut a longer value instead of refusing it; the column's own
-    assignment cast refuses it)."""
-    fields = {field.attname: field for field in model._meta.concrete_fields}
-    casts = []
-    for name in names:
-        field = fields[name]
-        cast = "text" if _internal_type(field) in ("CharField", "TextField") else field.cast_db_type(connection)
-        casts.append(f"%b::{cast}[]")  # binary: no text escaping of every value
-    return casts
-
-
-@cache
-def _insert_events_sql() -> str:
-    qn = connection.ops.quote_name
-    columns = ", ".join(qn(prepared.column(Event, name)) for name in EVENT_INSERTED)
-    arrays = ", ".join(_array_casts(Event, EVENT_INSERTED))
-    # Table and column names come from the model; every value is a parameter.
-    return f"INSERT INTO {qn(Event._meta.db_table)} ({columns}) SELECT * FROM unnest({arrays}) {_RETURNING}"  # noqa: S608
-
-
-@cache
-def _update_heads_sql() -> str:
-    qn = connection.ops.quote_name
-    names = [qn(prepared.column(Run, name)) for name in ("id", *HEAD_FIELDS)]
-    assignments = ", ".join(f"{name} = v.{name}" for name in names[1:])
-    arrays = ", ".join(_array_casts(Run, ("id", *HEAD_FIELDS)))
-    # Table and column names come from the model; every value is a parameter.
-    return (
-        f"UPDATE {qn(Run._meta.db_table)} AS r SET {assignments} "  # noqa: S608
-        f"FROM unnest({arrays}) AS v({', '.join(names)}) WHERE r.id = v.id"
-    )
-
-
 def phase_count_field(phase: str) -> str:
     return f"n_{phase.lower()}"
 
@@ -582,8 +440,6 @@ PHASE_COUNT_FIELDS = [phase_count_field(phase) for phase in Phase.values]
 EVENTS_PER_STATEMENT = 1000
 # At most this many rows per statement of arrays (a bound on one statement's size).
 ROWS_PER_ARRAY_STATEMENT = 10_000
-# The columns of an event's INSERT: all but the generated primary key.
-EVENT_INSERTED = tuple(f.attname for f in Event._meta.concrete_fields if not f.primary_key)
 HEAD_FIELDS = (
     "last_seq",
     "last_hash",

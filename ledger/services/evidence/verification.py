@@ -12,20 +12,17 @@ which verifies the usual event without building its document: memory stays bound
 chunk whatever the length of the chain, and most of the time goes into the hashing.
 """
 
-import functools
-import itertools
 import json
 import operator
 import uuid
-from collections.abc import Callable, Generator, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery import current_app
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F, Max, Q
 from django.utils import timezone
 
@@ -38,6 +35,7 @@ from ledger.evidence_verifier import (
     verify_rows,
 )
 from ledger.models import Checkpoint, Event, Run
+from ledger.sql import evidence as sql_evidence
 from ledger.states import RUN_FINISHED
 from ledger.versioning import KNOWN_SCHEMA_VERSIONS, require_known
 
@@ -162,58 +160,13 @@ def _fields(text: object) -> object:
     return text
 
 
-def _rows_sql() -> str:
-    """The event rows of one run up to a seq, in the order stored (seq, then id), as
-    ROW_COLUMNS. PostgreSQL writes event_id and occurred_at as the canonical strings
-    (``str(uuid)``; ``format_time``: UTC, the year without leading zeros as Python's
-    strftime writes it); a time outside the years 1-9999, which no Python datetime holds,
-    comes back NULL, and the event fails the check of its type."""
-    in_years = "occurred_at >= '0001-01-01T00:00:00Z' AND occurred_at < '10000-01-01T00:00:00Z'"
-    time_text = (
-        f"""CASE WHEN {in_years} THEN to_char(occurred_at AT TIME ZONE 'UTC', 'FMYYYY-MM-DD"T"HH24:MI:SS.US"Z"') END"""
-    )
-    columns = {"event_id": "event_id::text", "occurred_at": time_text, "fields": "fields::text"}
-    select = ", ".join(columns.get(name, name) for name in ROW_COLUMNS)
-    table = connection.ops.quote_name(Event._meta.db_table)
-    # The table name comes from the model; the values are parameters.
-    return f"SELECT {select} FROM {table} WHERE run_id = %s AND seq <= %s ORDER BY seq, id"  # noqa: S608
-
-
-_cursor_names = itertools.count()
-
-
 @contextmanager
 def event_rows(*, run_id: uuid.UUID | str, upto: int) -> Iterator[Iterator[Sequence[Sequence[Any]]]]:
     """The stored events of ``run_id`` at or below seq ``upto`` as the verifier reads them:
     batches of CHUNK_ROWS rows (ROW_COLUMNS, ``fields`` as JSON text), so that memory holds
-    two batches whatever the length of the chain. Each batch is one FETCH from
-    a server-side cursor (the next one fetched while the caller checks this one), in a
-    transaction of its own (or a savepoint: a read, nothing to commit; the cursor lives in
-    it, so a pooler in transaction mode keeps it); leaving the block early closes the
-    cursor."""
-    with transaction.atomic():
-        connection.ensure_connection()
-        name = f"fenceline_verify_{next(_cursor_names)}"
-        with connection.connection.cursor(name=name) as cursor:
-            cursor.execute(_rows_sql(), [run_id, upto])
-            batches = _fetched_ahead(functools.partial(cursor.fetchmany, CHUNK_ROWS))
-            try:
-                yield batches
-            finally:
-                batches.close()  # waits for a fetch in flight before the cursor closes
-
-
-def _fetched_ahead(fetch: Callable[[], list]) -> Generator[list]:
-    """The batches ``fetch()`` returns until an empty one, each next one fetched on a helper
-    thread while the caller checks the one before: the server's time and the network's
-    then overlap with the hashing, instead of adding to it. One fetch at a time, so the
-    cursor is only ever used by one thread at once; closing this generator waits for the
-    fetch in flight."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-fetch") as pool:
-        pending = pool.submit(fetch)
-        while batch := pending.result():
-            pending = pool.submit(fetch)
-            yield batch
+    two batches whatever the length of the chain (``ledger.sql.evidence``)."""
+    with sql_evidence.event_rows(run_id=run_id, upto=upto, columns=ROW_COLUMNS, batch=CHUNK_ROWS) as batches:
+        yield batches
 
 
 def _checkpoints(run: Run) -> list[dict]:

@@ -6,18 +6,12 @@ transaction as the end (invariant 4); the approvals asked under the old token ar
 instance leaves its live states and its run's ACTIVE resources go to the reaper.
 """
 
-from functools import cache
-from typing import Any
-
-from django.db import connection
-from django.db.models import Model
-
-from ledger import prepared
 from ledger.models import LeaseGrant, Run, RunLease
 from ledger.services.core.handoff import queues
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.unknown import operations_mark_unknown, operations_orphaned
 from ledger.services.lifespan.instances import instances_end, instances_plan
+from ledger.sql import lifespan as sql_lifespan
 from ledger.states import CaseReason, InstanceState, LeaseEnd
 
 END_EVENTS = {
@@ -47,7 +41,7 @@ def leases_end(
     run_ids = [run.pk for run in runs]
     lost = end in LOST
     plan = instances_plan(runs=runs, lost=lost) if hand_back else {}
-    _set_for_runs(
+    sql_lifespan.set_for_runs(
         RunLease,
         run_ids,
         {"owner_id": None, "worker": None, "expires_at": batch.now, "end_reason": end, "instance_state": ""},
@@ -56,7 +50,7 @@ def leases_end(
     if hand_back and lost:  # the instances become EXPIRED in the same statement
         grant_end.update(state=InstanceState.EXPIRED, state_changed_at=batch.now)
         plan = {}
-    _set_for_runs(LeaseGrant, run_ids, grant_end, unset="ended_at")
+    sql_lifespan.set_for_runs(LeaseGrant, run_ids, grant_end, unset="ended_at")
     entries = []
     for run in runs:
         held = run.lease.owner_id is not None
@@ -81,26 +75,3 @@ def leases_end(
     if hand_back:
         instances_end(runs=runs, plan=plan, batch=batch, actor=actor, reason=reason or end.lower())
     return len(orphans)
-
-
-def _set_for_runs(model: type[Model], run_ids: list, values: dict[str, Any], *, unset: str = "") -> int:
-    """``UPDATE model SET values WHERE run_id IN run_ids`` (and ``unset IS NULL``): one
-    pre-built statement whatever the number of runs (the ids as one array), which a reaper
-    sends hundreds of runs at a time."""
-    params = [prepared.prep(model, name, value) for name, value in values.items()]
-    return prepared.execute(_set_for_runs_sql(model, tuple(values), unset), [*params, run_ids]).rowcount
-
-
-@cache
-def _set_for_runs_sql(model: type[Model], assigned: tuple[str, ...], unset: str) -> str:
-    qn = connection.ops.quote_name
-
-    def column(name: str) -> str:
-        return qn(prepared.column(model, name))
-
-    ids = f"%b::{Run._meta.pk.db_type(connection)}[]"
-    sql = (
-        f"UPDATE {qn(model._meta.db_table)} SET {', '.join(f'{column(name)} = %s' for name in assigned)} "  # noqa: S608
-        f"WHERE {column('run_id')} = ANY({ids})"
-    )
-    return f"{sql} AND {column(unset)} IS NULL" if unset else sql

@@ -15,7 +15,6 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from ledger import prepared
 from ledger.actors import SYSTEM_LIMITS, SYSTEM_REAPER, worker_actor
 from ledger.boundary import check_text
 from ledger.errors import DomainError, InvalidInput, LeaseHeld, LeaseLost, RunCompleted, WorkerNotAccepting
@@ -36,6 +35,7 @@ from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.ending import IN_FLIGHT, TIMEOUT_REASON, runs_cancel
 from ledger.services.fence.lease_end import leases_end
 from ledger.services.lifespan.instances import instance_renewed, instances_admit
+from ledger.sql import rows as sql_rows
 from ledger.states import RUN_ENDING, InstanceState, LeaseEnd, RunStatus, WorkerStatus
 
 MIN_TTL_S = 1
@@ -76,7 +76,7 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int, 
         # acquire racing a quarantine either commits first, and the quarantine then revokes
         # the new lease, or sees the worker no longer ACCEPTING.
         seen = {"id": worker.pk, "status": WorkerStatus.ACCEPTING}
-        if not prepared.update(Worker, {"last_seen_at": timezone.now()}, **seen):
+        if not sql_rows.update(Worker, {"last_seen_at": timezone.now()}, **seen):
             raise WorkerNotAccepting("the worker stopped accepting new leases")
         locked = lock(tenant=worker.tenant, run_id=run_id)
         run = locked.run
@@ -133,9 +133,9 @@ def _grant(*, run: Run, worker: Worker, owner_id: str, ttl_s: int, tool: str, po
         "end_reason": None,
         "instance_state": InstanceState.RUNNING,
     }
-    if prepared.update(RunLease, granted, run_id=run.pk, fencing_token=previous_token) != 1:
+    if sql_rows.update(RunLease, granted, run_id=run.pk, fencing_token=previous_token) != 1:
         raise LeaseHeld("the lease changed hands concurrently")  # impossible while the row is locked
-    prepared.insert(
+    sql_rows.insert(
         LeaseGrant(
             run=run,
             tenant_id=run.tenant_id,

@@ -5,7 +5,6 @@ from datetime import timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from ledger import prepared
 from ledger.actors import worker_actor
 from ledger.errors import Denied, InvalidInput, NotFound, WorkerNotAccepting, parse_id
 from ledger.models import Run, RunLease, Worker
@@ -13,6 +12,7 @@ from ledger.services.core.fencing import Fenced, fenced
 from ledger.services.core.policy_documents import policy_document
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.ending import IN_FLIGHT, run_finish
+from ledger.sql import rows as sql_rows
 from ledger.states import RunStatus, WorkerStatus
 from ledger.versioning import CURRENT_SCHEMA_VERSION, require_known
 
@@ -81,12 +81,12 @@ def run_create(
         # The run is inserted with its chain head already at its first event. Only an external
         # id can meet another run's (the same id asked at this moment): that insert may
         # conflict, and then that run is the answer.
-        if not prepared.insert(run, conflict=prepared.ANY_KEY if external_id is not None else ()):
+        if not sql_rows.insert(run, conflict=sql_rows.ANY_KEY if external_id is not None else ()):
             existing = Run.objects.filter(tenant=tenant, external_id=external_id).first()
             if existing is None:
                 raise IntegrityError(f"run {run.pk} was not inserted and its external id is not taken")
             return existing, False
-        prepared.insert(RunLease(run=run))
+        sql_rows.insert(RunLease(run=run))
         batch.commit()
     return run, True
 

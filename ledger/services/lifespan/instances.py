@@ -26,9 +26,6 @@ slot are serialised by a transaction-scoped advisory lock per quota and subject,
 when the quota is set: a tenant without quotas takes no lock and runs no count.
 """
 
-import hashlib
-
-from django.db import connection
 from django.db.models import Q
 
 from ledger.errors import Denied
@@ -36,13 +33,8 @@ from ledger.models import LeaseGrant, Run, RunLease, RunResource, Worker
 from ledger.policy import quotas_of
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.lifespan.resources import resources_request_release
+from ledger.sql import lifespan as sql_lifespan
 from ledger.states import INSTANCE_LIVE, InstanceState, ResourceState, instance_sources
-
-
-def _advisory_lock(*parts: object) -> None:
-    key = int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "big", signed=True)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
 
 
 def instances_admit(*, run: Run, worker: Worker, tool: str, policy: dict) -> dict[str, int]:
@@ -62,7 +54,9 @@ def instances_admit(*, run: Run, worker: Worker, tool: str, policy: dict) -> dic
     for quota, limit, subject in checks:  # always in this order: no lock cycle
         if limit is None:
             continue
-        _advisory_lock("instance-quota", quota, run.tenant_id, worker.pk if quota == "instances_per_worker" else "")
+        sql_lifespan.advisory_lock(
+            "instance-quota", quota, run.tenant_id, worker.pk if quota == "instances_per_worker" else ""
+        )
         current = LeaseGrant.objects.filter(subject, state__in=INSTANCE_LIVE).count()
         if current >= limit:
             raise Denied(

@@ -36,17 +36,15 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import cache
 from queue import Empty, SimpleQueue
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, QuerySet, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from ledger import prepared
 from ledger.actors import SYSTEM_RESOURCE_REAPER
 from ledger.boundary import credential_kind
 from ledger.models import LeaseGrant, ResourceAlert, RunResource
@@ -55,6 +53,7 @@ from ledger.services.core.fencing import runs_locked_for_sweep
 from ledger.services.evidence.append import ChainBatch, json_safe
 from ledger.services.lifespan.drivers import Closed, Closing, ResourceRef, driver_for
 from ledger.services.lifespan.resources import resources_request
+from ledger.sql import lifespan as sql_lifespan
 from ledger.states import RESOURCE_CLAIMABLE, InstanceState, ResourceState
 
 log = logging.getLogger("fenceline.reaper")
@@ -539,22 +538,7 @@ def _grants_move(ids: list[int], source: InstanceState, target: InstanceState, n
     caller, in one conditional UPDATE: the ids it moved."""
     if not ids:
         return set()
-    return {pk for (pk,) in prepared.execute(_grants_move_sql(), [target.value, now, ids, source.value]).fetchall()}
-
-
-@cache
-def _grants_move_sql() -> str:
-    qn = connection.ops.quote_name
-
-    def column(name: str) -> str:
-        return qn(prepared.column(LeaseGrant, name))
-
-    ids = f"%b::{LeaseGrant._meta.pk.db_type(connection)}[]"
-    # Table and column names come from the model; every value is a parameter.
-    return (
-        f"UPDATE {qn(LeaseGrant._meta.db_table)} SET {column('state')} = %s, {column('state_changed_at')} = %s "  # noqa: S608
-        f"WHERE {column('id')} = ANY({ids}) AND {column('state')} = %s RETURNING {column('id')}"
-    )
+    return sql_lifespan.grants_move(ids, source=source.value, target=target.value, now=now)
 
 
 # --- the pass -------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from ledger.errors import UpgradeRefused
@@ -31,6 +31,7 @@ from ledger.models import Backfill
 from ledger.services.upgrades.conflicts import conflicts_open
 from ledger.services.upgrades.phases import phase
 from ledger.services.upgrades.registry import spec_for
+from ledger.sql import upgrades as sql_upgrades
 from ledger.states import BackfillState, UpgradePhase
 
 
@@ -63,12 +64,8 @@ def me() -> str:
 def estimate(model) -> int:
     """How many rows the table holds: the planner's figure (no scan), or a count of a table
     never analyzed. Only the progress display uses it."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [model._meta.db_table])
-        row = cursor.fetchone()
-    if row and row[0] and row[0] > 0:
-        return int(row[0])
-    return model.objects.count()
+    estimated = sql_upgrades.estimated_rows(model)
+    return estimated if estimated is not None else model.objects.count()
 
 
 def _take(name: str, *, restart: bool) -> Backfill:

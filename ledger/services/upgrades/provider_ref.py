@@ -15,11 +15,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection
-
 from ledger.errors import InvalidInput
 from ledger.models import Operation
 from ledger.services.upgrades.phases import phase
+from ledger.sql import upgrades as sql_upgrades
 from ledger.states import UpgradePhase
 
 CHANGE = "operation.provider_ref"
@@ -57,7 +56,7 @@ def parsed(value: object) -> ProviderRef | None:
 
 def agrees(*, schema_version: int, provider: str, provider_request_id: str, provider_ref: object) -> bool:
     """Do an operation's two representations say the same? (The backfill's SQL says the
-    same thing as ``AGREES_SQL``; tests/unit/test_provider_ref.py holds them equal.)"""
+    same thing as ``ledger.sql.upgrades.AGREES_SQL``; tests/ledger/test_provider_ref.py holds them equal.)"""
     if provider_ref is None:
         # Nothing new yet: fine for a version-1 record or one without a provider id at all.
         return provider_request_id == "" or schema_version == OLD
@@ -68,20 +67,6 @@ def agrees(*, schema_version: int, provider: str, provider_request_id: str, prov
     if ref is None or ref.id != provider_request_id:
         return False
     return provider == "" or ref.provider == provider
-
-
-# The same as ``agrees``, for the alias ``o`` of ledger_operation (PostgreSQL). Never NULL: a
-# missing key makes a comparison NULL, and ``NOT NULL`` would hide the record from the
-# conflict read as well as from the move (tests/ledger/test_provider_ref.py found it).
-AGREES_SQL = """coalesce((
-  (o.provider_ref IS NULL AND (o.provider_request_id = '' OR o.schema_version = 1))
-  OR (o.provider_ref IS NOT NULL AND jsonb_typeof(o.provider_ref) = 'object'
-      AND (o.provider_ref - 'provider' - 'id') = '{}'::jsonb
-      AND jsonb_typeof(o.provider_ref -> 'id') = 'string' AND o.provider_ref ->> 'id' <> ''
-      AND coalesce(jsonb_typeof(o.provider_ref -> 'provider'), 'string') = 'string'
-      AND o.provider_ref ->> 'id' = o.provider_request_id
-      AND (o.provider = '' OR coalesce(o.provider_ref ->> 'provider', '') = o.provider))
-), false)"""
 
 
 def written(phase: str, *, provider: str, ref: ProviderRef | None) -> dict[str, Any]:
@@ -141,8 +126,8 @@ class Batch:
 class ProviderRefBackfill:
     """Version-1 operations to version 2: ``provider_ref`` from ``provider`` and
     ``provider_request_id`` where it is missing (or kept where it agrees), and the version.
-    Keyed by the operation id; each batch is one statement (the update and the count), plus one read of the records that disagree, which stay at version 1 and are
-    handed back to become StateConflicts after the batch commits (opening one locks its run,
+    Keyed by the operation id; each batch is one statement (the update and the count), plus
+    one read of the records that disagree, which stay at version 1 and are handed back to become StateConflicts after the batch commits (opening one locks its run,
     which a batch never holds)."""
 
     name = CHANGE
@@ -150,40 +135,13 @@ class ProviderRefBackfill:
     describe = "operations: provider_request_id -> provider_ref, schema_version 1 -> 2"
 
     def batch(self, *, after: str, limit: int, dry_run: bool = False) -> Batch:
-        after_clause = "WHERE id > %s::uuid" if after else ""
-        params: list[Any] = [after] if after else []
-        batch_cte = f"batch AS (SELECT id FROM ledger_operation {after_clause} ORDER BY id LIMIT %s)"  # noqa: S608
-        params.append(limit)
-        move = (
-            "UPDATE ledger_operation o SET schema_version = 2, provider_ref = COALESCE(o.provider_ref, "  # noqa: S608
-            "CASE WHEN o.provider_request_id = '' THEN NULL "
-            "ELSE jsonb_build_object('provider', o.provider, 'id', o.provider_request_id) END) "
-            f"FROM batch WHERE o.id = batch.id AND o.schema_version = 1 AND {AGREES_SQL} RETURNING o.id"
-        )
-        if dry_run:
-            move = f"SELECT o.id FROM ledger_operation o JOIN batch ON batch.id = o.id WHERE o.schema_version = 1 AND {AGREES_SQL}"  # noqa: S608
-        sql = (
-            f"WITH {batch_cte}, moved AS ({move}) "  # noqa: S608 - table and column names only; values are parameters
-            "SELECT (SELECT id::text FROM batch ORDER BY id DESC LIMIT 1), (SELECT count(*) FROM batch), "
-            "(SELECT count(*) FROM moved)"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            last_key, scanned, changed = cursor.fetchone()
-            if not scanned:
-                return Batch(last_key="", scanned=0, changed=0, conflicts=[])
-            cursor.execute(
-                "SELECT o.id, o.run_id, o.provider, o.provider_request_id, o.provider_ref FROM ledger_operation o "  # noqa: S608
-                f"WHERE o.id > %s::uuid AND o.id <= %s::uuid AND NOT {AGREES_SQL}"
-                if after
-                else "SELECT o.id, o.run_id, o.provider, o.provider_request_id, o.provider_ref FROM ledger_operation o "  # noqa: S608
-                f"WHERE o.id <= %s::uuid AND NOT {AGREES_SQL}",
-                [after, last_key] if after else [last_key],
-            )
-            conflicts = [
-                (op_id, run_id, {"provider": provider, "provider_request_id": old}, _json(new))
-                for op_id, run_id, provider, old, new in cursor.fetchall()
-            ]
+        last_key, scanned, changed = sql_upgrades.provider_ref_batch(after=after, limit=limit, dry_run=dry_run)
+        if not scanned or last_key is None:
+            return Batch(last_key="", scanned=0, changed=0, conflicts=[])
+        conflicts = [
+            (op_id, run_id, {"provider": provider, "provider_request_id": old}, _json(new))
+            for op_id, run_id, provider, old, new in sql_upgrades.provider_ref_conflicts(after=after, upto=last_key)
+        ]
         return Batch(last_key=last_key, scanned=scanned, changed=changed, conflicts=conflicts)
 
 

@@ -1,20 +1,12 @@
-"""Pre-built SQL for the hot path's writes and reads, on PostgreSQL.
-
-The ORM compiles every queryset anew; on the fenced path that compiling cost more CPU than
-PostgreSQL spent running the statements (docs/performance.md, "Where the time goes"). The
-statements here are written once per shape from the models' own metadata (tables, columns),
-kept per process, and sent with parameters prepared by the model fields themselves
+"""One model's rows by equality, without the ORM: :func:`get`, :func:`select`,
+:func:`insert`, :func:`update`, and the statements behind them, written once per shape from
+the model's own metadata and sent with values prepared by the model fields themselves
 (``Field.get_db_prep_save``), so a row written here is the row ``Model.save`` would write.
-
-They go through :func:`execute`: server-side binding, so that PostgreSQL parses and plans
-each shape once per connection and then only executes it (a prepared statement, from the
-``prepare_threshold``-th use: ``DB_PREPARE_THRESHOLD``; the ORM's own queries keep
-client-side binding and are never prepared). Django's execute wrappers and query log see
-these statements as they see the ORM's.
 
 :func:`get`, :func:`update` and :func:`insert` answer as their ORM counterparts do; given a
 value that is an expression (``F()``, a database default), :func:`update` is its
-counterpart.
+counterpart. :func:`from_row` and :func:`loaded` make instances from the rows the other
+statements of ``ledger.sql`` read.
 """
 
 import uuid
@@ -22,79 +14,14 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from functools import cache
 from operator import attrgetter
-from typing import Any, Protocol
-from weakref import WeakKeyDictionary
+from typing import Any
 
-import psycopg
-import psycopg._queries
-from django.db import DEFAULT_DB_ALIAS, connection, connections, models
-from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
+from django.db import DEFAULT_DB_ALIAS, connection, models
+from django.db.models.base import ModelState
 from psycopg.types.numeric import Int2, Int4, Int8
 
+from ledger.sql.connection import database, execute
 from ledger.versioning import known_for, require_known
-
-type Row = tuple[Any, ...]
-
-# psycopg turns a statement's %s placeholders into $n once per statement text and keeps the
-# result, but only for statements of at most 50 parameters and 4,096 characters (longer ones
-# are usually an ORM's bulk inserts, which never repeat); anything larger is parsed again on
-# every execution. The statements here are a few dozen fixed shapes, some of them larger (an
-# intent's INSERT with its event and the run head: 62 parameters), run thousands of times:
-# parsing them again each time cost more CPU than all the rest of the call.
-_CACHEABLE_PARAMS, _CACHEABLE_LENGTH = 256, 16384
-if hasattr(psycopg._queries, "MAX_CACHED_STATEMENT_PARAMS"):  # tests/unit/test_prepared.py holds it there
-    psycopg._queries.MAX_CACHED_STATEMENT_PARAMS = max(psycopg._queries.MAX_CACHED_STATEMENT_PARAMS, _CACHEABLE_PARAMS)
-    psycopg._queries.MAX_CACHED_STATEMENT_LENGTH = max(psycopg._queries.MAX_CACHED_STATEMENT_LENGTH, _CACHEABLE_LENGTH)
-
-
-class Result(Protocol):
-    """What :func:`execute` returns: the statement's rows and row count."""
-
-    @property
-    def rowcount(self) -> int: ...
-
-    def fetchone(self) -> Any: ...
-
-    def fetchall(self) -> list[Any]: ...
-
-
-# One server-binding cursor per open connection, reused statement after statement (each
-# caller fetches its rows before the next statement).
-_cursors: "WeakKeyDictionary[psycopg.Connection, psycopg.Cursor]" = WeakKeyDictionary()
-
-
-def database() -> BaseDatabaseWrapper:
-    """This thread's default connection itself (not the ``django.db.connection`` proxy,
-    each attribute read through which costs a context-local lookup)."""
-    return connections[DEFAULT_DB_ALIAS]
-
-
-def execute(sql: str, params: Sequence[Any]) -> Result:
-    """Run one statement with server-side binding (prepared once it has been used
-    ``prepare_threshold`` times on this connection) and return its cursor to fetch from
-    before the next statement.
-
-    With nothing watching the connection it goes straight to psycopg (Django's cursor
-    wrapper costs about as much CPU as the round trip); when the query log is on or an
-    execute wrapper is installed (a test's query counter, a benchmark's meter, the fence's
-    write-behind guard) it goes through Django's wrapper, which calls them."""
-    db = database()
-    raw = db.connection
-    if raw is None:
-        db.ensure_connection()
-        raw = db.connection
-    cursor = _cursors.get(raw)
-    if cursor is None or cursor.closed:
-        cursor = _cursors[raw] = psycopg.Cursor(raw)
-    if db.queries_logged or db.execute_wrappers:
-        wrapped = (CursorDebugWrapper if db.queries_logged else CursorWrapper)(cursor, db)
-        wrapped.execute(sql, params)
-        return cursor
-    db.validate_no_broken_transaction()
-    with db.wrap_database_errors:
-        cursor.execute(sql, params)
-    return cursor
 
 
 def plain(values: Iterable[object]) -> bool:
@@ -198,7 +125,7 @@ def insert_sql(model: type[models.Model], names: tuple[str, ...], rows: int, con
     row = f"({', '.join(['%s'] * len(names))})"
     # Table and column names come from the model; every value is a parameter.
     sql = (
-        f"INSERT INTO {connection.ops.quote_name(model._meta.db_table)} "  # noqa: S608
+        f"INSERT INTO {connection.ops.quote_name(model._meta.db_table)} "
         f"({', '.join(_column(model, name) for name in names)}) VALUES {', '.join([row] * rows)}"
     )
     if conflict == ANY_KEY:
@@ -218,7 +145,7 @@ def update_sql(model: type[models.Model], assigned: tuple[str, ...], where: tupl
     """``UPDATE`` of the columns ``assigned`` on the rows whose ``where`` columns equal the
     parameters that follow the assigned values."""
     return (
-        f"UPDATE {connection.ops.quote_name(model._meta.db_table)} "  # noqa: S608 - names from the model
+        f"UPDATE {connection.ops.quote_name(model._meta.db_table)} "
         f"SET {', '.join(f'{_column(model, name)} = %s' for name in assigned)} "
         f"WHERE {' AND '.join(f'{_column(model, name)} = %s' for name in where)}"
     )
@@ -238,7 +165,7 @@ def select_sql(model: type[models.Model], where: tuple[str, ...], related: tuple
         columns += [f"{alias}.{_column(target, f.attname)}" for f in target._meta.concrete_fields]
         joins.append(f"LEFT JOIN {qn(target._meta.db_table)} {alias} ON {alias}.{qn('id')} = t.{_column(model, name)}")
     sql = (
-        f"SELECT {', '.join(columns)} FROM {qn(model._meta.db_table)} t {' '.join(joins)} "  # noqa: S608
+        f"SELECT {', '.join(columns)} FROM {qn(model._meta.db_table)} t {' '.join(joins)} "
         f"WHERE {' AND '.join(f't.{_column(model, name)} = %s' for name in where)}"
     )
     return sql, len(own)
@@ -306,7 +233,7 @@ def unsaved[M: models.Model](model: type[M], **values: object) -> M:
     if values.keys() != _attname_set(model):
         raise TypeError(f"{model.__name__}: give exactly its fields {sorted(_attname_set(model))}")
     instance.__dict__.update(values)
-    instance._state = models.base.ModelState()
+    instance._state = ModelState()
     return instance
 
 
@@ -325,11 +252,24 @@ def from_row[M: models.Model](model: type[M], row: Sequence[object]) -> M:
             values[index] = converter(values[index], field, database())
     instance = model.__new__(model)
     instance.__dict__.update(zip(_attnames(model), values, strict=True))
-    state = instance._state = models.base.ModelState()
+    state = instance._state = ModelState()
     state.adding, state.db = False, DEFAULT_DB_ALIAS
     if "schema_version" in instance.__dict__:
         label = model._meta.label
         require_known(instance.__dict__["schema_version"], f"{label} row", stored=True, known=known_for(label))
+    return instance
+
+
+def loaded[M: models.Model](model: type[M], names: tuple[str, ...], row: Sequence[object]) -> M:
+    """An instance of ``model`` as read from the database with the columns ``names`` only
+    (their values in ``row``, none needing a conversion); the others are deferred fields,
+    loaded on first use as after the ORM's ``only()``. Its schema version is checked, as
+    every load checks it."""
+    instance = model.__new__(model)
+    instance.__dict__.update(zip(names, row, strict=True))
+    state = instance._state = ModelState()
+    state.adding, state.db = False, DEFAULT_DB_ALIAS
+    require_known(instance.__dict__["schema_version"], f"{model._meta.label} row", stored=True)
     return instance
 
 
