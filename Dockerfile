@@ -22,12 +22,15 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN python -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml ./
+COPY clients/python/ clients/python/
 COPY console/ console/
 COPY ledger/ ledger/
 COPY approvals/ approvals/
-# pyproject.toml's dependencies; the fenceline package itself is removed again because the
-# code runs from /app (settings.BASE_DIR finds templates/ and static/ beside it).
-RUN /opt/venv/bin/pip install --no-cache-dir . \
+# The worker side (fenceline-client, which the server imports) and pyproject.toml's
+# dependencies, in one pip command so the server's fenceline-client requirement is the copy
+# from clients/python; the fenceline package itself is removed again because the code runs
+# from /app (settings.BASE_DIR finds templates/ and static/ beside it).
+RUN /opt/venv/bin/pip install --no-cache-dir ./clients/python . \
     && /opt/venv/bin/pip uninstall --yes fenceline
 
 # --- runtime ------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """The evidence chain's exact form: canonical bytes and hashes, and an event as a document.
 
-The one definition lives in :mod:`ledger.evidence_verifier`, a standard-library-only
-module that can be copied to a clean host to verify an exported chain without Fenceline;
-this module re-exports its names for the rest of the project and turns a stored event
-into the document that export, the verifier and the tests all read.
+The one definition lives in :mod:`fenceline_client.evidence_verifier` (the worker side,
+``clients/python``), a standard-library-only module that can be copied to a clean host to
+verify an exported chain without Fenceline; this module re-exports its names for the rest of
+the project and turns a stored event into the document that export, the verifier and the
+tests all read.
 
 canonical(event) = JSON of {run_id, seq, event_id, type, schema_version, actor,
 occurred_at, fields, prev_hash}, keys sorted, separators (",", ":"), UTF-8,
@@ -16,7 +17,7 @@ hex(HMAC-SHA256(event key, canonical JSON of {run_id, seq, hash, key_id})).
 from collections.abc import Mapping
 from typing import Any
 
-from ledger.evidence_verifier import (
+from fenceline_client.evidence_verifier import (
     GENESIS_HASH,
     HASH_PREFIX,
     VERIFIER_VERSION,

@@ -388,7 +388,7 @@ def needs_human(policy: dict, tool: str) -> bool:
 
 def runtime_audit_failures(rules: dict | None, audit: object) -> list[str]:
     """What a boot's container self-audit (``readiness.runtime.evidence.audit``, written by
-    ``ledger.client.runtime_audit``) shows that the policy's ``runtime_audit`` forbids; empty
+    ``fenceline_client.runtime_audit``) shows that the policy's ``runtime_audit`` forbids; empty
     when the policy sets no rules or the audit passes them. A missing audit fails closed."""
     if rules is None:
         return []

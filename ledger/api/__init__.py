@@ -524,7 +524,8 @@ def export_events(request, run_id: str):
     """The run's chain in seq order, streamed: {"run_id", "head", "events": [...],
     "checkpoints": [...]}; each event has every field of the canonical form plus its hash,
     and its MAC with the id of the event key it is under. Check it anywhere with
-    `python ledger/evidence_verifier.py EXPORT.json --keys KEYS.json --event-keys EVENT_KEYS.json`."""
+    `fenceline-verify EXPORT.json --keys KEYS.json --event-keys EVENT_KEYS.json` (the fenceline-client
+    package; or run its standard-library-only file `evidence_verifier.py` with python)."""
     run = selectors.run_get(tenant=request.worker.tenant, run_id=run_id)
     response = StreamingHttpResponse(chain_export(run), content_type="application/json")
     return response

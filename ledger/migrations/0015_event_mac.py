@@ -1,4 +1,4 @@
-"""Every event's MAC beside its hash (ledger/evidence_verifier.py). Adds the two columns with a
+"""Every event's MAC beside its hash (fenceline_client/evidence_verifier.py). Adds the two columns with a
 database default of "": no row is rewritten (the events are append-only), and the events
 written before carry no MAC; the verifier accepts those only under a checkpoint."""
 

@@ -23,7 +23,7 @@ class Event(Versioned):
     prev_hash = models.CharField(max_length=71)
     hash = models.CharField(max_length=71)
     # Beside the chain, not in it: "hmac-sha256:" + hex HMAC of {run_id, seq, hash, key_id}
-    # under the event key ``mac_key_id`` (ledger/evidence_verifier.py). Empty on events
+    # under the event key ``mac_key_id`` (fenceline_client/evidence_verifier.py). Empty on events
     # written before MACs existed (and on raw INSERTs that name no MAC).
     mac_key_id = models.CharField(max_length=64, default="", db_default="", blank=True)
     mac = models.CharField(max_length=100, default="", db_default="", blank=True)

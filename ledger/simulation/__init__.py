@@ -1,2 +1,2 @@
-"""The fleet simulator (``manage.py simulate``): worker processes built on the Python
-client, a sandbox payments provider, and the faults that production brings."""
+"""The fleet simulator (``manage.py simulate``): its supervisor and a sandbox payments provider.
+The worker processes it runs are the client package's (``fenceline_client.simulated_worker``)."""

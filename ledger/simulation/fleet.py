@@ -6,7 +6,7 @@ the client, against a real API server and the sandbox provider, with chaos, for 
       ├── sandbox provider       charges under idempotency keys; drops, slows or fails some
       ├── jobs, every second     reap leases and resources, enforce drains and run limits,
       │                          and the reconciler job: UNKNOWNs looked up at the provider
-      └── N worker processes     ``python -m ledger.simulation.worker`` (+1 with a bad config)
+      └── N worker processes     ``python -m fenceline_client.simulated_worker`` (+1 with a bad config)
             chaos: SIGSTOP past the TTL then SIGCONT, SIGKILL, SIGTERM (drain); restarted
 
 Everything it reports is read back from the database (and the provider's own books) at the
@@ -42,7 +42,7 @@ from django.utils import timezone
 
 from approvals.models import OPEN_CASE_STATUSES, PEOPLE_CASE_STATUSES, CaseStatus, ReconciliationCase
 from approvals.services.lookups import cases_look_up
-from ledger.evidence_verifier import BROKEN
+from fenceline_client.evidence_verifier import BROKEN
 from ledger.models import Operation, Run, Worker, WorkerBoot, WorkerDrain
 from ledger.services.authority.policy import policy_change
 from ledger.services.evidence.verification import run_verify
@@ -257,7 +257,7 @@ class Fleet:
     # -- processes --
 
     def spawn(self, slot: Slot, env: dict[str, str]) -> None:
-        command = [sys.executable, "-m", "ledger.simulation.worker", "--ttl", str(self.options.ttl)]
+        command = [sys.executable, "-m", "fenceline_client.simulated_worker", "--ttl", str(self.options.ttl)]
         command += ["--steps", str(self.options.steps)] + (["--bad-config"] if slot.bad_config else [])
         command += ["--old-build"] if slot.old_build else []
         log = (self.logs / f"{slot.name}.log").open("a")

@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 import ledger.api  # noqa: F401 - every service module (and its errors) is imported
-from ledger import client as fl
+from fenceline_client import client as fl
 from ledger.errors import Denied as ServerDenied
 from ledger.errors import DomainError
 from ledger.models import Operation, RunLease, RunResource

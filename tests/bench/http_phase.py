@@ -1,5 +1,5 @@
 """The HTTP phase of ``tests/bench/fenced_transitions.py``: the same fenced cycle as the
-plain phase, made by N client processes with the Python worker client (``ledger.client``)
+plain phase, made by N client processes with the Python worker client (``fenceline_client``)
 against gunicorn serving the project's WSGI application.
 
     gunicorn console.wsgi:application --workers W --worker-class gthread --threads 1 --keep-alive 75
@@ -49,7 +49,7 @@ def client_main(index, url, token, ops_per_lease, seconds, key_prefix, counters,
     """One client process: ("ready", i), then ("result", i, {...}) or ("error", i, text)."""
     try:
         sys.path.insert(0, str(ROOT))
-        from ledger import client as fl
+        from fenceline_client import client as fl
 
         latencies: dict[str, list[float]] = {kind: [] for kind in HTTP_KINDS}
         count = 0

@@ -7,7 +7,7 @@ import json
 from django.conf import settings
 from django.urls import reverse
 
-from ledger.evidence_verifier import verify_chain
+from fenceline_client.evidence_verifier import verify_chain
 from ledger.models import Run
 from ledger.services.fence.notes import event_append
 from ledger.services.tenancy.roles import role_grant

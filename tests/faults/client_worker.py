@@ -1,4 +1,4 @@
-"""A worker process built on the Python client (ledger/client.py), for the SIGTERM and
+"""A worker process built on the Python client (fenceline_client), for the SIGTERM and
 SIGKILL tests: submits items one operation each, checkpointing after each, and on SIGTERM
 drains, checkpoints, releases and exits 0. ``PERFORM_S`` is how long one provider call takes;
 it prints PERFORMING <n> as each call starts."""
@@ -7,11 +7,8 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository root
-
-from ledger.client import Client, Done
+from fenceline_client import Client, Done
 
 stopping = False
 

@@ -8,7 +8,7 @@ import contextlib
 
 import pytest
 
-from ledger.client import Client, Done, UnknownSchemaVersion
+from fenceline_client import Client, Done, UnknownSchemaVersion
 from ledger.models import Operation, Worker
 from ledger.states import Phase, UpgradePhase
 from tests.faults.test_schema_migration import move

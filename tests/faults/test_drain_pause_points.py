@@ -18,7 +18,7 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import ReconciliationCase
-from ledger import client as fl
+from fenceline_client import client as fl
 from ledger.models import Operation, RunResource, Worker
 from ledger.services.fleet.lifecycle import workers_drain_enforce
 from ledger.services.lifespan.reaper import resources_reap

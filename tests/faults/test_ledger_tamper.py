@@ -19,7 +19,9 @@ from ledger.services.evidence.verification import run_verify
 from tests.faults.test_races import expire_lease
 from tests.helpers import tampering
 
-STANDALONE = Path(__file__).resolve().parents[2] / "ledger" / "evidence_verifier.py"
+STANDALONE = (
+    Path(__file__).resolve().parents[2] / "clients" / "python" / "src" / "fenceline_client" / "evidence_verifier.py"
+)
 K1 = b"k1-secret-for-tamper-tests-0001!"
 K2 = b"k2-secret-for-tamper-tests-0002!"
 E1 = b"e1-event-key-for-tamper-tests-01"

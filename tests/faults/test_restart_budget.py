@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from approvals.models import ReconciliationCase
 from approvals.services.cases import case_resolve
-from ledger import client as fl
+from fenceline_client import client as fl
 from ledger.models import AdminAction, Operation, RunLease, Worker, WorkerBoot
 from ledger.policy import RUNTIME_AUDIT_RULES
 from ledger.services.authority.policy import policy_change

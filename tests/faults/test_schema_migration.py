@@ -405,7 +405,7 @@ def test_running_the_migration_twice_is_running_it_once(acme, touch_counter):
 
 
 def test_an_old_worker_meets_a_new_record_and_refuses_it_safely(acme, live_server):
-    from ledger.client import Client, Done, NotReady, UnknownSchemaVersion
+    from fenceline_client import Client, Done, NotReady, UnknownSchemaVersion
 
     move(UpgradePhase.MIGRATE)
     old = Client(live_server.url, acme.token, reads=frozenset({1}))

@@ -11,7 +11,7 @@ import pytest
 import requests
 from django.utils import timezone
 
-from ledger import client as fl
+from fenceline_client import client as fl
 from ledger.models import AdminAction, RunLease, Worker
 from ledger.services.authority.policy import policy_change
 from ledger.services.fleet.stale_tokens import worker_stale_rejected

@@ -4,7 +4,7 @@ host-control paths (a docker socket, root's .ssh)."""
 
 import socket
 
-from ledger import client as fl
+from fenceline_client import client as fl
 
 MOUNTINFO = """\
 22 1 0:21 / / ro,relatime - overlay overlay rw,lowerdir=/l

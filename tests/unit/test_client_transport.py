@@ -1,4 +1,4 @@
-"""The worker client's transport (ledger/client.py on urllib3): no answer is a TransportError,
+"""The worker client's transport (fenceline_client.client on urllib3): no answer is a TransportError,
 never a refusal; a request is sent once and never repeated behind the caller's back; the
 connection is kept alive between calls; a proxy the environment names is used, NO_PROXY is
 honoured; a renewal that gets no answer is a passing outage, not a lost lease."""
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from ledger import client as fl
+from fenceline_client import client as fl
 
 
 class Recorder:

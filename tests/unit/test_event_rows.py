@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from django.db import connection
 
+from fenceline_client.evidence_verifier import row_document
 from ledger.chain import event_document
-from ledger.evidence_verifier import row_document
 from ledger.models import Event
 from ledger.services.evidence.verification import CHUNK_ROWS, event_rows
 from ledger.services.fence.runs import run_create

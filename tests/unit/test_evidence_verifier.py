@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger import evidence_verifier as ev
+from fenceline_client import evidence_verifier as ev
 
 MODULE_PATH = Path(ev.__file__).resolve()
 RUN = "3f1c2a7e-0000-4000-8000-000000000001"

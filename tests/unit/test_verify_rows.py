@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from ledger import evidence_verifier as ev
+from fenceline_client import evidence_verifier as ev
 from tests.unit.test_evidence_verifier import (
     CHAIN,
     CHECKPOINTS,

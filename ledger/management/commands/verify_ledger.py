@@ -4,7 +4,7 @@ import uuid
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.evidence_verifier import Report
+from fenceline_client.evidence_verifier import Report
 from ledger.models import Run
 from ledger.services.evidence.verification import LedgerResult, ledger_verify, run_verify
 

@@ -1,6 +1,6 @@
 """A run's chain as one JSON document, streamed: what the worker API's
 ``GET /api/v1/runs/{run_id}/events`` and the console's "export chain" answer, and what the
-standalone verifier (``ledger/evidence_verifier.py``) checks anywhere."""
+standalone verifier (``fenceline_client.evidence_verifier``) checks anywhere."""
 
 import json
 from collections.abc import Iterator

@@ -1,5 +1,5 @@
 """The in-app ledger verifier: streams a run's events from the database through the same
-checks as the standalone verifier (``ledger/evidence_verifier.py``), every event's MAC
+checks as the standalone verifier (``fenceline_client.evidence_verifier``), every event's MAC
 under the settings' event keys included, seals checkpoints, and records the outcome on the
 run for the integrity and authorization indicators.
 
@@ -26,7 +26,7 @@ from django.db import transaction
 from django.db.models import F, Max, Q
 from django.utils import timezone
 
-from ledger.evidence_verifier import (
+from fenceline_client.evidence_verifier import (
     ROW_COLUMNS,
     VERIFIER_VERSION,
     Finding,

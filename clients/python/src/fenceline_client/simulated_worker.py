@@ -1,14 +1,15 @@
 """One simulated agent worker process, built on the Python client only (no Django):
 
     FENCELINE_URL=... FENCELINE_TOKEN=... PROVIDER_URL=... RUNS_FILE=runs.json \\
-        python -m ledger.simulation.worker [--bad-config] [--ttl 3] [--steps 4]
+        python -m fenceline_client.simulated_worker [--bad-config] [--ttl 3] [--steps 4]
 
 It boots with its readiness (the runtime domain carries the container self-audit) and
 waits the restart delay the answer gives; then, until SIGTERM, it takes a run from
 RUNS_FILE (a JSON list of run ids), resumes it from its checkpoint, and charges the sandbox
 provider once per step under a stable idempotency key (``charge:<run>:<step>``),
 checkpointing after each. SIGTERM only sets a flag; the main loop then drains, finishes
-the step in flight, checkpoints, releases and reports its exit (exit code 0).
+the step in flight, checkpoints, releases and reports its exit (exit code 0). The provider is
+called through urllib3 with no retry of its own: a dropped answer is an outcome nobody knows.
 
 ``--old-build`` is a worker of the build before the operation.provider_ref change (it
 reads version-1 operation records only and reports the bare provider id).
@@ -32,9 +33,9 @@ import sys
 import time
 from datetime import UTC, datetime
 
-import requests
+import urllib3
 
-from ledger import client as fl
+from fenceline_client import client as fl
 
 EXIT_BAD_CONFIG, EXIT_QUARANTINED, EXIT_TOLD_TO_STOP = 3, 4, 5
 DOMAINS = ("state", "credentials", "outbound_delivery", "admission")
@@ -42,6 +43,10 @@ DOMAINS = ("state", "credentials", "outbound_delivery", "admission")
 
 def say(*words: object) -> None:
     print(*words, flush=True)
+
+
+class ProviderRefused(Exception):
+    """The provider answered the charge with a status other than 200, 201 or 503."""
 
 
 class Worker:
@@ -55,6 +60,7 @@ class Worker:
             os.environ["FENCELINE_URL"], os.environ["FENCELINE_TOKEN"], timeout=10, reads=self.reads
         )
         self.provider = os.environ.get("PROVIDER_URL", "")
+        self.http = urllib3.PoolManager(retries=False)  # one kept-alive pool to the provider
         self.runs_file = os.environ.get("RUNS_FILE", "")
         self.stopping = False
         self.random = random.Random()  # noqa: S311 - choosing work, not security
@@ -80,15 +86,17 @@ class Worker:
     # -- work --
 
     def charge(self, key: str, step: int) -> fl.Done:
-        response = requests.post(
+        response = self.http.request(
+            "POST",
             self.provider + "/v1/charges",
             json={"amount_cents": 100 * (step + 1), "customer": key.split(":")[1][:8]},
             headers={"Idempotency-Key": key},
-            timeout=self.args.ttl * 2,
+            timeout=float(self.args.ttl * 2),
         )  # a dropped answer raises here: the client reports the outcome UNKNOWN
-        if response.status_code == 503:
+        if response.status == 503:
             return fl.Done(outcome="FAILED", error_code="provider_unavailable")
-        response.raise_for_status()
+        if response.status not in (200, 201):
+            raise ProviderRefused(f"charge answered {response.status}")
         charged, cost = response.json()["id"], 100 * (step + 1)
         if self.args.old_build:
             return fl.Done(provider_request_id=charged, actual_cost_cents=cost)
@@ -143,7 +151,7 @@ class Worker:
                 return EXIT_TOLD_TO_STOP
             except fl.WorkerNotAccepting:
                 return EXIT_QUARANTINED
-            except (requests.RequestException, fl.TransportError, fl.ServerError) as outage:
+            except (urllib3.exceptions.HTTPError, ProviderRefused, fl.TransportError, fl.ServerError) as outage:
                 # the provider's or Fenceline's: an outcome it could not learn was reported UNKNOWN
                 say("OUTAGE", type(outage).__name__)
                 time.sleep(0.2)

@@ -2,7 +2,8 @@
 """Fenceline evidence verifier: the one definition of a run's evidence chain, and its check.
 
 Self-contained on purpose: it imports only the Python standard library, so the file can be
-copied to a clean host and run against an exported chain without Fenceline or Django:
+copied to a clean host and run against an exported chain without Fenceline or Django (or run
+as ``fenceline-verify`` where the ``fenceline-client`` distribution is installed):
 
     python evidence_verifier.py EXPORT.json --keys KEYS.json [--event-keys EVENT_KEYS.json]
                                 [--trusted SEQ:HASH] [--json]
@@ -1118,7 +1119,6 @@ def _parse_trusted(text: str | None) -> tuple[int, str] | None:
 def run_cli(argv: list[str] | None = None) -> tuple[int, str]:
     """Returns (exit status, text to print)."""
     parser = _ArgumentParser(
-        prog="evidence_verifier.py",
         description="Verify an exported Fenceline evidence chain. Exit 0 VERIFIED, 1 UNSEALED, 2 BROKEN, 3 bad input.",
     )
     parser.add_argument("export", help="the export: {run_id, events, checkpoints?, head?}")

@@ -1,7 +1,7 @@
 """Fenceline's Python worker client: the lease renewal thread, the fenced calls and the
-operation walk, so a worker does not hand-write them. No Django import (like
-``ledger/evidence_verifier.py``): copy it next to a worker, or import it; it needs only
-``urllib3``.
+operation walk, so a worker does not hand-write them. No Django import: install the
+``fenceline-client`` distribution (``pip install ./clients/python``; ``fenceline_client``
+re-exports the names below), or copy this one file next to a worker; it needs only ``urllib3``.
 
     client = Client("https://fenceline.example", token)
     run_id = client.create_run(external_id="invoice-17")
