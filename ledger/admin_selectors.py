@@ -14,6 +14,7 @@ from guardian.models import UserObjectPermission
 
 from ledger.errors import ReconcileFirst
 from ledger.models import (
+    RESTART_EPISODE_BEGINS,
     RUN_IN_FLIGHT,
     AdminAction,
     Backfill,
@@ -165,8 +166,9 @@ def _count(queryset, key: str):
 
 
 def worker_list(*, user, tenant: str = "", status: str = ""):
-    """Workers visible to ``user`` with how many leases they hold now and how many they
-    lost (restart episodes: leases that expired or were revoked under them)."""
+    """Workers visible to ``user`` with how many leases they hold now, how many they lost
+    (expired or revoked under them) and how many restart episodes they began
+    (``RESTART_EPISODE_BEGINS``)."""
     workers = Worker.objects.filter(tenant__in=visible_tenants(user=user)).select_related("tenant")
     if tenant:
         workers = workers.filter(tenant__slug=tenant)
@@ -176,9 +178,8 @@ def worker_list(*, user, tenant: str = "", status: str = ""):
     return list(
         workers.annotate(
             held=_count(RunLease.objects.filter(owner_id__isnull=False, expires_at__gt=now), "worker_id"),
-            episodes=_count(
-                LeaseGrant.objects.filter(end_reason__in=(LeaseEnd.EXPIRED, LeaseEnd.REVOKED)), "worker_id"
-            ),
+            lost=_count(LeaseGrant.objects.filter(end_reason__in=(LeaseEnd.EXPIRED, LeaseEnd.REVOKED)), "worker_id"),
+            episodes=_count(WorkerBoot.objects.filter(RESTART_EPISODE_BEGINS), "worker_id"),
         ).order_by("tenant__slug", "name")[:WORKER_LIMIT]
     )
 
@@ -189,7 +190,8 @@ def workers_for(*, user):
 
 def worker_detail_parts(*, worker: Worker) -> dict:
     """The worker's recent lease history: each grant with how it ended and, for a lost
-    lease (a restart episode), who took the run over and with which token."""
+    lease, who took the run over and with which token; its drains; its recent boots (with
+    their place in a restart episode) and how many restart episodes it began."""
     takeover = LeaseGrant.objects.filter(run_id=OuterRef("run_id"), fencing_token=OuterRef("fencing_token") + 1)
     grants = list(
         LeaseGrant.objects.filter(worker=worker)
@@ -212,6 +214,7 @@ def worker_detail_parts(*, worker: Worker) -> dict:
         "held": held,
         "drains": drains,
         "boots": boots,
+        "episodes": WorkerBoot.objects.filter(RESTART_EPISODE_BEGINS, worker=worker).count(),
         "now": timezone.now(),
         **worker_admission(worker=worker),
     }

@@ -14,10 +14,19 @@ from ledger.models.jobs import JobHeartbeat, RunTotals
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
 from ledger.models.notifications import WebhookDelivery, WebhookEndpoint
 from ledger.models.runs import RUN_IN_FLIGHT, RUN_UNCERTAIN, LeaseGrant, Operation, Run, RunLease
-from ledger.models.tenancy import AdminAction, Tenant, TenantPolicy, Worker, WorkerBoot, WorkerDrain
+from ledger.models.tenancy import (
+    RESTART_EPISODE_BEGINS,
+    AdminAction,
+    Tenant,
+    TenantPolicy,
+    Worker,
+    WorkerBoot,
+    WorkerDrain,
+)
 from ledger.models.upgrades import Backfill, BackupManifest, SchemaChange, StateConflict
 
 __all__ = [
+    "RESTART_EPISODE_BEGINS",
     "RUN_IN_FLIGHT",
     "RUN_UNCERTAIN",
     "AdminAction",

@@ -235,7 +235,7 @@ class LeaseGrant(Versioned):
             # The instance quotas (per tenant, worker and tool) count live instances from these.
             models.Index(fields=["tenant", "tool"], condition=Q(state__in=INSTANCE_LIVE), name="grant_live_tenant"),
             models.Index(fields=["worker"], condition=Q(state__in=INSTANCE_LIVE), name="grant_live_worker"),
-            # The workers page: the leases each worker lost (its restart episodes).
+            # The workers page: the leases each worker lost.
             models.Index(
                 fields=["worker"],
                 condition=Q(end_reason__in=[LeaseEnd.EXPIRED, LeaseEnd.REVOKED]),

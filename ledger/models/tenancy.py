@@ -75,6 +75,14 @@ class Worker(Versioned):
         return f"{self.tenant.slug}/{self.name}"
 
 
+# A restart episode: consecutive boots of one worker that ended in a crash or never reached
+# EXECUTING (the restart article). It begins with the worker's first restart in the run, the
+# boot in second place (``episode_boot == 2``): one boot alone is a start, not an episode. The
+# workers list, the worker page, the restart budget's count, the metric and the simulator
+# count episodes by this one condition.
+RESTART_EPISODE_BEGINS = Q(episode_boot=2)
+
+
 class WorkerBoot(Versioned):
     """One start of a worker process, as it reported it: what it runs (config hash, code and
     schema versions, credential version, pid, host) and its readiness per domain with evidence

@@ -29,3 +29,8 @@ def test_the_worker_page_shows_its_boots_as_restart_episodes(api_for, acme, view
         assert client.post("/workers/me/boots", body).status == 201
     page = viewer_client.get(f"/workers/{acme.worker.pk}/").content.decode()
     assert "restart 2" in page and ">crash</span>" in page and "cfg-2 · v1" in page
+    # One episode (three boots that never reached EXECUTING), counted the same way on the
+    # worker page, in the workers list, and by the metric.
+    assert "1 restart episode begun" in page
+    listed = viewer_client.get("/workers/").content.decode()
+    assert '<td data-label="restart episodes" class="num"><a href=' in listed and '#boots">1</a>' in listed

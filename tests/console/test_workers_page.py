@@ -45,13 +45,13 @@ def test_another_tenants_worker_is_not_listed_its_page_is_404_and_its_action_404
     assert Worker.objects.get(pk=outsider.worker.pk).status == "ACCEPTING"
 
 
-def test_a_lost_lease_is_a_restart_episode_with_its_takeover(acme):
+def test_a_lost_lease_is_listed_with_its_takeover_and_is_not_a_restart_episode(acme):
     run, token = leased_run(acme.worker, owner="sleepy")
     expire(run)
     leases.lease_acquire(worker=acme.worker, run_id=run.pk, owner_id="rescuer", ttl_s=30)
     browser = Browser(user_with("viewer", acme.tenant))
     (row,) = browser.get(URL).context["rows"]
-    assert (row.held, row.episodes) == (1, 1)
+    assert (row.held, row.lost, row.episodes) == (1, 1, 0)
     detail = browser.get(reverse("worker_detail", args=[acme.worker.pk]))
     lost = next(g for g in detail.context["grants"] if g.fencing_token == token)
     assert (lost.end_reason, lost.next_owner, lost.next_token) == ("EXPIRED", "rescuer", token + 1)
