@@ -7,12 +7,13 @@ from datetime import datetime
 
 from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
-from django.db.models import Count, F, IntegerField, Min, OuterRef, Q, Subquery, Sum, Value
+from django.db.models import Count, F, IntegerField, Min, OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from guardian.models import UserObjectPermission
 
 from ledger.errors import ReconcileFirst
+from ledger.ids import lease_id_prefix_range
 from ledger.models import (
     RESTART_EPISODE_BEGINS,
     RUN_IN_FLIGHT,
@@ -38,11 +39,6 @@ from ledger.models import (
 )
 from ledger.pagination import keyset_page
 from ledger.roles import ROLES, VIEW, tenants_for
-from ledger.services.authority.credential_leases import (
-    credential_lease_get,
-    credential_leases_matching,
-    lease_id_prefix_range,
-)
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.admission import operations_in_doubt
 from ledger.services.upgrades.changes import KNOWN_CHANGES, change_read
@@ -121,11 +117,25 @@ def credentials_list(*, user, tenant: str = ""):
     )
 
 
+def credential_lease_get(*, tenant: Tenant, lease_id: object) -> CredentialLease:
+    """The lease ``lease_id`` of ``tenant`` with its credential (NotFound: another tenant's)."""
+    return CredentialLease.objects.of_tenant(tenant, lease_id)
+
+
+def credential_leases_matching(
+    *, tenant: Tenant, principal: str | None = None, prefix: str | None = None, now: datetime | None = None
+) -> QuerySet[CredentialLease]:
+    """The active leases a bulk revocation with these arguments would revoke, oldest first:
+    the preview the console and ``revoke_credential_leases --dry-run`` show."""
+    return CredentialLease.objects.revocable(tenant=tenant, principal=principal, prefix=prefix, now=now)
+
+
 def revocation_preview(*, tenant: Tenant, lease_id: str = "", principal: str = "", prefix: str = "") -> dict:
     """What a revocation would touch, before it happens: the leases (one by id, or the
     active ones by principal and/or prefix), the runs holding them, and the operations
     in flight under them. Raises NotFound / InvalidInput for a bad selection."""
     now = timezone.now()
+    leases: QuerySet[CredentialLease]
     if lease_id:
         lease = credential_lease_get(tenant=tenant, lease_id=lease_id)
         leases = CredentialLease.objects.filter(pk=lease.pk).select_related("credential")

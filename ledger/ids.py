@@ -7,15 +7,22 @@ appended now sit together at the index's right-hand end, in the pages already in
 """
 
 import os
+import re
 import threading
 import time
 import uuid
+
+from ledger.errors import InvalidInput
 
 _SUB_MS = 1 << 12  # rand_a: 12 bits, a 4096th of a millisecond (RFC 9562, 6.2 method 3)
 _RAND_B = (1 << 62) - 1
 
 _lock = threading.Lock()
 _last = 0  # the newest (milliseconds << 12 | fraction) handed out by this process
+
+# A bulk revocation by lease-id prefix needs this many hex digits, to avoid revoking by accident.
+MIN_PREFIX_HEX_DIGITS = 4
+UUID_TEXT_DASHES = frozenset({8, 13, 18, 23})
 
 
 def uuid7() -> uuid.UUID:
@@ -40,3 +47,22 @@ def uuid7() -> uuid.UUID:
 def uuid7_time_ms(value: uuid.UUID) -> int:
     """The Unix time in milliseconds that a UUIDv7 carries."""
     return value.int >> 80
+
+
+def lease_id_prefix_range(prefix: object) -> tuple[uuid.UUID, uuid.UUID]:
+    """The lease ids starting with ``prefix`` (text form, dashes optional) as a range of
+    UUIDs, so the primary key index finds them."""
+    if not isinstance(prefix, str):
+        raise InvalidInput("prefix must be hex digits of a lease id")
+    text = prefix.strip().lower()
+    if "-" in text:
+        if len(text) > 36 or any((ch == "-") != (i in UUID_TEXT_DASHES) for i, ch in enumerate(text)):
+            raise InvalidInput("prefix must be the start of a lease id (dashes only where a lease id has them)")
+        text = text.replace("-", "")
+    if not re.fullmatch(r"[0-9a-f]*", text) or len(text) > 32:
+        raise InvalidInput("prefix must be hex digits of a lease id")
+    if len(text) < MIN_PREFIX_HEX_DIGITS:
+        raise InvalidInput(
+            f"prefix must have at least {MIN_PREFIX_HEX_DIGITS} hex digits, to avoid revoking by accident"
+        )
+    return uuid.UUID(text.ljust(32, "0")), uuid.UUID(text.ljust(32, "f"))

@@ -8,7 +8,7 @@ from typing import Any
 from django.db.models import Exists, F, OuterRef, Q, Subquery
 
 from ledger.errors import NotFound, parse_id
-from ledger.models import RUN_UNCERTAIN, Run, RunLease, Tenant, Worker
+from ledger.models import RUN_UNCERTAIN, Operation, Run, RunLease, RunResource, Tenant, Worker
 from ledger.pagination import keyset_page
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.fleet.workers import token_digest
@@ -33,6 +33,20 @@ def run_get(*, tenant: Tenant, run_id: object) -> Run:
     if lease is not None:  # every run has one (run_create writes both)
         run.lease = lease
     return run
+
+
+def operation_get(*, tenant: Tenant, operation_id: object) -> Operation:
+    """An operation of ``tenant`` (the worker API's read: a pre-built statement, not a queryset
+    compiled per request, which cost more than the rest of the request)."""
+    op = sql_rows.get(Operation, tenant_id=tenant.pk, id=parse_id(operation_id, "operation"))
+    if op is None:
+        raise NotFound("operation not found")
+    return op
+
+
+def resource_get(*, tenant_id: int, resource_id: object) -> RunResource:
+    """A resource of the tenant (NotFound: another tenant's)."""
+    return RunResource.objects.of_tenant(tenant_id, resource_id)
 
 
 def run_indicators(run: Run) -> dict[str, dict[str, Any]]:

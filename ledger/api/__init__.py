@@ -367,7 +367,7 @@ def create_operation(request, run_id: str, body: OperationIn):
 
 @api.get("/operations/{operation_id}", response={200: OperationOut, **READ, 404: E}, tags=["operations"])
 def get_operation(request, operation_id: str):
-    return _op_out(operations.operation_get(tenant=request.worker.tenant, operation_id=operation_id))
+    return _op_out(selectors.operation_get(tenant=request.worker.tenant, operation_id=operation_id))
 
 
 @api.post(
@@ -492,7 +492,7 @@ def report_outcome(request, operation_id: str, body: OutcomeIn):
     tags=["operations"],
 )
 def retry_decision(request, operation_id: str):
-    op = operations.operation_get(tenant=request.worker.tenant, operation_id=operation_id)
+    op = selectors.operation_get(tenant=request.worker.tenant, operation_id=operation_id)
     decision, reason = retry.operation_retry_decision(op)
     return {
         "decision": decision,
@@ -649,7 +649,7 @@ def attach_resource(request, run_id: str, body: ResourceIn):
 
 @api.get("/resources/{resource_id}", response={200: ResourceOut, **READ, 404: E}, tags=["resources"])
 def get_resource(request, resource_id: str):
-    return _resource_out(resources.resource_get(tenant_id=request.worker.tenant_id, resource_id=resource_id))
+    return _resource_out(selectors.resource_get(tenant_id=request.worker.tenant_id, resource_id=resource_id))
 
 
 @api.post(

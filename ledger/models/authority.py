@@ -1,11 +1,15 @@
 """Authority: credentials and their leases, capability budgets, cost windows and reservations."""
 
 import uuid
+from datetime import datetime
 
 from django.db import models
 from django.db.models import F, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce
+from django.utils import timezone
 
+from ledger.errors import InvalidInput, NotFound, parse_id
+from ledger.ids import lease_id_prefix_range
 from ledger.models.runs import Operation, Run
 from ledger.models.tenancy import Tenant
 from ledger.states import (
@@ -30,6 +34,37 @@ class Credential(Versioned):
         constraints = [models.UniqueConstraint(fields=["tenant", "principal"], name="credential_unique_principal")]
 
 
+class CredentialLeaseQuerySet(models.QuerySet["CredentialLease"]):
+    def of_tenant(self, tenant: Tenant, lease_id: object) -> "CredentialLease":
+        """The lease ``lease_id`` of ``tenant``, with its credential; NotFound otherwise."""
+        lease = (
+            self.select_related("credential").filter(tenant=tenant, pk=parse_id(lease_id, "credential lease")).first()
+        )
+        if lease is None:
+            raise NotFound("credential lease not found")
+        return lease
+
+    def revocable(
+        self, *, tenant: Tenant, principal: str | None = None, prefix: str | None = None, now: datetime | None = None
+    ) -> "CredentialLeaseQuerySet":
+        """The active (unrevoked, unexpired) leases of ``tenant`` a bulk revocation by
+        ``principal`` and/or lease-id ``prefix`` revokes, oldest first. Both filters narrow
+        each other; at least one is required, and a principal the tenant does not have is
+        NotFound."""
+        if principal is None and prefix is None:
+            raise InvalidInput("name a principal or a lease-id prefix")
+        leases = self.filter(tenant=tenant, revoked_at__isnull=True, expires_at__gt=now or timezone.now())
+        if principal is not None:
+            credential = Credential.objects.filter(tenant=tenant, principal=principal).first()
+            if credential is None:
+                raise NotFound("no credential with that principal in this tenant")
+            leases = leases.filter(credential=credential)
+        if prefix is not None:
+            low, high = lease_id_prefix_range(prefix)
+            leases = leases.filter(pk__gte=low, pk__lte=high)
+        return leases.select_related("credential").order_by("issued_at", "id")
+
+
 class CredentialLease(Versioned):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # Found through credlease_active (tenant, ...), not an index of its own.
@@ -47,6 +82,8 @@ class CredentialLease(Versioned):
     # Not a column: ACTIVE, EXPIRED or REVOKED at the time of a read, set on the leases the
     # console's selectors return (ledger.admin_selectors.lease_state) for its templates.
     state: str
+
+    objects = CredentialLeaseQuerySet.as_manager()
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "revoked_at", "expires_at"], name="credlease_active")]

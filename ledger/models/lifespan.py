@@ -5,6 +5,7 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+from ledger.errors import NotFound, parse_id
 from ledger.models.runs import Run
 from ledger.states import ResourceKind, ResourceState
 from ledger.versioning import Versioned
@@ -31,6 +32,15 @@ class ProgressCheckpoint(Versioned):
             models.CheckConstraint(condition=Q(seq__gte=1), name="progress_checkpoint_seq_positive"),
         ]
         ordering = ["run", "seq"]
+
+
+class RunResourceQuerySet(models.QuerySet["RunResource"]):
+    def of_tenant(self, tenant_id: int, resource_id: object) -> "RunResource":
+        """The resource ``resource_id`` of the tenant; NotFound otherwise."""
+        resource = self.filter(tenant_id=tenant_id, pk=parse_id(resource_id, "resource")).first()
+        if resource is None:
+            raise NotFound("resource not found")
+        return resource
 
 
 class RunResource(Versioned):
@@ -65,6 +75,8 @@ class RunResource(Versioned):
     claimed_by = models.CharField(max_length=64, blank=True, default="")
     claim_expires_at = models.DateTimeField(null=True, blank=True)
     alerted_at = models.DateTimeField(null=True, blank=True)
+
+    objects = RunResourceQuerySet.as_manager()
 
     class Meta:
         constraints = [

@@ -9,6 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from ledger import admin_selectors
 from ledger.errors import Denied, ForbiddenField, InvalidInput, NotFound, StaleToken, WorkerNotAccepting
 from ledger.models import Credential, CredentialLease, Event, Worker
 from ledger.services.authority import credential_leases, credentials
@@ -437,7 +438,7 @@ def test_revoke_by_principal_takes_every_active_lease_of_it_and_only_those(acme,
     CredentialLease.objects.filter(pk=expired.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     other = issue(acme, run_b, tb, principal="slack-bot")
 
-    preview = credential_leases.credential_leases_matching(tenant=acme.tenant, principal="github-bot")
+    preview = admin_selectors.credential_leases_matching(tenant=acme.tenant, principal="github-bot")
     assert {lease.pk for lease in preview} == {a1.pk, a2.pk, b1.pk}
     assert events_of(run_a, "CREDENTIAL_LEASE_REVOKED") == []  # a preview changes nothing
 
@@ -487,7 +488,7 @@ def test_revoke_by_prefix_takes_the_leases_whose_id_starts_with_it(acme, bot):
 
     for prefix in (target[:13], target[:13].upper(), target[:13].replace("-", "")):
         assert [
-            lease.pk for lease in credential_leases.credential_leases_matching(tenant=acme.tenant, prefix=prefix)
+            lease.pk for lease in admin_selectors.credential_leases_matching(tenant=acme.tenant, prefix=prefix)
         ] == [leases[0].pk]
 
     assert (
@@ -578,7 +579,7 @@ def test_revocation_names_a_user_and_a_clean_reason(acme, bot, kwargs, error):
 
 def test_matching_needs_a_principal_or_a_prefix(acme):
     with pytest.raises(InvalidInput):
-        credential_leases.credential_leases_matching(tenant=acme.tenant)
+        admin_selectors.credential_leases_matching(tenant=acme.tenant)
 
 
 # --- under real concurrency ---------------------------------------------------------------

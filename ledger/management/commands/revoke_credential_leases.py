@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from ledger import admin_selectors
 from ledger.chain import format_time
 from ledger.errors import DomainError
 from ledger.management.commands.create_credential import tenant_by_slug
@@ -51,6 +52,6 @@ class Command(BaseCommand):
     @staticmethod
     def preview(tenant, *, lease, principal, prefix) -> list:
         if lease is None:
-            return list(credential_leases.credential_leases_matching(tenant=tenant, principal=principal, prefix=prefix))
-        one = credential_leases.credential_lease_get(tenant=tenant, lease_id=lease)
+            return list(admin_selectors.credential_leases_matching(tenant=tenant, principal=principal, prefix=prefix))
+        one = admin_selectors.credential_lease_get(tenant=tenant, lease_id=lease)
         return [] if one.revoked_at is not None else [one]

@@ -27,10 +27,8 @@ and dispatch (revoked, expired, stale version, action and resource) are in
 The lock order is the one of ``ledger.services.authority.credentials``.
 """
 
-import re
-import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.db import transaction
 from django.db.models import QuerySet
@@ -38,11 +36,11 @@ from django.utils import timezone
 
 from ledger.actors import user_actor
 from ledger.boundary import check_text
-from ledger.errors import Denied, InvalidInput, NotFound, StaleToken, WorkerNotAccepting, parse_id
+from ledger.errors import Denied, InvalidInput, StaleToken, WorkerNotAccepting
 from ledger.models import CredentialLease, Run, Tenant, Worker
 from ledger.policy import allows
 from ledger.roles import ADMINISTER
-from ledger.services.authority.credentials import credential_get, human_decision, principal_check
+from ledger.services.authority.credentials import human_decision, principal_check
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.decisions import acting_name, admin_action_record
 from ledger.services.core.fencing import Fenced, fenced, locked_runs, refuse_new_work
@@ -56,10 +54,8 @@ MAX_LEASE_ACTIONS = 50  # as a capability request
 MAX_LEASE_RESOURCES = 50
 # An absolute ceiling under any policy's max_ttl_s, so an expiry is always a valid date.
 MAX_LEASE_TTL_S = 366 * 86400
-MIN_PREFIX_HEX_DIGITS = 4
 
 DENIED_DETAIL = "the tenant policy does not allow this credential lease"
-UUID_TEXT_DASHES = frozenset({8, 13, 18, 23})
 
 
 # --- checks -------------------------------------------------------------------------------
@@ -195,55 +191,6 @@ def credential_lease_issue(
 # --- find and revoke ------------------------------------------------------------------------
 
 
-def lease_id_prefix_range(prefix: object) -> tuple[uuid.UUID, uuid.UUID]:
-    """The lease ids starting with ``prefix`` (text form, dashes optional) as a range of
-    UUIDs, so the primary key index finds them."""
-    if not isinstance(prefix, str):
-        raise InvalidInput("prefix must be hex digits of a lease id")
-    text = prefix.strip().lower()
-    if "-" in text:
-        if len(text) > 36 or any((ch == "-") != (i in UUID_TEXT_DASHES) for i, ch in enumerate(text)):
-            raise InvalidInput("prefix must be the start of a lease id (dashes only where a lease id has them)")
-        text = text.replace("-", "")
-    if not re.fullmatch(r"[0-9a-f]*", text) or len(text) > 32:
-        raise InvalidInput("prefix must be hex digits of a lease id")
-    if len(text) < MIN_PREFIX_HEX_DIGITS:
-        raise InvalidInput(
-            f"prefix must have at least {MIN_PREFIX_HEX_DIGITS} hex digits, to avoid revoking by accident"
-        )
-    return uuid.UUID(text.ljust(32, "0")), uuid.UUID(text.ljust(32, "f"))
-
-
-def credential_leases_matching(
-    *, tenant: Tenant, principal: str | None = None, prefix: str | None = None, now: datetime | None = None
-) -> QuerySet[CredentialLease]:
-    """The active (unrevoked, unexpired) leases a bulk revocation with these arguments
-    would revoke, oldest first: the preview the console and ``--dry-run`` show. Both
-    filters together narrow each other; at least one is required."""
-    if principal is None and prefix is None:
-        raise InvalidInput("name a principal or a lease-id prefix")
-    leases = CredentialLease.objects.filter(
-        tenant=tenant, revoked_at__isnull=True, expires_at__gt=now or timezone.now()
-    )
-    if principal is not None:
-        leases = leases.filter(credential=credential_get(tenant=tenant, principal=principal))
-    if prefix is not None:
-        low, high = lease_id_prefix_range(prefix)
-        leases = leases.filter(pk__gte=low, pk__lte=high)
-    return leases.select_related("credential").order_by("issued_at", "id")
-
-
-def credential_lease_get(*, tenant: Tenant, lease_id: object) -> CredentialLease:
-    lease = (
-        CredentialLease.objects.select_related("credential")
-        .filter(tenant=tenant, pk=parse_id(lease_id, "credential lease"))
-        .first()
-    )
-    if lease is None:
-        raise NotFound("credential lease not found")
-    return lease
-
-
 def _revoke(
     leases: QuerySet[CredentialLease], *, tenant: Tenant, revoked_by: str, reason: str
 ) -> list[CredentialLease]:
@@ -309,14 +256,14 @@ def credential_lease_revoke(
     Given a console ``user``, their admin role on the tenant is checked and they are named."""
     revoked_by = acting_name(user=user, name=revoked_by, tenant_id=tenant.pk, perm=ADMINISTER)
     human_decision(revoked_by, reason)  # refuse a bad decision before looking anything up
-    lease = credential_lease_get(tenant=tenant, lease_id=lease_id)
+    lease = CredentialLease.objects.of_tenant(tenant, lease_id)
     revoked = _revoke(
         CredentialLease.objects.filter(tenant=tenant, pk=lease.pk).select_related("credential"),
         tenant=tenant,
         revoked_by=revoked_by,
         reason=reason,
     )
-    result = revoked[0] if revoked else credential_lease_get(tenant=tenant, lease_id=lease.pk)
+    result = revoked[0] if revoked else CredentialLease.objects.of_tenant(tenant, lease.pk)
     return LeaseRevocation(lease=result, revoked_now=bool(revoked))
 
 
@@ -329,10 +276,12 @@ def credential_leases_revoke(
     revoked_by: str = "",
     user=None,
 ) -> list[CredentialLease]:
-    """Revoke every active lease :func:`credential_leases_matching` names; returns them."""
+    """Revoke every active lease of ``tenant`` that ``principal`` and/or ``prefix`` name
+    (``CredentialLeaseQuerySet.revocable``, what the console and ``--dry-run`` preview);
+    returns them."""
     revoked_by = acting_name(user=user, name=revoked_by, tenant_id=tenant.pk, perm=ADMINISTER)
     human_decision(revoked_by, reason)  # refuse a bad decision before looking anything up
-    leases = credential_leases_matching(tenant=tenant, principal=principal, prefix=prefix)
+    leases = CredentialLease.objects.revocable(tenant=tenant, principal=principal, prefix=prefix)
     return _revoke(leases, tenant=tenant, revoked_by=revoked_by, reason=reason)
 
 

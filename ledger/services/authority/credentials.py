@@ -82,13 +82,6 @@ def human_decision(user: object, reason: object) -> tuple[str, str]:
 # --- credentials --------------------------------------------------------------------------
 
 
-def credential_get(*, tenant: Tenant, principal: str) -> Credential:
-    credential = Credential.objects.filter(tenant=tenant, principal=principal).first()
-    if credential is None:
-        raise NotFound("no credential with that principal in this tenant")
-    return credential
-
-
 def credential_create(*, tenant: Tenant, principal: str, secret_ref: str) -> Credential:
     """A new credential at version 1. Only the reference is stored, never a secret; a
     reference that looks like a secret is refused (422 FORBIDDEN_FIELD)."""

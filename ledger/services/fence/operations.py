@@ -12,7 +12,7 @@ from django.db import IntegrityError
 
 from ledger.boundary import check_fields
 from ledger.errors import ApprovalRequired, Denied, DomainError, IdempotencyMismatch, NotFound, WrongPhase, parse_id
-from ledger.models import Operation, Run, Tenant, Worker
+from ledger.models import Operation, Run, Worker
 from ledger.observability import metrics
 from ledger.services.authority import evaluation
 from ledger.services.core.fencing import Fenced, decided, effects_held, fenced, worker_refused
@@ -22,7 +22,6 @@ from ledger.services.fence.ending import NEW_WORK
 from ledger.services.reconciliation.contracts import decision_policy, intent_terms
 from ledger.services.upgrades import provider_ref
 from ledger.services.upgrades.phases import phase as upgrade_phase
-from ledger.sql import rows as sql_rows
 from ledger.states import ApprovalKind, EffectClass, Phase, WorkerStatus
 
 # The operation's unique key within its tenant (the constraint operation_unique_key_per_tenant).
@@ -55,15 +54,6 @@ class Intent:
     provider: str = ""
     estimated_cost_cents: int | None = None
     payload_bytes: int | None = None
-
-
-def operation_get(*, tenant: Tenant, operation_id: object) -> Operation:
-    """An operation of ``tenant`` (the worker API's read: a pre-built statement, not a queryset
-    compiled per request, which cost more than the rest of the request)."""
-    op = sql_rows.get(Operation, tenant_id=tenant.pk, id=parse_id(operation_id, "operation"))
-    if op is None:
-        raise NotFound("operation not found")
-    return op
 
 
 def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, intent: Intent) -> tuple[Operation, bool]:

@@ -21,7 +21,7 @@ from datetime import timedelta
 from django.db import IntegrityError, transaction
 
 from ledger.boundary import check_text
-from ledger.errors import Denied, DomainError, InvalidInput, NotFound, parse_id
+from ledger.errors import Denied, DomainError, InvalidInput
 from ledger.models import LeaseGrant, Run, RunResource, Worker
 from ledger.policy import quotas_of, resource_limit
 from ledger.services.authority.policy import policy_current
@@ -135,18 +135,11 @@ def resource_attach(*, worker: Worker, run_id: object, fencing_token: int, attac
     return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="resource.attach", write=write)
 
 
-def resource_get(*, tenant_id: int, resource_id: object) -> RunResource:
-    resource = RunResource.objects.filter(tenant_id=tenant_id, pk=parse_id(resource_id, "resource")).first()
-    if resource is None:
-        raise NotFound("resource not found")
-    return resource
-
-
 def resource_release(*, worker: Worker, resource_id: object, fencing_token: int) -> RunResource:
     """The run's lease owner is done with a resource: ACTIVE -> RELEASE_REQUESTED. The
     reaper closes it through its driver and only then marks it RELEASED. Asking again, or
     for a resource already on its way out, changes nothing."""
-    resource = resource_get(tenant_id=worker.tenant_id, resource_id=resource_id)
+    resource = RunResource.objects.of_tenant(worker.tenant_id, resource_id)
 
     def write(ctx: Fenced) -> RunResource:
         current = RunResource.objects.select_for_update(of=("self",)).get(pk=resource.pk)
