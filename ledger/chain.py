@@ -54,12 +54,11 @@ def event_document(event: Any, run_id: object = None) -> dict[str, Any]:
     or a mapping of EVENT_COLUMNS (the verifier streams ``values()`` rows); ``run_id``
     defaults to the row's own."""
     if isinstance(event, Mapping):
-        values = {name: event[name] for name in EVENT_COLUMNS}
         run = run_id if run_id is not None else event["run_id"]
+        values = {"run_id": str(run), **{name: event[name] for name in EVENT_COLUMNS}}
     else:
-        values = {name: getattr(event, name) for name in EVENT_COLUMNS}
         run = run_id if run_id is not None else event.run_id
-    values["run_id"] = str(run)
+        values = {"run_id": str(run), **{name: getattr(event, name) for name in EVENT_COLUMNS}}
     values["event_id"] = str(values["event_id"])
     values["occurred_at"] = format_time(values["occurred_at"])
     return values

