@@ -545,7 +545,7 @@ def worker_liveness(*, worker: Worker, now=None) -> dict[str, Any]:
     )
     mine = ReconciliationCase.objects.filter(
         operation__run__lease_grants__worker=worker,
-        operation__run__lease_grants__fencing_token=F("operation__dispatch_token"),
+        operation__run__lease_grants__fencing_token=F("operation__fencing_token"),
     )
     unknown = _unknown_time(mine, now)
     holds = {

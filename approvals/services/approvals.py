@@ -171,7 +171,7 @@ def _deny_waiting_operation(*, approval: ApprovalRequest, run: Run, batch: Chain
     op = Operation.objects.get(pk=approval.operation_id)
     if op.phase != Phase.PENDING_APPROVAL or op.attempt != approval.attempt:
         return
-    ctx = Fenced(run=run, batch=batch, now=batch.now, actor=actor, token=approval.fencing_token)
+    ctx = Fenced(run=run, batch=batch, now=batch.now, actor=actor, fencing_token=approval.fencing_token)
     transition(
         op,
         Phase.DENIED,

@@ -99,7 +99,7 @@ def case_settle(
     with transaction.atomic():
         (run,) = locked_runs({"run_id": case.run_id})
         now = timezone.now()
-        ctx = Fenced(run=run, batch=ChainBatch(now), now=now, actor=actor, token=run.lease.fencing_token)
+        ctx = Fenced(run=run, batch=ChainBatch(now), now=now, actor=actor, fencing_token=run.lease.fencing_token)
         values: dict = {
             "status": CaseStatus.RESOLVED,
             "resolution": resolution,

@@ -76,7 +76,7 @@ def approval_open(
     *,
     run: Run,
     kind: ApprovalKind,
-    token: int,
+    fencing_token: int,
     ttl_s: int,
     batch: ChainBatch,
     actor: str,
@@ -87,7 +87,7 @@ def approval_open(
     binding: dict[str, Any] = {
         "run": run,
         "kind": kind,
-        "fencing_token": token,
+        "fencing_token": fencing_token,
         "operation": operation,
         "capability": capability,
         "attempt": operation.attempt if operation else None,
@@ -112,21 +112,23 @@ def approval_open(
             "operation_id": operation.pk if operation else None,
             "capability_id": capability.pk if capability else None,
             "attempt": binding["attempt"],
-            "fencing_token": token,
+            "fencing_token": fencing_token,
             "expires_at": approval.expires_at,
         },
     )
     return approval
 
 
-def approval_usable(*, operation: Operation, kind: ApprovalKind, token: int, now: datetime) -> ApprovalRequest | None:
-    """An APPROVED, unused, unexpired approval bound to this operation's attempt, digest and token."""
+def approval_usable(
+    *, operation: Operation, kind: ApprovalKind, fencing_token: int, now: datetime
+) -> ApprovalRequest | None:
+    """An APPROVED, unused, unexpired approval bound to this operation's attempt, digest and fencing token."""
     return ApprovalRequest.objects.filter(
         operation=operation,
         kind=kind,
         attempt=operation.attempt,
         args_digest=operation.args_digest,
-        fencing_token=token,
+        fencing_token=fencing_token,
         status=ApprovalStatus.APPROVED,
         expires_at__gt=now,
     ).first()

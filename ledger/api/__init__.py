@@ -194,7 +194,7 @@ def _op_out(op) -> dict:
                 "reconciler",
                 "phase",
                 "attempt",
-                "dispatch_token",
+                "fencing_token",
                 "dispatched_at",
                 "schema_version",
                 "provider_request_id",

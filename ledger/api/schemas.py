@@ -401,7 +401,7 @@ class OperationOut(Schema):
     reconciler: str
     phase: Phase
     attempt: int
-    dispatch_token: int | None
+    fencing_token: int | None
     dispatched_at: datetime | None
     # The record's shape (1: provider_request_id only; 2: provider_ref); a client that does
     # not know the version refuses the record rather than guess (docs/api.md "Versions").

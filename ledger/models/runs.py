@@ -277,7 +277,7 @@ class Operation(Versioned):
     updated_at = models.DateTimeField(default=timezone.now)
     # Recorded at dispatch: who dispatched under which authority.
     dispatched_at = models.DateTimeField(null=True, blank=True)
-    dispatch_token = models.BigIntegerField(null=True, blank=True)
+    fencing_token = models.BigIntegerField(null=True, blank=True)
     dispatch_owner_id = models.CharField(max_length=200, null=True, blank=True)
     policy_version_at_dispatch = models.PositiveIntegerField(null=True, blank=True)
     credential_version_at_dispatch = models.PositiveIntegerField(null=True, blank=True)
@@ -315,7 +315,7 @@ class Operation(Versioned):
             models.CheckConstraint(condition=Q(effect_class__in=EffectClass.values), name="operation_class_valid"),
             models.CheckConstraint(
                 condition=Q(phase__in=[Phase.PLANNED, Phase.PENDING_APPROVAL, Phase.AUTHORIZED, Phase.DENIED])
-                | Q(dispatch_token__isnull=False, dispatched_at__isnull=False),
+                | Q(fencing_token__isnull=False, dispatched_at__isnull=False),
                 name="operation_dispatched_has_token",
             ),
         ]

@@ -121,7 +121,7 @@ def seed(count: int) -> dict:
         # a third with the provider's id; one in ten thousand disagreeing (an old build rewrote it)
         "provider_request_id": "CASE WHEN g %% 3 = 0 THEN 'ch_' || g ELSE '' END",
         "phase": "CASE WHEN g %% 1000 = 7 THEN 'UNKNOWN' ELSE o.phase END",
-        "dispatch_token": "CASE WHEN g %% 1000 = 7 THEN 1 ELSE o.dispatch_token END",
+        "fencing_token": "CASE WHEN g %% 1000 = 7 THEN 1 ELSE o.fencing_token END",
         "dispatched_at": "CASE WHEN g %% 1000 = 7 THEN now() ELSE o.dispatched_at END",
     }
     select = ", ".join(varied.get(c, f"o.{c}") for c in columns)

@@ -170,7 +170,7 @@ COLUMNS = {
         "created_at",
         "updated_at",
         "dispatched_at",
-        "dispatch_token",
+        "fencing_token",
         "dispatch_owner_id",
         "policy_version_at_dispatch",
         "provider_request_id",

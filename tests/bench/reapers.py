@@ -208,7 +208,7 @@ def seed_operations(tenant, runs: list, items: int, now, *, phase: str, prefix: 
                 phase=phase,
                 updated_at=now - timedelta(minutes=10),
                 dispatched_at=now - timedelta(minutes=10) if dispatched else None,
-                dispatch_token=1 if dispatched else None,
+                fencing_token=1 if dispatched else None,
                 dispatch_owner_id="live-0" if dispatched else None,
             )
             for n in range(start, min(items, start + CHUNK))

@@ -43,9 +43,11 @@ def hold_the_run_and_dispatch(worker, run_id, op_id, token, locked: threading.Ev
         with transaction.atomic():
             run = lock_run(tenant=worker.tenant, run_id=run_id)
             now = timezone.now()
-            ctx = Fenced(run=run, batch=ChainBatch(now), now=now, actor=worker_actor(worker, "owner-a"), token=token)
+            ctx = Fenced(
+                run=run, batch=ChainBatch(now), now=now, actor=worker_actor(worker, "owner-a"), fencing_token=token
+            )
             op = Operation.objects.get(pk=op_id)
-            transition(op, Phase.DISPATCHED, ctx, dispatched_at=now, dispatch_token=token, dispatch_owner_id="owner-a")
+            transition(op, Phase.DISPATCHED, ctx, dispatched_at=now, fencing_token=token, dispatch_owner_id="owner-a")
             ctx.batch.commit()
             locked.set()
             release.wait(10)

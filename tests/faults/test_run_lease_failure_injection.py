@@ -76,7 +76,7 @@ def test_stale_worker_is_fenced_after_takeover(api_for, acme):
         (2, None),
     ]
     operation = Operation.objects.get(pk=op_id)
-    assert (operation.phase, operation.dispatch_token, operation.dispatch_owner_id) == ("CONFIRMED", 2, "worker-b")
+    assert (operation.phase, operation.fencing_token, operation.dispatch_owner_id) == ("CONFIRMED", 2, "worker-b")
     assert run.stale_rejections == 1
     refusal = Event.objects.get(run=run, type="STALE_TOKEN_REJECTED")
     assert refusal.actor == "worker:worker-1/token-1"  # attributed to the presenter, not the owner
@@ -154,7 +154,7 @@ def test_worker_killed_after_dispatch_leaves_unknown_with_case(api_for, acme, li
     assert b.outcome(op_id, 2, "CONFIRMED").body["error"] == "WRONG_PHASE"
     assert b.get(f"/operations/{op_id}/retry-decision").body["decision"] == "RECONCILE"
     op.refresh_from_db()
-    assert (op.phase, op.dispatch_token) == ("UNKNOWN", 1)
+    assert (op.phase, op.fencing_token) == ("UNKNOWN", 1)
     assert event_types(run_id).count("OPERATION_DISPATCHED") == 1
 
 

@@ -280,7 +280,7 @@ def test_a_policy_changed_between_read_and_dispatch_is_the_policy_dispatch_obeys
     with pytest.raises(Denied):
         operations.operation_dispatch(worker=acme.worker, operation_id=op.pk, fencing_token=token)
     op.refresh_from_db()
-    assert op.phase == Phase.DENIED and op.dispatch_token is None  # no effect, under any version
+    assert op.phase == Phase.DENIED and op.fencing_token is None  # no effect, under any version
     assert op.schema_version == 2
 
 
@@ -535,7 +535,7 @@ def test_unknown_operations_are_untouched_by_the_backfill(acme):
         old_build_writes(op, f"maybe-{i}" if i % 2 else "")
         Operation.objects.filter(pk=op.pk).update(provider_ref=None)
         unknown.append(op.pk)
-    kept = ("phase", "attempt", "dispatch_token", "provider_request_id", "reconciliation", "actual_cost_cents")
+    kept = ("phase", "attempt", "fencing_token", "provider_request_id", "reconciliation", "actual_cost_cents")
     before = {o["id"]: o for o in Operation.objects.filter(pk__in=unknown).values("id", *kept)}
     cases_before = dict(
         ReconciliationCase.objects.filter(operation_id__in=unknown).values_list("operation_id", "status")

@@ -123,7 +123,7 @@ class OpModel:
     run_index: int
     op_id: str
     phase: Phase = Phase.PLANNED
-    dispatch_token: int | None = None
+    fencing_token: int | None = None
     dispatch_owner: str | None = None
     provider_request_id: str = ""
     case_reason: CaseReason | None = None
@@ -483,7 +483,7 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
             self.refuse(run, attempted="operation.dispatch", token=token, reason=reason)
         elif expected is None:
             assert run.held and token == run.token
-            op.phase, op.dispatch_token, op.dispatch_owner = Phase.DISPATCHED, token, run.owner
+            op.phase, op.fencing_token, op.dispatch_owner = Phase.DISPATCHED, token, run.owner
             run.events.append(("OPERATION_DISPATCHED", op.op_id, None))
 
     def _report(self, actor, op, outcome, provider_request_id):
@@ -495,9 +495,9 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
         duplicate = False
         if reason:
             expected = (StaleToken, reason)
-        elif op.phase == reported and op.dispatch_token == token and op.provider_request_id == provider_request_id:
+        elif op.phase == reported and op.fencing_token == token and op.provider_request_id == provider_request_id:
             expected, duplicate = None, True
-        elif op.phase != Phase.DISPATCHED or op.dispatch_token != token:
+        elif op.phase != Phase.DISPATCHED or op.fencing_token != token:
             expected = (WrongPhase, None)
         else:
             expected = None
@@ -514,7 +514,7 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
         )
         if reason:
             self.refuse(run, attempted="operation.outcome", token=token, reason=reason)
-            if op.phase == Phase.DISPATCHED and op.dispatch_token == token:
+            if op.phase == Phase.DISPATCHED and op.fencing_token == token:
                 event("fenced reporter's DISPATCHED operation made UNKNOWN")
                 self.mark_unknown(run, op, CaseReason.LEASE_LOST)
             if provider_request_id:
@@ -608,8 +608,8 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
         rows = {str(row.pk): row for row in snap.operations}
         for op in self.ops.values():
             row = rows[op.op_id]
-            got = (row.phase, row.dispatch_token, row.dispatch_owner_id, row.provider_request_id)
-            want = (op.phase, op.dispatch_token, op.dispatch_owner, op.provider_request_id)
+            got = (row.phase, row.fencing_token, row.dispatch_owner_id, row.provider_request_id)
+            want = (op.phase, op.fencing_token, op.dispatch_owner, op.provider_request_id)
             assert got == want, (
                 f"invariant 2, operation {op.key!r}: (phase, dispatch token, owner, provider id) {got}, model {want}"
             )
@@ -635,7 +635,7 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
             if previous is not None and previous != row.phase:
                 assert can_move(previous, row.phase), f"{what} moved {previous} -> {row.phase}, not a transition"
             self.seen_phase[op_id] = row.phase
-            if row.phase == Phase.DISPATCHED or row.dispatch_token is not None:
+            if row.phase == Phase.DISPATCHED or row.fencing_token is not None:
                 self.ever_dispatched.add(op_id)
             if op_id in self.ever_dispatched:
                 assert row.phase not in (Phase.PLANNED, Phase.AUTHORIZED, Phase.PENDING_APPROVAL), (
@@ -643,8 +643,8 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
                 )
             if row.phase == Phase.DISPATCHED:
                 lease = snap.leases[row.run_id]
-                assert lease.owner_id is not None and lease.fencing_token == row.dispatch_token, (
-                    f"{what} is still DISPATCHED under token {row.dispatch_token} after its lease was lost "
+                assert lease.owner_id is not None and lease.fencing_token == row.fencing_token, (
+                    f"{what} is still DISPATCHED under token {row.fencing_token} after its lease was lost "
                     f"(lease owner {lease.owner_id!r}, token {lease.fencing_token})"
                 )
             own = cases.pop((op_id, row.attempt), [])

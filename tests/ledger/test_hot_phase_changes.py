@@ -57,7 +57,7 @@ CHANGED_BY_TRANSITIONS = (
     "decision_code",
     "decision_policy_version",
     "dispatched_at",
-    "dispatch_token",
+    "fencing_token",
     "dispatch_owner_id",
     "policy_version_at_dispatch",
     "credential_version_at_dispatch",

@@ -67,7 +67,7 @@ def test_a_draining_worker_finishes_what_is_in_flight_and_starts_nothing_new(dra
     again = replacement.intend(run_id, 2, "mail:2", effect_class="IDEMPOTENT")
     assert (again.status, again.body["operation_id"]) == (200, waiting)
     assert replacement.dispatch(waiting, 2).status == 200
-    assert Operation.objects.get(pk=waiting).dispatch_token == 2
+    assert Operation.objects.get(pk=waiting).fencing_token == 2
 
 
 def test_past_its_deadline_the_drain_revokes_and_counts_what_it_left_unknown(draining, acme):

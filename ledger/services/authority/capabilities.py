@@ -102,7 +102,7 @@ def capability_request(
             approval_request = queues().approval_open(
                 run=ctx.run,
                 kind=ApprovalKind.CAPABILITY,
-                token=ctx.token,
+                fencing_token=ctx.fencing_token,
                 ttl_s=policy["approval_ttl_s"],
                 batch=ctx.batch,
                 actor=ctx.actor,
@@ -110,7 +110,9 @@ def capability_request(
             )
         return RequestedCapability(capability=capability, approval=approval_request)
 
-    return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="capability.request", write=write)
+    return fenced(
+        worker=worker, run_id=run_id, fencing_token=fencing_token, attempted="capability.request", write=write
+    )
 
 
 def _within_policy(policy: dict, *, tool, actions, resources, max_calls, ttl_s, max_bytes) -> None:

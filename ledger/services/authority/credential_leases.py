@@ -177,7 +177,11 @@ def credential_lease_issue(
 
         try:
             lease = fenced(
-                worker=worker, run_id=run_id, token=fencing_token, attempted="credential_lease.issue", write=write
+                worker=worker,
+                run_id=run_id,
+                fencing_token=fencing_token,
+                attempted="credential_lease.issue",
+                write=write,
             )
         except StaleToken as exc:
             refused = exc  # its STALE_TOKEN_REJECTED record commits with this transaction

@@ -60,7 +60,7 @@ def evaluate(*, op: Operation, ctx: Fenced, lease_id: object = None, at_dispatch
     contract = contract_for(policy, op.tool, op.action)
     if needs_human(policy, op.tool) or (contract is not None and contract.get("human_approval")):
         grounds.approval = queues().approval_usable(
-            operation=op, kind=ApprovalKind.OPERATION, token=ctx.token, now=ctx.now
+            operation=op, kind=ApprovalKind.OPERATION, fencing_token=ctx.fencing_token, now=ctx.now
         )
         grounds.needs_approval = grounds.approval is None
     return grounds

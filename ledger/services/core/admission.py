@@ -20,7 +20,7 @@ def operations_in_doubt(worker: Worker) -> QuerySet[Operation]:
         tenant_id=worker.tenant_id,
         phase__in=(Phase.DISPATCHED, Phase.UNKNOWN),
         run__lease_grants__worker=worker,
-        run__lease_grants__fencing_token=F("dispatch_token"),
+        run__lease_grants__fencing_token=F("fencing_token"),
     )
 
 

@@ -231,13 +231,13 @@ _OPERATION_RUN = Operation._meta.get_field("run")
 _OPERATION_CREDENTIAL_LEASE = Operation._meta.get_field("credential_lease")
 
 
-def fence_reason(lease: RunLease, token: int, now: datetime, *, owner_id: str | None = None) -> str | None:
-    """Why ``token`` (and ``owner_id``, when given) may not write now; None when it may."""
-    if lease.owner_id is None and lease.fencing_token == token:
+def fence_reason(lease: RunLease, fencing_token: int, now: datetime, *, owner_id: str | None = None) -> str | None:
+    """Why ``fencing_token`` (and ``owner_id``, when given) may not write now; None when it may."""
+    if lease.owner_id is None and lease.fencing_token == fencing_token:
         return (lease.end_reason or "not_held").lower()  # ended (or never held), nobody holds it now
     if owner_id is not None and lease.owner_id != owner_id:
         return "owner_changed"
-    if lease.fencing_token != token:
+    if lease.fencing_token != fencing_token:
         return "token_changed"
     # Owned from here on, so it has an expiry (the check constraint lease_owned_has_expiry_and_token).
     if lease.expires_at is None:
@@ -255,7 +255,7 @@ class Fenced:
     batch: ChainBatch
     now: datetime
     actor: str
-    token: int
+    fencing_token: int
     # Read by the statement that locked the run: the operation the write was asked about
     # (by operation id) and what decisions read of the tenant.
     operation: Operation | None = None
@@ -307,7 +307,7 @@ def fenced[T](
     worker: Worker,
     run_id: object = None,
     operation_id: object = None,
-    token: int,
+    fencing_token: int,
     attempted: str,
     write: Callable[[Fenced], T],
     owner_id: str | None = None,
@@ -326,7 +326,7 @@ def fenced[T](
             locked = lock(tenant=worker.tenant, run_id=run_id, operation_id=operation_id, capabilities=capabilities)
             run = locked.run
             now = timezone.now()
-            reason = fence_reason(run.lease, token, now, owner_id=owner_id)
+            reason = fence_reason(run.lease, fencing_token, now, owner_id=owner_id)
             # The presenter is the lease's owner only if the fence holds; otherwise all we
             # know is the worker identity and the token it presented.
             if reason is None:
@@ -335,14 +335,14 @@ def fenced[T](
                     raise AssertionError("the fence passed a lease nobody owns")
                 presenter = owner_id or holder
             else:
-                presenter = owner_id or f"token-{token}"
+                presenter = owner_id or f"token-{fencing_token}"
             batch = ChainBatch(now, defer=True)
             ctx = Fenced(
                 run=run,
                 batch=batch,
                 now=now,
                 actor=worker_actor(worker, presenter),
-                token=token,
+                fencing_token=fencing_token,
                 operation=locked.operation,
                 tenant=locked.tenant,
             )
@@ -408,7 +408,7 @@ def record_refusal(ctx: Fenced, *, attempted: str, reason: str) -> None:
         actor=ctx.actor,
         fields={
             "attempted": attempted,
-            "presented_token": ctx.token,
+            "presented_token": ctx.fencing_token,
             "current_token": ctx.lease.fencing_token,
             "reason": reason,
         },

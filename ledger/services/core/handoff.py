@@ -39,7 +39,7 @@ class HumanQueues(Protocol):
         *,
         run: Run,
         kind: ApprovalKind,
-        token: int,
+        fencing_token: int,
         ttl_s: int,
         batch: ChainBatch,
         actor: str,
@@ -49,7 +49,7 @@ class HumanQueues(Protocol):
         """The live request for this exact binding, or a new PENDING one."""
 
     def approval_usable(
-        self, *, operation: Operation, kind: ApprovalKind, token: int, now: datetime
+        self, *, operation: Operation, kind: ApprovalKind, fencing_token: int, now: datetime
     ) -> Approval | None:
         """An APPROVED, unused, unexpired approval bound to this attempt, digest and token."""
 

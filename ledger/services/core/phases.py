@@ -14,8 +14,16 @@ from ledger.models import Operation
 from ledger.services.core.fencing import Fenced
 from ledger.states import Phase, can_move
 
-# Changed columns worth naming in the transition's event (when they carry a value).
-LOGGED_CHANGES = frozenset({"dispatch_token", "provider_request_id", "provider_ref", "actual_cost_cents", "error_code"})
+# Changed columns worth naming in the transition's event (when they carry a value), by the
+# name the event gives each: the fencing token an operation was dispatched under is the
+# event's ``dispatch_token`` (the evidence format's word, kept by every chain).
+LOGGED_CHANGES = {
+    "fencing_token": "dispatch_token",
+    "provider_request_id": "provider_request_id",
+    "provider_ref": "provider_ref",
+    "actual_cost_cents": "actual_cost_cents",
+    "error_code": "error_code",
+}
 
 
 def transition(
@@ -46,6 +54,6 @@ def transition(
     fields: dict[str, Any] = {"operation_id": op.pk, "from": source.value, "to": target.value, "attempt": op.attempt}
     if reason:
         fields["reason"] = reason
-    fields.update({k: v for k, v in changes.items() if k in LOGGED_CHANGES and v not in (None, "")})
+    fields.update({LOGGED_CHANGES[k]: v for k, v in changes.items() if k in LOGGED_CHANGES and v not in (None, "")})
     fields.update({k: v for k, v in (event_fields or {}).items() if v is not None})
     ctx.batch.append(ctx.run, f"OPERATION_{target.value}", actor=ctx.actor, fields=fields)

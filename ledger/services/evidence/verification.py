@@ -72,7 +72,7 @@ class _Observer:
     sealable: list[tuple[int, str]]
     on_events: Callable[[int], None] | None = None
     seen: int = 0
-    lease_token: int | None = None
+    lease_fencing_token: int | None = None
     mismatches: int = 0
     first_mismatch: str = ""
     # Credential evidence in this chain, bounded by the run's leases and operations.
@@ -112,9 +112,9 @@ class _Observer:
 
     def _see(self, seq: int, kind: str, fields: Any) -> None:
         if kind == "LEASE_ACQUIRED":
-            self.lease_token = fields.get("fencing_token")
+            self.lease_fencing_token = fields.get("fencing_token")
         elif kind in ("LEASE_EXPIRED", "LEASE_RELEASED", "LEASE_REVOKED"):
-            self.lease_token = None
+            self.lease_fencing_token = None
         elif kind == "CREDENTIAL_LEASE_ISSUED":
             self.lease_scope[fields.get("lease_id")] = (fields.get("principal"), fields.get("version"))
         elif kind == "CREDENTIAL_LEASE_REVOKED":
@@ -130,8 +130,8 @@ class _Observer:
         """A dispatch disagrees with its authority when its token is not the lease's, or its
         credential lease was revoked, rotated past, or is named with another version."""
         problems = []
-        if fields.get("dispatch_token") != self.lease_token:
-            held = "no lease" if self.lease_token is None else f"token {self.lease_token}"
+        if fields.get("dispatch_token") != self.lease_fencing_token:
+            held = "no lease" if self.lease_fencing_token is None else f"token {self.lease_fencing_token}"
             problems.append(f"dispatched under token {fields.get('dispatch_token')} while the chain shows {held}")
         lease_id = self.op_lease.get(fields.get("operation_id"))
         if lease_id is not None:

@@ -120,26 +120,26 @@ def _grant(*, run: Run, worker: Worker, owner_id: str, ttl_s: int, tool: str, po
     if previous_owner is not None:
         leases_end(runs=[run], batch=batch, actor=actor, end=LeaseEnd.EXPIRED)
     use = instances_admit(run=run, worker=worker, tool=tool, policy=policy)
-    previous_token = lease.fencing_token
-    token = previous_token + 1
+    previous_fencing_token = lease.fencing_token
+    fencing_token = previous_fencing_token + 1
     expires_at = now + timedelta(seconds=ttl_s)
     granted = {
         "owner_id": owner_id,
         "worker_id": worker.pk,
-        "fencing_token": token,
+        "fencing_token": fencing_token,
         "acquired_at": now,
         "expires_at": expires_at,
         "last_renewed_at": now,
         "end_reason": None,
         "instance_state": InstanceState.RUNNING,
     }
-    if sql_rows.update(RunLease, granted, run_id=run.pk, fencing_token=previous_token) != 1:
+    if sql_rows.update(RunLease, granted, run_id=run.pk, fencing_token=previous_fencing_token) != 1:
         raise LeaseHeld("the lease changed hands concurrently")  # impossible while the row is locked
     sql_rows.insert(
         LeaseGrant(
             run=run,
             tenant_id=run.tenant_id,
-            fencing_token=token,
+            fencing_token=fencing_token,
             owner_id=owner_id,
             worker=worker,
             acquired_at=now,
@@ -149,7 +149,7 @@ def _grant(*, run: Run, worker: Worker, owner_id: str, ttl_s: int, tool: str, po
             state_changed_at=now,
         )
     )
-    lease.owner_id, lease.worker, lease.fencing_token = owner_id, worker, token
+    lease.owner_id, lease.worker, lease.fencing_token = owner_id, worker, fencing_token
     lease.acquired_at, lease.expires_at, lease.last_renewed_at = now, expires_at, now
     lease.end_reason, lease.instance_state = None, InstanceState.RUNNING
     batch.append(
@@ -158,8 +158,8 @@ def _grant(*, run: Run, worker: Worker, owner_id: str, ttl_s: int, tool: str, po
         actor=actor,
         fields={
             "owner_id": owner_id,
-            "fencing_token": token,
-            "previous_token": previous_token,
+            "fencing_token": fencing_token,
+            "previous_token": previous_fencing_token,
             "expires_at": expires_at,
             "instance_state": InstanceState.RUNNING.value,
             **({"tool": tool} if tool else {}),
@@ -202,7 +202,7 @@ def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token:
         ctx.batch.update(
             RunLease,
             {"expires_at": expires_at, "last_renewed_at": ctx.now},
-            where={"run_id": ctx.run.pk, "fencing_token": ctx.token},
+            where={"run_id": ctx.run.pk, "fencing_token": ctx.fencing_token},
             refusal=lambda: LeaseLost("token_changed"),  # impossible while the row is locked
         )
         ctx.lease.expires_at, ctx.lease.last_renewed_at = expires_at, ctx.now
@@ -212,7 +212,7 @@ def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token:
             "LEASE_RENEWED",
             actor=ctx.actor,
             fields={
-                "fencing_token": ctx.token,
+                "fencing_token": ctx.fencing_token,
                 "expires_at": expires_at,
                 **({"instance_state": moved.value} if moved else {}),
             },
@@ -222,7 +222,7 @@ def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token:
     lease = fenced(
         worker=worker,
         run_id=run_id,
-        token=fencing_token,
+        fencing_token=fencing_token,
         owner_id=owner_id,
         attempted="lease.renew",
         write=write,
@@ -246,7 +246,7 @@ def lease_release(*, worker: Worker, run_id: object, owner_id: str, fencing_toke
     return fenced(
         worker=worker,
         run_id=run_id,
-        token=fencing_token,
+        fencing_token=fencing_token,
         owner_id=owner_id,
         attempted="lease.release",
         write=write,

@@ -13,5 +13,10 @@ def event_append(*, worker: Worker, run_id: object, fencing_token: int, type: st
         return ctx.batch.append(ctx.run, type, actor=ctx.actor, fields=fields)
 
     return fenced(
-        worker=worker, run_id=run_id, token=fencing_token, attempted="event.append", write=write, ending=IN_FLIGHT
+        worker=worker,
+        run_id=run_id,
+        fencing_token=fencing_token,
+        attempted="event.append",
+        write=write,
+        ending=IN_FLIGHT,
     )

@@ -102,7 +102,7 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
                 "effect_class": op.effect_class,
                 "idempotency_key": op.idempotency_key,
                 "args_digest": op.args_digest,
-                "fencing_token": ctx.token,
+                "fencing_token": ctx.fencing_token,
                 **({"provider": op.provider} if op.provider else {}),
                 **({"reconciler": op.reconciler} if op.reconciler else {}),
             },
@@ -118,7 +118,12 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
         return op, True
 
     return fenced(
-        worker=worker, run_id=run_id, token=fencing_token, attempted="operation.intend", write=write, ending=NEW_WORK
+        worker=worker,
+        run_id=run_id,
+        fencing_token=fencing_token,
+        attempted="operation.intend",
+        write=write,
+        ending=NEW_WORK,
     )
 
 
@@ -190,7 +195,7 @@ def operation_authorize(
             approval = grounds.waiting_for or queues().approval_open(
                 run=ctx.run,
                 kind=ApprovalKind.OPERATION,
-                token=ctx.token,
+                fencing_token=ctx.fencing_token,
                 ttl_s=grounds.policy["approval_ttl_s"],
                 batch=ctx.batch,
                 actor=ctx.actor,
@@ -228,7 +233,7 @@ def operation_authorize(
         fenced(
             worker=worker,
             operation_id=op_id,
-            token=fencing_token,
+            fencing_token=fencing_token,
             attempted="operation.authorize",
             write=write,
             ending=NEW_WORK,
@@ -263,7 +268,7 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
                 Phase.DISPATCHED,
                 ctx,
                 dispatched_at=ctx.now,
-                dispatch_token=ctx.token,
+                fencing_token=ctx.fencing_token,
                 dispatch_owner_id=ctx.lease.owner_id,
                 policy_version_at_dispatch=grounds.policy_version,
                 credential_version_at_dispatch=grounds.lease.version if grounds.lease else None,
@@ -282,7 +287,7 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
         fenced(
             worker=worker,
             operation_id=op_id,
-            token=fencing_token,
+            fencing_token=fencing_token,
             attempted="operation.dispatch",
             write=write,
             ending=NEW_WORK,

@@ -53,7 +53,7 @@ def operation_report_outcome(
             raise NotFound("operation not found")
         ref = with_provider(reported, op)
         changing = upgrades_ref.phase_now()
-        if op.phase == target and op.dispatch_token == ctx.token and _same(op, ref, changing):
+        if op.phase == target and op.fencing_token == ctx.fencing_token and _same(op, ref, changing):
             if target != Phase.UNKNOWN and actual_cost_cents is not None:
                 # The same report again, now with the usage that was missing: it settles the
                 # reservation left UNKNOWN (a closed one is left as it is).
@@ -63,7 +63,7 @@ def operation_report_outcome(
             return op  # a duplicate of the report that was already recorded
         if op.phase != Phase.DISPATCHED:
             raise WrongPhase(phase=op.phase, wanted=Phase.DISPATCHED)
-        if op.dispatch_token != ctx.token:
+        if op.fencing_token != ctx.fencing_token:
             raise WrongPhase(phase=f"{op.phase} under another token", wanted="DISPATCHED under this token")
         changes: dict[str, Any] = {
             **upgrades_ref.written(changing, provider=op.provider, ref=ref),
@@ -98,7 +98,7 @@ def operation_report_outcome(
         op = ctx.operation
         if op is None:
             raise NotFound("operation not found")
-        if op.phase == Phase.DISPATCHED and op.dispatch_token == ctx.token:
+        if op.phase == Phase.DISPATCHED and op.fencing_token == ctx.fencing_token:
             # The reporter dispatched this effect and has lost its lease since: nobody can
             # report for it any more, so its outcome is UNKNOWN now, not at the next sweep.
             operations_mark_unknown(
@@ -114,7 +114,7 @@ def operation_report_outcome(
             {
                 "provider_request_id": provider_request_id,
                 "reported_outcome": Outcome(outcome).value,
-                "fencing_token": ctx.token,
+                "fencing_token": ctx.fencing_token,
                 "reported_at": ctx.now,
                 "verified": False,
             }
@@ -130,7 +130,7 @@ def operation_report_outcome(
     return fenced(
         worker=worker,
         operation_id=op_id,
-        token=fencing_token,
+        fencing_token=fencing_token,
         attempted="operation.outcome",
         write=write,
         on_refused=on_refused,

@@ -68,12 +68,14 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
         if refusal is not None:
             raise refusal
         if decision == "APPROVAL":
-            approval = queues().approval_usable(operation=op, kind=ApprovalKind.RETRY, token=ctx.token, now=ctx.now)
+            approval = queues().approval_usable(
+                operation=op, kind=ApprovalKind.RETRY, fencing_token=ctx.fencing_token, now=ctx.now
+            )
             if approval is None:
                 asked = queues().approval_open(
                     run=ctx.run,
                     kind=ApprovalKind.RETRY,
-                    token=ctx.token,
+                    fencing_token=ctx.fencing_token,
                     ttl_s=policy["approval_ttl_s"],
                     batch=ctx.batch,
                     actor=ctx.actor,
@@ -88,7 +90,7 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
             reason=f"retry: {reason}",
             attempt=op.attempt + 1,
             dispatched_at=None,
-            dispatch_token=None,
+            fencing_token=None,
             dispatch_owner_id=None,
             provider_request_id="",
             actual_cost_cents=None,
@@ -102,7 +104,7 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
         fenced(
             worker=worker,
             operation_id=op_id,
-            token=fencing_token,
+            fencing_token=fencing_token,
             attempted="operation.retry",
             write=write,
             ending=NEW_WORK,

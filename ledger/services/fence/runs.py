@@ -106,5 +106,10 @@ def run_complete(*, worker: Worker, run_id: object, fencing_token: int) -> Run:
         return run
 
     return fenced(
-        worker=worker, run_id=run_id, token=fencing_token, attempted="run.complete", write=write, ending=IN_FLIGHT
+        worker=worker,
+        run_id=run_id,
+        fencing_token=fencing_token,
+        attempted="run.complete",
+        write=write,
+        ending=IN_FLIGHT,
     )

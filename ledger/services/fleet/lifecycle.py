@@ -118,7 +118,7 @@ def _drain_close(worker: Worker, now, *, outcome: str, quiesced: list) -> None:
         phase=Phase.UNKNOWN,
         updated_at__gte=drain.started_at,
         run__lease_grants__worker=worker,
-        run__lease_grants__fencing_token=F("dispatch_token"),
+        run__lease_grants__fencing_token=F("fencing_token"),
     ).count()
     if outcome == "released" and quiesced:
         outcome = "deadline"  # it still held leases: the deadline revoked them

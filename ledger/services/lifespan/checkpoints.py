@@ -49,7 +49,7 @@ def checkpoint_save(
             position=position,
             state=state,
             digest=digest,
-            fencing_token=ctx.token,
+            fencing_token=ctx.fencing_token,
             owner_id=ctx.lease.owner_id or "",
             created_at=ctx.now,
         )
@@ -68,4 +68,4 @@ def checkpoint_save(
         )
         return checkpoint
 
-    return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="checkpoint.save", write=write)
+    return fenced(worker=worker, run_id=run_id, fencing_token=fencing_token, attempted="checkpoint.save", write=write)

@@ -128,18 +128,18 @@ def instances_plan(*, runs: list[Run], lost: bool) -> dict:
     held = [run for run in runs if run.lease.owner_id is not None]
     if lost:
         return {run.pk: InstanceState.EXPIRED for run in held}
-    tokens = {run.pk: run.lease.fencing_token for run in held}
+    fencing_tokens = {run.pk: run.lease.fencing_token for run in held}
     if not any(run.n_resources for run in held):  # nothing was ever attached: nothing open
-        return dict.fromkeys(tokens, InstanceState.RELEASED)
+        return dict.fromkeys(fencing_tokens, InstanceState.RELEASED)
     open_instances = set(
-        RunResource.objects.filter(run_id__in=list(tokens))
+        RunResource.objects.filter(run_id__in=list(fencing_tokens))
         .exclude(state=ResourceState.RELEASED)
         .values_list("run_id", "instance__fencing_token")
         .distinct()
     )
     return {
-        pk: InstanceState.REAPING if (pk, token) in open_instances else InstanceState.RELEASED
-        for pk, token in tokens.items()
+        pk: InstanceState.REAPING if (pk, fencing_token) in open_instances else InstanceState.RELEASED
+        for pk, fencing_token in fencing_tokens.items()
     }
 
 

@@ -511,8 +511,8 @@ def instances_settle(*, batch_size: int, result: ResourceReapResult) -> None:
             batch = ChainBatch(now)
             batch.append_many(
                 [
-                    (runs[run_id], {"fencing_token": token})
-                    for pk, run_id, _, token, _ in mine
+                    (runs[run_id], {"fencing_token": fencing_token})
+                    for pk, run_id, _, fencing_token, _ in mine
                     if pk in through or pk in reaping
                 ],
                 "INSTANCE_REAPING",
@@ -520,8 +520,8 @@ def instances_settle(*, batch_size: int, result: ResourceReapResult) -> None:
             )
             batch.append_many(
                 [
-                    (runs[run_id], {"fencing_token": token, "cleanup": "verified"})
-                    for pk, run_id, _, token, _ in mine
+                    (runs[run_id], {"fencing_token": fencing_token, "cleanup": "verified"})
+                    for pk, run_id, _, fencing_token, _ in mine
                     if pk in through or pk in released
                 ],
                 "INSTANCE_RELEASED",

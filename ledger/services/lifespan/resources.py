@@ -98,7 +98,9 @@ def resource_attach(*, worker: Worker, run_id: object, fencing_token: int, attac
                     limit=limit,
                     use=use,
                 )
-        instance = LeaseGrant.objects.filter(run_id=ctx.run.pk, fencing_token=ctx.token).values_list("pk", flat=True)
+        instance = LeaseGrant.objects.filter(run_id=ctx.run.pk, fencing_token=ctx.fencing_token).values_list(
+            "pk", flat=True
+        )
         resource = RunResource(
             tenant_id=ctx.run.tenant_id,
             run=ctx.run,
@@ -127,12 +129,12 @@ def resource_attach(*, worker: Worker, run_id: object, fencing_token: int, attac
                 "handle": resource.handle,
                 "expires_at": resource.expires_at,
                 "idle_s": resource.idle_s,
-                "fencing_token": ctx.token,
+                "fencing_token": ctx.fencing_token,
             },
         )
         return resource, True
 
-    return fenced(worker=worker, run_id=run_id, token=fencing_token, attempted="resource.attach", write=write)
+    return fenced(worker=worker, run_id=run_id, fencing_token=fencing_token, attempted="resource.attach", write=write)
 
 
 def resource_release(*, worker: Worker, resource_id: object, fencing_token: int) -> RunResource:
@@ -148,7 +150,9 @@ def resource_release(*, worker: Worker, resource_id: object, fencing_token: int)
             current.refresh_from_db()
         return current
 
-    return fenced(worker=worker, run_id=resource.run_id, token=fencing_token, attempted="resource.release", write=write)
+    return fenced(
+        worker=worker, run_id=resource.run_id, fencing_token=fencing_token, attempted="resource.release", write=write
+    )
 
 
 def resources_request(runs_ids: dict, batch: ChainBatch, actor: str, reason: str, *, claim: dict | None = None) -> int:
