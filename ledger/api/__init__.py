@@ -58,10 +58,10 @@ from ledger.api.schemas import (
 )
 from ledger.services.authority import capabilities, credential_leases
 from ledger.services.core.fencing import fence_check
+from ledger.services.core.intent import Intent
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.evidence.export import chain_export
 from ledger.services.fence import ending, leases, notes, operations, outcomes, retry, runs
-from ledger.services.fence.operations import Intent
 from ledger.services.fleet import boots, lifecycle
 from ledger.services.fleet.stale_tokens import DIRECTIVE_HEADER, directive_for
 from ledger.services.lifespan import checkpoints, resources

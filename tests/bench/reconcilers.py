@@ -40,8 +40,8 @@ def seed(items: int, provider) -> list[str]:
     from django.utils import timezone
 
     from approvals.models import ReconciliationCase
+    from ledger.services.core.intent import Intent
     from ledger.services.fence import leases, operations, outcomes, runs
-    from ledger.services.fence.operations import Intent
     from ledger.services.fleet.workers import worker_create
     from ledger.services.tenancy.tenants import tenant_ensure
 

@@ -21,9 +21,9 @@ from approvals.services.cases import case_resolve
 from approvals.services.lookups import cases_look_up
 from ledger.errors import LeaseLost
 from ledger.services.authority.policy import policy_change
+from ledger.services.core.intent import Intent
 from ledger.services.evidence.verification import run_verify
 from ledger.services.fence import leases, operations, outcomes, runs
-from ledger.services.fence.operations import Intent
 from ledger.services.tenancy.roles import role_grant
 from ledger.trends import dashboard_trends
 from tests.console.conftest import bulk_runs, logged_in

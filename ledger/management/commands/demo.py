@@ -26,11 +26,11 @@ from ledger.models.notifications import NotificationKind
 from ledger.services.authority.credential_leases import credential_lease_issue, credential_lease_revoke
 from ledger.services.authority.credentials import credential_create
 from ledger.services.authority.policy import policy_change
+from ledger.services.core.intent import Intent
 from ledger.services.evidence.append import build_event
 from ledger.services.evidence.verification import ledger_verify
 from ledger.services.fence import leases, notes, operations, outcomes, runs
 from ledger.services.fence.ending import run_cancel
-from ledger.services.fence.operations import Intent
 from ledger.services.fleet.lifecycle import worker_drain, worker_quarantine
 from ledger.services.fleet.workers import worker_create, worker_rotate_token
 from ledger.services.lifespan import resources
