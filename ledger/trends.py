@@ -28,10 +28,10 @@ from django.utils import timezone
 
 from ledger.actors import reconciler_actor
 from ledger.models import CostWindow, Event, Run, TenantPolicy
+from ledger.observability.health import job_allowed_s
 from ledger.policy import completed_policy
 from ledger.roles import tenants_for
 from ledger.services.authority.windows import window_bounds
-from ledger.services.operating.jobs import job_allowed_s
 from ledger.states import BudgetKind
 
 HOURS = 24
