@@ -20,6 +20,7 @@ from django.utils import timezone
 from approvals.models import ApprovalRequest, ReconciliationCase
 from approvals.services.approvals import approvals_expire
 from approvals.services.lookups import cases_look_up
+from approvals.services.notifications import notifications_scan
 from ledger.errors import ApprovalRequired, Denied, StaleToken
 from ledger.models import Event, Operation, Run, RunLease, RunResource, Worker
 from ledger.models.notifications import NotificationKind
@@ -38,7 +39,6 @@ from ledger.services.lifespan.checkpoints import checkpoint_save
 from ledger.services.lifespan.reaper import resources_reap
 from ledger.services.notifications.delivery import deliveries_send
 from ledger.services.notifications.endpoints import endpoint_create
-from ledger.services.notifications.scan import notifications_scan
 from ledger.services.reconciliation.http import HttpReconciler
 from ledger.services.reconciliation.registry import register
 from ledger.services.tenancy.roles import role_grant
