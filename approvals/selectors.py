@@ -1,7 +1,8 @@
 """Reads of the decision queues, scoped to a console user's tenants, keyset-paginated so a
-page costs the same few queries whatever the queue's length; and the reads that put the
-people's queues beside the ledger's (a run's operations with their cases, liveness, the
-dashboard's counts), composed with ``ledger.selectors``, which reads nothing of this app."""
+page costs the same few queries whatever the queue's length; the worker API's approval; and
+the reads that put the people's queues beside the ledger's (a run's operations with their
+cases, liveness, the dashboard's counts and trends), composed with ``ledger.selectors`` and
+``ledger.trends``, which read nothing of this app."""
 
 from datetime import datetime, timedelta
 from typing import Any
