@@ -1,7 +1,8 @@
 # The two commands of README.md:
 #   make demo   the console and API with a seeded tenant and worker, on the embedded default
 #   make test   the whole test suite (PostgreSQL at 127.0.0.1:5432, Redis at 127.0.0.1:6379)
-# make lint: ruff (lint and format), mypy, and no missing migration; CI runs it before the tests
+# make lint: ruff (lint and format), mypy, the import contracts (lint-imports, pyproject.toml) and no
+# missing migration; CI runs it before the tests
 # Benchmarks (docs/performance.md): make bench, make bench-all, make bench-ledger, make bench-console, make bench-reapers,
 # make bench-reconcilers, make bench-contention, make bench-backfill
 
@@ -35,6 +36,7 @@ lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
+	.venv/bin/lint-imports --no-logo
 	.venv/bin/python manage.py makemigrations --check --dry-run
 
 bench:

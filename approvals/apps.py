@@ -12,4 +12,9 @@ class ApprovalsConfig(AppConfig):
         from ledger.services.core.handoff import register
 
         register(handoff)
+        # /metrics reads the cases and approval requests beside the ledger's families.
+        from approvals.metrics import ApprovalsMetrics
+        from ledger.observability import metrics
+
+        metrics.register("approvals", ApprovalsMetrics())
         from approvals import tasks  # noqa: F401 - registers its Celery tasks in every process

@@ -1,5 +1,16 @@
 """Reads of the decision queues, scoped to a console user's tenants, keyset-paginated so a
-page costs the same few queries whatever the queue's length."""
+page costs the same few queries whatever the queue's length; the worker API's approval; and
+the reads that put the people's queues beside the ledger's (a run's operations with their
+cases, liveness, the dashboard's counts and trends), composed with ``ledger.selectors`` and
+``ledger.trends``, which read nothing of this app."""
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Prefetch, Q, QuerySet
+from django.db.models.functions import TruncHour
+from django.utils import timezone
 
 from approvals.models import (
     OPEN_CASE_STATUSES,
@@ -9,8 +20,15 @@ from approvals.models import (
     CaseStatus,
     ReconciliationCase,
 )
+from ledger import selectors as ledger_selectors
+from ledger import trends as ledger_trends
+from ledger.actors import reconciler_actor
+from ledger.errors import NotFound, parse_id
+from ledger.models import Operation, Run, Tenant, Worker
 from ledger.pagination import keyset_page
 from ledger.roles import VIEW, tenants_for
+from ledger.services.core.handoff import UnknownTime
+from ledger.sql import rows as sql_rows
 
 
 def _visible_tenant_ids(user) -> list[int]:
@@ -77,3 +95,191 @@ def approval_queue(*, user, status: str = "PENDING", cursor: str | None = None, 
     if sort == "expiring":
         return keyset_page(queryset, order_field="expires_at", cursor=cursor)
     return keyset_page(queryset, order_field="requested_at", cursor=cursor, descending=sort == "newest")
+
+
+# --- the worker API -------------------------------------------------------------------------
+
+
+def approval_get(*, tenant: Tenant, approval_id: object) -> ApprovalRequest:
+    """An approval request of ``tenant`` (``GET /api/v1/approvals/{id}``: another tenant's is
+    404), by a pre-built statement."""
+    approval = sql_rows.get(ApprovalRequest, tenant_id=tenant.pk, id=parse_id(approval_id, "approval"))
+    if not isinstance(approval, ApprovalRequest):
+        raise NotFound("approval not found")
+    return approval
+
+
+# --- the run page ---------------------------------------------------------------------------
+
+
+def run_operations(*, run: Run, limit: int = 100) -> list[Operation]:
+    """The run's operations in the page's order, each with its reconciliation cases (newest
+    attempt first): two queries."""
+    cases = ReconciliationCase.objects.order_by("-attempt")
+    return list(ledger_selectors.run_operations(run=run).prefetch_related(Prefetch("cases", queryset=cases))[:limit])
+
+
+def unknown_time(cases: QuerySet[ReconciliationCase], now: datetime) -> UnknownTime:
+    """How long outcomes of these cases were (or still are) UNKNOWN: open ones count to now."""
+    rows = list(cases.values_list("status", "opened_at", "resolved_at"))
+    open_since = [opened for status, opened, _ in rows if status in OPEN_CASE_STATUSES]
+    spent = sum(((resolved or now) - opened).total_seconds() for _, opened, resolved in rows)
+    return {
+        "open_cases": len(open_since),
+        "seconds_in_unknown": round(spent, 1),
+        "unknown_since": min(open_since) if open_since else None,
+    }
+
+
+def run_unknown_time(*, run: Run, now: datetime) -> UnknownTime:
+    return unknown_time(ReconciliationCase.objects.filter(run=run), now)
+
+
+def worker_unknown_time(*, worker: Worker, now: datetime) -> UnknownTime:
+    """The cases of effects the worker dispatched (under a token of its own)."""
+    mine = ReconciliationCase.objects.filter(
+        operation__run__lease_grants__worker=worker,
+        operation__run__lease_grants__fencing_token=F("operation__fencing_token"),
+    )
+    return unknown_time(mine, now)
+
+
+def run_liveness(*, run: Run, now: datetime | None = None) -> dict[str, Any]:
+    """The run's liveness states (``ledger.selectors.run_liveness``) with its time in UNKNOWN."""
+    now = now or timezone.now()
+    return ledger_selectors.run_liveness(run=run, unknown=run_unknown_time(run=run, now=now), now=now)
+
+
+def worker_liveness(*, worker: Worker, now: datetime | None = None) -> dict[str, Any]:
+    """The worker's liveness states (``ledger.selectors.worker_liveness``) with the time the
+    effects it dispatched spent in UNKNOWN."""
+    now = now or timezone.now()
+    return ledger_selectors.worker_liveness(worker=worker, unknown=worker_unknown_time(worker=worker, now=now), now=now)
+
+
+# --- the dashboard --------------------------------------------------------------------------
+
+
+def dashboard_counts(*, user) -> dict:
+    """What needs a person now, per visible tenant: the ledger's counts
+    (``ledger.selectors.dashboard_counts``) with the people's queues beside them: open cases,
+    of which still being looked up (both counted up to ``DASHBOARD_COUNT_CAP``), UNKNOWNs
+    settled in the last 24 h, pending approvals."""
+    counts = ledger_selectors.dashboard_counts(user=user)
+    cap = ledger_selectors.DASHBOARD_COUNT_CAP
+    rows = {row["tenant"].pk: row for row in counts["tenants"]}
+    for row in rows.values():
+        row.update(open_unknown=0, with_reconciler=0, pending_approvals=0)
+    settled: dict[str, Any] = {"by_reconciler": 0, "by_people": 0, "mean": None, "longest": None}
+    if rows:
+        for tenant_id, counted in _open_cases(list(rows)).items():
+            for name, n in counted.items():
+                rows[tenant_id][name] = min(n, cap)
+                if n > cap:
+                    rows[tenant_id]["capped"].add(name)
+        settled = _settled_in_a_day(list(rows), now=counts["now"])
+        for r in (
+            ApprovalRequest.objects.filter(
+                tenant_id__in=rows, status=ApprovalStatus.PENDING, expires_at__gt=counts["now"]
+            )
+            .values("tenant_id")
+            .annotate(n=Count("id"))
+            .order_by()
+        ):
+            rows[r["tenant_id"]]["pending_approvals"] = r["n"]
+    per_tenant = counts["tenants"]
+    return {
+        **counts,
+        "open_unknown": sum(r["open_unknown"] for r in per_tenant),
+        "with_reconciler": sum(r["with_reconciler"] for r in per_tenant),
+        "settled_24h": settled,
+        "pending_approvals": sum(r["pending_approvals"] for r in per_tenant),
+        "capped": set().union(*(r["capped"] for r in per_tenant)),  # a total of an "at least" is one too
+    }
+
+
+def _settled_in_a_day(ids: list[int], *, now: datetime) -> dict[str, Any]:
+    """UNKNOWNs settled in the last 24 h, by reconcilers and by people, and the time they
+    spent in UNKNOWN (index case_resolved_recent)."""
+    in_unknown = ExpressionWrapper(F("resolved_at") - F("opened_at"), output_field=DurationField())
+    by_reconciler = Q(resolved_by__startswith="reconciler:")
+    settled = ReconciliationCase.objects.filter(
+        tenant_id__in=ids, status="RESOLVED", resolved_at__gte=now - timedelta(hours=24)
+    ).aggregate(
+        by_reconciler=Count("id", filter=by_reconciler),
+        by_people=Count("id", filter=~by_reconciler),
+        mean=Avg(in_unknown),
+        longest=Max(in_unknown),
+    )
+    settled["mean"] = ledger_selectors.span_text(settled["mean"])
+    settled["longest"] = ledger_selectors.span_text(settled["longest"])
+    return settled
+
+
+def _open_cases(ids: list[int]) -> dict[int, dict[str, int]]:
+    """Per tenant: its open cases, and of those the ones still being looked up, each counted
+    up to ``DASHBOARD_COUNT_CAP + 1`` (one more means "more than the cap"): one statement,
+    each count a LIMITed walk of an index (case_open_tenant, case_queue) rather than every row."""
+    qn = connection.ops.quote_name
+    case = qn(ReconciliationCase._meta.db_table)
+    sql = (
+        "SELECT t.id,"  # noqa: S608 - table names from the models, every value a parameter
+        f" (SELECT COUNT(*) FROM (SELECT 1 FROM {case} c WHERE c.tenant_id = t.id"
+        f" AND c.status IN ({', '.join(['%s'] * len(OPEN_CASE_STATUSES))}) LIMIT %s) o),"
+        f" (SELECT COUNT(*) FROM (SELECT 1 FROM {case} c WHERE c.tenant_id = t.id AND c.status = %s LIMIT %s) k)"
+        f" FROM {qn(Tenant._meta.db_table)} t WHERE t.id IN ({', '.join(['%s'] * len(ids))})"
+    )
+    limit = ledger_selectors.DASHBOARD_COUNT_CAP + 1
+    params: list[Any] = [*OPEN_CASE_STATUSES, limit, CaseStatus.LOOKUP, limit, *ids]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {tenant_id: {"open_unknown": o, "with_reconciler": k} for tenant_id, o, k in cursor.fetchall()}
+
+
+def dashboard_trends(*, user, now: datetime | None = None) -> dict[str, Any]:
+    """The dashboard's trends: the ledger's (``ledger.trends.dashboard_trends``: stale-token
+    rejections, cost burn, verification lag) and the UNKNOWN effects opened and settled per
+    hour, by people and by reconcilers, over the same 24 clock hours and tenants."""
+    trends = ledger_trends.dashboard_trends(user=user, now=now)
+    return {**trends, "unknown": _unknown_per_hour(trends["tenant_ids"], ledger_trends.trend_hours(trends["now"]))}
+
+
+def _unknown_per_hour(ids: list[int], hours: list[datetime]) -> dict[str, Any]:
+    """Cases opened per hour (index ``case_queue``: tenant, status, opened_at) and settled per
+    hour (``case_resolved_recent``: tenant, resolved_at): two queries, none without tenants."""
+    since = hours[0]
+    opened: dict[datetime, int] = {}
+    settled: dict[datetime, dict[str, int]] = {}
+    by_reconciler = Q(resolved_by__startswith=reconciler_actor(""))  # "reconciler:<name>"
+    if ids:
+        for hour, n in (
+            ReconciliationCase.objects.filter(tenant_id__in=ids, status__in=CaseStatus.values, opened_at__gte=since)
+            .annotate(hour=TruncHour("opened_at"))
+            .values_list("hour")
+            .annotate(n=Count("*"))
+            .order_by()
+        ):
+            opened[hour] = n
+        for row in (
+            ReconciliationCase.objects.filter(tenant_id__in=ids, status=CaseStatus.RESOLVED, resolved_at__gte=since)
+            .annotate(hour=TruncHour("resolved_at"))
+            .values("hour")
+            .annotate(by_reconciler=Count("id", filter=by_reconciler), by_people=Count("id", filter=~by_reconciler))
+            .order_by()
+        ):
+            settled[row["hour"]] = {"by_people": row["by_people"], "by_reconciler": row["by_reconciler"]}
+    rows = [
+        {
+            "hour": hour,
+            "opened": opened.get(hour, 0),
+            "by_people": settled.get(hour, {}).get("by_people", 0),
+            "by_reconciler": settled.get(hour, {}).get("by_reconciler", 0),
+        }
+        for hour in hours
+    ]
+    return {
+        "rows": rows,
+        "opened": sum(r["opened"] for r in rows),
+        "by_people": sum(r["by_people"] for r in rows),
+        "by_reconciler": sum(r["by_reconciler"] for r in rows),
+    }

@@ -463,6 +463,7 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-unknown": _every("approvals.tasks.reconcile_unknown_task", "RECONCILE_INTERVAL_S"),
 }
 # --- notifications: conditions become deliveries; deliveries are sent with retries ---
+# (the scan's task is approvals/tasks.py's, under the name it has always had)
 CELERY_BEAT_SCHEDULE["notify-scan"] = _every("ledger.tasks.notify_scan_task", "NOTIFY_SCAN_INTERVAL_S")
 CELERY_BEAT_SCHEDULE["deliver-webhooks"] = _every("ledger.tasks.deliver_webhooks_task", "WEBHOOK_DELIVERY_INTERVAL_S")
 

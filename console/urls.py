@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from approvals.api import router as approvals_api
 from console.views import (
     approvals,
     cases,
@@ -16,6 +17,10 @@ from console.views import (
     workers,
 )
 from ledger.api import api
+
+# The worker API: the ledger's calls, and the approvals app's (a worker asks how a person
+# decided). Added before api.urls is read below.
+api.add_router("", approvals_api)
 
 urlpatterns = [
     # The worker API first: its requests are the most frequent, and Django tries the

@@ -1,15 +1,39 @@
-"""Reads, scoped to a tenant (worker API) or a user (console)."""
+"""Reads, scoped to a tenant (worker API) or a user (console).
+
+What a read needs of the people's queues (reconciliation cases, approval requests) is read by
+the approvals app, above this one: ``approvals/selectors.py`` composes the console's reads of
+cases and approvals with these, and the worker API reaches the cases through
+``ledger.services.core.handoff``."""
 
 import re
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Exists, F, OuterRef, Q, Subquery
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery, Sum
+from django.utils import timezone
 
 from ledger.errors import NotFound, parse_id
-from ledger.models import RUN_UNCERTAIN, Operation, Run, RunLease, RunResource, Tenant, Worker
+from ledger.models import (
+    RUN_UNCERTAIN,
+    CapabilityBudget,
+    CostWindow,
+    CredentialLease,
+    Event,
+    LeaseGrant,
+    Operation,
+    ProgressCheckpoint,
+    Run,
+    RunLease,
+    RunResource,
+    Tenant,
+    Worker,
+)
 from ledger.pagination import keyset_page
+from ledger.roles import tenants_for
+from ledger.services.core.handoff import UnknownTime
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.fleet.workers import token_digest
 from ledger.sql import rows as sql_rows
@@ -127,15 +151,6 @@ def run_indicators(run: Run) -> dict[str, dict[str, Any]]:
     }
 
 
-def approval_get(*, tenant: Tenant, approval_id: object):
-    from approvals.models import ApprovalRequest
-
-    approval = sql_rows.get(ApprovalRequest, tenant_id=tenant.pk, id=parse_id(approval_id, "approval"))
-    if approval is None:
-        raise NotFound("approval not found")
-    return approval
-
-
 # --- console reads, scoped to a user (every queryset is restricted to tenants_for(user)) ---
 
 RUN_PAGE = 50
@@ -176,8 +191,6 @@ def runs_for_user(*, user):
     """Runs of the tenants on which ``user`` may view (none without a role). The tenant ids
     are read first (one small query) so that the runs query is a plain ``tenant_id IN
     (...)`` the planner can combine with the page-order indexes."""
-    from ledger.roles import tenants_for
-
     return Run.objects.filter(tenant_id__in=list(tenants_for(user).values_list("pk", flat=True)))
 
 
@@ -197,8 +210,6 @@ def _search_condition(q: str) -> Q:
     operation (case-insensitive). Cheap probes first find which kinds ``q`` matches at all;
     only those become conditions, each a per-run check the newest-first page walk can stop
     early on, so a term that matches a quarter of all runs costs as little as a rare one."""
-    from ledger.models import LeaseGrant, Operation
-
     try:
         return Q(pk=uuid.UUID(q))
     except ValueError:
@@ -242,8 +253,6 @@ def runs_search(
     own columns), tenant (slug), worker (name, any case: it held the run's lease), tool
     (any case) and effect class (of one of its operations), phase (one of its operations is
     in it: the run's own phase counts)."""
-    from ledger.models import LeaseGrant, Operation
-
     qs = runs_for_user(user=user)
     q = q.strip()
     if q:
@@ -279,8 +288,6 @@ def runs_page(
 
 def run_events_page(*, run: Run, after: int = 0, size: int = EVENT_PAGE):
     """The run's events in seq order after ``after``; and the next cursor (a seq)."""
-    from ledger.models import Event
-
     rows = list(Event.objects.filter(run=run, seq__gt=after).order_by("seq")[: size + 1])
     next_after = rows[size - 1].seq if len(rows) > size else None
     return rows[:size], next_after
@@ -288,30 +295,22 @@ def run_events_page(*, run: Run, after: int = 0, size: int = EVENT_PAGE):
 
 def run_latest_checkpoint(*, run: Run):
     """The run's latest progress checkpoint (a new lease owner resumes from it), or None."""
-    from ledger.models import ProgressCheckpoint
-
     return ProgressCheckpoint.objects.filter(run=run).order_by("-seq").first()
 
 
+def run_operations(*, run: Run) -> QuerySet[Operation]:
+    """The run's operations in the run page's order (index ``operation_run``)."""
+    return Operation.objects.filter(run=run).order_by("created_at", "id")
+
+
 def run_detail_parts(*, run: Run, limit: int = 100) -> dict:
-    """Lease history, the latest progress checkpoint, stale-write refusals, operations (with
-    their reconciliation case), capability budgets and the run's cost windows: a fixed number
-    of queries."""
-    from django.db.models import Prefetch
-
-    from approvals.models import ReconciliationCase
-    from ledger.models import CapabilityBudget, CostWindow, CredentialLease, Event, LeaseGrant, Operation, RunResource
-
-    cases = ReconciliationCase.objects.order_by("-attempt")
+    """Lease history, the latest progress checkpoint, stale-write refusals, capability
+    budgets, what the run holds and its cost windows: a fixed number of queries. (Its
+    operations with their reconciliation cases: ``approvals.selectors.run_operations``.)"""
     return {
         "checkpoint": run_latest_checkpoint(run=run),
         "grants": list(LeaseGrant.objects.filter(run=run).select_related("worker").order_by("-fencing_token")[:limit]),
         "refusals": list(Event.objects.filter(run=run, type="STALE_TOKEN_REJECTED").order_by("-seq")[:limit]),
-        "operations": list(
-            Operation.objects.filter(run=run)
-            .order_by("created_at", "id")
-            .prefetch_related(Prefetch("cases", queryset=cases))[:limit]
-        ),
         "capabilities": list(CapabilityBudget.objects.filter(run=run).order_by("created_at")[:limit]),
         # What the run holds: its registered resources, and its credential leases beside them.
         "resources": list(
@@ -344,57 +343,29 @@ def span_text(span: timedelta | None) -> str:
 
 
 def dashboard_counts(*, user) -> dict:
-    """What needs a person now, per visible tenant: bounded aggregates, the open cases and
-    expiring leases counted up to DASHBOARD_COUNT_CAP ("capped" names the counts that hit it)."""
-    from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Sum
-    from django.utils import timezone
-
-    from approvals.models import ApprovalRequest, ApprovalStatus, ReconciliationCase
-    from ledger.roles import tenants_for
-
+    """What needs a person now in the ledger, per visible tenant: held leases expiring (counted
+    up to DASHBOARD_COUNT_CAP: "capped" names the counts that hit it), stale-token rejections,
+    BROKEN runs, the newest verification, breakers not NORMAL. The dashboard adds the people's
+    queues to these rows (``approvals.selectors.dashboard_counts``)."""
     now = timezone.now()
     tenants = list(tenants_for(user).order_by("slug"))
     ids = [t.pk for t in tenants]
     rows = {
         t.pk: {
             "tenant": t,
-            "open_unknown": 0,
-            "with_reconciler": 0,
-            "pending_approvals": 0,
             "expiring_leases": 0,
             "stale_rejections": 0,
             "broken_runs": 0,
             "last_verified_at": None,
-            "capped": set(),  # the counts above that stopped at DASHBOARD_COUNT_CAP: "at least"
+            "capped": set(),  # the counts that stopped at DASHBOARD_COUNT_CAP: "at least"
         }
         for t in tenants
     }
     if ids:
-        for tenant_id, counted in _capped_counts(ids, expiring_by=now + timedelta(seconds=EXPIRING_WITHIN_S)).items():
-            for name, n in counted.items():
-                rows[tenant_id][name] = min(n, DASHBOARD_COUNT_CAP)
-                if n > DASHBOARD_COUNT_CAP:
-                    rows[tenant_id]["capped"].add(name)
-        # UNKNOWNs settled in the last 24 h, by reconcilers and by people, and the time they
-        # spent in UNKNOWN (index case_resolved_recent).
-        in_unknown = ExpressionWrapper(F("resolved_at") - F("opened_at"), output_field=DurationField())
-        by_reconciler = Q(resolved_by__startswith="reconciler:")
-        settled = ReconciliationCase.objects.filter(
-            tenant_id__in=ids, status="RESOLVED", resolved_at__gte=now - timedelta(hours=24)
-        ).aggregate(
-            by_reconciler=Count("id", filter=by_reconciler),
-            by_people=Count("id", filter=~by_reconciler),
-            mean=Avg(in_unknown),
-            longest=Max(in_unknown),
-        )
-        settled["mean"], settled["longest"] = span_text(settled["mean"]), span_text(settled["longest"])
-        for r in (
-            ApprovalRequest.objects.filter(tenant_id__in=ids, status=ApprovalStatus.PENDING, expires_at__gt=now)
-            .values("tenant_id")
-            .annotate(n=Count("id"))
-            .order_by()
-        ):
-            rows[r["tenant_id"]]["pending_approvals"] = r["n"]
+        for tenant_id, n in _expiring_leases(ids, expiring_by=now + timedelta(seconds=EXPIRING_WITHIN_S)).items():
+            rows[tenant_id]["expiring_leases"] = min(n, DASHBOARD_COUNT_CAP)
+            if n > DASHBOARD_COUNT_CAP:
+                rows[tenant_id]["capped"].add("expiring_leases")
         for r in (
             Run.objects.filter(tenant_id__in=ids, stale_rejections__gt=0)  # index run_stale
             .values("tenant_id")
@@ -410,28 +381,13 @@ def dashboard_counts(*, user) -> dict:
             .order_by()
         ):
             rows[r["tenant_id"]]["broken_runs"] = r["n"]
-        # The newest verification per tenant: one backward step in index run_verified each,
-        # rather than a MAX over every run.
-        newest = Run.objects.filter(
-            tenant_id=OuterRef("pk"), verified_checkpoint_seq__isnull=False, verified_at__isnull=False
-        ).order_by("-verified_at")
-        for tenant_id, verified in (
-            Tenant.objects.filter(pk__in=ids)
-            .annotate(v=Subquery(newest.values("verified_at")[:1]))
-            .values_list("pk", "v")
-        ):
-            rows[tenant_id]["last_verified_at"] = verified
-    else:
-        settled = {"by_reconciler": 0, "by_people": 0, "mean": None, "longest": None}
+        for tenant_id, verified_at in _newest_verifications(ids):
+            rows[tenant_id]["last_verified_at"] = verified_at
     per_tenant = list(rows.values())
     verified = [r["last_verified_at"] for r in per_tenant if r["last_verified_at"]]
     return {
         "now": now,
         "tenants": per_tenant,
-        "open_unknown": sum(r["open_unknown"] for r in per_tenant),
-        "with_reconciler": sum(r["with_reconciler"] for r in per_tenant),
-        "settled_24h": settled,
-        "pending_approvals": sum(r["pending_approvals"] for r in per_tenant),
         "expiring_leases": sum(r["expiring_leases"] for r in per_tenant),
         "stale_rejections": sum(r["stale_rejections"] for r in per_tenant),
         "broken_runs": sum(r["broken_runs"] for r in per_tenant),
@@ -442,38 +398,36 @@ def dashboard_counts(*, user) -> dict:
     }
 
 
-def _capped_counts(ids: list[int], *, expiring_by) -> dict[int, dict[str, int]]:
-    """Per tenant: its open cases, of which still being looked up, and its held leases
-    expiring by ``expiring_by`` (or overdue), each counted up to ``DASHBOARD_COUNT_CAP + 1``
-    (one more means "more than the cap"): one statement, each count a LIMITed walk of an index
-    (case_open_tenant, case_queue, lease_held_worker) rather than every row. A held lease is
-    counted by its worker's tenant, which is its run's (a worker acts only in its own tenant):
-    the tenant's few workers lead into lease_held_worker, where joining the runs read a
-    million of them whenever the planner misjudged how many leases were expiring."""
-    from django.db import connection
+def _newest_verifications(ids: list[int]) -> list[tuple[int, datetime | None]]:
+    """The newest verification per tenant: one backward step in index run_verified each,
+    rather than a MAX over every run."""
+    newest = Run.objects.filter(
+        tenant_id=OuterRef("pk"), verified_checkpoint_seq__isnull=False, verified_at__isnull=False
+    ).order_by("-verified_at")
+    return list(
+        Tenant.objects.filter(pk__in=ids).annotate(v=Subquery(newest.values("verified_at")[:1])).values_list("pk", "v")
+    )
 
-    from approvals.models import OPEN_CASE_STATUSES, CaseStatus, ReconciliationCase
 
+def _expiring_leases(ids: list[int], *, expiring_by: datetime) -> dict[int, int]:
+    """Per tenant: its held leases expiring by ``expiring_by`` (or overdue), counted up to
+    ``DASHBOARD_COUNT_CAP + 1`` (one more means "more than the cap"): one statement, each count
+    a LIMITed walk of index lease_held_worker rather than every row. A held lease is counted by
+    its worker's tenant, which is its run's (a worker acts only in its own tenant): the
+    tenant's few workers lead into lease_held_worker, where joining the runs read a million of
+    them whenever the planner misjudged how many leases were expiring."""
     qn = connection.ops.quote_name
-    case, lease, worker = (qn(m._meta.db_table) for m in (ReconciliationCase, RunLease, Worker))
-    limit = DASHBOARD_COUNT_CAP + 1
+    lease, worker = (qn(m._meta.db_table) for m in (RunLease, Worker))
     sql = (
         "SELECT t.id,"  # noqa: S608 - table names from the models, every value a parameter
-        f" (SELECT COUNT(*) FROM (SELECT 1 FROM {case} c WHERE c.tenant_id = t.id"
-        f" AND c.status IN ({', '.join(['%s'] * len(OPEN_CASE_STATUSES))}) LIMIT %s) o),"
-        f" (SELECT COUNT(*) FROM (SELECT 1 FROM {case} c WHERE c.tenant_id = t.id AND c.status = %s LIMIT %s) k),"
         f" (SELECT COUNT(*) FROM (SELECT 1 FROM {lease} l JOIN {worker} w ON w.id = l.worker_id"
         f" WHERE w.tenant_id = t.id AND l.owner_id IS NOT NULL AND l.expires_at <= %s LIMIT %s) e)"
         f" FROM {qn(Tenant._meta.db_table)} t WHERE t.id IN ({', '.join(['%s'] * len(ids))})"
     )
-    params: list[Any] = [*OPEN_CASE_STATUSES, limit, CaseStatus.LOOKUP, limit]
-    params += [connection.ops.adapt_datetimefield_value(expiring_by), limit, *ids]
+    params: list[Any] = [connection.ops.adapt_datetimefield_value(expiring_by), DASHBOARD_COUNT_CAP + 1, *ids]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return {
-            tenant_id: {"open_unknown": o, "with_reconciler": k, "expiring_leases": e}
-            for tenant_id, o, k, e in cursor.fetchall()
-        }
+        return dict(cursor.fetchall())
 
 
 # --- liveness apart from ownership (article "Your Agent Needs a Run Lease") --------------
@@ -481,43 +435,24 @@ def _capped_counts(ids: list[int], *, expiring_by) -> dict[int, dict[str, int]]:
 LIVENESS_STATES = ("PROCESS_ALIVE", "LEASE_VALID", "LEASE_LOST", "OUTCOME_UNKNOWN", "RECONCILIATION_REQUIRED")
 
 
-def process_alive(worker: Worker | None, now) -> bool:
+def process_alive(worker: Worker | None, now: datetime) -> bool:
     """The worker's process heartbeat is fresh (FENCELINE_WORKER_HEARTBEAT_LAPSE_S)."""
-    from django.conf import settings
-
     if worker is None or worker.last_heartbeat_at is None:
         return False
     return (now - worker.last_heartbeat_at).total_seconds() <= settings.FENCELINE["WORKER_HEARTBEAT_LAPSE_S"]
 
 
-def _unknown_time(cases, now) -> dict[str, Any]:
-    """How long outcomes of these cases were (or still are) UNKNOWN: open ones count to now."""
-    from approvals.models import OPEN_CASE_STATUSES
-
-    rows = list(cases.values_list("status", "opened_at", "resolved_at"))
-    open_since = [opened for status, opened, _ in rows if status in OPEN_CASE_STATUSES]
-    spent = sum(((resolved or now) - opened).total_seconds() for _, opened, resolved in rows)
-    return {
-        "open_cases": len(open_since),
-        "seconds_in_unknown": round(spent, 1),
-        "unknown_since": min(open_since) if open_since else None,
-    }
-
-
-def run_liveness(*, run: Run, now=None) -> dict[str, Any]:
+def run_liveness(*, run: Run, unknown: UnknownTime, now: datetime) -> dict[str, Any]:
     """The run-lease article's separate states for one run: is the holder's process alive,
     is the lease valid or lost, is some outcome UNKNOWN (or in flight under a lost lease),
-    does a person need to reconcile; and the time spent in OUTCOME_UNKNOWN. A few reads."""
-    from django.utils import timezone
-
-    from approvals.models import ReconciliationCase
-
-    now = now or timezone.now()
+    does a person need to reconcile; and the time spent in OUTCOME_UNKNOWN. ``unknown`` is
+    that time, read from the run's cases by the approvals app
+    (``approvals.selectors.run_unknown_time``)."""
     lease = run.lease
-    owned = lease.owner_id is not None and lease.expires_at is not None
-    valid = owned and lease.expires_at > now
+    expires_at = lease.expires_at
+    owned = lease.owner_id is not None and expires_at is not None
+    valid = owned and expires_at is not None and expires_at > now
     lost = (owned and not valid) or (not owned and lease.end_reason in ("EXPIRED", "REVOKED"))
-    unknown = _unknown_time(ReconciliationCase.objects.filter(run=run), now)
     holds = {
         "PROCESS_ALIVE": process_alive(lease.worker if owned else None, now),
         "LEASE_VALID": valid,
@@ -528,26 +463,16 @@ def run_liveness(*, run: Run, now=None) -> dict[str, Any]:
     return {"states": [name for name in LIVENESS_STATES if holds[name]], **unknown}
 
 
-def worker_liveness(*, worker: Worker, now=None) -> dict[str, Any]:
+def worker_liveness(*, worker: Worker, unknown: UnknownTime, now: datetime) -> dict[str, Any]:
     """The same states for a worker: its process heartbeat, the leases it holds and has lost,
-    and the UNKNOWN outcomes of effects it dispatched (their cases, time spent in UNKNOWN)."""
-    from django.utils import timezone
-
-    from approvals.models import ReconciliationCase
-    from ledger.models import LeaseGrant
-
-    now = now or timezone.now()
+    and the UNKNOWN outcomes of effects it dispatched (``unknown``: their cases, time spent in
+    UNKNOWN; ``approvals.selectors.worker_unknown_time``)."""
     held = RunLease.objects.filter(worker=worker, owner_id__isnull=False)
     valid = held.filter(expires_at__gt=now).count()
     lost = (
         held.filter(expires_at__lte=now).count()
         + LeaseGrant.objects.filter(worker=worker, end_reason__in=["EXPIRED", "REVOKED"]).count()
     )
-    mine = ReconciliationCase.objects.filter(
-        operation__run__lease_grants__worker=worker,
-        operation__run__lease_grants__fencing_token=F("operation__fencing_token"),
-    )
-    unknown = _unknown_time(mine, now)
     holds = {
         "PROCESS_ALIVE": process_alive(worker, now),
         "LEASE_VALID": valid > 0,

@@ -23,6 +23,7 @@ from ledger.services.fence.ending import runs_enforce_limits
 from ledger.services.fence.leases import leases_reap
 from ledger.services.fleet.lifecycle import workers_drain_enforce, workers_stop_lapsed
 from ledger.services.lifespan.reaper import resources_reap
+from ledger.services.notifications.delivery import deliveries_send
 from ledger.services.operating.jobs import job_failed, job_finished, job_started
 from ledger.services.operating.totals import run_totals_store
 
@@ -54,12 +55,13 @@ def beat_name(task_name: str) -> str | None:
 
 
 def job(**options: Any) -> Any:
-    """``shared_task`` with the one retry policy and late acknowledgement. A task that beat
+    """``shared_task`` with the one retry policy and late acknowledgement (``name=``: the
+    task's name, when it is not its module's and function's). A task that beat
     runs also writes its job heartbeat (ledger/services/operating/jobs.py): started, then
     finished with its counts, or failed with the exception's type."""
 
     def decorate(fn: Callable[..., Any]) -> Any:
-        name = beat_name(f"{fn.__module__}.{fn.__name__}")
+        name = beat_name(options.get("name") or f"{fn.__module__}.{fn.__name__}")
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -153,19 +155,8 @@ def enforce_drains_task() -> dict[str, int]:
 
 
 @job()
-def notify_scan_task() -> dict[str, int]:
-    """Current conditions become webhook deliveries, once per condition and endpoint."""
-    from ledger.services.notifications.scan import notifications_scan
-
-    result = notifications_scan()
-    return {"endpoints": result.endpoints, "created": result.created, "refused": result.refused}
-
-
-@job()
 def deliver_webhooks_task() -> dict[str, int]:
     """Due webhook deliveries are sent (outside any transaction), with retries and backoff."""
-    from ledger.services.notifications.delivery import deliveries_send
-
     result = deliveries_send()
     return {
         "claimed": result.claimed,

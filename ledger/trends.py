@@ -1,10 +1,8 @@
-"""The dashboard's trends: what happened per hour over the last 24 hours, and where each
-visible tenant stands now, read in a constant number of queries (the tenants with their
-current policy and newest verified checkpoint, then at most five more), each bounded by the
-time window or by the tenants and walking an index:
+"""The dashboard's trends in the ledger: what happened per hour over the last 24 hours, and
+where each visible tenant stands now, read in a constant number of queries (the tenants with
+their current policy and newest verified checkpoint, then at most three more), each bounded by
+the time window or by the tenants and walking an index:
 
-    UNKNOWN effects opened per hour    cases by ``case_queue`` (tenant, status, opened_at)
-    ... settled, people / reconcilers  cases by ``case_resolved_recent`` (tenant, resolved_at)
     stale-token rejections per hour    events by ``event_stale_recent`` (occurred_at) INCLUDE
                                        (run_id) WHERE type = STALE_TOKEN_REJECTED, each run
                                        by its primary key for the tenant
@@ -16,7 +14,9 @@ time window or by the tenants and walking an index:
                                        ``run_tenant_recent`` (or ``run_recent``)
 
 Hours are clock hours (UTC): the 23 whole hours before the current one, and the current
-one so far. Only the tenants where the user has a role are read (``tenants_for``).
+one so far. Only the tenants where the user has a role are read (``tenants_for``). The
+dashboard shows these beside the UNKNOWN effects opened and settled per hour, which the
+approvals app reads from its cases (``approvals.selectors.dashboard_trends``).
 """
 
 from datetime import datetime, timedelta
@@ -26,16 +26,14 @@ from django.db.models import Count, F, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce, TruncHour
 from django.utils import timezone
 
-from ledger.actors import reconciler_actor
 from ledger.models import CostWindow, Event, Run, TenantPolicy
+from ledger.observability.health import job_allowed_s
 from ledger.policy import completed_policy
 from ledger.roles import tenants_for
 from ledger.services.authority.windows import window_bounds
-from ledger.services.operating.jobs import job_allowed_s
 from ledger.states import BudgetKind
 
 HOURS = 24
-BY_RECONCILER = Q(resolved_by__startswith=reconciler_actor(""))  # "reconciler:<name>"
 BREAKER_MARKS = ("throttled_at", "degraded_at", "open_at")
 
 
@@ -52,9 +50,8 @@ def trend_hours(now: datetime) -> list[datetime]:
 
 
 def dashboard_trends(*, user, now: datetime | None = None) -> dict[str, Any]:
-    """The dashboard's charts for ``user``'s tenants (see the module docstring)."""
-    from approvals.models import CaseStatus, ReconciliationCase
-
+    """The ledger's charts for ``user``'s tenants (see the module docstring), with the
+    tenants' ids (``tenant_ids``) for the charts read beside them."""
     now = now or timezone.now()
     hours = trend_hours(now)
     since = hours[0]
@@ -71,29 +68,11 @@ def dashboard_trends(*, user, now: datetime | None = None) -> dict[str, Any]:
         .order_by("slug")
     )
     ids = [t.pk for t in tenants]
-    opened: dict[datetime, int] = {}
-    settled: dict[datetime, dict[str, int]] = {}
     refused: dict[datetime, int] = {}
     recent_runs: dict[int, dict[str, Any]] = {}
     windows: dict[int, CostWindow] = {}
     policies = {t.pk: completed_policy(getattr(t, "policy_document", None) or {}) for t in tenants}
     if ids:
-        for hour, n in (
-            ReconciliationCase.objects.filter(tenant_id__in=ids, status__in=CaseStatus.values, opened_at__gte=since)
-            .annotate(hour=TruncHour("opened_at"))
-            .values_list("hour")
-            .annotate(n=Count("*"))
-            .order_by()
-        ):
-            opened[hour] = n
-        for case_row in (
-            ReconciliationCase.objects.filter(tenant_id__in=ids, status=CaseStatus.RESOLVED, resolved_at__gte=since)
-            .annotate(hour=TruncHour("resolved_at"))
-            .values("hour")
-            .annotate(by_reconciler=Count("id", filter=BY_RECONCILER), by_people=Count("id", filter=~BY_RECONCILER))
-            .order_by()
-        ):
-            settled[case_row["hour"]] = {"by_people": case_row["by_people"], "by_reconciler": case_row["by_reconciler"]}
         for hour, n in (
             Event.objects.filter(type="STALE_TOKEN_REJECTED", occurred_at__gte=since, run__tenant_id__in=ids)
             .annotate(hour=TruncHour("occurred_at"))
@@ -116,26 +95,12 @@ def dashboard_trends(*, user, now: datetime | None = None) -> dict[str, Any]:
             .order_by()
         ):
             recent_runs[run_row["tenant_id"]] = {k: v for k, v in run_row.items() if k != "tenant_id"}
-    unknown_rows = [
-        {
-            "hour": hour,
-            "opened": opened.get(hour, 0),
-            "by_people": settled.get(hour, {}).get("by_people", 0),
-            "by_reconciler": settled.get(hour, {}).get("by_reconciler", 0),
-        }
-        for hour in hours
-    ]
     stale_rows = [{"hour": hour, "refused": refused.get(hour, 0)} for hour in hours]
     return {
         "now": now,
         "since": since,
         "tenants": len(tenants),
-        "unknown": {
-            "rows": unknown_rows,
-            "opened": sum(r["opened"] for r in unknown_rows),
-            "by_people": sum(r["by_people"] for r in unknown_rows),
-            "by_reconciler": sum(r["by_reconciler"] for r in unknown_rows),
-        },
+        "tenant_ids": ids,
         "stale": {"rows": stale_rows, "refused": sum(r["refused"] for r in stale_rows)},
         "cost": [_burn(t, policies[t.pk], windows.get(t.pk), now) for t in tenants],
         "verification": [_lag(t, recent_runs.get(t.pk, {}), now) for t in tenants],

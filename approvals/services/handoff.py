@@ -1,6 +1,7 @@
 """The approvals app's side of ``ledger.services.core.handoff``: the steps the fence and the
-authority checks take to put work before a person. Registered at start-up
-(``approvals.apps``); each runs in the caller's transaction, with the runs locked."""
+authority checks take to put work before a person, and the one read the worker API needs of
+the cases. Registered at start-up (``approvals.apps``); each step runs in the caller's
+transaction, with the runs locked."""
 
 import uuid
 from collections.abc import Sequence
@@ -9,9 +10,11 @@ from typing import Any
 
 from django.conf import settings
 
+from approvals import selectors
 from approvals.models import OPEN_CASE_STATUSES, ApprovalRequest, ApprovalStatus, CaseStatus, ReconciliationCase
 from ledger.errors import WrongPhase
 from ledger.models import CapabilityBudget, Operation, Run
+from ledger.services.core.handoff import UnknownTime
 from ledger.services.evidence.append import ChainBatch
 from ledger.states import ApprovalKind, CaseReason
 
@@ -161,3 +164,11 @@ def approvals_void_for_runs(*, runs: Sequence[Run], batch: ChainBatch, actor: st
             fields={"approval_id": pk, "reason": "lease owner changed"},
         )
     return len(live)
+
+
+# --- the read the worker API's answer for a run shows -----------------------------------------
+
+
+def run_unknown_time(*, run: Run, now: datetime) -> UnknownTime:
+    """How long the run's outcomes were (or are) UNKNOWN (``approvals.selectors``)."""
+    return selectors.run_unknown_time(run=run, now=now)

@@ -5,9 +5,8 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.views.decorators.vary import vary_on_headers
 
-from ledger import selectors
+from approvals import selectors
 from ledger.observability import health
-from ledger.trends import dashboard_trends
 
 
 @login_required
@@ -17,12 +16,14 @@ def home(request):
     the trends partial (the request targets ``#trends``) every minute."""
     if request.htmx and not request.htmx.history_restore_request:
         if request.htmx.target == "trends":
-            return render(request, "console/home.html#trends", {"trends": dashboard_trends(user=request.user)})
+            return render(
+                request, "console/home.html#trends", {"trends": selectors.dashboard_trends(user=request.user)}
+            )
         context = {"counts": selectors.dashboard_counts(user=request.user), "jobs": health.jobs_freshness()}
         return render(request, "console/home.html#counts", context)
     context = {
         "counts": selectors.dashboard_counts(user=request.user),
         "jobs": health.jobs_freshness(),
-        "trends": dashboard_trends(user=request.user),
+        "trends": selectors.dashboard_trends(user=request.user),
     }
     return render(request, "console/home.html", context)

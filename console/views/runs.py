@@ -11,11 +11,12 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 from django.views.decorators.vary import vary_on_headers
 
+from approvals import selectors as approvals_selectors
 from console.views.common import BAD_INPUT, chosen, done, form_errors
 from ledger import selectors
 from ledger.actors import user_actor
 from ledger.errors import DomainError
-from ledger.roles import OPERATE, can
+from ledger.roles import OPERATE, can, tenants_for
 from ledger.services.core.decisions import acting_name
 from ledger.services.evidence.export import chain_export
 from ledger.services.evidence.verification import run_verify
@@ -55,8 +56,6 @@ SORTS = ("newest", "oldest")
 def _run_filters(request) -> tuple[dict, list[str]]:
     """The list's filters from the query string, each value matched in any case; a value
     that is none of the allowed ones is dropped with a notice (never silently)."""
-    from ledger.roles import tenants_for
-
     notices = []
     status, notice = chosen(request, "status", RunStatus.values, "")
     notices.append(notice)
@@ -136,8 +135,6 @@ def run_list(request):
 
 
 def _visible_slugs(user) -> list[str]:
-    from ledger.roles import tenants_for
-
     return list(tenants_for(user).order_by("slug").values_list("slug", flat=True))
 
 
@@ -157,8 +154,9 @@ def _detail_context(request, run, **extra) -> dict:
         "after": after,
         "next_after": next_after,
         "now": timezone.now(),
-        "liveness": selectors.run_liveness(run=run),
+        "liveness": approvals_selectors.run_liveness(run=run),
         **selectors.run_detail_parts(run=run),
+        "operations": approvals_selectors.run_operations(run=run),
         **extra,
     }
 

@@ -10,8 +10,9 @@ from django.shortcuts import get_object_or_404, render
 from django.template.defaultfilters import pluralize
 from django.views.decorators.http import require_GET, require_POST
 
+from approvals import selectors as approvals_selectors
 from console.views.common import BAD_INPUT, done, form_errors
-from ledger import admin_selectors, selectors
+from ledger import admin_selectors
 from ledger.errors import DomainError
 from ledger.roles import ADMINISTER, VIEW, can, tenants_for
 from ledger.services.fleet.lifecycle import (
@@ -81,7 +82,7 @@ def worker_detail(request, worker_id: int):
         "worker": worker,
         "can_administer": can(request.user, worker.tenant, ADMINISTER),
         "default_drain_min": DEFAULT_DRAIN_S // 60,
-        "liveness": selectors.worker_liveness(worker=worker),
+        "liveness": approvals_selectors.worker_liveness(worker=worker),
         **admin_selectors.worker_detail_parts(worker=worker),
     }
     return render(request, DETAIL_TEMPLATE, context)

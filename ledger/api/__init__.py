@@ -1,6 +1,7 @@
 """Worker API v1. Views are thin: parse, call one service, shape the response."""
 
 from django.http import StreamingHttpResponse
+from django.utils import timezone
 from ninja import NinjaAPI, Status
 
 from ledger import selectors
@@ -10,7 +11,6 @@ from ledger.api.body import StrictJSONParser
 from ledger.api.schemas import (
     STORABLE_JSON,
     STORABLE_OBJECT_PROPERTIES,
-    ApprovalOut,
     ApprovalRequiredOut,
     AuthorizedOut,
     AuthorizeIn,
@@ -58,10 +58,11 @@ from ledger.api.schemas import (
 )
 from ledger.services.authority import capabilities, credential_leases
 from ledger.services.core.fencing import fence_check
+from ledger.services.core.handoff import queues
+from ledger.services.core.intent import Intent
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.evidence.export import chain_export
 from ledger.services.fence import ending, leases, notes, operations, outcomes, retry, runs
-from ledger.services.fence.operations import Intent
 from ledger.services.fleet import boots, lifecycle
 from ledger.services.fleet.stale_tokens import DIRECTIVE_HEADER, directive_for
 from ledger.services.lifespan import checkpoints, resources
@@ -118,7 +119,10 @@ BODY = {400: E, 401: E, 413: E, 422: InvalidOut}
 
 
 def _run_out(run) -> dict:
+    """The run with its four indicators and its liveness (the time its outcomes spent in
+    UNKNOWN comes from its cases, through the people's queues: ``core.handoff``)."""
     lease = run.lease
+    now = timezone.now()
     return {
         "run_id": str(run.pk),
         "external_id": run.external_id,
@@ -137,7 +141,7 @@ def _run_out(run) -> dict:
         "indicators": selectors.run_indicators(run),
         "deadline_at": run.deadline_at,
         "cancel": _cancel_out(run),
-        "liveness": selectors.run_liveness(run=run),
+        "liveness": selectors.run_liveness(run=run, unknown=queues().run_unknown_time(run=run, now=now), now=now),
     }
 
 
@@ -447,21 +451,6 @@ def request_capability(request, run_id: str, body: CapabilityIn):
             "approval_id": str(approval.pk) if approval else None,
         },
     )
-
-
-@api.get("/approvals/{approval_id}", response={200: ApprovalOut, **READ, 404: E}, tags=["authority"])
-def get_approval(request, approval_id: str):
-    approval = selectors.approval_get(tenant=request.worker.tenant, approval_id=approval_id)
-    return {
-        "approval_id": str(approval.pk),
-        "status": approval.status,
-        "kind": approval.kind,
-        "operation_id": str(approval.operation_id) if approval.operation_id else None,
-        "capability_id": str(approval.capability_id) if approval.capability_id else None,
-        "attempt": approval.attempt,
-        "expires_at": approval.expires_at,
-        "reason": approval.reason or None,
-    }
 
 
 @api.post(

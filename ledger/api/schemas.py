@@ -534,17 +534,6 @@ class RetryOut(Schema):
     phase: Phase
 
 
-class ApprovalOut(Schema):
-    approval_id: str
-    status: str
-    kind: str
-    operation_id: str | None
-    capability_id: str | None
-    attempt: int | None
-    expires_at: datetime
-    reason: str | None = None
-
-
 class ChainHeadOut(Schema):
     last_seq: int
     last_hash: str

@@ -15,19 +15,17 @@ no host, no exception message):
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from celery import current_app
 from django.apps import apps
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.migrations.loader import MigrationLoader
 from django.utils import timezone
 
+from ledger.models import JobHeartbeat
 from ledger.sql import reads as sql_reads
 from ledger.versioning import Versioned, known_for
-
-if TYPE_CHECKING:
-    from ledger.models import JobHeartbeat
 
 
 @dataclass
@@ -54,10 +52,10 @@ def check_database() -> Check:
 
 
 def check_broker(timeout_s: float = 2.0) -> Check:
-    from console.celery import app
-
+    """The broker of the process's Celery app (``console/celery.py``, current once the project's
+    package is imported) accepts a connection."""
     try:
-        with app.connection_for_write(settings.CELERY_BROKER_URL) as conn:
+        with current_app.connection_for_write(settings.CELERY_BROKER_URL) as conn:
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, interval_max=0, timeout=timeout_s)
     except Exception as exc:  # kombu raises the transport's own errors
         return Check("broker", False, f"not reachable ({type(exc).__name__})")
@@ -71,10 +69,17 @@ class JobFreshness:
     allowed_s: float
     fresh: bool
     reason: str
-    beat: "JobHeartbeat | None"
+    beat: JobHeartbeat | None
 
 
-def _failing_since_success(beat: "JobHeartbeat") -> bool:
+def job_allowed_s(name: str) -> float:
+    """How long the beat job ``name`` may go without finishing and still be fresh:
+    ``JOB_STALE_AFTER_INTERVALS`` of its interval plus ``JOB_STALE_GRACE_S``."""
+    interval = float(settings.CELERY_BEAT_SCHEDULE[name]["schedule"])
+    return interval * settings.FENCELINE["JOB_STALE_AFTER_INTERVALS"] + settings.FENCELINE["JOB_STALE_GRACE_S"]
+
+
+def _failing_since_success(beat: JobHeartbeat) -> bool:
     if beat.last_failed_at is None or not beat.last_error:
         return False
     return beat.last_finished_at is None or beat.last_failed_at > beat.last_finished_at
@@ -82,9 +87,6 @@ def _failing_since_success(beat: "JobHeartbeat") -> bool:
 
 def jobs_freshness() -> list[JobFreshness]:
     """Each beat job: fresh or not, and why (also the dashboard's "Background jobs")."""
-    from ledger.models import JobHeartbeat
-    from ledger.services.operating.jobs import job_allowed_s
-
     now = timezone.now()
     beats = {b.name: b for b in JobHeartbeat.objects.all()}
     rows = []

@@ -77,8 +77,8 @@ def seed(count: int) -> dict:
     from django.db import connection
 
     from ledger.models import Operation, Worker
+    from ledger.services.core.intent import Intent
     from ledger.services.fence import leases, operations, runs
-    from ledger.services.fence.operations import Intent
     from ledger.services.fleet.boots import BootReport, worker_boot
     from ledger.services.fleet.workers import worker_create
     from ledger.services.tenancy.tenants import tenant_ensure
@@ -161,8 +161,8 @@ def writer(url: str, worker_id: int, seconds: float, index: int, done) -> None:
     conflicts stop automation on that run, as they must)."""
     setup_django(url, recreate=False)
     from ledger.models import Worker
+    from ledger.services.core.intent import Intent
     from ledger.services.fence import leases, operations, outcomes, runs
-    from ledger.services.fence.operations import Intent
 
     worker = Worker.objects.get(pk=worker_id)
     run, _ = runs.run_create(worker=worker, schema_version=1)

@@ -150,8 +150,9 @@ def shared_cycles(worker, index, run_ids, key_prefix, ops_per_lease, backoff_s, 
     """Until ``stop()``: a random run of ``run_ids``, its lease (or a refusal and a backoff),
     ``ops_per_lease`` operations intend -> authorize -> dispatch -> outcome(CONFIRMED), release."""
     from ledger.errors import LeaseHeld
+    from ledger.services.core.intent import Intent
     from ledger.services.fence.leases import lease_acquire, lease_release
-    from ledger.services.fence.operations import Intent, operation_authorize, operation_dispatch, operation_intend
+    from ledger.services.fence.operations import operation_authorize, operation_dispatch, operation_intend
     from ledger.services.fence.outcomes import operation_report_outcome
     from ledger.states import EffectClass, Outcome
 

@@ -370,8 +370,9 @@ def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_
     its operations' resources, and each operation carries a provider and a cost."""
     from ledger.services.authority.capabilities import capability_request
     from ledger.services.authority.credential_leases import credential_lease_issue
+    from ledger.services.core.intent import Intent
     from ledger.services.fence.leases import lease_acquire, lease_release
-    from ledger.services.fence.operations import Intent, operation_authorize, operation_dispatch, operation_intend
+    from ledger.services.fence.operations import operation_authorize, operation_dispatch, operation_intend
     from ledger.services.fence.outcomes import operation_report_outcome
     from ledger.services.fence.runs import run_create
     from ledger.states import EffectClass, Outcome

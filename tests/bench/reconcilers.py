@@ -40,8 +40,8 @@ def seed(items: int, provider) -> list[str]:
     from django.utils import timezone
 
     from approvals.models import ReconciliationCase
+    from ledger.services.core.intent import Intent
     from ledger.services.fence import leases, operations, outcomes, runs
-    from ledger.services.fence.operations import Intent
     from ledger.services.fleet.workers import worker_create
     from ledger.services.tenancy.tenants import tenant_ensure
 
@@ -109,9 +109,9 @@ def main() -> None:
 
     from approvals.models import ReconciliationCase
     from approvals.services.lookups import LookupPass, cases_look_up
+    from console.simulation.provider import SandboxProvider
     from ledger.services.reconciliation.http import HttpReconciler
     from ledger.services.reconciliation.registry import register
-    from ledger.simulation.provider import SandboxProvider
 
     provider = SandboxProvider().start()
     config = {k: v for k, v in settings.FENCELINE["RECONCILERS"]["sandbox-payments"].items() if k != "provider"}

@@ -8,8 +8,8 @@ from approvals.models import ApprovalRequest, ReconciliationCase
 from ledger.errors import ApprovalRequired
 from ledger.models import Event, Operation, Run
 from ledger.services.authority.policy import policy_change
+from ledger.services.core.intent import Intent
 from ledger.services.fence import leases, operations, outcomes
-from ledger.services.fence.operations import Intent
 from ledger.services.tenancy.roles import role_grant
 from tests.ledger.factories import dispatched_operation, leased_run
 

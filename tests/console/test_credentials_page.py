@@ -9,8 +9,8 @@ from django.urls import reverse
 from ledger.errors import Denied
 from ledger.models import CredentialLease, Event
 from ledger.services.authority import credential_leases
+from ledger.services.core.intent import Intent
 from ledger.services.fence import operations
-from ledger.services.fence.operations import Intent
 from tests.console.admin_fixtures import active_leases
 from tests.console.queues_fixtures import Browser, user_with
 

@@ -17,15 +17,15 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from approvals.selectors import dashboard_trends
 from approvals.services.cases import case_resolve
 from approvals.services.lookups import cases_look_up
 from ledger.errors import LeaseLost
 from ledger.services.authority.policy import policy_change
+from ledger.services.core.intent import Intent
 from ledger.services.evidence.verification import run_verify
 from ledger.services.fence import leases, operations, outcomes, runs
-from ledger.services.fence.operations import Intent
 from ledger.services.tenancy.roles import role_grant
-from ledger.trends import dashboard_trends
 from tests.console.conftest import bulk_runs, logged_in
 from tests.console.queues_fixtures import unknown_cases
 from tests.faults.test_reconcilers import charge, sandbox, unknown  # noqa: F401 - sandbox is a fixture

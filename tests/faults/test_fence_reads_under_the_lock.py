@@ -13,10 +13,11 @@ from ledger.actors import worker_actor
 from ledger.errors import WrongPhase
 from ledger.models import Operation
 from ledger.services.core.fencing import Fenced, lock, lock_run
+from ledger.services.core.intent import Intent
 from ledger.services.core.phases import transition
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.leases import lease_acquire
-from ledger.services.fence.operations import Intent, operation_authorize, operation_dispatch, operation_intend
+from ledger.services.fence.operations import operation_authorize, operation_dispatch, operation_intend
 from ledger.services.fence.runs import run_create
 from ledger.states import EffectClass, Phase
 from tests.conftest import make_worker

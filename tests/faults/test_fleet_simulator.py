@@ -8,8 +8,8 @@ import pytest
 from django.core.management import call_command
 
 from approvals.models import ReconciliationCase
+from console.simulation.fleet import RECONCILER
 from ledger.models import Operation, Worker, WorkerBoot
-from ledger.simulation.fleet import RECONCILER
 
 
 @pytest.mark.slow

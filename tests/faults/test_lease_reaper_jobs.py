@@ -32,8 +32,9 @@ from approvals.models import ReconciliationCase
 from ledger.actors import SYSTEM_REAPER
 from ledger.chain import GENESIS_HASH, canonical_bytes, format_time, hash_bytes
 from ledger.models import Event, LeaseGrant, Operation, Run, RunLease
+from ledger.services.core.intent import Intent
 from ledger.services.fence.leases import lease_acquire, lease_release, leases_reap
-from ledger.services.fence.operations import Intent, operation_authorize, operation_dispatch, operation_intend
+from ledger.services.fence.operations import operation_authorize, operation_dispatch, operation_intend
 from ledger.services.fence.runs import run_create
 from ledger.states import EffectClass
 from ledger.tasks import reap_leases_task

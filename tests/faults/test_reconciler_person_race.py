@@ -10,8 +10,8 @@ from django.db import connections
 
 from approvals.models import ReconciliationCase
 from ledger.models import Event, Operation
+from ledger.services.core.intent import Intent
 from ledger.services.fence import operations, outcomes
-from ledger.services.fence.operations import Intent
 from tests.helpers import SPAWN, assert_chain_intact, spawned
 from tests.ledger.factories import leased_run
 

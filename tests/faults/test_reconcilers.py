@@ -14,13 +14,13 @@ from approvals.models import CaseStatus, ReconciliationCase
 from approvals.selectors import case_queue
 from approvals.services.cases import case_claim, case_resolve
 from approvals.services.lookups import cases_look_up
+from console.simulation.provider import SandboxProvider
 from ledger.errors import StaleToken, WrongPhase
 from ledger.models import Event, Operation
+from ledger.services.core.intent import Intent
 from ledger.services.fence import leases, operations, outcomes
 from ledger.services.fence.leases import leases_reap
-from ledger.services.fence.operations import Intent
 from ledger.services.fence.retry import operation_retry_decision
-from ledger.simulation.provider import SandboxProvider
 from tests.helpers import assert_chain_intact
 from tests.ledger.factories import expire, leased_run
 

@@ -25,8 +25,8 @@ from approvals.models import ReconciliationCase
 from ledger.errors import Denied, EffectsHeld, StateConflictError, UpgradeRefused
 from ledger.models import Event, Operation, Run, StateConflict, Tenant, Worker
 from ledger.services.authority.policy import policy_change
+from ledger.services.core.intent import Intent
 from ledger.services.fence import leases, notes, operations, outcomes
-from ledger.services.fence.operations import Intent
 from ledger.services.fleet.boots import BootReport, worker_boot
 from ledger.services.upgrades import provider_ref
 from ledger.services.upgrades.backfill import backfill_pause, backfill_run

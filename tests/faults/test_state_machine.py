@@ -40,8 +40,9 @@ from ledger.chain import GENESIS_HASH, canonical_bytes, format_time, hash_bytes
 from ledger.errors import DomainError, IdempotencyMismatch, LeaseHeld, LeaseLost, StaleToken, WrongPhase
 from ledger.models import Event, LeaseGrant, Operation, Run, RunLease
 from ledger.services.core.fencing import fence_check
+from ledger.services.core.intent import Intent
 from ledger.services.fence.leases import lease_acquire, lease_release, lease_renew, leases_reap
-from ledger.services.fence.operations import Intent, operation_authorize, operation_dispatch, operation_intend
+from ledger.services.fence.operations import operation_authorize, operation_dispatch, operation_intend
 from ledger.services.fence.outcomes import operation_report_outcome
 from ledger.services.fence.runs import run_create
 from ledger.services.fleet.workers import worker_create

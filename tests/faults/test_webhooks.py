@@ -18,6 +18,7 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
+from approvals.services.notifications import notifications_scan
 from ledger.models import WebhookDelivery, Worker
 from ledger.models.notifications import DeliveryStatus
 from ledger.services.fleet.lifecycle import worker_quarantine
@@ -25,7 +26,6 @@ from ledger.services.fleet.workers import worker_create
 from ledger.services.notifications import delivery as delivery_module
 from ledger.services.notifications.delivery import deliveries_send
 from ledger.services.notifications.endpoints import endpoint_create, endpoint_rotate_secret
-from ledger.services.notifications.scan import notifications_scan
 from tests.faults.test_secret_boundary_canaries import tables_containing
 
 # --- a local endpoint ---------------------------------------------------------------------

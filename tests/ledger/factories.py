@@ -5,8 +5,8 @@ from datetime import timedelta
 from django.utils import timezone
 
 from ledger.models import RunLease
+from ledger.services.core.intent import Intent
 from ledger.services.fence import leases, operations, outcomes, runs
-from ledger.services.fence.operations import Intent
 
 
 def new_run(worker):

@@ -7,8 +7,8 @@ from django.test.utils import CaptureQueriesContext
 from ledger.errors import Denied
 from ledger.models import CapabilityBudget, Operation
 from ledger.services.authority.capabilities import capability_request
+from ledger.services.core.intent import Intent
 from ledger.services.fence import operations
-from ledger.services.fence.operations import Intent
 from ledger.states import CapabilityStatus
 from tests.helpers import assert_chain_intact
 from tests.ledger.factories import leased_run

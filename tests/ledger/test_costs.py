@@ -23,9 +23,10 @@ from ledger.services.authority import reservations, windows
 from ledger.services.authority.breaker import OVERAGE_REASON, breaker_allows
 from ledger.services.authority.policy import policy_change, policy_current
 from ledger.services.core.fencing import lock_run
+from ledger.services.core.intent import Intent
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence import operations
-from ledger.services.fence.operations import Intent, operation_intend
+from ledger.services.fence.operations import operation_intend
 from ledger.states import BreakerState, BudgetKind, ReservationState
 from tests.helpers import assert_chain_intact, runs_held_elsewhere
 from tests.ledger.factories import confirm, dispatched_operation, leased_run

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from approvals.selectors import worker_liveness
 from ledger.models import RunLease, Worker
-from ledger.selectors import worker_liveness
 from ledger.services.fence.leases import leases_reap
 
 

@@ -9,8 +9,8 @@ from ledger.errors import ApprovalRequired, Denied, EffectClassMismatch, Invalid
 from ledger.models import Event, Operation, Tenant, TenantPolicy
 from ledger.policy import policy_digest
 from ledger.services.authority.policy import policy_change
+from ledger.services.core.intent import Intent
 from ledger.services.fence import operations
-from ledger.services.fence.operations import Intent
 from tests.ledger.factories import leased_run
 from tests.ledger.test_costs import reserve, set_policy
 

@@ -10,12 +10,13 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
+from approvals.services.notifications import notifications_scan
+from approvals.tasks import notify_scan_task
 from ledger.models import JobHeartbeat, WebhookDelivery
 from ledger.models.notifications import DeliveryStatus
 from ledger.services.notifications.delivery import deliveries_send
 from ledger.services.notifications.endpoints import endpoint_create
-from ledger.services.notifications.scan import notifications_scan
-from ledger.tasks import deliver_webhooks_task, notify_scan_task
+from ledger.tasks import deliver_webhooks_task
 from tests.conftest import run_concurrently
 from tests.console.admin_fixtures import worker_in
 from tests.faults.test_webhooks import Sink

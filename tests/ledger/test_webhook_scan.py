@@ -9,11 +9,11 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import ReconciliationCase
+from approvals.services.notifications import notifications_scan
 from ledger.models import ResourceAlert, Run, Tenant, WebhookDelivery
 from ledger.models.notifications import NotificationKind
 from ledger.services.lifespan.reaper import resources_reap
 from ledger.services.notifications.endpoints import endpoint_create, endpoint_disable
-from ledger.services.notifications.scan import notifications_scan
 from tests.conftest import run_concurrently
 from tests.console.admin_fixtures import stuck_resource, worker_in
 from tests.console.queues_fixtures import pending_approvals, unknown_case

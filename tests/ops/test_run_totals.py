@@ -8,9 +8,9 @@ import pytest
 from django.utils import timezone
 
 from ledger.models import Run, RunTotals
+from ledger.observability.health import job_allowed_s
 from ledger.observability.metrics import scrape
 from ledger.services.fence.notes import event_append
-from ledger.services.operating.jobs import job_allowed_s
 from ledger.tasks import count_run_totals_task
 from tests.conftest import make_worker
 from tests.ledger.factories import leased_run

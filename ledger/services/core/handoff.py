@@ -8,13 +8,15 @@ ledger never imports approvals, and approvals builds on ledger's own steps (the 
 chain, an operation's phase change, the cost reservations) without an import circle.
 
 Every step runs inside the caller's transaction, with the affected runs locked, and writes
-its events into the caller's :class:`~ledger.services.evidence.append.ChainBatch`.
+its events into the caller's :class:`~ledger.services.evidence.append.ChainBatch`. One read
+comes the same way: how long a run's outcomes were UNKNOWN, from its cases, which the worker
+API's answer for a run shows (its liveness).
 """
 
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -25,6 +27,15 @@ from ledger.states import ApprovalKind, CaseReason
 
 class Approval(Protocol):
     pk: Any
+
+
+class UnknownTime(TypedDict):
+    """How long outcomes were (or still are) UNKNOWN, from their reconciliation cases: open
+    ones count to now."""
+
+    open_cases: int
+    seconds_in_unknown: float
+    unknown_since: datetime | None
 
 
 class HumanQueues(Protocol):
@@ -58,6 +69,9 @@ class HumanQueues(Protocol):
 
     def approvals_void_for_runs(self, *, runs: Sequence[Run], batch: ChainBatch, actor: str) -> int:
         """A change of lease owner voids the live approvals asked under the old token."""
+
+    def run_unknown_time(self, *, run: Run, now: datetime) -> UnknownTime:
+        """How long the run's outcomes were (or are) UNKNOWN, from its cases."""
 
 
 _registered: HumanQueues | None = None

@@ -6,7 +6,7 @@ the fence (run and lease rows locked), and appends exactly one event to the run'
 ``retry.py``, the move to UNKNOWN in ``unknown.py``.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from django.db import IntegrityError
 
@@ -17,6 +17,7 @@ from ledger.observability import metrics
 from ledger.services.authority import evaluation
 from ledger.services.core.fencing import Fenced, decided, effects_held, fenced, worker_refused
 from ledger.services.core.handoff import queues
+from ledger.services.core.intent import Intent
 from ledger.services.core.phases import transition
 from ledger.services.fence.ending import NEW_WORK
 from ledger.services.reconciliation.contracts import decision_policy, intent_terms
@@ -40,20 +41,6 @@ INTENT_PARAMETERS = (
     "estimated_cost_cents",
     "payload_bytes",
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class Intent:
-    tool: str
-    action: str
-    resource: str
-    idempotency_key: str
-    # None: the tool contract gives it (ledger/services/reconciliation/contracts.py).
-    effect_class: EffectClass | None = None
-    args_digest: str = ""
-    provider: str = ""
-    estimated_cost_cents: int | None = None
-    payload_bytes: int | None = None
 
 
 def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, intent: Intent) -> tuple[Operation, bool]:

@@ -26,7 +26,7 @@ from django.utils import timezone
 from ledger.actors import SYSTEM_DRAIN, user_actor, worker_actor
 from ledger.errors import InvalidInput, WrongPhase
 from ledger.models import Operation, RunLease, Worker, WorkerDrain
-from ledger.roles import ADMINISTER
+from ledger.roles import ADMINISTER, tenants_for
 from ledger.services.core.decisions import acting_name, admin_action_record, decision_reason
 from ledger.services.core.fencing import locked_runs
 from ledger.services.evidence.append import ChainBatch
@@ -192,8 +192,6 @@ def worker_change(
 def workers_drain_preview(*, worker_ids, user) -> list[Worker]:
     """Exactly the workers a bulk drain by ``user`` will touch: those still ACCEPTING, on
     tenants the user administers, by tenant and name."""
-    from ledger.roles import tenants_for
-
     ids = [i for i in (_worker_id(raw) for raw in worker_ids) if i is not None]
     return list(
         Worker.objects.filter(pk__in=ids, status=WorkerStatus.ACCEPTING, tenant__in=tenants_for(user, ADMINISTER))

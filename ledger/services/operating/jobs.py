@@ -1,23 +1,16 @@
 """The heartbeat of each periodic job: when it last started, finished or failed, how long it
 took, and what its runs have done in total. Every Celery run of a beat job writes its row
 (``ledger.tasks.job``); ``/readyz`` calls a job stale when it has not finished within
-``JOB_STALE_AFTER_INTERVALS`` of its interval, and ``/metrics`` reads the totals."""
+``JOB_STALE_AFTER_INTERVALS`` of its interval (``ledger.observability.health.job_allowed_s``),
+and ``/metrics`` reads the totals."""
 
 from collections.abc import Mapping
 from datetime import datetime
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from ledger.models import JobHeartbeat
-
-
-def job_allowed_s(name: str) -> float:
-    """How long the beat job ``name`` may go without finishing and still be fresh:
-    ``JOB_STALE_AFTER_INTERVALS`` of its interval plus ``JOB_STALE_GRACE_S``."""
-    interval = float(settings.CELERY_BEAT_SCHEDULE[name]["schedule"])
-    return interval * settings.FENCELINE["JOB_STALE_AFTER_INTERVALS"] + settings.FENCELINE["JOB_STALE_GRACE_S"]
 
 
 def _row(name: str) -> JobHeartbeat:

@@ -12,20 +12,16 @@ The reconciler an UNKNOWN of the operation will be looked up with is chosen here
 contract's, else the one registered for the operation's provider (``registry``).
 """
 
-from __future__ import annotations
-
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ledger.errors import Denied, EffectClassMismatch, InvalidInput
 from ledger.models import Tenant
 from ledger.policy import contract_for, unknown_tool_class_of
+from ledger.services.core.intent import Intent
 from ledger.services.core.policy_documents import policy_document, policy_document_digest
 from ledger.services.reconciliation.registry import reconciler_for_provider
 from ledger.states import EffectClass
-
-if TYPE_CHECKING:
-    from ledger.services.fence.operations import Intent
 
 WORKER_DECLARED = "WORKER_DECLARED"
 REFUSE = "REFUSE"

@@ -1,7 +1,10 @@
-"""Conditions become deliveries: for each enabled endpoint and each kind it asks for, the
+"""Webhook notifications, conditions become deliveries: for each enabled endpoint and each kind it asks for, the
 current conditions of its tenant that have no delivery to it yet, at most ``batch_size`` per
 kind and endpoint and pass, inserted with ON CONFLICT DO NOTHING on (endpoint, dedupe key).
-Running twice at once, or again, inserts nothing twice. Read-only on everything else.
+Running twice at once, or again, inserts nothing twice. Read-only on everything else. The
+conditions are the people's queues (cases, approvals) and the ledger's (alerts, workers, runs,
+breakers), so the scan lives here, above both; the endpoints, their bodies and the deliveries
+are the ledger's (``ledger/services/notifications/``).
 
 | kind             | condition                                  | dedupe key                               |
 |------------------|--------------------------------------------|------------------------------------------|

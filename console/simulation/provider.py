@@ -25,7 +25,7 @@ draws faults on its own with the probabilities it was started with:
     fail  503 before anything is made (the caller knows nothing happened)
 
 No Django import: it runs in a thread of ``manage.py simulate`` or on its own
-(``python -m ledger.simulation.provider 8766``).
+(``python -m console.simulation.provider 8766``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.simulation.fleet import Settings, report_json, simulate
+from console.simulation.fleet import Settings, report_json, simulate
 
 
 class Command(BaseCommand):

@@ -42,6 +42,7 @@ from django.utils import timezone
 
 from approvals.models import OPEN_CASE_STATUSES, PEOPLE_CASE_STATUSES, CaseStatus, ReconciliationCase
 from approvals.services.lookups import cases_look_up
+from console.simulation.provider import SandboxProvider
 from fenceline_client.evidence_verifier import BROKEN
 from ledger.models import Operation, Run, Worker, WorkerBoot, WorkerDrain
 from ledger.services.authority.policy import policy_change
@@ -52,7 +53,6 @@ from ledger.services.reconciliation.http import HttpReconciler
 from ledger.services.reconciliation.registry import register, unregister
 from ledger.services.tenancy.roles import role_grant
 from ledger.services.tenancy.tenants import tenant_ensure
-from ledger.simulation.provider import SandboxProvider
 from ledger.states import Phase, RunStatus, WorkerStatus
 from ledger.tasks import (
     enforce_drains_task,

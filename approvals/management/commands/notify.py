@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from approvals.services.notifications import notifications_scan
 from ledger.services.notifications.delivery import deliveries_due, deliveries_send
-from ledger.services.notifications.scan import notifications_scan
 
 MAX_ROUNDS = 1000  # --all stops here even if something keeps becoming due
 

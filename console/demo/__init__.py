@@ -1,0 +1,14 @@
+"""What ``manage.py demo`` seeds, through the real services, one module per story:
+
+- ``seed``: the order of it all, the demo tenant, its users and their roles;
+- ``acting``: a worker's calls (lease, intend, dispatch, report) as the stories make them;
+- ``runs``: effects confirmed, fenced by a takeover, timed out, a chain made BROKEN;
+- ``lookups``: lost answers looked up at the sandbox provider before people;
+- ``upgrade``: the upgrade window of ``operation.provider_ref`` with a state conflict;
+- ``approvals``: payments before a person, one request pending and one expired;
+- ``credentials``: a revoked credential lease that refused a dispatch, live ones to revoke;
+- ``workers``: a worker quarantined after a lost lease, another draining;
+- ``lifespan``: resources a vanished worker left, a cleanup that keeps failing, a cancellation;
+- ``tenants``: the other tenants (one the demo users never see, one with its breaker DEGRADED);
+- ``webhooks``: an endpoint at the sandbox's sink and the first deliveries.
+"""
