@@ -103,7 +103,8 @@ def _capabilities_join() -> str:
 def lock_run(*, run_id: object, tenant_id: object) -> Row | None:
     """The run's lease, the run and its tenant's TENANT columns, the lease and run rows
     locked until the transaction ends; None when the tenant has no such run."""
-    return execute(_lock_sql(False), [run_id, tenant_id]).fetchone()
+    row: Row | None = execute(_lock_sql(False), [run_id, tenant_id]).fetchone()
+    return row
 
 
 def lock_operation(*, operation_id: object, tenant_id: object, denied: str | None = None) -> Row | None:
@@ -115,7 +116,8 @@ def lock_operation(*, operation_id: object, tenant_id: object, denied: str | Non
     params: list[object] = [operation_id, tenant_id, tenant_id]
     if denied is not None:
         params.insert(0, denied)
-    return execute(_lock_sql(True, denied is not None), params).fetchone()
+    row: Row | None = execute(_lock_sql(True, denied is not None), params).fetchone()
+    return row
 
 
 # What a sweep reads of a run and writes back with its chain head.

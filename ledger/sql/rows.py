@@ -29,10 +29,15 @@ def plain(values: Iterable[object]) -> bool:
     return not any(hasattr(value, "resolve_expression") for value in values)
 
 
+# A concrete field of any model (Django's Field is generic to the type checker only, so the
+# alias is evaluated lazily, never at run time).
+type AnyField = models.Field[Any, Any]
+
+
 @cache
-def _fields(model: type[models.Model]) -> dict[str, models.Field]:
+def _fields(model: type[models.Model]) -> dict[str, AnyField]:
     """Concrete fields by attname (``run_id``) and by name (``run``)."""
-    fields: dict[str, models.Field] = {}
+    fields: dict[str, AnyField] = {}
     for field in model._meta.concrete_fields:
         fields[field.attname] = field
         fields[field.name] = field
@@ -216,7 +221,7 @@ def _attnames(model: type[models.Model]) -> list[str]:
 
 
 @cache
-def _converters(model: type[models.Model]) -> list[tuple[int, models.Field, list[Any]]]:
+def _converters(model: type[models.Model]) -> list[tuple[int, AnyField, list[Any]]]:
     """The columns whose database value a field converts (JSON, for one), with converters."""
     found = []
     for index, field in enumerate(model._meta.concrete_fields):

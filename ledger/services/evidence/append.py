@@ -9,11 +9,11 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
@@ -31,7 +31,7 @@ from ledger.storable import storage_problem
 from ledger.versioning import CURRENT_SCHEMA_VERSION
 
 
-def json_safe(fields: dict) -> dict:
+def json_safe(fields: dict[str, Any]) -> dict[str, Any]:
     """The fields as JSON: ids and times as the strings they are stored as. Refuses, naming
     the field, what the database would not store byte for byte (``ledger.storable``): an
     accepted event's stored form always hashes to its recorded hash."""
@@ -103,7 +103,7 @@ def event_signer() -> EventSigner:
     return signer
 
 
-def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: datetime) -> Event:
+def build_event(run: Run, *, type: str, actor: str, fields: dict[str, Any], occurred_at: datetime) -> Event:
     """The next event of ``run``'s chain, with its MAC; advances the in-memory chain head."""
     fields = json_safe(fields)
     check_fields(fields)  # the secret boundary (invariant 6), before anything is hashed or written
@@ -111,7 +111,9 @@ def build_event(run: Run, *, type: str, actor: str, fields: dict, occurred_at: d
     return _chained(run, type, actor, fields, occurred_at, format_time(occurred_at), event_signer())
 
 
-def build_events(entries: Sequence[tuple[Run, dict]], *, type: str, actor: str, occurred_at: datetime) -> list[Event]:
+def build_events(
+    entries: Sequence[tuple[Run, dict[str, Any]]], *, type: str, actor: str, occurred_at: datetime
+) -> list[Event]:
     """The next event of each entry's run, in order, each exactly what :func:`build_event`
     makes of it (a run may come more than once: its events follow one another in its
     chain), for the reapers' batches of hundreds of runs. What the events share is done
@@ -172,7 +174,7 @@ def _chained(
     return event
 
 
-def _check_all(documents: list[dict]) -> None:
+def _check_all(documents: list[dict[str, Any]]) -> None:
     """:func:`check_fields` of every document, judging once what documents of one flat
     shape share. A document whose values are all strings, numbers, booleans or None (what
     a reaper's events are made of) refuses only through its keys, what each key allows
@@ -181,7 +183,7 @@ def _check_all(documents: list[dict]) -> None:
     ``check_fields`` whole, and of the others only the strings not judged yet, each by
     ``check_text`` at the path ``check_fields`` would name. Any other document goes through
     ``check_fields`` whole. Refuses what ``check_fields`` of each would refuse."""
-    paths: dict[tuple, dict[str, str]] = {}  # shape -> the path of each key
+    paths: dict[tuple[tuple[str, type], ...], dict[str, str]] = {}  # shape -> the path of each key
     judged: set[str] = set()
     for document in documents:
         shape = tuple((key, type(value)) for key, value in document.items())
@@ -221,6 +223,9 @@ class _Deferred:
 
 _EVENT_RUN = Event._meta.get_field("run")
 
+# What Django hands an execute wrapper to go on with: (sql, params, many, context).
+type _Execute = Callable[[str, Any, bool, dict[str, Any]], Any]
+
 
 class ChainBatch:
     """Events of one transaction, possibly over several (locked) runs, and the phase counts
@@ -241,7 +246,7 @@ class ChainBatch:
         self._deferred: list[_Deferred] = []
         self._guarding = False
 
-    def append(self, run: Run, type: str, *, actor: str, fields: dict) -> Event:
+    def append(self, run: Run, type: str, *, actor: str, fields: dict[str, Any]) -> Event:
         event = build_event(run, type=type, actor=actor, fields=fields, occurred_at=self.now)
         if type not in NOT_PROGRESS:
             run.last_progress_at = self.now
@@ -249,7 +254,7 @@ class ChainBatch:
         self._runs[run.pk] = run
         return event
 
-    def append_many(self, entries: Sequence[tuple[Run, dict]], type: str, *, actor: str) -> list[Event]:
+    def append_many(self, entries: Sequence[tuple[Run, dict[str, Any]]], type: str, *, actor: str) -> list[Event]:
         """:meth:`append` of one event of ``type`` for each (run, fields) entry, in order,
         built at once (:func:`build_events`): a reaper's batch."""
         events = build_events(entries, type=type, actor=actor, occurred_at=self.now)
@@ -291,7 +296,9 @@ class ChainBatch:
             connection.execute_wrappers.append(self._before_any_statement)
             self._guarding = True
 
-    def _before_any_statement(self, execute, sql, params, many, context):
+    def _before_any_statement(
+        self, execute: _Execute, sql: str, params: Any, many: bool, context: dict[str, Any]
+    ) -> Any:
         if self._deferred:
             self._send_deferred()
         return execute(sql, params, many, context)
@@ -327,7 +334,7 @@ class ChainBatch:
                 del self._runs[pk]
 
     @contextmanager
-    def savepoint(self):
+    def savepoint(self) -> Iterator[Self]:
         """A database savepoint that also takes back, on an exception, the events, counts
         and held-back updates this batch gathered inside it."""
         mark = self.mark()
@@ -420,7 +427,7 @@ def _flagged(runs: Iterable[Run]) -> list[Run]:
     return flagged
 
 
-def _stored(events: list[Event], rows: list) -> None:
+def _stored(events: list[Event], rows: Iterable[sql_chain.Row]) -> None:
     """Give the inserted events their primary keys, matched by event id (``RETURNING``
     promises no order)."""
     ids = {event_id: pk for pk, event_id in rows}
@@ -476,7 +483,7 @@ WORKER_EVENT_TYPE = re.compile(r"^(NOTE|x\.[a-z0-9][a-z0-9_.\-]{0,62})$")
 MAX_WORKER_FIELDS_BYTES = 16 * 1024
 
 
-def checked_document(value: object, *, field: str, max_bytes: int) -> dict:
+def checked_document(value: object, *, field: str, max_bytes: int) -> dict[str, Any]:
     """A JSON object a worker sends to be kept (event fields, checkpoint state): storable as
     sent, at most ``max_bytes`` as compact JSON, and through the secret boundary; else
     InvalidInput or ForbiddenField naming the path under ``field``."""
@@ -489,7 +496,7 @@ def checked_document(value: object, *, field: str, max_bytes: int) -> dict:
     return document
 
 
-def validate_worker_event(type: str, fields: dict) -> dict:
+def validate_worker_event(type: str, fields: dict[str, Any]) -> dict[str, Any]:
     """Worker events: type NOTE or ``x.<name>``; fields a storable JSON object of at most 16 KB."""
     if not WORKER_EVENT_TYPE.match(type):
         raise InvalidInput(

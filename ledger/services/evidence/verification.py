@@ -75,11 +75,12 @@ class _Observer:
     lease_fencing_token: int | None = None
     mismatches: int = 0
     first_mismatch: str = ""
-    # Credential evidence in this chain, bounded by the run's leases and operations.
-    lease_scope: dict = field(default_factory=dict)  # lease id -> (principal, version)
-    revoked: set = field(default_factory=set)
-    rotated_to: dict = field(default_factory=dict)  # principal -> newest version seen
-    op_lease: dict = field(default_factory=dict)  # operation id -> lease id it was authorized with
+    # Credential evidence in this chain, bounded by the run's leases and operations: the
+    # JSON values its events hold, taken as they are (a broken chain may hold anything).
+    lease_scope: dict[object, tuple[object, object]] = field(default_factory=dict)  # lease id -> (principal, version)
+    revoked: set[object] = field(default_factory=set)
+    rotated_to: dict[object, object] = field(default_factory=dict)  # principal -> newest version seen
+    op_lease: dict[object, object] = field(default_factory=dict)  # operation id -> lease id it was authorized with
 
     def see(self, rows: Sequence[Sequence[Any]]) -> None:
         """Rows (ROW_COLUMNS) as the verifier takes them in: a stored version this build does
@@ -126,7 +127,7 @@ class _Observer:
         elif kind == "OPERATION_DISPATCHED":
             self._check_dispatch(seq, fields)
 
-    def _check_dispatch(self, seq: int, fields: dict) -> None:
+    def _check_dispatch(self, seq: int, fields: dict[str, Any]) -> None:
         """A dispatch disagrees with its authority when its token is not the lease's, or its
         credential lease was revoked, rotated past, or is named with another version."""
         problems = []
@@ -169,7 +170,7 @@ def event_rows(*, run_id: uuid.UUID | str, upto: int) -> Iterator[Iterator[Seque
         yield batches
 
 
-def _checkpoints(run: Run) -> list[dict]:
+def _checkpoints(run: Run) -> list[dict[str, Any]]:
     return [
         {**cp, "run_id": str(run.pk)}
         for cp in Checkpoint.objects.filter(run=run)
@@ -268,7 +269,7 @@ def _check_beyond_head(run: Run, report: Report) -> Report:
     return report
 
 
-def _record(run: Run, report: Report, observer: _Observer, checkpoints: list[dict], *, seal: bool) -> None:
+def _record(run: Run, report: Report, observer: _Observer, checkpoints: list[dict[str, Any]], *, seal: bool) -> None:
     changes = {
         "verified_at": timezone.now(),
         "verified_head_seq": report.head_seq,
@@ -307,7 +308,7 @@ class LedgerResult:
 
 def ledger_verify(
     *,
-    run_ids: list | None = None,
+    run_ids: Sequence[uuid.UUID | str] | None = None,
     limit: int | None = None,
     progress: Callable[[LedgerResult, Report], None] | None = None,
 ) -> LedgerResult:

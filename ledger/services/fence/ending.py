@@ -16,6 +16,7 @@ handed to the reaper. All of it happens under the run's lock, in one transaction
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -38,7 +39,9 @@ from ledger.states import CANCEL_ENDS, LeaseEnd, RunStatus
 TIMEOUT_REASON = "maximum runtime reached"
 
 
-def run_finish(*, run: Run, batch: ChainBatch, actor: str, status: RunStatus, fields: dict | None = None) -> None:
+def run_finish(
+    *, run: Run, batch: ChainBatch, actor: str, status: RunStatus, fields: dict[str, Any] | None = None
+) -> None:
     """The terminal transition of a locked run, in flow 5 order (see the module text)."""
     plan = instances_plan(runs=[run], lost=False)  # taken while the lease is still held
     if run.lease.owner_id is not None:

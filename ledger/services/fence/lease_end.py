@@ -6,6 +6,8 @@ transaction as the end (invariant 4); the approvals asked under the old token ar
 instance leaves its live states and its run's ACTIVE resources go to the reaper.
 """
 
+from typing import Any
+
 from ledger.models import LeaseGrant, Run, RunLease
 from ledger.services.core.handoff import queues
 from ledger.services.evidence.append import ChainBatch
@@ -46,7 +48,7 @@ def leases_end(
         run_ids,
         {"owner_id": None, "worker": None, "expires_at": batch.now, "end_reason": end, "instance_state": ""},
     )
-    grant_end: dict = {"ended_at": batch.now, "end_reason": end}
+    grant_end: dict[str, Any] = {"ended_at": batch.now, "end_reason": end}
     if hand_back and lost:  # the instances become EXPIRED in the same statement
         grant_end.update(state=InstanceState.EXPIRED, state_changed_at=batch.now)
         plan = {}

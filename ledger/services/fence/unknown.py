@@ -3,8 +3,12 @@ outcome any more (the worker said UNKNOWN, the lease was lost, released or revok
 reconciliation case for each operation and its cost reservation kept counted as UNKNOWN
 (invariant 4: no default ever turns UNKNOWN into success)."""
 
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
 from ledger.errors import WrongPhase
-from ledger.models import Operation
+from ledger.models import Operation, Run
 from ledger.services.authority.reservations import cost_mark_unknown
 from ledger.services.core.handoff import queues
 from ledger.services.core.phases import LOGGED_CHANGES
@@ -15,14 +19,16 @@ from ledger.states import CaseReason, Phase
 def operations_mark_unknown(
     *,
     operations: list[Operation],
-    runs: dict,
+    runs: dict[uuid.UUID, Run],
     batch: ChainBatch,
     actor: str,
     reason: CaseReason,
-    changes: dict | None = None,
-) -> dict:
+    changes: dict[str, Any] | None = None,
+) -> dict[uuid.UUID, Any]:
     """DISPATCHED -> UNKNOWN for a set of operations whose runs the caller has locked, in
-    one UPDATE, with one reconciliation case and one event each. Returns {op_id: case}."""
+    one UPDATE, with one reconciliation case and one event each. ``runs`` maps run id to
+    the locked run; ``changes``, the operation's other columns to set. Returns {op_id:
+    case} (the case is the approvals app's row: ``ledger.services.core.handoff``)."""
     if not operations:
         return {}
     changes = changes or {}
@@ -53,7 +59,7 @@ def operations_mark_unknown(
     return cases
 
 
-def operations_orphaned(*, runs: list) -> list[Operation]:
+def operations_orphaned(*, runs: Sequence[Run]) -> list[Operation]:
     """The DISPATCHED operations of runs whose lease was lost (runs locked by the caller,
     whose phase counts say how many each has: none, no statement)."""
     run_ids = [run.pk for run in runs if run.n_dispatched]

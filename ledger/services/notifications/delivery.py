@@ -22,6 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import requests
 from django.conf import settings
@@ -64,9 +65,9 @@ class Prepared:
 
 def backoff_s(attempts: int) -> float:
     """Seconds before the next attempt after ``attempts`` failed ones."""
-    base = settings.FENCELINE["WEBHOOK_BACKOFF_BASE_S"]
-    cap = settings.FENCELINE["WEBHOOK_BACKOFF_MAX_S"]
-    delay = min(cap, base * 2 ** max(0, attempts - 1))
+    base: int = settings.FENCELINE["WEBHOOK_BACKOFF_BASE_S"]
+    cap: int = settings.FENCELINE["WEBHOOK_BACKOFF_MAX_S"]
+    delay: int = min(cap, base * 2 ** max(0, attempts - 1))
     return min(cap, delay * random.uniform(0.8, 1.2))  # noqa: S311 - jitter, not security
 
 
@@ -74,11 +75,12 @@ def claim_s() -> int:
     """How long a claim lasts: every send of a full batch, at the concurrency, could time out
     twice (connect, then read), and some room to record."""
     fl = settings.FENCELINE
-    rounds = math.ceil(fl["WEBHOOK_DELIVERY_BATCH_SIZE"] / fl["WEBHOOK_CONCURRENCY"])
-    return rounds * 2 * fl["WEBHOOK_TIMEOUT_S"] + 30
+    rounds: int = math.ceil(fl["WEBHOOK_DELIVERY_BATCH_SIZE"] / fl["WEBHOOK_CONCURRENCY"])
+    timeout_s: int = fl["WEBHOOK_TIMEOUT_S"]
+    return rounds * 2 * timeout_s + 30
 
 
-def body_bytes(body: dict) -> bytes:
+def body_bytes(body: dict[str, Any]) -> bytes:
     return json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
 
 
@@ -145,7 +147,7 @@ def _post(prepared: Prepared) -> Attempt:
 def _record(delivery: WebhookDelivery, attempt: Attempt, *, claimed_until: datetime, now: datetime) -> str:
     """The attempt's outcome, if the claim is still ours; the status it left (or "")."""
     attempts = delivery.attempts + (0 if attempt.error == "disabled" else 1)
-    values: dict = {"attempts": attempts, "last_status_code": attempt.status_code, "claimed_until": None}
+    values: dict[str, Any] = {"attempts": attempts, "last_status_code": attempt.status_code, "claimed_until": None}
     if not attempt.error:
         values.update(status=DeliveryStatus.DELIVERED, delivered_at=timezone.now(), last_error="")
     elif attempt.retry and attempts < settings.FENCELINE["WEBHOOK_MAX_ATTEMPTS"]:

@@ -102,7 +102,8 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 def _outcome(child: multiprocessing.process.BaseProcess, receive: Connection) -> tuple[bool, object]:
     try:
-        return receive.recv()
+        outcome: tuple[bool, object] = receive.recv()  # what _child sent
     except EOFError:  # it died before answering (killed, out of memory)
         child.join()
         return False, f"exited with code {child.exitcode} before it answered"
+    return outcome

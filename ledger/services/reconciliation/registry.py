@@ -12,6 +12,8 @@ straight to people.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
@@ -23,8 +25,10 @@ _registered: dict[str, tuple[str, Reconciler]] = {}  # name -> (provider, reconc
 _built: dict[tuple[str, str], Reconciler] = {}  # (name, config as JSON) -> built from settings
 
 
-def _configured() -> dict[str, dict]:
-    return settings.FENCELINE.get("RECONCILERS", {})
+def _configured() -> dict[str, dict[str, Any]]:
+    """Each configured reconciler's settings, by name (JSON values: ``http.py`` reads them)."""
+    configured: dict[str, dict[str, Any]] = settings.FENCELINE.get("RECONCILERS", {})
+    return configured
 
 
 def register(name: str, reconciler: Reconciler, *, provider: str) -> None:
