@@ -47,7 +47,11 @@ T = TypeVar("T")
 
 
 def locked_runs(
-    queryset_filter: dict, *, skip_locked: bool = False, limit: int | None = None, order_by: str = "expires_at"
+    queryset_filter: dict[str, Any],
+    *,
+    skip_locked: bool = False,
+    limit: int | None = None,
+    order_by: str = "expires_at",
 ) -> list[Run]:
     """Runs with their leases, both rows locked (in one statement) until the transaction ends.
     A caller that may wait for these locks while holding others takes them in ``run_id``
@@ -168,51 +172,89 @@ def lock(*, tenant: Tenant, run_id: object = None, operation_id: object = None, 
         row = sql_fence.lock_run(run_id=parse_id(run_id, "run"), tenant_id=tenant.pk)
         if row is None:
             raise NotFound("run not found")
-    at = 0
-
-    def take(count: int) -> Sequence[object]:
-        nonlocal at
-        at += count
-        return row[at - count : at]
-
-    lease = sql_rows.from_row(RunLease, take(len(sql_fence.LEASE)))
-    run = sql_rows.from_row(Run, take(len(sql_fence.RUN)))
-    seen = TenantSeen.from_row(take(len(sql_fence.TENANT)))
+    lease = sql_rows.from_row(RunLease, row[_AT_LEASE])
+    run = sql_rows.from_row(Run, row[_AT_RUN])
+    seen = TenantSeen.from_row(row[_AT_TENANT])
     run.lease, lease.run = lease, run
     _RUN_TENANT.set_cached_value(run, tenant)  # the statement matched run.tenant_id = tenant.pk
     if operation_id is None:
         return Locked(run=run, operation=None, tenant=seen)
-    (snapshot_seq,) = take(1)
-    op = sql_rows.from_row(Operation, take(len(sql_fence.OPERATION)))
-    credential_lease = take(len(sql_fence.CREDENTIAL_LEASE))
-    (credential_version,) = take(1)
-    reservation = take(len(sql_fence.RESERVATION))
-    arrays = take(len(sql_fence.CAPABILITY)) if capabilities else None
+    return Locked(run=run, operation=_operation_read(row, run, capabilities=capabilities), tenant=seen)
+
+
+def _operation_read(row: sql_fence.Row, run: Run, *, capabilities: bool) -> Operation:
+    """The operation of :func:`lock`'s row by operation, carrying what that statement read
+    beside it: its credential lease, the cost reservation of its current attempt and (with
+    ``capabilities``) the run's capabilities for its tool. Read again, with its credential
+    lease only, when the run moved while the statement waited for its lock."""
+    (snapshot_seq,) = row[_AT_SNAPSHOT]
+    op = sql_rows.from_row(Operation, row[_AT_OPERATION])
     if snapshot_seq != run.last_seq:  # the run moved while this statement waited for its lock
         fresh = sql_rows.get(Operation, ("credential_lease",), id=op.pk)
         if not isinstance(fresh, Operation):
             raise NotFound("operation not found")
         op = fresh
     else:
+        credential_lease = row[_AT_CREDENTIAL_LEASE]
         found = None
         if credential_lease[0] is not None:
             found = sql_rows.from_row(CredentialLease, credential_lease)
+            (credential_version,) = row[_AT_CREDENTIAL_VERSION]
             found.__dict__["credential_version_now"] = credential_version  # what evaluation compares it with
         _OPERATION_CREDENTIAL_LEASE.set_cached_value(op, found)
         # The cost reservation of its current attempt (changed only under the run's lock):
         # ``reservations.reservation_of`` reads it from here instead of asking again.
+        reservation = row[_AT_RESERVATION]
         op.__dict__[RESERVATION_SEEN] = (
             op.attempt,
             sql_rows.from_row(CostReservation, reservation) if reservation[0] is not None else None,
         )
-        if arrays is not None:
+        if capabilities:
             # The run's capabilities for the tool (changed under the run's lock, but for a
             # delegation to a child run, which only takes calls away: the charge at dispatch
             # is conditional and refuses what is no longer there).
-            rows = zip(*arrays, strict=True) if arrays[0] is not None else ()
-            op.__dict__[CAPABILITIES_SEEN] = [sql_rows.from_row(CapabilityBudget, row) for row in rows]
+            arrays = row[_AT_CAPABILITY]
+            budgets = zip(*arrays, strict=True) if arrays[0] is not None else ()
+            op.__dict__[CAPABILITIES_SEEN] = [sql_rows.from_row(CapabilityBudget, budget) for budget in budgets]
     _OPERATION_RUN.set_cached_value(op, run)
-    return Locked(run=run, operation=op, tenant=seen)
+    return op
+
+
+def _spans(*widths: int) -> list[slice]:
+    """Consecutive slices of these widths: where each part of a row sits."""
+    spans, at = [], 0
+    for width in widths:
+        spans.append(slice(at, at + width))
+        at += width
+    return spans
+
+
+# Where each part of the locking statement's row sits (``ledger.sql.fence``: its columns, in
+# order): by run, the lease, the run and the tenant; by operation, then also the run's last
+# seq as the statement's snapshot saw it, the operation, its credential lease, the
+# credential's version, the current attempt's reservation and (with capabilities) one array
+# per capability column.
+(
+    _AT_LEASE,
+    _AT_RUN,
+    _AT_TENANT,
+    _AT_SNAPSHOT,
+    _AT_OPERATION,
+    _AT_CREDENTIAL_LEASE,
+    _AT_CREDENTIAL_VERSION,
+    _AT_RESERVATION,
+    _AT_CAPABILITY,
+) = _spans(
+    len(sql_fence.LEASE),
+    len(sql_fence.RUN),
+    len(sql_fence.TENANT),
+    1,
+    len(sql_fence.OPERATION),
+    len(sql_fence.CREDENTIAL_LEASE),
+    1,
+    len(sql_fence.RESERVATION),
+    len(sql_fence.CAPABILITY),
+)
 
 
 def lock_run(*, tenant: Tenant, run_id: object = None, operation_id: object = None) -> Run:
@@ -327,21 +369,12 @@ def fenced[T](
             run = locked.run
             now = timezone.now()
             reason = fence_reason(run.lease, fencing_token, now, owner_id=owner_id)
-            # The presenter is the lease's owner only if the fence holds; otherwise all we
-            # know is the worker identity and the token it presented.
-            if reason is None:
-                holder = run.lease.owner_id
-                if holder is None:  # fence_reason passes only an owned lease
-                    raise AssertionError("the fence passed a lease nobody owns")
-                presenter = owner_id or holder
-            else:
-                presenter = owner_id or f"token-{fencing_token}"
             batch = ChainBatch(now, defer=True)
             ctx = Fenced(
                 run=run,
                 batch=batch,
                 now=now,
-                actor=worker_actor(worker, presenter),
+                actor=worker_actor(worker, presenter(run.lease, fencing_token, reason, owner_id=owner_id)),
                 fencing_token=fencing_token,
                 operation=locked.operation,
                 tenant=locked.tenant,
@@ -365,6 +398,17 @@ def fenced[T](
         if batch is not None:
             batch.close()
     raise refused
+
+
+def presenter(lease: RunLease, fencing_token: int, reason: str | None, *, owner_id: str | None = None) -> str:
+    """Who presented ``fencing_token``, for the actor of what the fenced call records: the
+    lease's owner only if the fence holds (``reason`` None); otherwise all we know is the
+    worker identity (``owner_id``, when the call names one) and the token it presented."""
+    if reason is not None:
+        return owner_id or f"token-{fencing_token}"
+    if lease.owner_id is None:  # fence_reason passes only an owned lease
+        raise AssertionError("the fence passed a lease nobody owns")
+    return owner_id or lease.owner_id
 
 
 def conflicted(run: Run) -> StateConflictError | None:

@@ -9,7 +9,8 @@ tenant's instance quotas (``ledger.services.lifespan.instances``).
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -102,18 +103,15 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int, 
     return lease
 
 
-def _grant(*, run: Run, worker: Worker, owner_id: str, ttl_s: int, tool: str, policy: dict, now) -> RunLease:
+def _grant(
+    *, run: Run, worker: Worker, owner_id: str, ttl_s: int, tool: str, policy: dict[str, Any], now: datetime
+) -> RunLease:
     """Issue token + 1 on the locked ``run``: a new instance. Allocation (the quota check)
     and the acquisition are one atomic step, so the instance never rests in ALLOCATED: its
     one event, LEASE_ACQUIRED, records both (its tool, the quota use it was admitted at,
     ``instance_state`` RUNNING)."""
     lease = run.lease
-    if lease.owner_id is not None:
-        # An owned lease has an expiry (the check constraint lease_owned_has_expiry_and_token).
-        if lease.expires_at is None:
-            raise AssertionError("an owned lease has no expires_at")
-        if lease.expires_at > now:
-            raise LeaseHeld(f"the lease is held until {lease.expires_at.isoformat()}", expires_at=lease.expires_at)
+    _refuse_if_held(lease, now)
     actor = worker_actor(worker, owner_id)
     batch = ChainBatch(now)
     previous_owner = lease.owner_id
@@ -123,35 +121,16 @@ def _grant(*, run: Run, worker: Worker, owner_id: str, ttl_s: int, tool: str, po
     previous_fencing_token = lease.fencing_token
     fencing_token = previous_fencing_token + 1
     expires_at = now + timedelta(seconds=ttl_s)
-    granted = {
-        "owner_id": owner_id,
-        "worker_id": worker.pk,
-        "fencing_token": fencing_token,
-        "acquired_at": now,
-        "expires_at": expires_at,
-        "last_renewed_at": now,
-        "end_reason": None,
-        "instance_state": InstanceState.RUNNING,
-    }
-    if sql_rows.update(RunLease, granted, run_id=run.pk, fencing_token=previous_fencing_token) != 1:
-        raise LeaseHeld("the lease changed hands concurrently")  # impossible while the row is locked
-    sql_rows.insert(
-        LeaseGrant(
-            run=run,
-            tenant_id=run.tenant_id,
-            fencing_token=fencing_token,
-            owner_id=owner_id,
-            worker=worker,
-            acquired_at=now,
-            previous_owner_id=previous_owner,
-            tool=tool,
-            state=InstanceState.RUNNING,
-            state_changed_at=now,
-        )
+    _issue(
+        run=run,
+        worker=worker,
+        owner_id=owner_id,
+        fencing_token=fencing_token,
+        previous_owner=previous_owner,
+        tool=tool,
+        now=now,
+        expires_at=expires_at,
     )
-    lease.owner_id, lease.worker, lease.fencing_token = owner_id, worker, fencing_token
-    lease.acquired_at, lease.expires_at, lease.last_renewed_at = now, expires_at, now
-    lease.end_reason, lease.instance_state = None, InstanceState.RUNNING
     batch.append(
         run,
         "LEASE_ACQUIRED",
@@ -168,6 +147,63 @@ def _grant(*, run: Run, worker: Worker, owner_id: str, ttl_s: int, tool: str, po
     )
     batch.commit()
     return lease
+
+
+def _refuse_if_held(lease: RunLease, now: datetime) -> None:
+    """LeaseHeld while ``lease`` is owned and unexpired."""
+    if lease.owner_id is None:
+        return
+    # An owned lease has an expiry (the check constraint lease_owned_has_expiry_and_token).
+    if lease.expires_at is None:
+        raise AssertionError("an owned lease has no expires_at")
+    if lease.expires_at > now:
+        raise LeaseHeld(f"the lease is held until {lease.expires_at.isoformat()}", expires_at=lease.expires_at)
+
+
+def _issue(
+    *,
+    run: Run,
+    worker: Worker,
+    owner_id: str,
+    fencing_token: int,
+    previous_owner: str | None,
+    tool: str,
+    now: datetime,
+    expires_at: datetime,
+) -> None:
+    """Give the locked ``run``'s lease ``fencing_token`` (its token + 1) for ``owner_id``:
+    the lease row by a conditional UPDATE on the token it held, whose row count decides; the
+    history row of the new instance (RUNNING); and the lease in memory."""
+    granted = {
+        "owner_id": owner_id,
+        "worker_id": worker.pk,
+        "fencing_token": fencing_token,
+        "acquired_at": now,
+        "expires_at": expires_at,
+        "last_renewed_at": now,
+        "end_reason": None,
+        "instance_state": InstanceState.RUNNING,
+    }
+    if sql_rows.update(RunLease, granted, run_id=run.pk, fencing_token=fencing_token - 1) != 1:
+        raise LeaseHeld("the lease changed hands concurrently")  # impossible while the row is locked
+    sql_rows.insert(
+        LeaseGrant(
+            run=run,
+            tenant_id=run.tenant_id,
+            fencing_token=fencing_token,
+            owner_id=owner_id,
+            worker=worker,
+            acquired_at=now,
+            previous_owner_id=previous_owner,
+            tool=tool,
+            state=InstanceState.RUNNING,
+            state_changed_at=now,
+        )
+    )
+    lease = run.lease
+    lease.owner_id, lease.worker, lease.fencing_token = owner_id, worker, fencing_token
+    lease.acquired_at, lease.expires_at, lease.last_renewed_at = now, expires_at, now
+    lease.end_reason, lease.instance_state = None, InstanceState.RUNNING
 
 
 def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token: int, ttl_s: int) -> RunLease:
@@ -192,32 +228,10 @@ def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token:
         parent = ctx.run.parent_id
         if parent is not None and not Run.objects.filter(pk=parent, status=RunStatus.ACTIVE).exists():
             raise RunCompleted("the parent run is completed; its child's lease is not renewed")
-        if idle_limit is not None:
-            since = max(filter(None, (ctx.run.last_progress_at, ctx.lease.acquired_at)))
-            if (ctx.now - since).total_seconds() > idle_limit:
-                leases_end(runs=[ctx.run], batch=ctx.batch, actor=ctx.actor, end=LeaseEnd.EXPIRED, reason="idle")
-                return None
-        expires_at = ctx.now + timedelta(seconds=ttl_s)
-        previous_renewal = ctx.lease.last_renewed_at or ctx.now
-        ctx.batch.update(
-            RunLease,
-            {"expires_at": expires_at, "last_renewed_at": ctx.now},
-            where={"run_id": ctx.run.pk, "fencing_token": ctx.fencing_token},
-            refusal=lambda: LeaseLost("token_changed"),  # impossible while the row is locked
-        )
-        ctx.lease.expires_at, ctx.lease.last_renewed_at = expires_at, ctx.now
-        moved = instance_renewed(run=ctx.run, lease=ctx.lease, previous_renewal=previous_renewal, batch=ctx.batch)
-        ctx.batch.append(
-            ctx.run,
-            "LEASE_RENEWED",
-            actor=ctx.actor,
-            fields={
-                "fencing_token": ctx.fencing_token,
-                "expires_at": expires_at,
-                **({"instance_state": moved.value} if moved else {}),
-            },
-        )
-        return ctx.lease
+        if idle_limit is not None and _idle_s(ctx) > idle_limit:
+            leases_end(runs=[ctx.run], batch=ctx.batch, actor=ctx.actor, end=LeaseEnd.EXPIRED, reason="idle")
+            return None
+        return _extend(ctx, ttl_s=ttl_s)
 
     lease = fenced(
         worker=worker,
@@ -234,6 +248,38 @@ def lease_renew(*, worker: Worker, run_id: object, owner_id: str, fencing_token:
         raise LeaseLost("idle")
     metrics.LEASE_RENEWALS.labels(worker.tenant.slug).inc()
     return lease
+
+
+def _idle_s(ctx: Fenced) -> float:
+    """Seconds since the run last progressed or the lease began, whichever came later."""
+    since = max(filter(None, (ctx.run.last_progress_at, ctx.lease.acquired_at)))
+    return (ctx.now - since).total_seconds()
+
+
+def _extend(ctx: Fenced, *, ttl_s: int) -> RunLease:
+    """The fenced lease, ``ttl_s`` from now, its instance IDLE or RUNNING again as the run
+    progressed since the last renewal, and LEASE_RENEWED."""
+    expires_at = ctx.now + timedelta(seconds=ttl_s)
+    previous_renewal = ctx.lease.last_renewed_at or ctx.now
+    ctx.batch.update(
+        RunLease,
+        {"expires_at": expires_at, "last_renewed_at": ctx.now},
+        where={"run_id": ctx.run.pk, "fencing_token": ctx.fencing_token},
+        refusal=lambda: LeaseLost("token_changed"),  # impossible while the row is locked
+    )
+    ctx.lease.expires_at, ctx.lease.last_renewed_at = expires_at, ctx.now
+    moved = instance_renewed(run=ctx.run, lease=ctx.lease, previous_renewal=previous_renewal, batch=ctx.batch)
+    ctx.batch.append(
+        ctx.run,
+        "LEASE_RENEWED",
+        actor=ctx.actor,
+        fields={
+            "fencing_token": ctx.fencing_token,
+            "expires_at": expires_at,
+            **({"instance_state": moved.value} if moved else {}),
+        },
+    )
+    return ctx.lease
 
 
 def lease_release(*, worker: Worker, run_id: object, owner_id: str, fencing_token: int) -> RunLease:

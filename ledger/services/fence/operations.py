@@ -7,12 +7,13 @@ the fence (run and lease rows locked), and appends exactly one event to the run'
 """
 
 from dataclasses import asdict
+from typing import Any
 
 from django.db import IntegrityError
 
 from ledger.boundary import check_fields
 from ledger.errors import ApprovalRequired, Denied, DomainError, IdempotencyMismatch, NotFound, WrongPhase, parse_id
-from ledger.models import Operation, Run, Worker
+from ledger.models import Operation, Run, Tenant, Worker
 from ledger.observability import metrics
 from ledger.services.authority import evaluation
 from ledger.services.core.fencing import Fenced, decided, effects_held, fenced, worker_refused
@@ -56,44 +57,10 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
     def write(ctx: Fenced) -> tuple[Operation, bool]:
         # After the fence: an unknown run is 404 and a stale token 409 before any contract.
         intent, reconciler = intent_terms(tenant=worker.tenant, intent=declared)
-        op = Operation(
-            tenant=worker.tenant,
-            run=ctx.run,
-            idempotency_key=intent.idempotency_key,
-            tool=intent.tool,
-            action=intent.action,
-            resource=intent.resource,
-            effect_class=EffectClass(str(intent.effect_class)),  # set once the contract has spoken
-            args_digest=intent.args_digest,
-            provider=intent.provider,
-            estimated_cost_cents=intent.estimated_cost_cents,
-            payload_bytes=intent.payload_bytes,
-            reconciler=reconciler,
-            phase=Phase.PLANNED,
-            updated_at=ctx.now,
-            schema_version=provider_ref.version_for_new(upgrade_phase(provider_ref.CHANGE)),
-        )
+        op = _planned(intent, reconciler=reconciler, tenant=worker.tenant, ctx=ctx)
         mark = ctx.batch.mark()
         ctx.batch.count_move(ctx.run, None, Phase.PLANNED)
-        ctx.batch.append(
-            ctx.run,
-            "OPERATION_PLANNED",
-            actor=ctx.actor,
-            fields={
-                "operation_id": op.pk,
-                "to": Phase.PLANNED.value,
-                "attempt": op.attempt,
-                "tool": op.tool,
-                "action": op.action,
-                "resource": op.resource,
-                "effect_class": op.effect_class,
-                "idempotency_key": op.idempotency_key,
-                "args_digest": op.args_digest,
-                "fencing_token": ctx.fencing_token,
-                **({"provider": op.provider} if op.provider else {}),
-                **({"reconciler": op.reconciler} if op.reconciler else {}),
-            },
-        )
+        ctx.batch.append(ctx.run, "OPERATION_PLANNED", actor=ctx.actor, fields=_planned_fields(op, ctx))
         # One statement: the insert with its event and the run head, or nothing at all when
         # the tenant's key is taken (by this intent before, or by another run at this
         # moment), which is then a replay.
@@ -112,6 +79,46 @@ def operation_intend(*, worker: Worker, run_id: object, fencing_token: int, inte
         write=write,
         ending=NEW_WORK,
     )
+
+
+def _planned(intent: Intent, *, reconciler: str, tenant: Tenant, ctx: Fenced) -> Operation:
+    """The new operation of ``intent`` (as its tool contract has completed it), PLANNED on
+    the fenced run; not inserted yet."""
+    return Operation(
+        tenant=tenant,
+        run=ctx.run,
+        idempotency_key=intent.idempotency_key,
+        tool=intent.tool,
+        action=intent.action,
+        resource=intent.resource,
+        effect_class=EffectClass(str(intent.effect_class)),  # set once the contract has spoken
+        args_digest=intent.args_digest,
+        provider=intent.provider,
+        estimated_cost_cents=intent.estimated_cost_cents,
+        payload_bytes=intent.payload_bytes,
+        reconciler=reconciler,
+        phase=Phase.PLANNED,
+        updated_at=ctx.now,
+        schema_version=provider_ref.version_for_new(upgrade_phase(provider_ref.CHANGE)),
+    )
+
+
+def _planned_fields(op: Operation, ctx: Fenced) -> dict[str, Any]:
+    """The fields of a new operation's OPERATION_PLANNED event."""
+    return {
+        "operation_id": op.pk,
+        "to": Phase.PLANNED.value,
+        "attempt": op.attempt,
+        "tool": op.tool,
+        "action": op.action,
+        "resource": op.resource,
+        "effect_class": op.effect_class,
+        "idempotency_key": op.idempotency_key,
+        "args_digest": op.args_digest,
+        "fencing_token": ctx.fencing_token,
+        **({"provider": op.provider} if op.provider else {}),
+        **({"reconciler": op.reconciler} if op.reconciler else {}),
+    }
 
 
 def _replay(existing: Operation, run: Run, intent: Intent, *, tenant: str) -> Operation:
@@ -134,7 +141,7 @@ def _locked_operation(ctx: Fenced) -> Operation:
     return ctx.operation
 
 
-def _digest_field(ctx: Fenced, version: object) -> dict:
+def _digest_field(ctx: Fenced, version: object) -> dict[str, Any]:
     """The digest of the policy version a decision was made under (none for a refusal made
     before a policy was read)."""
     if not isinstance(version, int):
@@ -179,41 +186,8 @@ def operation_authorize(
         except Denied as denial:
             return op, _deny(op, ctx, denial)
         if grounds.needs_approval:
-            approval = grounds.waiting_for or queues().approval_open(
-                run=ctx.run,
-                kind=ApprovalKind.OPERATION,
-                fencing_token=ctx.fencing_token,
-                ttl_s=grounds.policy["approval_ttl_s"],
-                batch=ctx.batch,
-                actor=ctx.actor,
-                operation=op,
-            )
-            if op.phase == Phase.PLANNED:
-                transition(
-                    op,
-                    Phase.PENDING_APPROVAL,
-                    ctx,
-                    reason="a person must approve",
-                    decision_policy_version=grounds.policy_version,  # the policy the approver decides under
-                    event_fields={"approval_id": approval.pk, **_digest_field(ctx, grounds.policy_version)},
-                )
-            return op, ApprovalRequired(approval.pk)
-        transition(
-            op,
-            Phase.AUTHORIZED,
-            ctx,
-            reason="allowed",
-            credential_lease=grounds.lease,
-            capability=grounds.capability,
-            decision_code="ALLOW",
-            decision_policy_version=grounds.policy_version,
-            event_fields={
-                "policy_version": grounds.policy_version,
-                **_digest_field(ctx, grounds.policy_version),
-                "credential_lease_id": grounds.lease.pk if grounds.lease else None,
-                "capability_id": grounds.capability.pk if grounds.capability else None,
-            },
-        )
+            return op, _ask_approval(op, ctx, grounds)
+        _allow(op, ctx, grounds)
         return op, None
 
     return decided(
@@ -226,6 +200,51 @@ def operation_authorize(
             ending=NEW_WORK,
             capabilities=True,
         )
+    )
+
+
+def _ask_approval(op: Operation, ctx: Fenced, grounds: evaluation.Grounds) -> ApprovalRequired:
+    """The refusal of an operation that waits for a person, naming the approval it waits for
+    (a capability's still pending, else this operation's live request, asked now if there is
+    none); the operation moves to PENDING_APPROVAL the first time."""
+    approval = grounds.waiting_for or queues().approval_open(
+        run=ctx.run,
+        kind=ApprovalKind.OPERATION,
+        fencing_token=ctx.fencing_token,
+        ttl_s=grounds.policy["approval_ttl_s"],
+        batch=ctx.batch,
+        actor=ctx.actor,
+        operation=op,
+    )
+    if op.phase == Phase.PLANNED:
+        transition(
+            op,
+            Phase.PENDING_APPROVAL,
+            ctx,
+            reason="a person must approve",
+            decision_policy_version=grounds.policy_version,  # the policy the approver decides under
+            event_fields={"approval_id": approval.pk, **_digest_field(ctx, grounds.policy_version)},
+        )
+    return ApprovalRequired(approval.pk)
+
+
+def _allow(op: Operation, ctx: Fenced, grounds: evaluation.Grounds) -> None:
+    """ALLOW: the move to AUTHORIZED, naming the credential lease and capability it rests on."""
+    transition(
+        op,
+        Phase.AUTHORIZED,
+        ctx,
+        reason="allowed",
+        credential_lease=grounds.lease,
+        capability=grounds.capability,
+        decision_code="ALLOW",
+        decision_policy_version=grounds.policy_version,
+        event_fields={
+            "policy_version": grounds.policy_version,
+            **_digest_field(ctx, grounds.policy_version),
+            "credential_lease_id": grounds.lease.pk if grounds.lease else None,
+            "capability_id": grounds.capability.pk if grounds.capability else None,
+        },
     )
 
 

@@ -27,7 +27,7 @@ def operation_report_outcome(
     provider_request_id: str = "",
     actual_cost_cents: int | None = None,
     error_code: str = "",
-    provider_ref: dict | None = None,
+    provider_ref: dict[str, Any] | None = None,
 ) -> Operation:
     """DISPATCHED -> CONFIRMED / FAILED / UNKNOWN (UNKNOWN opens a reconciliation case).
 
@@ -48,84 +48,12 @@ def operation_report_outcome(
     provider_request_id = reported.id if reported is not None else ""
 
     def write(ctx: Fenced) -> Operation:
-        op = ctx.operation
-        if op is None:  # fenced found the run through this operation
-            raise NotFound("operation not found")
-        ref = with_provider(reported, op)
-        changing = upgrades_ref.phase_now()
-        if op.phase == target and op.fencing_token == ctx.fencing_token and _same(op, ref, changing):
-            if target != Phase.UNKNOWN and actual_cost_cents is not None:
-                # The same report again, now with the usage that was missing: it settles the
-                # reservation left UNKNOWN (a closed one is left as it is).
-                cost_settle(
-                    op=op, run=ctx.run, actual_cents=actual_cost_cents, batch=ctx.batch, actor=ctx.actor, now=ctx.now
-                )
-            return op  # a duplicate of the report that was already recorded
-        if op.phase != Phase.DISPATCHED:
-            raise WrongPhase(phase=op.phase, wanted=Phase.DISPATCHED)
-        if op.fencing_token != ctx.fencing_token:
-            raise WrongPhase(phase=f"{op.phase} under another token", wanted="DISPATCHED under this token")
-        changes: dict[str, Any] = {
-            **upgrades_ref.written(changing, provider=op.provider, ref=ref),
-            "actual_cost_cents": actual_cost_cents,
-            "error_code": error_code,
-        }
-        if target != Phase.UNKNOWN:
-            transition(op, target, ctx, **changes)
-            # Usage settles the reservation; no usage reported leaves it UNKNOWN until reconciled.
-            cost_settle(
-                op=op,
-                run=ctx.run,
-                actual_cents=actual_cost_cents,
-                batch=ctx.batch,
-                actor=ctx.actor,
-                now=ctx.now,
-                policy=policy_now(tenant=ctx.run.tenant, seen=ctx.tenant).document if ctx.tenant else None,
-                breaker_seen=ctx.tenant.breaker if ctx.tenant else None,
-            )
-        else:
-            operations_mark_unknown(
-                operations=[op],
-                runs={ctx.run.pk: ctx.run},
-                batch=ctx.batch,
-                actor=ctx.actor,
-                reason=CaseReason.WORKER_REPORTED_UNKNOWN,
-                changes=changes,
-            )
-        return op
+        return _outcome_write(
+            ctx, target=target, reported=reported, actual_cost_cents=actual_cost_cents, error_code=error_code
+        )
 
     def on_refused(ctx: Fenced, reason: str) -> None:
-        op = ctx.operation
-        if op is None:
-            raise NotFound("operation not found")
-        if op.phase == Phase.DISPATCHED and op.fencing_token == ctx.fencing_token:
-            # The reporter dispatched this effect and has lost its lease since: nobody can
-            # report for it any more, so its outcome is UNKNOWN now, not at the next sweep.
-            operations_mark_unknown(
-                operations=[op],
-                runs={ctx.run.pk: ctx.run},
-                batch=ctx.batch,
-                actor=ctx.actor,
-                reason=CaseReason.LEASE_LOST,
-            )
-        if not provider_request_id:
-            return
-        evidence = json_safe(
-            {
-                "provider_request_id": provider_request_id,
-                "reported_outcome": Outcome(outcome).value,
-                "fencing_token": ctx.fencing_token,
-                "reported_at": ctx.now,
-                "verified": False,
-            }
-        )
-        case_id = queues().case_attach_unverified_evidence(operation_id=op.pk, evidence=evidence)
-        ctx.batch.append(
-            ctx.run,
-            "UNVERIFIED_EVIDENCE_RECEIVED",
-            actor=ctx.actor,
-            fields={"operation_id": op.pk, "case_id": case_id, **evidence},
-        )
+        _outcome_refused(ctx, outcome=Outcome(outcome), provider_request_id=provider_request_id)
 
     return fenced(
         worker=worker,
@@ -138,7 +66,106 @@ def operation_report_outcome(
     )
 
 
-def reported_ref(provider_request_id: str, provider_ref: dict | None) -> upgrades_ref.ProviderRef | None:
+def _outcome_write(
+    ctx: Fenced,
+    *,
+    target: Phase,
+    reported: upgrades_ref.ProviderRef | None,
+    actual_cost_cents: int | None,
+    error_code: str,
+) -> Operation:
+    """The report under the fence: the operation DISPATCHED under this token moves to
+    ``target``, its usage settling the cost reservation; the same report again returns it
+    unchanged (but for usage it now carries)."""
+    op = ctx.operation
+    if op is None:  # fenced found the run through this operation
+        raise NotFound("operation not found")
+    ref = with_provider(reported, op)
+    changing = upgrades_ref.phase_now()
+    if op.phase == target and op.fencing_token == ctx.fencing_token and _same(op, ref, changing):
+        if target != Phase.UNKNOWN and actual_cost_cents is not None:
+            # The same report again, now with the usage that was missing: it settles the
+            # reservation left UNKNOWN (a closed one is left as it is).
+            cost_settle(
+                op=op, run=ctx.run, actual_cents=actual_cost_cents, batch=ctx.batch, actor=ctx.actor, now=ctx.now
+            )
+        return op  # a duplicate of the report that was already recorded
+    if op.phase != Phase.DISPATCHED:
+        raise WrongPhase(phase=op.phase, wanted=Phase.DISPATCHED)
+    if op.fencing_token != ctx.fencing_token:
+        raise WrongPhase(phase=f"{op.phase} under another token", wanted="DISPATCHED under this token")
+    changes: dict[str, Any] = {
+        **upgrades_ref.written(changing, provider=op.provider, ref=ref),
+        "actual_cost_cents": actual_cost_cents,
+        "error_code": error_code,
+    }
+    if target != Phase.UNKNOWN:
+        transition(op, target, ctx, **changes)
+        _settle(op, ctx, actual_cost_cents)
+    else:
+        operations_mark_unknown(
+            operations=[op],
+            runs={ctx.run.pk: ctx.run},
+            batch=ctx.batch,
+            actor=ctx.actor,
+            reason=CaseReason.WORKER_REPORTED_UNKNOWN,
+            changes=changes,
+        )
+    return op
+
+
+def _settle(op: Operation, ctx: Fenced, actual_cost_cents: int | None) -> None:
+    """Usage settles the reservation; no usage reported leaves it UNKNOWN until reconciled."""
+    cost_settle(
+        op=op,
+        run=ctx.run,
+        actual_cents=actual_cost_cents,
+        batch=ctx.batch,
+        actor=ctx.actor,
+        now=ctx.now,
+        policy=policy_now(tenant=ctx.run.tenant, seen=ctx.tenant).document if ctx.tenant else None,
+        breaker_seen=ctx.tenant.breaker if ctx.tenant else None,
+    )
+
+
+def _outcome_refused(ctx: Fenced, *, outcome: Outcome, provider_request_id: str) -> None:
+    """What a refused report still records, with the refusal: the operation its reporter
+    dispatched under the token it lost becomes UNKNOWN now, and a provider request id it
+    names is kept on the operation's case as evidence nobody verified."""
+    op = ctx.operation
+    if op is None:
+        raise NotFound("operation not found")
+    if op.phase == Phase.DISPATCHED and op.fencing_token == ctx.fencing_token:
+        # The reporter dispatched this effect and has lost its lease since: nobody can
+        # report for it any more, so its outcome is UNKNOWN now, not at the next sweep.
+        operations_mark_unknown(
+            operations=[op],
+            runs={ctx.run.pk: ctx.run},
+            batch=ctx.batch,
+            actor=ctx.actor,
+            reason=CaseReason.LEASE_LOST,
+        )
+    if not provider_request_id:
+        return
+    evidence = json_safe(
+        {
+            "provider_request_id": provider_request_id,
+            "reported_outcome": outcome.value,
+            "fencing_token": ctx.fencing_token,
+            "reported_at": ctx.now,
+            "verified": False,
+        }
+    )
+    case_id = queues().case_attach_unverified_evidence(operation_id=op.pk, evidence=evidence)
+    ctx.batch.append(
+        ctx.run,
+        "UNVERIFIED_EVIDENCE_RECEIVED",
+        actor=ctx.actor,
+        fields={"operation_id": op.pk, "case_id": case_id, **evidence},
+    )
+
+
+def reported_ref(provider_request_id: str, provider_ref: dict[str, Any] | None) -> upgrades_ref.ProviderRef | None:
     """The provider record a report names: its ``provider_ref``, its ``provider_request_id``,
     or both when they name the same id (else 422 naming provider_ref)."""
     ref = upgrades_ref.parsed(provider_ref)

@@ -5,6 +5,8 @@ The decision is explainable without asking the model: it depends only on the ope
 phase, its side-effect class and its attempt count.
 """
 
+from typing import Any
+
 from ledger.errors import ApprovalRequired, DomainError, NotFound, ReconcileFirst, WrongPhase, parse_id
 from ledger.models import Operation, Worker
 from ledger.observability import metrics
@@ -68,36 +70,10 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
         if refusal is not None:
             raise refusal
         if decision == "APPROVAL":
-            approval = queues().approval_usable(
-                operation=op, kind=ApprovalKind.RETRY, fencing_token=ctx.fencing_token, now=ctx.now
-            )
-            if approval is None:
-                asked = queues().approval_open(
-                    run=ctx.run,
-                    kind=ApprovalKind.RETRY,
-                    fencing_token=ctx.fencing_token,
-                    ttl_s=policy["approval_ttl_s"],
-                    batch=ctx.batch,
-                    actor=ctx.actor,
-                    operation=op,
-                )
-                return op, ApprovalRequired(asked.pk)
-            queues().approval_use(approval=approval, run=ctx.run, batch=ctx.batch, actor=ctx.actor)
-        transition(
-            op,
-            Phase.PLANNED,
-            ctx,
-            reason=f"retry: {reason}",
-            attempt=op.attempt + 1,
-            dispatched_at=None,
-            fencing_token=None,
-            dispatch_owner_id=None,
-            provider_request_id="",
-            actual_cost_cents=None,
-            error_code="",
-            reconciliation="",
-            decision_code="",
-        )
+            asked = _approval_asked(op, ctx, policy=policy)
+            if asked is not None:
+                return op, asked
+        _next_attempt(op, ctx, reason=reason)
         return op, None
 
     op = decided(
@@ -112,3 +88,45 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
     )
     metrics.RETRY_BY_EFFECT_CLASS.labels(worker.tenant.slug, op.effect_class).inc()
     return op
+
+
+def _approval_asked(op: Operation, ctx: Fenced, *, policy: dict[str, Any]) -> ApprovalRequired | None:
+    """For a retry that needs a person: use the approval bound to this operation, attempt,
+    args digest and fencing token (None: go on), or ask for one under the ``policy`` in force
+    (the refusal naming it)."""
+    approval = queues().approval_usable(
+        operation=op, kind=ApprovalKind.RETRY, fencing_token=ctx.fencing_token, now=ctx.now
+    )
+    if approval is None:
+        asked = queues().approval_open(
+            run=ctx.run,
+            kind=ApprovalKind.RETRY,
+            fencing_token=ctx.fencing_token,
+            ttl_s=policy["approval_ttl_s"],
+            batch=ctx.batch,
+            actor=ctx.actor,
+            operation=op,
+        )
+        return ApprovalRequired(asked.pk)
+    queues().approval_use(approval=approval, run=ctx.run, batch=ctx.batch, actor=ctx.actor)
+    return None
+
+
+def _next_attempt(op: Operation, ctx: Fenced, *, reason: str) -> None:
+    """FAILED (or RECONCILED as not having happened) -> PLANNED as attempt + 1, under the same
+    idempotency key, with what the last attempt left cleared."""
+    transition(
+        op,
+        Phase.PLANNED,
+        ctx,
+        reason=f"retry: {reason}",
+        attempt=op.attempt + 1,
+        dispatched_at=None,
+        fencing_token=None,
+        dispatch_owner_id=None,
+        provider_request_id="",
+        actual_cost_cents=None,
+        error_code="",
+        reconciliation="",
+        decision_code="",
+    )

@@ -1,13 +1,13 @@
 """Runs: creation (an unowned lease, token 0, and a RUN_CREATED event) and completion."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.actors import worker_actor
 from ledger.errors import Denied, InvalidInput, NotFound, WorkerNotAccepting, parse_id
-from ledger.models import Run, RunLease, Worker
+from ledger.models import Run, RunLease, Tenant, Worker
 from ledger.services.core.fencing import Fenced, fenced
 from ledger.services.core.policy_documents import policy_document
 from ledger.services.evidence.append import ChainBatch
@@ -39,32 +39,20 @@ def run_create(
     if worker.status != WorkerStatus.ACCEPTING:
         raise WorkerNotAccepting(f"worker is {worker.status} and cannot create runs")
     tenant = worker.tenant
-    limit = policy_document(tenant, tenant.policy_version).get("max_runtime_s")  # as loaded with the worker
-    if max_runtime_s is not None and (type(max_runtime_s) is not int or max_runtime_s < 1):
-        raise InvalidInput("max_runtime_s must be a positive integer", field="max_runtime_s")
-    if max_runtime_s is not None and limit is not None and max_runtime_s > limit:
-        raise Denied("DENY_POLICY", f"the policy allows a run at most {limit} s (max_runtime_s)", field="max_runtime_s")
-    runtime = max_runtime_s or limit
-    parent = None
-    if parent_run_id is not None:
-        parent = Run.objects.filter(tenant=tenant, pk=parse_id(parent_run_id, "parent run")).first()
-        if parent is None:
-            raise NotFound("parent run not found")
+    runtime_s = _runtime_s(tenant, max_runtime_s)
+    parent = _parent_run(tenant, parent_run_id)
     with transaction.atomic():
         if external_id is not None:
             existing = Run.objects.filter(tenant=tenant, external_id=external_id).first()
             if existing is not None:
                 return existing, False
         now = timezone.now()
-        deadlines = [now + timedelta(seconds=runtime)] if runtime else []
-        if parent is not None and parent.deadline_at is not None:
-            deadlines.append(parent.deadline_at)
         run = Run(
             tenant=tenant,
             external_id=external_id,
             parent=parent,
             schema_version=CURRENT_SCHEMA_VERSION,
-            deadline_at=min(deadlines) if deadlines else None,
+            deadline_at=_deadline(now, runtime_s, parent),
         )
         batch = ChainBatch(now)
         batch.append(
@@ -89,6 +77,35 @@ def run_create(
         sql_rows.insert(RunLease(run=run))
         batch.commit()
     return run, True
+
+
+def _runtime_s(tenant: Tenant, max_runtime_s: int | None) -> int | None:
+    """The run's maximum runtime: the ``max_runtime_s`` asked, at most the policy's (a higher
+    one is refused), else the policy's; None for none."""
+    limit: int | None = policy_document(tenant, tenant.policy_version).get("max_runtime_s")  # as loaded with the worker
+    if max_runtime_s is not None and (type(max_runtime_s) is not int or max_runtime_s < 1):
+        raise InvalidInput("max_runtime_s must be a positive integer", field="max_runtime_s")
+    if max_runtime_s is not None and limit is not None and max_runtime_s > limit:
+        raise Denied("DENY_POLICY", f"the policy allows a run at most {limit} s (max_runtime_s)", field="max_runtime_s")
+    return max_runtime_s or limit
+
+
+def _parent_run(tenant: Tenant, parent_run_id: object) -> Run | None:
+    """The tenant's run named as the parent (404 if there is none), or None."""
+    if parent_run_id is None:
+        return None
+    parent = Run.objects.filter(tenant=tenant, pk=parse_id(parent_run_id, "parent run")).first()
+    if parent is None:
+        raise NotFound("parent run not found")
+    return parent
+
+
+def _deadline(now: datetime, runtime_s: int | None, parent: Run | None) -> datetime | None:
+    """When a run started ``now`` times out: after its runtime, and never after its parent's deadline."""
+    deadlines = [now + timedelta(seconds=runtime_s)] if runtime_s else []
+    if parent is not None and parent.deadline_at is not None:
+        deadlines.append(parent.deadline_at)
+    return min(deadlines) if deadlines else None
 
 
 def run_complete(*, worker: Worker, run_id: object, fencing_token: int) -> Run:
