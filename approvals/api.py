@@ -4,13 +4,21 @@ authentication, refusals and OpenAPI document as every other call."""
 
 from datetime import datetime
 
+from django.http import HttpRequest
 from ninja import Router, Schema
 
 from approvals import selectors
 from ledger.api import READ
 from ledger.api.schemas import Error
+from ledger.models import Worker
 
 router = Router()
+
+
+class WorkerRequest(HttpRequest):
+    """A worker API request, authenticated: ``ledger.api.auth.WorkerBearer`` sets ``worker``."""
+
+    worker: Worker
 
 
 class ApprovalOut(Schema):
@@ -31,7 +39,7 @@ class ApprovalOut(Schema):
     # The operation id clients were generated with, from when the call lived in ledger.api.
     operation_id="ledger_api_get_approval",
 )
-def get_approval(request, approval_id: str):
+def get_approval(request: WorkerRequest, approval_id: str) -> dict[str, object]:
     # 404 for an unknown approval and for another tenant's. (No docstring: it would become the
     # operation's description in the OpenAPI document.)
     approval = selectors.approval_get(tenant=request.worker.tenant, approval_id=approval_id)

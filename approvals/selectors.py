@@ -7,6 +7,7 @@ cases, liveness, the dashboard's counts and trends), composed with ``ledger.sele
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import connection
 from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Prefetch, Q, QuerySet
 from django.db.models.functions import TruncHour
@@ -31,17 +32,17 @@ from ledger.services.core.handoff import UnknownTime
 from ledger.sql import rows as sql_rows
 
 
-def _visible_tenant_ids(user) -> list[int]:
+def _visible_tenant_ids(user: User | AnonymousUser) -> list[int]:
     """Read first (one small query), so the queue query is a plain ``tenant_id IN (...)``
     that the planner combines with the queue's page-order index."""
     return list(tenants_for(user, VIEW).values_list("pk", flat=True))
 
 
-def cases_for(user):
+def cases_for(user: User | AnonymousUser) -> QuerySet[ReconciliationCase]:
     return ReconciliationCase.objects.filter(tenant_id__in=_visible_tenant_ids(user))
 
 
-def approvals_for(user):
+def approvals_for(user: User | AnonymousUser) -> QuerySet[ApprovalRequest]:
     return ApprovalRequest.objects.filter(tenant_id__in=_visible_tenant_ids(user))
 
 
@@ -62,7 +63,9 @@ CASE_FILTERS = {
 SORTS = ("oldest", "newest")
 
 
-def case_queue(*, user, status: str = "open", cursor: str | None = None, sort: str = "oldest"):
+def case_queue(
+    *, user: User | AnonymousUser, status: str = "open", cursor: str | None = None, sort: str = "oldest"
+) -> tuple[list[ReconciliationCase], str | None]:
     """A page of the cases ``user`` sees in filter ``status`` (CASE_FILTERS; "mine" are the
     cases the user holds), by age, with their comment threads."""
     statuses = CASE_FILTERS.get(status, PEOPLE_CASE_STATUSES)
@@ -87,7 +90,9 @@ APPROVAL_FILTERS = {
 APPROVAL_SORTS = ("expiring", "oldest", "newest")
 
 
-def approval_queue(*, user, status: str = "PENDING", cursor: str | None = None, sort: str = "expiring"):
+def approval_queue(
+    *, user: User | AnonymousUser, status: str = "PENDING", cursor: str | None = None, sort: str = "expiring"
+) -> tuple[list[ApprovalRequest], str | None]:
     statuses = APPROVAL_FILTERS.get(status, APPROVAL_FILTERS["PENDING"])
     queryset = (
         approvals_for(user).filter(status__in=statuses).select_related("operation", "capability", "run", "tenant")
@@ -160,7 +165,7 @@ def worker_liveness(*, worker: Worker, now: datetime | None = None) -> dict[str,
 # --- the dashboard --------------------------------------------------------------------------
 
 
-def dashboard_counts(*, user) -> dict:
+def dashboard_counts(*, user: User | AnonymousUser) -> dict[str, Any]:
     """What needs a person now, per visible tenant: the ledger's counts
     (``ledger.selectors.dashboard_counts``) with the people's queues beside them: open cases,
     of which still being looked up (both counted up to ``DASHBOARD_COUNT_CAP``), UNKNOWNs
@@ -236,7 +241,7 @@ def _open_cases(ids: list[int]) -> dict[int, dict[str, int]]:
         return {tenant_id: {"open_unknown": o, "with_reconciler": k} for tenant_id, o, k in cursor.fetchall()}
 
 
-def dashboard_trends(*, user, now: datetime | None = None) -> dict[str, Any]:
+def dashboard_trends(*, user: User | AnonymousUser, now: datetime | None = None) -> dict[str, Any]:
     """The dashboard's trends: the ledger's (``ledger.trends.dashboard_trends``: stale-token
     rejections, cost burn, verification lag) and the UNKNOWN effects opened and settled per
     hour, by people and by reconcilers, over the same 24 clock hours and tenants."""

@@ -16,7 +16,7 @@ import json
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -438,7 +438,13 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 
-def _every(task: str, interval_key: str) -> dict:
+class BeatEntry(TypedDict):
+    task: str
+    schedule: float
+    options: dict[str, float]
+
+
+def _every(task: str, interval_key: str) -> BeatEntry:
     """A beat entry that runs ``task`` every FENCELINE[interval_key] seconds; a run not
     picked up within one interval expires instead of piling up behind an outage."""
     interval = float(FENCELINE[interval_key])

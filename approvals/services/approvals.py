@@ -3,10 +3,12 @@ by approvers, bound to exactly what they allow (operation, attempt, args digest,
 token), used once, voided by a change of lease owner, EXPIRED on timeout — never approved
 by a timeout."""
 
+import uuid
 from collections.abc import Callable
-from typing import Any
+from datetime import datetime
 
 from django.conf import settings
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
 
@@ -27,7 +29,12 @@ from ledger.states import ApprovalKind, CapabilityStatus, Phase
 
 
 def approval_decide(
-    *, approval_id: object, approve: bool, reason: str, decided_by: str = "", user: Any = None
+    *,
+    approval_id: object,
+    approve: bool,
+    reason: str,
+    decided_by: str = "",
+    user: User | AnonymousUser | None = None,
 ) -> ApprovalRequest:
     """An approver's decision: PENDING -> APPROVED or DENIED, with their name and reason, as
     an event in the run's chain. A request past its expiry is marked EXPIRED and the
@@ -41,38 +48,12 @@ def approval_decide(
     if approval is None:
         raise NotFound("approval not found")
     decided_by = acting_name(user=user, name=decided_by, tenant_id=approval.tenant_id, perm=APPROVE)
+    _refuse_if_expired(approval)
     with transaction.atomic():
         (run,) = locked_runs({"run_id": approval.run_id})
-        now = timezone.now()
-        batch = ChainBatch(now)
+        batch = ChainBatch(timezone.now())
+        _decide_pending(approval, approve=approve, decided_by=decided_by, reason=reason.strip(), now=batch.now)
         actor = user_actor(decided_by)
-        expired = approval_expire_if_due(approval=approval, run=run, batch=batch)
-        if expired:
-            batch.commit()
-    if expired or approval.status == ApprovalStatus.EXPIRED:
-        raise WrongPhase(phase=ApprovalStatus.EXPIRED, wanted=ApprovalStatus.PENDING)
-    with transaction.atomic():
-        (run,) = locked_runs({"run_id": approval.run_id})
-        now = timezone.now()
-        batch = ChainBatch(now)
-        target = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
-        won = ApprovalRequest.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING, expires_at__gt=now).update(
-            status=target, decided_by=decided_by, decided_at=now, reason=reason.strip()
-        )
-        if won != 1:
-            approval.refresh_from_db()
-            raise WrongPhase(phase=approval.status, wanted=ApprovalStatus.PENDING)
-        approval.status, approval.decided_by, approval.decided_at, approval.reason = (
-            target,
-            decided_by,
-            now,
-            reason.strip(),
-        )
-        if approval.capability_id:
-            capability_status = CapabilityStatus.ACTIVE if approve else CapabilityStatus.DENIED
-            CapabilityBudget.objects.filter(pk=approval.capability_id, status=CapabilityStatus.PENDING_APPROVAL).update(
-                status=capability_status
-            )
         batch.append(
             run,
             "APPROVAL_APPROVED" if approve else "APPROVAL_DENIED",
@@ -89,6 +70,38 @@ def approval_decide(
             _deny_waiting_operation(approval=approval, run=run, batch=batch, actor=actor)
         batch.commit()
     return approval
+
+
+def _refuse_if_expired(approval: ApprovalRequest) -> None:
+    """A request past its expiry becomes EXPIRED first (committed, with its event), and the
+    decision is refused: WrongPhase, as for one that was EXPIRED already."""
+    with transaction.atomic():
+        (run,) = locked_runs({"run_id": approval.run_id})
+        batch = ChainBatch(timezone.now())
+        expired = approval_expire_if_due(approval=approval, run=run, batch=batch)
+        if expired:
+            batch.commit()
+    if expired or approval.status == ApprovalStatus.EXPIRED:
+        raise WrongPhase(phase=ApprovalStatus.EXPIRED, wanted=ApprovalStatus.PENDING)
+
+
+def _decide_pending(approval: ApprovalRequest, *, approve: bool, decided_by: str, reason: str, now: datetime) -> None:
+    """PENDING and unexpired -> APPROVED or DENIED by a conditional UPDATE (0 rows: refused
+    with the status it has now), and the capability it asked for ACTIVE or DENIED with it.
+    ``approval`` is updated in place. The run is locked."""
+    target = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
+    won = ApprovalRequest.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING, expires_at__gt=now).update(
+        status=target, decided_by=decided_by, decided_at=now, reason=reason
+    )
+    if won != 1:
+        approval.refresh_from_db()
+        raise WrongPhase(phase=approval.status, wanted=ApprovalStatus.PENDING)
+    approval.status, approval.decided_by, approval.decided_at, approval.reason = target, decided_by, now, reason
+    if approval.capability_id:
+        capability_status = CapabilityStatus.ACTIVE if approve else CapabilityStatus.DENIED
+        CapabilityBudget.objects.filter(pk=approval.capability_id, status=CapabilityStatus.PENDING_APPROVAL).update(
+            status=capability_status
+        )
 
 
 def approval_expire_if_due(*, approval: ApprovalRequest, run: Run, batch: ChainBatch) -> bool:
@@ -116,7 +129,7 @@ def approvals_expire(*, batch_size: int | None = None, progress: Callable[[int, 
     ``progress(expired, batches)`` is called after each batch that locked runs."""
     batch_size = batch_size or settings.FENCELINE["APPROVAL_EXPIRY_BATCH_SIZE"]
     expired = batches = 0
-    after: tuple | None = None  # (expires_at, id) of the last due approval whose run was busy
+    after: tuple[datetime, uuid.UUID] | None = None  # (expires_at, id) of the last due approval whose run was busy
     restarted = False
     while True:
         with transaction.atomic():
@@ -146,7 +159,7 @@ def approvals_expire(*, batch_size: int | None = None, progress: Callable[[int, 
             after = due[-1][1:]
 
 
-def _expire_due(*, runs: dict, batch: ChainBatch, limit: int) -> int:
+def _expire_due(*, runs: dict[uuid.UUID, Run], batch: ChainBatch, limit: int) -> int:
     """PENDING or APPROVED past its expiry -> EXPIRED for (at most ``limit``) approvals of
     the locked ``runs``, oldest expiry first, with one APPROVAL_EXPIRED event each."""
     if not runs:

@@ -2,8 +2,10 @@
 preview of exactly the requests it will touch, then all of them or none. Each decision is
 ``approval_decide``'s own (one event in each run's chain, naming the approver)."""
 
-from typing import Any
+import uuid
+from collections.abc import Iterable
 
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
 
@@ -14,8 +16,8 @@ from ledger.roles import APPROVE, can, tenants_for
 from ledger.services.core.decisions import decision_reason
 
 
-def _ids(raw_ids) -> set:
-    ids = set()
+def _ids(raw_ids: Iterable[object]) -> set[uuid.UUID]:
+    ids: set[uuid.UUID] = set()
     for raw in raw_ids:
         try:
             ids.add(parse_id(raw, "approval"))
@@ -24,7 +26,7 @@ def _ids(raw_ids) -> set:
     return ids
 
 
-def approvals_preview(*, approval_ids, user: Any) -> list[ApprovalRequest]:
+def approvals_preview(*, approval_ids: Iterable[object], user: User | AnonymousUser) -> list[ApprovalRequest]:
     """Exactly the requests a bulk decision by ``user`` on ``approval_ids`` will touch: those
     still PENDING and not expired, on tenants where the user may approve, in the order they
     will be decided (soonest expiry first)."""
@@ -40,7 +42,9 @@ def approvals_preview(*, approval_ids, user: Any) -> list[ApprovalRequest]:
     )
 
 
-def approvals_decide_bulk(*, approval_ids, user: Any, approve: bool, reason: str) -> list[ApprovalRequest]:
+def approvals_decide_bulk(
+    *, approval_ids: Iterable[object], user: User | AnonymousUser, approve: bool, reason: str
+) -> list[ApprovalRequest]:
     """Approve (or deny) several requests with one reason, all or none: every one must still
     be PENDING, unexpired and on a tenant where ``user`` may approve, or nothing changes."""
     reason = decision_reason(reason)

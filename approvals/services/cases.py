@@ -3,8 +3,12 @@
 escalate, resolve (UNKNOWN -> RECONCILED with a named person and evidence), bulk resolve."""
 
 import uuid
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
 
@@ -33,7 +37,7 @@ def case_resolve(
     resolution: str,
     reason: str,
     resolved_by: str = "",
-    user=None,
+    user: User | AnonymousUser | None = None,
     provider_request_id: str = "",
     actual_cost_cents: int | None = None,
 ) -> ReconciliationCase:
@@ -82,37 +86,19 @@ def case_settle(
     actor: str,
     provider_request_id: str = "",
     actual_cost_cents: int | None = None,
-    lookup: dict | None = None,
+    lookup: dict[str, Any] | None = None,
 ) -> ReconciliationCase:
     """The one way a case is resolved, by a person (``case_resolve``) or a reconciler (with
     the ``lookup`` that decided it, recorded on the case and as a CASE_LOOKED_UP event
     before the operation's RECONCILED). Whoever's conditional UPDATE on the open case wins
     decides; the other is refused with the case's current status."""
-    if resolution not in RESOLUTIONS:
-        raise InvalidInput(f"resolution must be one of {', '.join(RESOLUTIONS)}", field="resolution")
-    if resolution == "HAPPENED" and not provider_request_id:
-        raise InvalidInput("HAPPENED needs the provider's request id as evidence", field="provider_request_id")
-    check_text(reason, path="reason")
-    if provider_request_id:
-        check_text(provider_request_id, path="provider_request_id")
+    _check_settlement(resolution=resolution, reason=reason, provider_request_id=provider_request_id)
     _no_conflict(case.operation_id)
     with transaction.atomic():
         (run,) = locked_runs({"run_id": case.run_id})
         now = timezone.now()
         ctx = Fenced(run=run, batch=ChainBatch(now), now=now, actor=actor, fencing_token=run.lease.fencing_token)
-        values: dict = {
-            "status": CaseStatus.RESOLVED,
-            "resolution": resolution,
-            "resolution_reason": reason.strip(),
-            "resolved_by": resolved_by,
-            "resolved_at": now,
-        }
-        if lookup is not None:
-            values.update(lookup_history_update(case, lookup, now=now))
-        won = ReconciliationCase.objects.filter(pk=case.pk, status__in=OPEN_CASE_STATUSES).update(**values)
-        if won != 1:
-            case.refresh_from_db()
-            raise WrongPhase(phase=f"case {case.status}", wanted="an open case")
+        _case_close(case, resolution=resolution, reason=reason, resolved_by=resolved_by, lookup=lookup, now=now)
         op = Operation.objects.get(pk=case.operation_id)
         if op.phase != Phase.UNKNOWN:
             raise WrongPhase(phase=op.phase, wanted=Phase.UNKNOWN)
@@ -120,42 +106,105 @@ def case_settle(
             ctx.batch.append(
                 run, "CASE_LOOKED_UP", actor=actor, fields=lookup_event_fields(case, lookup, to="RESOLVED")
             )
-        changing = provider_ref.phase_now()
-        ref: provider_ref.ProviderRef | None
-        if provider_request_id:
-            ref = provider_ref.ProviderRef(provider=op.provider, id=provider_request_id)
-        else:
-            ref = provider_ref.reference(op, changing)
-        transition(
+        _operation_reconcile(
             op,
-            Phase.RECONCILED,
             ctx,
-            reason=reason.strip(),
-            reconciliation=resolution,
-            **provider_ref.written(changing, provider=op.provider, ref=ref),
-            actual_cost_cents=actual_cost_cents if actual_cost_cents is not None else op.actual_cost_cents,
-            event_fields={
-                "case_id": case.pk,
-                "resolution": resolution,
-                "resolved_by": resolved_by,
-                # the policy in force when it was decided
-                **decision_policy(run.tenant),
-            },
-        )
-        cost_resolve(
-            op=op,
-            run=run,
-            actual_cents=0 if resolution == "DID_NOT_HAPPEN" else actual_cost_cents,
-            batch=ctx.batch,
-            actor=ctx.actor,
-            now=now,
+            case=case,
+            resolution=resolution,
+            reason=reason,
+            resolved_by=resolved_by,
+            provider_request_id=provider_request_id,
+            actual_cost_cents=actual_cost_cents,
         )
         ctx.batch.commit()
     case.refresh_from_db()
     return case
 
 
-def lookup_history_update(case: ReconciliationCase, lookup: dict, *, now) -> dict:
+def _check_settlement(*, resolution: str, reason: str, provider_request_id: str) -> None:
+    """A resolution Fenceline records: one of RESOLUTIONS, HAPPENED with the provider's
+    request id as evidence, and texts that pass the secret boundary."""
+    if resolution not in RESOLUTIONS:
+        raise InvalidInput(f"resolution must be one of {', '.join(RESOLUTIONS)}", field="resolution")
+    if resolution == "HAPPENED" and not provider_request_id:
+        raise InvalidInput("HAPPENED needs the provider's request id as evidence", field="provider_request_id")
+    check_text(reason, path="reason")
+    if provider_request_id:
+        check_text(provider_request_id, path="provider_request_id")
+
+
+def _case_close(
+    case: ReconciliationCase,
+    *,
+    resolution: str,
+    reason: str,
+    resolved_by: str,
+    lookup: dict[str, Any] | None,
+    now: datetime,
+) -> None:
+    """The open case -> RESOLVED (with the lookup that decided it, if any), by a conditional
+    UPDATE: 0 rows means somebody else decided first, refused with the case's status now."""
+    values: dict[str, Any] = {
+        "status": CaseStatus.RESOLVED,
+        "resolution": resolution,
+        "resolution_reason": reason.strip(),
+        "resolved_by": resolved_by,
+        "resolved_at": now,
+    }
+    if lookup is not None:
+        values.update(lookup_history_update(case, lookup, now=now))
+    won = ReconciliationCase.objects.filter(pk=case.pk, status__in=OPEN_CASE_STATUSES).update(**values)
+    if won != 1:
+        case.refresh_from_db()
+        raise WrongPhase(phase=f"case {case.status}", wanted="an open case")
+
+
+def _operation_reconcile(
+    op: Operation,
+    ctx: Fenced,
+    *,
+    case: ReconciliationCase,
+    resolution: str,
+    reason: str,
+    resolved_by: str,
+    provider_request_id: str,
+    actual_cost_cents: int | None,
+) -> None:
+    """The case's operation UNKNOWN -> RECONCILED, with its provider record (the id given as
+    evidence, else the one it has) and the policy in force when it was decided; then its
+    cost reservation is settled (released when nothing happened)."""
+    changing = provider_ref.phase_now()
+    ref: provider_ref.ProviderRef | None
+    if provider_request_id:
+        ref = provider_ref.ProviderRef(provider=op.provider, id=provider_request_id)
+    else:
+        ref = provider_ref.reference(op, changing)
+    transition(
+        op,
+        Phase.RECONCILED,
+        ctx,
+        reason=reason.strip(),
+        reconciliation=resolution,
+        **provider_ref.written(changing, provider=op.provider, ref=ref),
+        actual_cost_cents=actual_cost_cents if actual_cost_cents is not None else op.actual_cost_cents,
+        event_fields={
+            "case_id": case.pk,
+            "resolution": resolution,
+            "resolved_by": resolved_by,
+            **decision_policy(ctx.run.tenant),
+        },
+    )
+    cost_resolve(
+        op=op,
+        run=ctx.run,
+        actual_cents=0 if resolution == "DID_NOT_HAPPEN" else actual_cost_cents,
+        batch=ctx.batch,
+        actor=ctx.actor,
+        now=ctx.now,
+    )
+
+
+def lookup_history_update(case: ReconciliationCase, lookup: dict[str, Any], *, now: datetime) -> dict[str, Any]:
     """The case's lookup columns after one more lookup (the caller holds the run lock and
     the lookup claim, so nobody else appends to this history meanwhile)."""
     entry = {"at": now, **lookup}
@@ -166,7 +215,7 @@ def lookup_history_update(case: ReconciliationCase, lookup: dict, *, now) -> dic
     }
 
 
-def lookup_event_fields(case: ReconciliationCase, lookup: dict, *, to: str) -> dict:
+def lookup_event_fields(case: ReconciliationCase, lookup: dict[str, Any], *, to: str) -> dict[str, Any]:
     return {
         "case_id": case.pk,
         "operation_id": case.operation_id,
@@ -187,14 +236,14 @@ def _case_for(case_id: object) -> ReconciliationCase:
 def _case_move(
     *,
     case_id: object,
-    user,
-    sources: tuple,
+    user: User | AnonymousUser,
+    sources: tuple[CaseStatus, ...],
     target: CaseStatus,
     event: str,
     reason: str = "",
     claim_for: str | None = None,
     held_by: str | None = None,
-    extra_fields: dict | None = None,
+    extra_fields: dict[str, Any] | None = None,
 ) -> ReconciliationCase:
     """One case transition by a console user: the role is checked on the case's tenant, the
     run is locked, the conditional UPDATE on the current status (and, with ``held_by``, on
@@ -205,7 +254,7 @@ def _case_move(
     with transaction.atomic():
         (run,) = locked_runs({"run_id": case.run_id})
         now = timezone.now()
-        values: dict = {"status": target}
+        values: dict[str, Any] = {"status": target}
         if claim_for is not None:
             values.update(claimed_by=claim_for, claimed_at=now if claim_for else None)
         if target == CaseStatus.ESCALATED:
@@ -232,7 +281,7 @@ def _case_move(
     return case
 
 
-def case_claim(*, case_id: object, user) -> ReconciliationCase:
+def case_claim(*, case_id: object, user: User | AnonymousUser) -> ReconciliationCase:
     """An operator takes an OPEN case: OPEN -> CLAIMED, with a CASE_CLAIMED event. A case a
     reconciler is still looking up (LOOKUP) may be taken over too: the lookups stop."""
     return _case_move(
@@ -245,7 +294,7 @@ def case_claim(*, case_id: object, user) -> ReconciliationCase:
     )
 
 
-def case_unclaim(*, case_id: object, user, reason: str) -> ReconciliationCase:
+def case_unclaim(*, case_id: object, user: User | AnonymousUser, reason: str) -> ReconciliationCase:
     """Let go of a CLAIMED case, with the reason: CLAIMED -> OPEN (back in the unclaimed
     queue), with a CASE_UNCLAIMED event naming who let go of whose claim."""
     reason = decision_reason(reason)
@@ -263,7 +312,7 @@ def case_unclaim(*, case_id: object, user, reason: str) -> ReconciliationCase:
     )
 
 
-def case_reassign(*, case_id: object, user, to: str, reason: str) -> ReconciliationCase:
+def case_reassign(*, case_id: object, user: User | AnonymousUser, to: str, reason: str) -> ReconciliationCase:
     """Hand an open case to another person who may operate on its tenant, with the reason:
     OPEN, CLAIMED or ESCALATED -> CLAIMED by ``to``, with a CASE_REASSIGNED event
     {from, to, reason}. Refused for a person who could not resolve it themselves."""
@@ -288,7 +337,7 @@ def case_reassign(*, case_id: object, user, to: str, reason: str) -> Reconciliat
 COMMENT_MAX_LENGTH = 1000
 
 
-def case_comment(*, case_id: object, user, text: str) -> CaseComment:
+def case_comment(*, case_id: object, user: User | AnonymousUser, text: str) -> CaseComment:
     """A note on a case (open or resolved) by a person who may operate on its tenant: kept
     on the case's thread and appended to the run's chain as CASE_COMMENTED. The text passes
     the secret boundary (a credential-like text is refused, never stored)."""
@@ -315,7 +364,7 @@ def case_comment(*, case_id: object, user, text: str) -> CaseComment:
     return comment
 
 
-def case_escalate(*, case_id: object, user, reason: str) -> ReconciliationCase:
+def case_escalate(*, case_id: object, user: User | AnonymousUser, reason: str) -> ReconciliationCase:
     """An operator hands an open case up: OPEN or CLAIMED -> ESCALATED, with the reason."""
     if not reason or not reason.strip():
         raise InvalidInput("an escalation says why")
@@ -333,10 +382,10 @@ def case_escalate(*, case_id: object, user, reason: str) -> ReconciliationCase:
 BULK_RESOLUTIONS = ("DID_NOT_HAPPEN", "COMPENSATED")  # HAPPENED needs each case's own provider id
 
 
-def cases_preview(*, case_ids, user) -> list[ReconciliationCase]:
+def cases_preview(*, case_ids: Iterable[object], user: User | AnonymousUser) -> list[ReconciliationCase]:
     """Exactly the cases a bulk action by ``user`` on ``case_ids`` will touch: those still
     open, on tenants where the user may operate, in the order they will be resolved."""
-    ids = set()
+    ids: set[uuid.UUID] = set()
     for raw in case_ids:
         try:
             ids.add(parse_id(raw, "case"))
@@ -351,7 +400,9 @@ def cases_preview(*, case_ids, user) -> list[ReconciliationCase]:
     )
 
 
-def cases_resolve_bulk(*, case_ids, user, resolution: str, reason: str) -> list[ReconciliationCase]:
+def cases_resolve_bulk(
+    *, case_ids: Iterable[object], user: User | AnonymousUser, resolution: str, reason: str
+) -> list[ReconciliationCase]:
     """Resolve several cases with one resolution and reason, all or none: every case must
     still be open and on a tenant where ``user`` may operate, or nothing changes."""
     if resolution not in BULK_RESOLUTIONS:

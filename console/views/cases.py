@@ -2,6 +2,10 @@
 resolve (happened / did not happen / compensated), escalate, and bulk resolve with a
 preview of exactly the cases it will touch. Each action goes through approvals.services."""
 
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -11,6 +15,7 @@ from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from approvals.models import ReconciliationCase
 from approvals.selectors import CASE_FILTERS, SORTS, case_queue, cases_for
 from approvals.services.cases import (
     BULK_RESOLUTIONS,
@@ -25,7 +30,15 @@ from approvals.services.cases import (
     cases_preview,
     cases_resolve_bulk,
 )
-from console.views.common import BAD_INPUT, bulk_preview, chosen, form_errors, queue_answer, selected_for_action
+from console.views.common import (
+    BAD_INPUT,
+    HtmxHttpRequest,
+    bulk_preview,
+    chosen,
+    form_errors,
+    queue_answer,
+    selected_for_action,
+)
 from ledger.errors import DomainError
 from ledger.roles import OPERATE, can, tenants_for
 
@@ -41,7 +54,7 @@ class ResolveForm(forms.Form):
     provider_request_id = forms.CharField(max_length=200, required=False, strip=True)
     reason = forms.CharField(max_length=500, strip=True)
 
-    def clean(self):
+    def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         if data.get("resolution") == "HAPPENED" and not data.get("provider_request_id"):
             self.add_error("provider_request_id", "HAPPENED needs the provider's request id as evidence.")
@@ -69,7 +82,7 @@ class BulkForm(forms.Form):
     reason = forms.CharField(max_length=500, strip=True)
     confirm = forms.BooleanField(required=False)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Any submitted id is a valid choice here; visibility is decided by the selector.
         field = self.fields["case"]
@@ -89,7 +102,7 @@ STATUS_LABELS = {
 }
 
 
-def _queue_context(request) -> dict:
+def _queue_context(request: HtmxHttpRequest) -> dict[str, Any]:
     status, status_notice = chosen(request, "status", CASE_FILTERS, "open")
     sort, sort_notice = chosen(request, "sort", SORTS, "newest" if status in ("all", "RESOLVED") else "oldest")
     rows, next_cursor = case_queue(user=request.user, status=status, cursor=request.GET.get("after"), sort=sort)
@@ -114,14 +127,14 @@ def _queue_context(request) -> dict:
 
 @require_GET
 @login_required
-def queue(request):
+def queue(request: HtmxHttpRequest) -> HttpResponse:
     context = _queue_context(request)
     if request.htmx and request.htmx.target == "cases-table":
         return render(request, f"{TEMPLATE}#table", context)
     return render(request, TEMPLATE, context)
 
 
-def _case_to_act_on(request, case_id):
+def _case_to_act_on(request: HtmxHttpRequest, case_id: UUID) -> ReconciliationCase:
     """Another tenant's case is a 404; a case the user sees but may not act on, 403."""
     case = get_object_or_404(cases_for(request.user).select_related("tenant"), pk=case_id)
     if not can(request.user, case.tenant, OPERATE):
@@ -129,7 +142,7 @@ def _case_to_act_on(request, case_id):
     return case
 
 
-def _done(request, message: str, *, error: bool = False, status: int = 200):
+def _done(request: HtmxHttpRequest, message: str, *, error: bool = False, status: int = 200) -> HttpResponse:
     return queue_answer(
         request,
         template=TEMPLATE,
@@ -143,7 +156,7 @@ def _done(request, message: str, *, error: bool = False, status: int = 200):
 
 @require_POST
 @login_required
-def claim(request, case_id):
+def claim(request: HtmxHttpRequest, case_id: UUID) -> HttpResponse:
     case = _case_to_act_on(request, case_id)
     try:
         case_claim(case_id=case.pk, user=request.user)
@@ -152,7 +165,13 @@ def claim(request, case_id):
     return _done(request, f"Case {str(case.pk)[:8]} claimed.")
 
 
-def _act(request, case_id, form_class: type[forms.Form], act, said) -> HttpResponse:
+def _act(
+    request: HtmxHttpRequest,
+    case_id: UUID,
+    form_class: type[forms.Form],
+    act: Callable[[UUID, dict[str, Any]], object],
+    said: Callable[[str, dict[str, Any]], str],
+) -> HttpResponse:
     """One action on one case: the case (404 / 403), its form (422), the service named by
     ``act(case_id, cleaned)`` (its refusal's status), then the toast ``said(short id, cleaned)``."""
     case = _case_to_act_on(request, case_id)
@@ -168,7 +187,7 @@ def _act(request, case_id, form_class: type[forms.Form], act, said) -> HttpRespo
 
 @require_POST
 @login_required
-def resolve(request, case_id):
+def resolve(request: HtmxHttpRequest, case_id: UUID) -> HttpResponse:
     return _act(
         request,
         case_id,
@@ -186,7 +205,7 @@ def resolve(request, case_id):
 
 @require_POST
 @login_required
-def escalate(request, case_id):
+def escalate(request: HtmxHttpRequest, case_id: UUID) -> HttpResponse:
     return _act(
         request,
         case_id,
@@ -198,7 +217,7 @@ def escalate(request, case_id):
 
 @require_POST
 @login_required
-def unclaim(request, case_id):
+def unclaim(request: HtmxHttpRequest, case_id: UUID) -> HttpResponse:
     return _act(
         request,
         case_id,
@@ -210,7 +229,7 @@ def unclaim(request, case_id):
 
 @require_POST
 @login_required
-def reassign(request, case_id):
+def reassign(request: HtmxHttpRequest, case_id: UUID) -> HttpResponse:
     return _act(
         request,
         case_id,
@@ -222,7 +241,7 @@ def reassign(request, case_id):
 
 @require_POST
 @login_required
-def comment(request, case_id):
+def comment(request: HtmxHttpRequest, case_id: UUID) -> HttpResponse:
     return _act(
         request,
         case_id,
@@ -234,7 +253,7 @@ def comment(request, case_id):
 
 @require_POST
 @login_required
-def bulk(request):
+def bulk(request: HtmxHttpRequest) -> HttpResponse:
     """First POST (no ``confirm``): show exactly the cases it will touch. Second POST with
     ``confirm``: resolve exactly those, all or none."""
     form = BulkForm(request.POST)

@@ -11,15 +11,25 @@ from typing import Any
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django_htmx.middleware import HtmxDetails
 
+from approvals.models import ApprovalRequest, ReconciliationCase
 from ledger.admin_selectors import visible_tenants
-from ledger.errors import InvalidInput
+from ledger.errors import DomainError, InvalidInput
 from ledger.models import Tenant
 from ledger.roles import can
 
 BAD_INPUT = InvalidInput.status  # a form that does not validate is refused like the service would
+
+
+class HtmxHttpRequest(HttpRequest):
+    """The request every console view receives: ``HtmxMiddleware`` sets ``htmx`` on each
+    one (django-htmx's documented annotation; it is never instantiated)."""
+
+    htmx: HtmxDetails
 
 
 def chosen(request: HttpRequest, name: str, allowed: Collection[str], default: str) -> tuple[str, str]:
@@ -54,6 +64,13 @@ def form_errors(form: forms.Form) -> str:
     )
 
 
+def refused_field(exc: DomainError) -> str:
+    """The field a service's refusal names (``fields[0].field``), or ""."""
+    fields = exc.extra.get("fields")
+    first = fields[0] if isinstance(fields, list) and fields else None
+    return str(first.get("field", "")) if isinstance(first, dict) else ""
+
+
 def done(request: HttpRequest, message: str, to: str, *, error: bool = False) -> HttpResponse:
     """After a POST: a toast, and back to ``to`` (POST/redirect/GET, with or without htmx)."""
     (messages.error if error else messages.success)(request, message)
@@ -61,7 +78,7 @@ def done(request: HttpRequest, message: str, to: str, *, error: bool = False) ->
 
 
 def queue_answer(
-    request: HttpRequest,
+    request: HtmxHttpRequest,
     *,
     template: str,
     context: Callable[[], dict[str, Any]],
@@ -73,7 +90,7 @@ def queue_answer(
     """After an action on a decision queue: htmx gets the refreshed table and one
     out-of-band toast (an error swaps nothing else); a plain form post is redirected back
     to ``back_to``, or shown the page with the error and its ``status``."""
-    if request.htmx:  # type: ignore[attr-defined]
+    if request.htmx:
         response = render(request, f"{template}#action-response", {**context(), "toast": message, "toast_error": error})
         if error:
             response["HX-Reswap"] = "none"
@@ -83,7 +100,9 @@ def queue_answer(
     return redirect(back_to)
 
 
-def selected_for_action(request: HttpRequest, visible: Any, ids: list[str], perm: str, what: str) -> list:
+def selected_for_action[M: (ApprovalRequest, ReconciliationCase)](
+    request: HttpRequest, visible: QuerySet[M], ids: list[str], perm: str, what: str
+) -> list[M]:
     """The objects a bulk form names, among ``visible`` (what the user sees): every one of
     them or 404 (an id that is no UUID names nothing either), and each of a tenant where the
     user holds ``perm``, or 403."""
@@ -99,9 +118,14 @@ def selected_for_action(request: HttpRequest, visible: Any, ids: list[str], perm
     return found
 
 
-def bulk_preview(request: HttpRequest, template: str, preview: dict, queue_context: Callable[[], dict]) -> HttpResponse:
+def bulk_preview(
+    request: HtmxHttpRequest,
+    template: str,
+    preview: dict[str, Any],
+    queue_context: Callable[[], dict[str, Any]],
+) -> HttpResponse:
     """A bulk form's first answer: exactly what it would touch (the preview partial under
     htmx; without it, the whole queue page with the preview in it)."""
-    if request.htmx:  # type: ignore[attr-defined]
+    if request.htmx:
         return render(request, f"{template}#bulk-preview", preview)
     return render(request, template, {**preview, **queue_context()})

@@ -3,16 +3,18 @@ preview of what a revocation touches (leases, runs, operations in flight), revok
 by principal or by prefix, and rotate a credential. Writes go through
 ledger.services.credentials, which re-checks the admin role."""
 
+from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse
 from django.shortcuts import render
 from django.template.defaultfilters import pluralize
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from console.views.common import BAD_INPUT, chosen, done, form_errors, tenant_for_action
+from console.views.common import BAD_INPUT, HtmxHttpRequest, chosen, done, form_errors, tenant_for_action
 from ledger import admin_selectors
 from ledger.errors import DomainError
 from ledger.roles import ADMINISTER, VIEW, tenants_for
@@ -33,7 +35,7 @@ class SelectionForm(forms.Form):
     # base_fields, so the form's own ``prefix`` stays None.
     prefix = forms.CharField(max_length=36, required=False, strip=True)  # type: ignore[assignment]
 
-    def clean(self):
+    def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         if not (data.get("lease") or data.get("principal") or data.get("prefix")):
             raise forms.ValidationError("Name a lease, a principal or a lease-id prefix.")
@@ -52,7 +54,7 @@ class RotateForm(forms.Form):
     reason = forms.CharField(max_length=500, strip=True)
 
 
-def _filters(request) -> tuple[dict, str]:
+def _filters(request: HtmxHttpRequest) -> tuple[dict[str, str], str]:
     params = request.GET
     state, notice = chosen(request, "state", admin_selectors.LEASE_STATES, "active")
     filters = {
@@ -64,7 +66,7 @@ def _filters(request) -> tuple[dict, str]:
     return filters, notice
 
 
-def _page_context(request, **extra) -> dict:
+def _page_context(request: HtmxHttpRequest, **extra: Any) -> dict[str, Any]:
     filters, notice = _filters(request)
     errors = list(extra.pop("errors", []))
     try:
@@ -93,21 +95,21 @@ def _page_context(request, **extra) -> dict:
 @require_GET
 @login_required
 @vary_on_headers("HX-Request")
-def lease_list(request):
+def lease_list(request: HtmxHttpRequest) -> HttpResponse:
     context = _page_context(request)
     if request.htmx and not request.htmx.history_restore_request and request.htmx.target == "leases-table":
         return render(request, f"{TEMPLATE}#table", context)
     return render(request, TEMPLATE, context)
 
 
-def _selection(form) -> dict:
+def _selection(form: SelectionForm) -> dict[str, str]:
     data = form.cleaned_data
     return {"lease_id": data.get("lease", ""), "principal": data.get("principal", ""), "prefix": data.get("prefix", "")}
 
 
 @require_GET
 @login_required
-def revoke_preview(request):
+def revoke_preview(request: HtmxHttpRequest) -> HttpResponse:
     """What a revocation would touch, read-only; the confirm form posts to ``revoke``."""
     form = SelectionForm(request.GET)
     if not form.is_valid():
@@ -123,7 +125,7 @@ def revoke_preview(request):
 
 @require_POST
 @login_required
-def revoke(request):
+def revoke(request: HtmxHttpRequest) -> HttpResponse:
     form = RevokeForm(request.POST)
     if not form.is_valid():
         return render(request, TEMPLATE, _page_context(request, errors=[form_errors(form)]), status=BAD_INPUT)
@@ -155,7 +157,7 @@ def revoke(request):
 
 @require_POST
 @login_required
-def rotate(request):
+def rotate(request: HtmxHttpRequest) -> HttpResponse:
     form = RotateForm(request.POST)
     if not form.is_valid():
         return render(request, TEMPLATE, _page_context(request, errors=[form_errors(form)]), status=BAD_INPUT)

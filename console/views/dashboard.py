@@ -2,16 +2,18 @@
 the tenants where the user has a role."""
 
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse
 from django.shortcuts import render
 from django.views.decorators.vary import vary_on_headers
 
 from approvals import selectors
+from console.views.common import HtmxHttpRequest
 from ledger.observability import health
 
 
 @login_required
 @vary_on_headers("HX-Request", "HX-Target")
-def home(request):
+def home(request: HtmxHttpRequest) -> HttpResponse:
     """What needs a person now. htmx polls the same URL: the counts partial every 10 s, and
     the trends partial (the request targets ``#trends``) every minute."""
     if request.htmx and not request.htmx.history_restore_request:

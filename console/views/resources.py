@@ -3,13 +3,17 @@ state and age, cleanup alerts with their owners; for admins, "retry cleanup now"
 released" with a reason. Writes go through ledger.services.lifespan.cleanup, which
 re-checks the admin role."""
 
+from typing import Any
+from uuid import UUID
+
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET, require_POST
 
-from console.views.common import BAD_INPUT, done, form_errors
+from console.views.common import BAD_INPUT, HtmxHttpRequest, done, form_errors
 from ledger import admin_selectors
 from ledger.errors import DomainError
 from ledger.models import RunResource
@@ -25,7 +29,7 @@ class ActionForm(forms.Form):
     reason = forms.CharField(max_length=500, strip=True)
 
 
-def _context(request, **extra) -> dict:
+def _context(request: HtmxHttpRequest, **extra: Any) -> dict[str, Any]:
     tenant = request.GET.get("tenant", "").strip()
     state = request.GET.get("state", "").strip() or "open"
     notice = ""
@@ -48,13 +52,13 @@ def _context(request, **extra) -> dict:
 
 @require_GET
 @login_required
-def resource_list(request):
+def resource_list(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, TEMPLATE, _context(request))
 
 
 @require_POST
 @login_required
-def resource_act(request, resource_id):
+def resource_act(request: HtmxHttpRequest, resource_id: UUID) -> HttpResponse:
     """Another tenant's resource is a 404; one the user sees but may not administer, 403."""
     visible = RunResource.objects.filter(tenant__in=admin_selectors.visible_tenants(user=request.user))
     resource = get_object_or_404(visible.select_related("tenant"), pk=resource_id)

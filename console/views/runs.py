@@ -1,21 +1,26 @@
 """Runs: the list with search, status and indicator filters (keyset pages), and one run's
 page with its indicators, timeline, lease history, operations and budgets."""
 
+from typing import Any, TypedDict
+from uuid import UUID
+
 from django import forms
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from approvals import selectors as approvals_selectors
-from console.views.common import BAD_INPUT, chosen, done, form_errors
+from console.views.common import BAD_INPUT, HtmxHttpRequest, chosen, done, form_errors
 from ledger import selectors
 from ledger.actors import user_actor
 from ledger.errors import DomainError
+from ledger.models import Run
 from ledger.roles import OPERATE, can, tenants_for
 from ledger.services.core.decisions import acting_name
 from ledger.services.evidence.export import chain_export
@@ -37,7 +42,7 @@ BADGE = {
 }
 
 
-def badges(run) -> list[dict]:
+def badges(run: Run) -> list[dict[str, Any]]:
     """The four indicators as separate badges, in a fixed order, each with its reason."""
     return [
         {"name": name, "value": ind["value"], "tone": BADGE[ind["value"]], "reason": ind["reason"], "detail": ind}
@@ -45,7 +50,7 @@ def badges(run) -> list[dict]:
     ]
 
 
-def partial(request) -> bool:
+def partial(request: HtmxHttpRequest) -> bool:
     """An htmx swap gets the named partial; a history restore needs the whole page."""
     return bool(request.htmx) and not request.htmx.history_restore_request
 
@@ -53,13 +58,26 @@ def partial(request) -> bool:
 SORTS = ("newest", "oldest")
 
 
-def _run_filters(request) -> tuple[dict, list[str]]:
-    """The list's filters from the query string, each value matched in any case; a value
-    that is none of the allowed ones is dropped with a notice (never silently)."""
+class RunFilters(TypedDict):
+    """What the run list is narrowed to (``ledger.selectors.runs_search``'s arguments)."""
+
+    q: str
+    status: str
+    indicators: dict[str, str]
+    tenant: str
+    worker: str
+    tool: str
+    effect_class: str
+    phase: str
+
+
+def _run_filters(request: HtmxHttpRequest) -> tuple[RunFilters, str, list[str]]:
+    """The list's filters and order from the query string, each value matched in any case;
+    a value that is none of the allowed ones is dropped with a notice (never silently)."""
     notices = []
     status, notice = chosen(request, "status", RunStatus.values, "")
     notices.append(notice)
-    indicators = {}
+    indicators: dict[str, str] = {}
     for name, values in selectors.INDICATOR_FILTERS.items():
         indicators[name], notice = chosen(request, name, list(values), "")
         notices.append(notice)
@@ -71,29 +89,26 @@ def _run_filters(request) -> tuple[dict, list[str]]:
     notices.append(notice)
     sort, notice = chosen(request, "sort", SORTS, "newest")
     notices.append(notice)
-    filters = {
-        "q": request.GET.get("q", "").strip()[:200],
-        "status": status,
-        "indicators": indicators,
-        "tenant": tenant,
-        "worker": request.GET.get("worker", "").strip()[:200],
-        "tool": request.GET.get("tool", "").strip()[:100],
-        "effect_class": effect_class,
-        "phase": phase,
-        "sort": sort,
-    }
-    return filters, [n.replace("There is no status", "There is no run status") for n in notices if n]
+    filters = RunFilters(
+        q=request.GET.get("q", "").strip()[:200],
+        status=status,
+        indicators=indicators,
+        tenant=tenant,
+        worker=request.GET.get("worker", "").strip()[:200],
+        tool=request.GET.get("tool", "").strip()[:100],
+        effect_class=effect_class,
+        phase=phase,
+    )
+    return filters, sort, [n.replace("There is no status", "There is no run status") for n in notices if n]
 
 
 @login_required
 @vary_on_headers("HX-Request")
-def run_list(request):
+def run_list(request: HtmxHttpRequest) -> HttpResponse:
     params = request.GET
-    filters, notices = _run_filters(request)
-    sort = filters.pop("sort")
-    qs = selectors.runs_search(
-        user=request.user, **{**filters, "indicators": {k: v for k, v in filters["indicators"].items() if v}}
-    )
+    filters, sort, notices = _run_filters(request)
+    searched: RunFilters = {**filters, "indicators": {k: v for k, v in filters["indicators"].items() if v}}
+    qs = selectors.runs_search(user=request.user, **searched)
     rows, next_cursor = selectors.runs_page(qs, before=params.get("before", ""), oldest_first=sort == "oldest")
     try:
         page = max(int(params.get("page", 1)), 1) if params.get("before") else 1
@@ -134,11 +149,11 @@ def run_list(request):
     return render(request, template, context)
 
 
-def _visible_slugs(user) -> list[str]:
+def _visible_slugs(user: User | AnonymousUser) -> list[str]:
     return list(tenants_for(user).order_by("slug").values_list("slug", flat=True))
 
 
-def _detail_context(request, run, **extra) -> dict:
+def _detail_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, Any]:
     try:
         after = max(int(request.GET.get("after", 0)), 0)
     except ValueError:
@@ -161,14 +176,14 @@ def _detail_context(request, run, **extra) -> dict:
     }
 
 
-def _visible_run(request, run_id):
+def _visible_run(request: HtmxHttpRequest, run_id: UUID) -> Run:
     qs = selectors.runs_for_user(user=request.user).select_related("tenant", "lease", "lease__worker")
     return get_object_or_404(qs, pk=run_id)
 
 
 @login_required
 @vary_on_headers("HX-Request")
-def run_detail(request, run_id):
+def run_detail(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     """The run's page. htmx asks it for the next page of the timeline (``after``) and, every
     few seconds while the page is open, for what changed (``live``: the events seen when the
     page was opened): the indicators, the lease and the operations swapped in place, and a
@@ -186,7 +201,7 @@ def run_detail(request, run_id):
 
 
 @login_required
-def run_export(request, run_id):
+def run_export(request: HtmxHttpRequest, run_id: UUID) -> StreamingHttpResponse:
     """The run's chain as the worker API exports it, to check with the standalone verifier."""
     run = _visible_run(request, run_id)
     response = StreamingHttpResponse(chain_export(run), content_type="application/json")
@@ -196,7 +211,7 @@ def run_export(request, run_id):
 
 @require_POST
 @login_required
-def run_verify_now(request, run_id):
+def run_verify_now(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     """Verify the run's chain now (and seal what holds), as the verifier job would; an
     operator's or admin's action (it writes checkpoints)."""
     run = _visible_run(request, run_id)
@@ -218,7 +233,7 @@ class CancelForm(forms.Form):
 
 @require_POST
 @login_required
-def run_cancel_view(request, run_id):
+def run_cancel_view(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     """An operator or admin cancels a run (and its children) with a reason; another
     tenant's run is a 404, a role without OPERATE 403."""
     run = _visible_run(request, run_id)

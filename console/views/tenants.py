@@ -4,15 +4,18 @@ record of admin decisions. Writes go through ledger.services.authority.policy an
 ledger.services.tenancy.roles, which re-check the admin role."""
 
 import json
+from typing import Any
 
 from django import forms
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET, require_POST
 
-from console.views.common import BAD_INPUT, done, form_errors, tenant_for_action
+from console.views.common import BAD_INPUT, HtmxHttpRequest, done, form_errors, refused_field, tenant_for_action
 from ledger import admin_selectors
 from ledger.errors import DomainError
+from ledger.models import Tenant
 from ledger.policy import REFUSE, UNKNOWN_TOOL_CLASSES, WORKER_DECLARED, contracts_of, unknown_tool_class_of
 from ledger.roles import ADMINISTER, ROLES, can
 from ledger.services.authority.policy import (
@@ -34,7 +37,7 @@ class PolicyForm(forms.Form):
     document = forms.CharField(max_length=MAX_POLICY_BYTES, strip=True)
     reason = forms.CharField(max_length=500, strip=True)
 
-    def clean_document(self):
+    def clean_document(self) -> dict[str, Any]:
         try:
             document = json.loads(self.cleaned_data["document"])
         except json.JSONDecodeError as exc:
@@ -54,7 +57,7 @@ class ContractForm(forms.Form):
     human_approval = forms.BooleanField(required=False)
     reason = forms.CharField(max_length=500, strip=True)
 
-    def contract(self) -> dict:
+    def contract(self) -> dict[str, Any]:
         data = self.cleaned_data
         return {
             "tool": data["tool"],
@@ -96,11 +99,11 @@ class GrantForm(forms.Form):
 
 @require_GET
 @login_required
-def tenant_list(request):
+def tenant_list(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, "console/tenants.html", {"rows": admin_selectors.tenant_list(user=request.user)})
 
 
-def _detail_context(request, tenant, **extra) -> dict:
+def _detail_context(request: HtmxHttpRequest, tenant: Tenant, **extra: Any) -> dict[str, Any]:
     version, document = policy_current(tenant=tenant)
     unknown = unknown_tool_class_of(document)
     return {
@@ -122,18 +125,18 @@ def _detail_context(request, tenant, **extra) -> dict:
 
 @require_GET
 @login_required
-def tenant_detail(request, slug: str):
+def tenant_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     tenant = get_object_or_404(admin_selectors.visible_tenants(user=request.user), slug=slug)
     return render(request, TEMPLATE, _detail_context(request, tenant))
 
 
-def _refused(request, tenant, message: str, status: int, **extra):
+def _refused(request: HtmxHttpRequest, tenant: Tenant, message: str, status: int, **extra: Any) -> HttpResponse:
     return render(request, TEMPLATE, _detail_context(request, tenant, errors=[message], **extra), status=status)
 
 
 @require_POST
 @login_required
-def change_policy(request, slug: str):
+def change_policy(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     tenant = tenant_for_action(request, slug, ADMINISTER)
     form = PolicyForm(request.POST)
     if not form.is_valid():
@@ -149,7 +152,7 @@ def change_policy(request, slug: str):
 
 @require_POST
 @login_required
-def grant_role(request, slug: str):
+def grant_role(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     tenant = tenant_for_action(request, slug, ADMINISTER)
     form = GrantForm(request.POST)
     if not form.is_valid():
@@ -174,8 +177,14 @@ CONTRACTS_PARTIAL = f"{TEMPLATE}#contracts"
 
 
 def _contracts_answer(
-    request, tenant, *, message: str = "", errors: list[str] | None = None, status: int = 200, **extra
-):
+    request: HtmxHttpRequest,
+    tenant: Tenant,
+    *,
+    message: str = "",
+    errors: list[str] | None = None,
+    status: int = 200,
+    **extra: Any,
+) -> HttpResponse:
     """After a contract change: htmx gets the refreshed section (and a toast); a plain form
     post is redirected back, or shown the page with the error and its status. htmx swaps
     no 4xx answer, so its refusal comes with 200 and the error in the section."""
@@ -190,16 +199,15 @@ def _contracts_answer(
 
 def _field_of(exc: DomainError) -> str:
     """The contract form's field a service refusal names (``contract.effect_class``)."""
-    fields = exc.extra.get("fields") or [{}]
-    return str(fields[0].get("field", "")).removeprefix("contract.")  # type: ignore[index]
+    return refused_field(exc).removeprefix("contract.")
 
 
 @require_POST
 @login_required
-def put_contract(request, slug: str):
+def put_contract(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     tenant = tenant_for_action(request, slug, ADMINISTER)
     form = ContractForm(request.POST)
-    draft = {"contract_draft": request.POST, "open_contract_form": True}
+    draft: dict[str, Any] = {"contract_draft": request.POST, "open_contract_form": True}
     if not form.is_valid():
         return _contracts_answer(request, tenant, errors=[form_errors(form)], status=BAD_INPUT, **draft)
     try:
@@ -217,7 +225,7 @@ def put_contract(request, slug: str):
 
 @require_POST
 @login_required
-def remove_contract(request, slug: str):
+def remove_contract(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     tenant = tenant_for_action(request, slug, ADMINISTER)
     form = ContractRemoveForm(request.POST)
     if not form.is_valid():
@@ -235,7 +243,7 @@ def remove_contract(request, slug: str):
 
 @require_POST
 @login_required
-def set_unknown_tool_class(request, slug: str):
+def set_unknown_tool_class(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     tenant = tenant_for_action(request, slug, ADMINISTER)
     form = UnknownToolClassForm(request.POST)
     if not form.is_valid():

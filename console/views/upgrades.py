@@ -4,12 +4,15 @@ person must decide, and the tenants whose effects are held after a restore. Deci
 conflict (operators) and allowing effects (admins) go through ledger.services.upgrades,
 which checks the role again; the view only reads the form."""
 
+from typing import Any
+
 from django import forms
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET, require_POST
 
-from console.views.common import BAD_INPUT, done, form_errors, tenant_for_action
+from console.views.common import BAD_INPUT, HtmxHttpRequest, done, form_errors, tenant_for_action
 from ledger import admin_selectors
 from ledger.errors import DomainError
 from ledger.models import StateConflict
@@ -29,7 +32,7 @@ class AllowForm(forms.Form):
     reason = forms.CharField(max_length=500, strip=True)
 
 
-def _context(request, **extra) -> dict:
+def _context(request: HtmxHttpRequest, **extra: Any) -> dict[str, Any]:
     return {
         **admin_selectors.upgrades_overview(user=request.user),
         "operable": set(tenants_for(request.user, OPERATE).values_list("pk", flat=True)),
@@ -40,13 +43,13 @@ def _context(request, **extra) -> dict:
 
 @require_GET
 @login_required
-def upgrades(request):
+def upgrades(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, TEMPLATE, _context(request))
 
 
 @require_POST
 @login_required
-def conflict_decide(request, conflict_id):
+def conflict_decide(request: HtmxHttpRequest, conflict_id: int) -> HttpResponse:
     """Another tenant's conflict is a 404; the role is checked by the service (403)."""
     visible = StateConflict.objects.filter(tenant__in=admin_selectors.visible_tenants(user=request.user))
     conflict = get_object_or_404(visible, pk=conflict_id)
@@ -68,7 +71,7 @@ def conflict_decide(request, conflict_id):
 
 @require_POST
 @login_required
-def allow_effects(request, slug):
+def allow_effects(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     tenant = tenant_for_action(request, slug, ADMINISTER)
     form = AllowForm(request.POST)
     if not form.is_valid():

@@ -7,13 +7,17 @@ ledger.services.notifications.endpoints, which re-checks the admin role.
 A signing secret is shown once, in the answer to the POST that made it (create, rotate),
 with ``Cache-Control: no-store``; it is never put in the session or any other store."""
 
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
 from django import forms
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
-from console.views.common import BAD_INPUT, done, form_errors, tenant_for_action
+from console.views.common import BAD_INPUT, HtmxHttpRequest, done, form_errors, refused_field, tenant_for_action
 from ledger.errors import DomainError
 from ledger.models import Tenant, WebhookDelivery, WebhookEndpoint
 from ledger.models.notifications import NotificationKind
@@ -57,11 +61,27 @@ class ReasonForm(forms.Form):
     reason = forms.CharField(max_length=500, strip=True)
 
 
-def _context(request: HttpRequest, tenant: Tenant, **extra) -> dict:
-    endpoints = list(WebhookEndpoint.objects.filter(tenant=tenant).order_by("name"))
-    for endpoint in endpoints:
-        endpoint.target_shown = target_label(endpoint.target)  # type: ignore[attr-defined]
-        endpoint.unknown_after_min = endpoint.unknown_after_s // 60  # type: ignore[attr-defined]
+@dataclass(frozen=True)
+class EndpointRow:
+    """An endpoint as the page shows it: its target as a label (a reference by name, a URL
+    by scheme and host) and its UNKNOWN age in minutes. The template reads the endpoint's own fields
+    (``e.name``, ``e.kinds``, ...) through the row."""
+
+    endpoint: WebhookEndpoint
+    target_shown: str
+    unknown_after_min: int
+
+    def __getattr__(self, name: str) -> object:
+        if name.startswith("__"):  # copy and pickle look for hooks before the row is built
+            raise AttributeError(name)
+        return getattr(self.endpoint, name)
+
+
+def _context(request: HtmxHttpRequest, tenant: Tenant, **extra: Any) -> dict[str, Any]:
+    endpoints = [
+        EndpointRow(endpoint, target_label(endpoint.target), endpoint.unknown_after_s // 60)
+        for endpoint in WebhookEndpoint.objects.filter(tenant=tenant).order_by("name")
+    ]
     log = WebhookDelivery.objects.filter(tenant=tenant).select_related("endpoint")
     deliveries, next_cursor = keyset_page(
         log, order_field="created_at", cursor=request.GET.get("before") or None, size=LOG_PAGE_SIZE, descending=True
@@ -77,23 +97,18 @@ def _context(request: HttpRequest, tenant: Tenant, **extra) -> dict:
     }
 
 
-def _page(request: HttpRequest, tenant: Tenant, *, status: int = 200, **extra) -> HttpResponse:
+def _page(request: HtmxHttpRequest, tenant: Tenant, *, status: int = 200, **extra: Any) -> HttpResponse:
     response = render(request, TEMPLATE, _context(request, tenant, **extra), status=status)
     if "secret" in extra:
         response["Cache-Control"] = "no-store"
     return response
 
 
-def _refused(request: HttpRequest, tenant: Tenant, message: str, status: int, field: str = "") -> HttpResponse:
+def _refused(request: HtmxHttpRequest, tenant: Tenant, message: str, status: int, field: str = "") -> HttpResponse:
     return _page(request, tenant, status=status, errors=[message], error_field=field)
 
 
-def _field_of(exc: DomainError) -> str:
-    fields = exc.extra.get("fields") or [{}]
-    return str(fields[0].get("field", ""))  # type: ignore[index]
-
-
-def _endpoint(tenant: Tenant, endpoint_id) -> WebhookEndpoint:
+def _endpoint(tenant: Tenant, endpoint_id: UUID) -> WebhookEndpoint:
     try:
         return WebhookEndpoint.objects.get(tenant=tenant, pk=endpoint_id)
     except WebhookEndpoint.DoesNotExist:
@@ -102,14 +117,14 @@ def _endpoint(tenant: Tenant, endpoint_id) -> WebhookEndpoint:
 
 @require_GET
 @login_required
-def webhooks_page(request, slug: str):
+def webhooks_page(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     tenant = tenant_for_action(request, slug, ADMINISTER)
     return _page(request, tenant)
 
 
 @require_POST
 @login_required
-def webhook_create(request, slug: str):
+def webhook_create(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     tenant = tenant_for_action(request, slug, ADMINISTER)
     form = EndpointForm(request.POST)
     if not form.is_valid():
@@ -126,14 +141,14 @@ def webhook_create(request, slug: str):
             user=request.user,
         )
     except DomainError as exc:
-        return _refused(request, tenant, exc.detail, exc.status, _field_of(exc))
+        return _refused(request, tenant, exc.detail, exc.status, refused_field(exc))
     message = f"Webhook {made.endpoint.name} created."
     return _page(request, tenant, status=201, secret=made.secret, secret_for=made.endpoint.name, notice=message)
 
 
 @require_POST
 @login_required
-def webhook_update(request, slug: str, endpoint_id):
+def webhook_update(request: HtmxHttpRequest, slug: str, endpoint_id: UUID) -> HttpResponse:
     tenant = tenant_for_action(request, slug, ADMINISTER)
     endpoint = _endpoint(tenant, endpoint_id)
     form = EndpointChangeForm(request.POST)
@@ -151,13 +166,13 @@ def webhook_update(request, slug: str, endpoint_id):
             user=request.user,
         )
     except DomainError as exc:
-        return _refused(request, tenant, exc.detail, exc.status, _field_of(exc))
+        return _refused(request, tenant, exc.detail, exc.status, refused_field(exc))
     return done(request, f"Webhook {endpoint.name} changed.", f"/tenants/{tenant.slug}/webhooks/")
 
 
 @require_POST
 @login_required
-def webhook_set_enabled(request, slug: str, endpoint_id):
+def webhook_set_enabled(request: HtmxHttpRequest, slug: str, endpoint_id: UUID) -> HttpResponse:
     tenant = tenant_for_action(request, slug, ADMINISTER)
     endpoint = _endpoint(tenant, endpoint_id)
     form = EnabledForm(request.POST)
@@ -173,14 +188,14 @@ def webhook_set_enabled(request, slug: str, endpoint_id):
             user=request.user,
         )
     except DomainError as exc:
-        return _refused(request, tenant, exc.detail, exc.status, _field_of(exc))
+        return _refused(request, tenant, exc.detail, exc.status, refused_field(exc))
     what = "enabled" if enabled else "disabled: its pending deliveries are given up"
     return done(request, f"Webhook {endpoint.name} {what}.", f"/tenants/{tenant.slug}/webhooks/")
 
 
 @require_POST
 @login_required
-def webhook_rotate(request, slug: str, endpoint_id):
+def webhook_rotate(request: HtmxHttpRequest, slug: str, endpoint_id: UUID) -> HttpResponse:
     tenant = tenant_for_action(request, slug, ADMINISTER)
     endpoint = _endpoint(tenant, endpoint_id)
     form = ReasonForm(request.POST)
@@ -191,6 +206,6 @@ def webhook_rotate(request, slug: str, endpoint_id):
             tenant=tenant, endpoint_id=endpoint.pk, reason=form.cleaned_data["reason"], user=request.user
         )
     except DomainError as exc:
-        return _refused(request, tenant, exc.detail, exc.status, _field_of(exc))
+        return _refused(request, tenant, exc.detail, exc.status, refused_field(exc))
     message = f"Webhook {endpoint.name} has a new signing secret (key version {made.endpoint.key_version})."
     return _page(request, tenant, secret=made.secret, secret_for=endpoint.name, notice=message)

@@ -2,16 +2,18 @@
 quarantine (held leases end now), resume. Writes go through ledger.services.workers,
 which re-checks the admin role."""
 
+from typing import Any
+
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, QueryDict
+from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.template.defaultfilters import pluralize
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals import selectors as approvals_selectors
-from console.views.common import BAD_INPUT, done, form_errors
+from console.views.common import BAD_INPUT, HtmxHttpRequest, done, form_errors
 from ledger import admin_selectors
 from ledger.errors import DomainError
 from ledger.roles import ADMINISTER, VIEW, can, tenants_for
@@ -43,7 +45,7 @@ class BulkDrainForm(forms.Form):
     deadline_min = forms.IntegerField(min_value=1, max_value=MAX_DRAIN_S // 60, required=False)
     confirm = forms.BooleanField(required=False)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         field = self.fields["worker"]
         if not isinstance(field, forms.TypedMultipleChoiceField):
@@ -52,7 +54,7 @@ class BulkDrainForm(forms.Form):
         field.choices = [(v, v) for v in submitted]
 
 
-def _list_context(request, **extra) -> dict:
+def _list_context(request: HtmxHttpRequest, **extra: Any) -> dict[str, Any]:
     tenant, status = request.GET.get("tenant", "").strip(), request.GET.get("status", "").strip()
     return {
         "rows": admin_selectors.worker_list(user=request.user, tenant=tenant, status=status),
@@ -67,7 +69,7 @@ def _list_context(request, **extra) -> dict:
 
 @require_GET
 @login_required
-def worker_list(request):
+def worker_list(request: HtmxHttpRequest) -> HttpResponse:
     context = _list_context(request)
     if request.htmx and not request.htmx.history_restore_request and request.htmx.target == "workers-table":
         return render(request, f"{TEMPLATE}#table", context)
@@ -76,7 +78,7 @@ def worker_list(request):
 
 @require_GET
 @login_required
-def worker_detail(request, worker_id: int):
+def worker_detail(request: HtmxHttpRequest, worker_id: int) -> HttpResponse:
     worker = get_object_or_404(admin_selectors.workers_for(user=request.user), pk=worker_id)
     context = {
         "worker": worker,
@@ -90,7 +92,7 @@ def worker_detail(request, worker_id: int):
 
 @require_POST
 @login_required
-def worker_act(request, worker_id: int):
+def worker_act(request: HtmxHttpRequest, worker_id: int) -> HttpResponse:
     """Another tenant's worker is a 404; one the user sees but may not administer, 403."""
     worker = get_object_or_404(admin_selectors.workers_for(user=request.user), pk=worker_id)
     if not can(request.user, worker.tenant, ADMINISTER):
@@ -120,7 +122,7 @@ def worker_act(request, worker_id: int):
 
 @require_POST
 @login_required
-def bulk_drain(request):
+def bulk_drain(request: HtmxHttpRequest) -> HttpResponse:
     """First POST: the exact workers it will drain. Second POST with ``confirm``: drain
     exactly those, all or none."""
     form = BulkDrainForm(request.POST)

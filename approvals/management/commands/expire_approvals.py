@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
 
 from approvals.services.approvals import approvals_expire
 from ledger.management.sweeps import add_processes_argument, prefix, run_sweep
@@ -7,11 +9,11 @@ from ledger.management.sweeps import add_processes_argument, prefix, run_sweep
 class Command(BaseCommand):
     help = "Mark approval requests past their expiry EXPIRED (a timeout never approves anything)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--batch-size", type=int, default=500)
         add_processes_argument(parser)
 
-    def handle(self, *args, batch_size, processes=1, **options):
+    def handle(self, *args: Any, batch_size: int, processes: int = 1, **options: Any) -> None:
         def sweep(index: int) -> int:
             def progress(expired: int, batches: int) -> None:
                 self.stderr.write(f"  {prefix(index, processes)}batch {batches}: {expired} expired so far")

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from approvals.services.notifications import notifications_scan
 from ledger.services.notifications.delivery import deliveries_due, deliveries_send
@@ -13,11 +15,11 @@ class Command(BaseCommand):
         "until nothing is due now (retries wait for their backoff: run it again later)."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--all", action="store_true", help="send batches until nothing is due")
         parser.add_argument("--batch-size", type=int, default=None, help="deliveries claimed per batch")
 
-    def handle(self, *args, all=False, batch_size=None, **options):
+    def handle(self, *args: Any, all: bool = False, batch_size: int | None = None, **options: Any) -> None:
         if batch_size is not None and batch_size < 1:
             raise CommandError("--batch-size must be at least 1")
         scan = notifications_scan()

@@ -1,6 +1,7 @@
 import time
+from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from approvals.services.lookups import LookupPass, cases_look_up
 
@@ -12,11 +13,11 @@ class Command(BaseCommand):
         "a backoff; CANNOT_TELL, or too many attempts, go to people."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--batch-size", type=int, default=None, help="cases claimed per pass")
         parser.add_argument("--all", action="store_true", help="repeat passes until no case is due")
 
-    def handle(self, *args, batch_size=None, all=False, **options):
+    def handle(self, *args: Any, batch_size: int | None = None, all: bool = False, **options: Any) -> None:
         total, passes, started = LookupPass(), 0, time.monotonic()
         while True:
             result = cases_look_up(batch_size=batch_size)

@@ -7,12 +7,13 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from console.demo.seed import TENANT, WORKER, seed
 from console.simulation.provider import SandboxProvider
@@ -23,14 +24,14 @@ from ledger.services.reconciliation.registry import register
 class Command(BaseCommand):
     help = "Seed a demo tenant and worker, then serve the console and API with background jobs."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "addrport", nargs="?", default="127.0.0.1:8000", help="where to serve (default 127.0.0.1:8000)"
         )
         parser.add_argument("--no-serve", action="store_true", help="seed and print the token, then exit")
         parser.add_argument("--no-jobs", action="store_true", help="do not start the Celery worker and beat")
 
-    def handle(self, *args, addrport, no_serve, no_jobs, **options):
+    def handle(self, *args: Any, addrport: str, no_serve: bool, no_jobs: bool, **options: Any) -> None:
         self.jobs_log = settings.STATE_DIR / "demo-jobs.log"
         self.stdout.write("migrating the database ...")
         call_command("migrate", interactive=False, verbosity=0)
@@ -102,7 +103,7 @@ class Command(BaseCommand):
         )
         return sandbox
 
-    def start_jobs(self) -> subprocess.Popen:
+    def start_jobs(self) -> subprocess.Popen[bytes]:
         schedule = settings.STATE_DIR / "celerybeat-schedule"
         self.stdout.write(
             f"starting background jobs (Celery worker with beat, broker {settings.CELERY_BROKER_URL}); "

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger.errors import InvalidInput
 from ledger.models import Tenant
@@ -9,13 +11,15 @@ from ledger.services.tenancy.roles import role_grant
 class Command(BaseCommand):
     help = "Give a user one role on a tenant (creating the user when missing)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--user", required=True)
         parser.add_argument("--tenant", required=True, help="tenant slug")
         parser.add_argument("--role", required=True, choices=sorted(ROLES))
         parser.add_argument("--password", help="set the user's password (new users get none otherwise)")
 
-    def handle(self, *args, user, tenant, role, password=None, **options):
+    def handle(
+        self, *args: Any, user: str, tenant: str, role: str, password: str | None = None, **options: Any
+    ) -> None:
         found = Tenant.objects.filter(slug=tenant).first()
         if found is None:
             raise CommandError(f"no such tenant: {tenant}")

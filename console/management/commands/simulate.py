@@ -2,8 +2,9 @@
 chaos, against the API and a sandbox provider; ends with a report read from the database."""
 
 from pathlib import Path
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from console.simulation.fleet import Settings, report_json, simulate
 
@@ -15,7 +16,7 @@ class Command(BaseCommand):
         "report what the ledger recorded."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         defaults = Settings()
         parser.add_argument("--seconds", type=int, default=defaults.seconds, help="how long (default 60)")
         parser.add_argument("--workers", type=int, default=defaults.workers, help="healthy workers (default 4)")
@@ -31,7 +32,7 @@ class Command(BaseCommand):
         parser.add_argument("--url", default="", help="a Fenceline already serving (default: one in-process)")
         parser.add_argument("--json", dest="json_path", type=Path, help="also write the report to this file as JSON")
 
-    def handle(self, *args, json_path=None, **options):
+    def handle(self, *args: Any, json_path: Path | None = None, **options: Any) -> None:
         if options["seconds"] < 15:
             raise CommandError("--seconds must be at least 15 (the chaos plan needs the time)")
         if not 1 <= options["workers"] <= 32:
