@@ -4,10 +4,12 @@ queries, whatever the table sizes."""
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AnonymousUser, User
 from django.contrib.contenttypes.models import ContentType
-from django.db.models import Count, F, IntegerField, Min, OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models import Count, F, IntegerField, Min, Model, OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from guardian.models import UserObjectPermission
@@ -64,7 +66,7 @@ WORKER_LIMIT = 500
 IN_FLIGHT = (Phase.PLANNED, Phase.PENDING_APPROVAL, Phase.AUTHORIZED, Phase.DISPATCHED)
 
 
-def visible_tenants(*, user):
+def visible_tenants(*, user: User | AnonymousUser) -> QuerySet[Tenant]:
     return tenants_for(user, VIEW)
 
 
@@ -72,8 +74,14 @@ def visible_tenants(*, user):
 
 
 def credential_lease_list(
-    *, user, tenant: str = "", principal: str = "", state: str = "active", prefix: str = "", cursor: str | None = None
-):
+    *,
+    user: User | AnonymousUser,
+    tenant: str = "",
+    principal: str = "",
+    state: str = "active",
+    prefix: str = "",
+    cursor: str | None = None,
+) -> tuple[list[CredentialLease], str | None]:
     """Leases visible to ``user``, newest first, filtered; a bad prefix raises InvalidInput."""
     now = timezone.now()
     leases = CredentialLease.objects.filter(tenant__in=visible_tenants(user=user)).select_related(
@@ -104,7 +112,7 @@ def lease_state(lease: CredentialLease, now: datetime) -> str:
     return "ACTIVE" if lease.expires_at > now else "EXPIRED"
 
 
-def credentials_list(*, user, tenant: str = ""):
+def credentials_list(*, user: User | AnonymousUser, tenant: str = "") -> list[Credential]:
     """Credentials visible to ``user`` with their count of active leases (one query)."""
     now = timezone.now()
     credentials = Credential.objects.filter(tenant__in=visible_tenants(user=user)).select_related("tenant")
@@ -130,7 +138,7 @@ def credential_leases_matching(
     return CredentialLease.objects.revocable(tenant=tenant, principal=principal, prefix=prefix, now=now)
 
 
-def revocation_preview(*, tenant: Tenant, lease_id: str = "", principal: str = "", prefix: str = "") -> dict:
+def revocation_preview(*, tenant: Tenant, lease_id: str = "", principal: str = "", prefix: str = "") -> dict[str, Any]:
     """What a revocation would touch, before it happens: the leases (one by id, or the
     active ones by principal and/or prefix), the runs holding them, and the operations
     in flight under them. Raises NotFound / InvalidInput for a bad selection."""
@@ -169,13 +177,13 @@ def revocation_preview(*, tenant: Tenant, lease_id: str = "", principal: str = "
 # --- workers --------------------------------------------------------------------------------
 
 
-def _count(queryset, key: str):
+def _count[M: Model](queryset: QuerySet[M], key: str) -> Coalesce:
     """A correlated COUNT(*) subquery on ``key`` = the outer pk, 0 when none."""
     counted = queryset.filter(**{key: OuterRef("pk")}).order_by().values(key).annotate(n=Count("*")).values("n")
     return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
 
 
-def worker_list(*, user, tenant: str = "", status: str = ""):
+def worker_list(*, user: User | AnonymousUser, tenant: str = "", status: str = "") -> list[Worker]:
     """Workers visible to ``user`` with how many leases they hold now, how many they lost
     (expired or revoked under them) and how many restart episodes they began
     (``RESTART_EPISODE_BEGINS``)."""
@@ -194,11 +202,11 @@ def worker_list(*, user, tenant: str = "", status: str = ""):
     )
 
 
-def workers_for(*, user):
+def workers_for(*, user: User | AnonymousUser) -> QuerySet[Worker]:
     return Worker.objects.filter(tenant__in=visible_tenants(user=user)).select_related("tenant")
 
 
-def worker_detail_parts(*, worker: Worker) -> dict:
+def worker_detail_parts(*, worker: Worker) -> dict[str, Any]:
     """The worker's recent lease history: each grant with how it ended and, for a lost
     lease, who took the run over and with which token; its drains; its recent boots (with
     their place in a restart episode) and how many restart episodes it began."""
@@ -230,7 +238,7 @@ def worker_detail_parts(*, worker: Worker) -> dict:
     }
 
 
-def worker_admission(*, worker: Worker) -> dict:
+def worker_admission(*, worker: Worker) -> dict[str, Any]:
     """Why the worker may or may not take leases now: the last boot's refusal (with the
     effects in doubt when admission is paused for them), its stale-token window against the
     policy's limit, and the quarantine decision with its diagnostic bundle."""
@@ -254,7 +262,7 @@ def worker_admission(*, worker: Worker) -> dict:
 # --- tenants: policy, budgets, roles, activity ----------------------------------------------
 
 
-def tenant_list(*, user):
+def tenant_list(*, user: User | AnonymousUser) -> list[Tenant]:
     return list(
         visible_tenants(user=user)
         .annotate(
@@ -265,7 +273,7 @@ def tenant_list(*, user):
     )
 
 
-def tenant_roles(*, tenant: Tenant) -> list[dict]:
+def tenant_roles(*, tenant: Tenant) -> list[dict[str, Any]]:
     """Each user with a role on ``tenant`` and the role (two queries)."""
     content_type = ContentType.objects.get_for_model(Tenant)
     perms: dict[int, set[str]] = {}
@@ -278,7 +286,7 @@ def tenant_roles(*, tenant: Tenant) -> list[dict]:
     return [{"user": u, "role": by_perms.get(frozenset(perms[u.pk]), "custom")} for u in users]
 
 
-def tenant_detail_parts(*, tenant: Tenant) -> dict:
+def tenant_detail_parts(*, tenant: Tenant) -> dict[str, Any]:
     now = timezone.now()
     return {
         "policies": list(TenantPolicy.objects.filter(tenant=tenant).order_by("-version")[:RECENT]),
@@ -304,7 +312,7 @@ def tenant_detail_parts(*, tenant: Tenant) -> dict:
 # --- what runs hold (the resources page) -------------------------------------------------
 
 
-def lifespan_overview(*, user) -> list[dict]:
+def lifespan_overview(*, user: User | AnonymousUser) -> list[dict[str, Any]]:
     """Per visible tenant: live instances beside active operations (the article's signal of
     silent accumulation), open resources by state with the oldest, orphaned resources (open,
     of an instance whose lease is gone) and open alerts. Bounded aggregates over indexes."""
@@ -328,7 +336,7 @@ def lifespan_overview(*, user) -> list[dict]:
         .annotate(n=Sum(F("n_pending_approval") + F("n_authorized") + F("n_dispatched")))
         .order_by()
     )
-    states: dict[int, dict] = {}
+    states: dict[int, dict[str, dict[str, Any]]] = {}
     for tenant_id, state, n, oldest in (
         RunResource.objects.filter(tenant_id__in=ids)
         .exclude(state=ResourceState.RELEASED)
@@ -369,7 +377,9 @@ def lifespan_overview(*, user) -> list[dict]:
 RESOURCE_FILTERS = ("open", "ACTIVE", "RELEASE_REQUESTED", "RELEASING", "CLEANUP_FAILED", "RELEASED", "alerted")
 
 
-def resources_listed(*, user, tenant: str = "", state: str = "open", limit: int = 200) -> list:
+def resources_listed(
+    *, user: User | AnonymousUser, tenant: str = "", state: str = "open", limit: int = 200
+) -> list[RunResource]:
     """Resources of the visible tenants, oldest first: ``state`` is a ResourceState, "open"
     (anything not RELEASED) or "alerted" (an open alert)."""
     qs = RunResource.objects.filter(tenant__in=visible_tenants(user=user)).select_related(
@@ -386,7 +396,7 @@ def resources_listed(*, user, tenant: str = "", state: str = "open", limit: int 
     return list(qs.order_by("created_at", "pk")[:limit])
 
 
-def alerts_open(*, user, limit: int = 50) -> list:
+def alerts_open(*, user: User | AnonymousUser, limit: int = 50) -> list[ResourceAlert]:
     return list(
         ResourceAlert.objects.filter(tenant__in=visible_tenants(user=user), cleared_at__isnull=True)
         .select_related("resource", "tenant")
@@ -403,7 +413,7 @@ class ChangeRow:
     backfill: Backfill | None  # None: not started, or not shown to this user
 
 
-def upgrades_overview(*, user) -> dict:
+def upgrades_overview(*, user: User | AnonymousUser) -> dict[str, Any]:
     """The upgrades page: each schema change's phase (every signed-in user; no tenant data)
     and, for a superuser, its backfill's progress (counts across every tenant); the builds of
     the workers of the user's tenants, marked where they cannot read the version being

@@ -219,7 +219,7 @@ VALUE_RULES = (
 )
 # detect-secrets' regex detectors, as one search (the public-IP detector is not a credential).
 _DETECTORS: list[type] = list(get_mapping_from_secret_type_to_class().values())
-KNOWN_FORMATS: tuple[re.Pattern, ...] = tuple(
+KNOWN_FORMATS: tuple[re.Pattern[str], ...] = tuple(
     pattern
     for detector in _DETECTORS
     if issubclass(detector, RegexBasedDetector) and detector.__name__ != "IPPublicDetector"
@@ -227,7 +227,7 @@ KNOWN_FORMATS: tuple[re.Pattern, ...] = tuple(
 )
 
 
-def _scoped(pattern: re.Pattern) -> str:
+def _scoped(pattern: re.Pattern[str]) -> str:
     flags = "".join(letter for flag, letter in ((re.I, "i"), (re.X, "x")) if pattern.flags & flag)
     return f"(?{flags}:{pattern.pattern})" if flags else f"(?:{pattern.pattern})"
 
@@ -253,7 +253,7 @@ def key_words(key: str) -> tuple[str, ...]:
     return tuple(word for word in _SEPARATORS.split(spaced.lower()) if word)
 
 
-def _compact(names: frozenset) -> frozenset:
+def _compact(names: frozenset[str]) -> frozenset[str]:
     return frozenset(name.replace("_", "") for name in names)
 
 
@@ -293,8 +293,9 @@ def _latin(char: str) -> str:
     found = confusables.is_confusable(char, greedy=True, preferred_aliases=["latin"])
     for entry in found or ():
         for glyph in entry["homoglyphs"]:
-            if glyph["c"].isascii():
-                return glyph["c"]
+            latin = glyph["c"]
+            if isinstance(latin, str) and latin.isascii():
+                return latin
     return char
 
 

@@ -13,6 +13,8 @@ carries a credential-like value (the rules of ``ledger.boundary``).
 
 import logging
 import traceback
+from collections.abc import Iterator
+from types import TracebackType
 
 from ledger.boundary import credential_kind
 
@@ -22,20 +24,22 @@ _CAUSE = "\nThe above exception was the direct cause of the following exception:
 _CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
 
 
-def _type_name(exc_type: type) -> str:
+def _type_name(exc_type: type[BaseException]) -> str:
     module = exc_type.__module__
     if module in ("builtins", "__main__"):
         return exc_type.__qualname__
     return f"{module}.{exc_type.__qualname__}"
 
 
-def format_exception_without_messages(exc_type: type, exc: BaseException | None, tb=None) -> str:
+def format_exception_without_messages(
+    exc_type: type[BaseException], exc: BaseException | None, tb: TracebackType | None = None
+) -> str:
     """Like ``traceback.format_exception`` (chained exceptions included), but every
     exception line reads ``Type: [message withheld]``."""
     blocks: list[str] = []
     seen: set[int] = set()
     while True:
-        lines = []
+        lines: list[str] = []
         frames = exc.__traceback__ if exc is not None else tb
         if frames is not None:
             lines.append("Traceback (most recent call last):\n")
@@ -58,7 +62,7 @@ def format_exception_without_messages(exc_type: type, exc: BaseException | None,
     return "".join(blocks).rstrip("\n")
 
 
-def _exception_texts(exc: BaseException | None):
+def _exception_texts(exc: BaseException | None) -> Iterator[str]:
     """The message of ``exc`` and its causes, raw and as Django escapes log arguments."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:

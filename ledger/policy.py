@@ -77,9 +77,14 @@ import hashlib
 import json
 from collections.abc import Collection
 from fnmatch import fnmatchcase
+from typing import Any
 
 from ledger.errors import InvalidInput
 from ledger.states import EffectClass
+
+# A policy document, a tool contract, a rule: JSON objects of the shapes above.
+type PolicyDocument = dict[str, Any]
+type ToolContract = dict[str, Any]
 
 # What a tool without a contract is taken as: the worker's declared class (the starter's),
 # refused outright, or one side-effect class imposed on every such tool.
@@ -88,7 +93,7 @@ REFUSE = "REFUSE"
 UNKNOWN_TOOL_CLASSES: tuple[str, ...] = (WORKER_DECLARED, REFUSE, *EffectClass.values)
 
 # A contract's optional keys and what a missing one means.
-CONTRACT_DEFAULTS: dict = {
+CONTRACT_DEFAULTS: ToolContract = {
     "action": "*",
     "provider": None,
     "reconciler": None,
@@ -97,7 +102,7 @@ CONTRACT_DEFAULTS: dict = {
 }
 CONTRACT_KEYS: tuple[str, ...] = ("tool", "action", "effect_class", *tuple(CONTRACT_DEFAULTS)[1:])
 
-STARTER_POLICY: dict = {
+STARTER_POLICY: PolicyDocument = {
     "starter": True,
     "rules": [{"tool": "*", "actions": ["*"], "resources": ["*"]}],
     "human_approval_tools": [],
@@ -129,7 +134,7 @@ STARTER_POLICY: dict = {
 }
 
 
-def starter_policy() -> dict:
+def starter_policy() -> PolicyDocument:
     return copy.deepcopy(STARTER_POLICY)
 
 
@@ -139,7 +144,7 @@ def _invalid(path: str, problem: str) -> InvalidInput:
     return InvalidInput(f"{path}{'' if problem.startswith(':') else ' '}{problem}", field=path)
 
 
-def _positive_int(document: dict, name: str, *, nullable: bool = False) -> None:
+def _positive_int(document: PolicyDocument, name: str, *, nullable: bool = False) -> None:
     value = document.get(name)
     if value is None and nullable:
         return
@@ -153,7 +158,7 @@ def _strings(value: object, path: str) -> list[str]:
     return value
 
 
-def validate_policy(document: object, *, reconcilers: Collection[str] | None = None) -> dict:
+def validate_policy(document: object, *, reconcilers: Collection[str] | None = None) -> PolicyDocument:
     """The document completed with the starter defaults, or InvalidInput naming the field
     (its ``field`` is the path, e.g. ``policy.tool_contracts.2.effect_class``). Given
     ``reconcilers`` (the configured names), a contract's reconciler must be one of them."""
@@ -163,9 +168,24 @@ def validate_policy(document: object, *, reconcilers: Collection[str] | None = N
     if unknown:
         raise _invalid(f"policy.{unknown[0]}", f"is not a policy field (unknown: {', '.join(unknown)})")
     merged = {**starter_policy(), **copy.deepcopy(document), "starter": False}
-    if not isinstance(merged["rules"], list):
+    _validate_rules(merged["rules"])
+    _validate_scalars(merged)
+    _validate_cost_limits(merged["cost_limits_cents"])
+    _validate_quotas(merged)
+    _validate_window(merged, "restart_budget", "max_restarts")
+    _validate_window(merged, "stale_token_limit", "max_rejections")
+    _validate_runtime_audit(merged["runtime_audit"])
+    _validate_breaker(merged["breaker"])
+    merged["tool_contracts"] = _validate_contracts(merged["tool_contracts"], reconcilers)
+    if merged["unknown_tool_class"] not in UNKNOWN_TOOL_CLASSES:
+        raise _invalid("policy.unknown_tool_class", f"must be one of {', '.join(UNKNOWN_TOOL_CLASSES)}")
+    return merged
+
+
+def _validate_rules(rules: object) -> None:
+    if not isinstance(rules, list):
         raise _invalid("policy.rules", "must be a list")
-    for index, rule in enumerate(merged["rules"]):
+    for index, rule in enumerate(rules):
         if (
             not isinstance(rule, dict)
             or set(rule) != {"tool", "actions", "resources"}
@@ -174,6 +194,10 @@ def validate_policy(document: object, *, reconcilers: Collection[str] | None = N
             raise _invalid(f"policy.rules.{index}", "must be {tool, actions, resources}")
         _strings(rule["actions"], f"policy.rules.{index}.actions")
         _strings(rule["resources"], f"policy.rules.{index}.resources")
+
+
+def _validate_scalars(merged: PolicyDocument) -> None:
+    """The approval tools, the two flags, and the durations and counts."""
     if not isinstance(merged["human_approval_tools"], list):
         raise _invalid("policy.human_approval_tools", "must be a list of tool names")
     for flag in ("require_credential", "require_capability"):
@@ -183,7 +207,9 @@ def validate_policy(document: object, *, reconcilers: Collection[str] | None = N
         _positive_int(merged, name)
     for name in ("max_bytes", "idle_limit_s", "max_runtime_s"):
         _positive_int(merged, name, nullable=True)
-    limits = merged["cost_limits_cents"]
+
+
+def _validate_cost_limits(limits: object) -> None:
     if not isinstance(limits, dict) or set(limits) != {"run", "tenant", "retry", "provider"}:
         raise _invalid("policy.cost_limits_cents", "must have run, tenant, retry and provider")
     for key in ("run", "tenant", "retry"):
@@ -193,11 +219,9 @@ def validate_policy(document: object, *, reconcilers: Collection[str] | None = N
         type(v) is not int or v < 0 for v in limits["provider"].values()
     ):
         raise _invalid("policy.cost_limits_cents.provider", "must map provider names to cents")
-    _validate_quotas(merged)
-    _validate_window(merged, "restart_budget", "max_restarts")
-    _validate_window(merged, "stale_token_limit", "max_rejections")
-    _validate_runtime_audit(merged["runtime_audit"])
-    breaker = merged["breaker"]
+
+
+def _validate_breaker(breaker: object) -> None:
     if not isinstance(breaker, dict) or set(breaker) != set(STARTER_POLICY["breaker"]):
         raise _invalid("policy.breaker", "must have throttled_at, degraded_at, open_at, throttled_max_dispatched")
     shares = [breaker["throttled_at"], breaker["degraded_at"], breaker["open_at"]]
@@ -208,10 +232,6 @@ def validate_policy(document: object, *, reconcilers: Collection[str] | None = N
         raise _invalid("policy.breaker", "thresholds must satisfy 0 < throttled_at <= degraded_at <= open_at <= 1")
     if type(breaker["throttled_max_dispatched"]) is not int or breaker["throttled_max_dispatched"] < 1:
         raise _invalid("policy.breaker.throttled_max_dispatched", "must be a positive integer")
-    merged["tool_contracts"] = _validate_contracts(merged["tool_contracts"], reconcilers)
-    if merged["unknown_tool_class"] not in UNKNOWN_TOOL_CLASSES:
-        raise _invalid("policy.unknown_tool_class", f"must be one of {', '.join(UNKNOWN_TOOL_CLASSES)}")
-    return merged
 
 
 def _name(value: object) -> bool:
@@ -219,10 +239,10 @@ def _name(value: object) -> bool:
     return isinstance(value, str) and bool(value.strip()) and not any(c in value for c in "*?[]")
 
 
-def _validate_contracts(contracts: object, reconcilers: Collection[str] | None) -> list[dict]:
+def _validate_contracts(contracts: object, reconcilers: Collection[str] | None) -> list[ToolContract]:
     if not isinstance(contracts, list):
         raise _invalid("policy.tool_contracts", "must be a list of contracts")
-    completed: list[dict] = []
+    completed: list[ToolContract] = []
     seen: set[tuple[str, str]] = set()
     for index, contract in enumerate(contracts):
         path = f"policy.tool_contracts.{index}"
@@ -235,7 +255,9 @@ def _validate_contracts(contracts: object, reconcilers: Collection[str] | None) 
     return completed
 
 
-def validate_contract(contract: object, *, path: str = "contract", reconcilers: Collection[str] | None = None) -> dict:
+def validate_contract(
+    contract: object, *, path: str = "contract", reconcilers: Collection[str] | None = None
+) -> ToolContract:
     """One tool contract completed with the defaults of its optional keys, or InvalidInput
     naming ``path`` and the key at fault (``contract.effect_class``)."""
     if not isinstance(contract, dict):
@@ -264,7 +286,7 @@ def validate_contract(contract: object, *, path: str = "contract", reconcilers: 
     return {key: contract[key] for key in CONTRACT_KEYS}
 
 
-def _validate_window(merged: dict, name: str, count: str) -> None:
+def _validate_window(merged: PolicyDocument, name: str, count: str) -> None:
     window = merged[name]
     if (
         not isinstance(window, dict)
@@ -302,7 +324,7 @@ def _limits(value: object, path: str) -> None:
         raise _invalid(path, "must map names to limits (integers >= 0)")
 
 
-def _validate_quotas(merged: dict) -> None:
+def _validate_quotas(merged: PolicyDocument) -> None:
     quotas = merged["quotas"]
     if not isinstance(quotas, dict) or not set(quotas) <= set(STARTER_POLICY["quotas"]):
         raise _invalid("policy.quotas", f"may have only {', '.join(STARTER_POLICY['quotas'])}")
@@ -317,24 +339,24 @@ def _validate_quotas(merged: dict) -> None:
         raise _invalid("policy.quotas.resource_max_age_s", "must be a positive integer")
 
 
-def quotas_of(policy: dict) -> dict:
+def quotas_of(policy: PolicyDocument) -> dict[str, Any]:
     """The policy's quotas, completed with the starter's (a policy stored before quotas existed has none)."""
     return {**STARTER_POLICY["quotas"], **policy.get("quotas", {})}
 
 
-def resource_limit(policy: dict, kind: str) -> int | None:
+def resource_limit(policy: PolicyDocument, kind: str) -> int | None:
     """The most open resources of ``kind`` one run may hold under ``policy`` (None: no limit)."""
-    limits = quotas_of(policy)["resources_per_run"]
+    limits: dict[str, int] = quotas_of(policy)["resources_per_run"]
     return limits.get(kind, limits.get("*"))
 
 
-def contracts_of(policy: dict) -> list[dict]:
+def contracts_of(policy: PolicyDocument) -> list[ToolContract]:
     """The policy's tool contracts, each completed with the optional keys' defaults (a
     policy stored before contracts existed has none)."""
     return [{**CONTRACT_DEFAULTS, **contract} for contract in policy.get("tool_contracts", [])]
 
 
-def completed_policy(document: dict) -> dict:
+def completed_policy(document: PolicyDocument) -> PolicyDocument:
     """A stored document read with today's keys: every key it lacks is the starter's."""
     return {
         **starter_policy(),
@@ -344,13 +366,14 @@ def completed_policy(document: dict) -> dict:
     }
 
 
-def unknown_tool_class_of(policy: dict) -> str:
+def unknown_tool_class_of(policy: PolicyDocument) -> str:
     """What a tool without a contract is taken as (a policy stored before contracts existed:
     the starter's, the worker's declared class)."""
-    return policy.get("unknown_tool_class", STARTER_POLICY["unknown_tool_class"])
+    taken_as: str = policy.get("unknown_tool_class", WORKER_DECLARED)  # the starter's
+    return taken_as
 
 
-def contract_for(policy: dict, tool: str, action: str) -> dict | None:
+def contract_for(policy: PolicyDocument, tool: str, action: str) -> ToolContract | None:
     """The contract for ``tool`` doing ``action``: the exact (tool, action) one first, then
     the tool's "*" contract; None when the tool has neither (``unknown_tool_class_of``
     says what happens then)."""
@@ -359,18 +382,18 @@ def contract_for(policy: dict, tool: str, action: str) -> dict | None:
     return exact or next((c for c in contracts if c["tool"] == tool and c["action"] == "*"), None)
 
 
-def policy_digest(document: dict) -> str:
+def policy_digest(document: PolicyDocument) -> str:
     """ "sha256:" + hex SHA-256 of the document's canonical JSON (sorted keys, no spaces,
     UTF-8, ensure_ascii false): what a decision records of the policy it was made under."""
     canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def rule_for(policy: dict, tool: str) -> dict | None:
+def rule_for(policy: PolicyDocument, tool: str) -> dict[str, Any] | None:
     return next((rule for rule in policy["rules"] if fnmatchcase(tool, rule["tool"])), None)
 
 
-def allows(policy: dict, *, tool: str, action: str, resource: str) -> str | None:
+def allows(policy: PolicyDocument, *, tool: str, action: str, resource: str) -> str | None:
     """None when the policy lets ``tool`` do ``action`` on ``resource``; else why not."""
     rule = rule_for(policy, tool)
     if rule is None:
@@ -382,11 +405,11 @@ def allows(policy: dict, *, tool: str, action: str, resource: str) -> str | None
     return None
 
 
-def needs_human(policy: dict, tool: str) -> bool:
+def needs_human(policy: PolicyDocument, tool: str) -> bool:
     return any(fnmatchcase(tool, pattern) for pattern in policy["human_approval_tools"])
 
 
-def runtime_audit_failures(rules: dict | None, audit: object) -> list[str]:
+def runtime_audit_failures(rules: dict[str, Any] | None, audit: object) -> list[str]:
     """What a boot's container self-audit (``readiness.runtime.evidence.audit``, written by
     ``fenceline_client.runtime_audit``) shows that the policy's ``runtime_audit`` forbids; empty
     when the policy sets no rules or the audit passes them. A missing audit fails closed."""
@@ -394,7 +417,7 @@ def runtime_audit_failures(rules: dict | None, audit: object) -> list[str]:
         return []
     if not isinstance(audit, dict):
         return ["the boot carries no container self-audit (readiness.runtime.evidence.audit)"]
-    failures = []
+    failures: list[str] = []
     uid = audit.get("uid")
     if not rules["allow_root"] and (type(uid) is not int or uid == 0):
         failures.append("runs as root (uid 0)" if uid == 0 else "reports no user id")

@@ -9,6 +9,8 @@
 | drain / quarantine workers, grant roles  |        |          |          | yes   |
 """
 
+from django.contrib.auth.models import AnonymousUser, User
+from django.db.models import QuerySet
 from guardian.shortcuts import get_objects_for_user
 
 from ledger.models import Tenant
@@ -26,14 +28,15 @@ ROLES: dict[str, tuple[str, ...]] = {
 }
 
 
-def tenants_for(user, perm: str = VIEW):
+def tenants_for(user: User | AnonymousUser, perm: str = VIEW) -> QuerySet[Tenant]:
     """The tenants on which ``user`` holds ``perm`` (all of them for a superuser)."""
     if not user.is_authenticated:
         return Tenant.objects.none()
     if user.is_superuser:
         return Tenant.objects.all()
-    return get_objects_for_user(user, perm, klass=Tenant, accept_global_perms=False)
+    tenants: QuerySet[Tenant] = get_objects_for_user(user, perm, klass=Tenant, accept_global_perms=False)
+    return tenants
 
 
-def can(user, tenant: Tenant, perm: str) -> bool:
+def can(user: User | AnonymousUser, tenant: Tenant, perm: str) -> bool:
     return user.is_authenticated and (user.is_superuser or user.has_perm(perm, tenant))

@@ -7,10 +7,12 @@ cases and approvals with these, and the worker API reaches the cases through
 
 import re
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import connection
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
@@ -73,82 +75,90 @@ def resource_get(*, tenant_id: int, resource_id: object) -> RunResource:
     return RunResource.objects.of_tenant(tenant_id, resource_id)
 
 
-def run_indicators(run: Run) -> dict[str, dict[str, Any]]:
+# One indicator: its value, the evidence behind it and a reason when it is not green (JSON).
+type Indicator = dict[str, Any]
+
+
+def run_indicators(run: Run) -> dict[str, Indicator]:
     """The four indicators, each with its value, its evidence and a reason when not green.
     Read from counters the transitions keep and from the verifier's last result: O(1)."""
-    in_flight = run.n_dispatched
-    intended = run.n_planned + run.n_pending_approval + run.n_authorized
-    open_at_completion = run.n_dispatched + run.n_unknown
-    completeness: dict[str, Any]
-    integrity: dict[str, Any]
-    authorization: dict[str, Any]
-    certainty: dict[str, Any]
+    return {
+        "completeness": _completeness(run),
+        "integrity": _integrity(run),
+        "authorization": _authorization(run),
+        "certainty": _certainty(run),
+    }
 
+
+def _completeness(run: Run) -> Indicator:
+    """COMPLETE, or INCOMPLETE: events are missing, or the run finished with effects open."""
+    open_at_completion = run.n_dispatched + run.n_unknown
     if run.broken_reason == "gap":
-        completeness = {
+        return {
             "value": "INCOMPLETE",
             "reason": f"events {run.broken_first_seq}..{run.broken_last_seq} are missing",
         }
-    elif run.status in RUN_FINISHED and open_at_completion:
-        completeness = {
+    if run.status in RUN_FINISHED and open_at_completion:
+        return {
             "value": "INCOMPLETE",
             "reason": f"{open_at_completion} dispatched effect(s) had no terminal outcome at completion",
         }
-    else:
-        completeness = {"value": "COMPLETE", "reason": None}
+    return {"value": "COMPLETE", "reason": None}
 
+
+def _integrity(run: Run) -> Indicator:
+    """BROKEN (where the verifier found it), VERIFIED to the head, or UNSEALED past the last
+    checkpoint."""
     if run.broken_reason:
-        integrity = {
+        return {
             "value": "BROKEN",
             "first_bad_seq": run.broken_first_seq,
             "last_bad_seq": run.broken_last_seq,
             "reason": f"{run.broken_reason} at seq {run.broken_first_seq}..{run.broken_last_seq}: {run.broken_detail}",
         }
-    elif run.verified_checkpoint_seq is not None and run.verified_checkpoint_seq == run.last_seq:
-        integrity = {"value": "VERIFIED", "checkpoint_seq": run.verified_checkpoint_seq, "reason": None}
-    else:
-        sealed = run.verified_checkpoint_seq
-        integrity = {
-            "value": "UNSEALED",
-            "checkpoint_seq": sealed,
-            "reason": (
-                f"head seq {run.last_seq} is beyond the last checkpoint ({sealed})"
-                if sealed
-                else f"no checkpoint yet for head seq {run.last_seq}"
-            ),
-        }
+    if run.verified_checkpoint_seq is not None and run.verified_checkpoint_seq == run.last_seq:
+        return {"value": "VERIFIED", "checkpoint_seq": run.verified_checkpoint_seq, "reason": None}
+    sealed = run.verified_checkpoint_seq
+    return {
+        "value": "UNSEALED",
+        "checkpoint_seq": sealed,
+        "reason": (
+            f"head seq {run.last_seq} is beyond the last checkpoint ({sealed})"
+            if sealed
+            else f"no checkpoint yet for head seq {run.last_seq}"
+        ),
+    }
 
+
+def _authorization(run: Run) -> Indicator:
+    """OK, or MISMATCH: effects dispatched that their authorization did not cover."""
     if run.authorization_mismatches:
-        authorization = {
+        return {
             "value": "MISMATCH",
             "mismatches": run.authorization_mismatches,
             "reason": run.authorization_detail,
         }
-    else:
-        authorization = {"value": "OK", "mismatches": 0, "reason": None}
+    return {"value": "OK", "mismatches": 0, "reason": None}
 
+
+def _certainty(run: Run) -> Indicator:
+    """CERTAIN, or UNCERTAIN while some outcome is UNKNOWN or in flight; with the counts."""
+    in_flight = run.n_dispatched
     counts = {
         "confirmed": run.n_confirmed,
         "unknown": run.n_unknown,
         "reconciled": run.n_reconciled,
         "failed": run.n_failed,
         "in_flight": in_flight,
-        "intended_only": intended,
+        "intended_only": run.n_planned + run.n_pending_approval + run.n_authorized,
     }
     if run.n_unknown or in_flight:
-        certainty = {
+        return {
             "value": "UNCERTAIN",
             "counts": counts,
             "reason": f"{run.n_unknown} UNKNOWN, {in_flight} dispatched without an outcome yet",
         }
-    else:
-        certainty = {"value": "CERTAIN", "counts": counts, "reason": None}
-    return {
-        "completeness": completeness,
-        "integrity": integrity,
-        "authorization": authorization,
-        "certainty": certainty,
-    }
+    return {"value": "CERTAIN", "counts": counts, "reason": None}
 
 
 # --- console reads, scoped to a user (every queryset is restricted to tenants_for(user)) ---
@@ -160,7 +170,8 @@ EXPIRING_WITHIN_S = 60
 # counting every one of 100,000 open cases read all of them (35 ms at 1M runs).
 DASHBOARD_COUNT_CAP = 1000
 
-INDICATOR_FILTERS = {
+# Each indicator's values as conditions on the run's own columns (built when asked for).
+INDICATOR_FILTERS: dict[str, dict[str, Callable[[], Q]]] = {
     "completeness": {
         "COMPLETE": lambda: ~_incomplete(),
         "INCOMPLETE": lambda: _incomplete(),
@@ -187,7 +198,7 @@ def _incomplete() -> Q:
     return Q(broken_reason="gap") | Q(status="COMPLETED", n_dispatched__gt=0) | Q(status="COMPLETED", n_unknown__gt=0)
 
 
-def runs_for_user(*, user):
+def runs_for_user(*, user: User | AnonymousUser) -> QuerySet[Run]:
     """Runs of the tenants on which ``user`` may view (none without a role). The tenant ids
     are read first (one small query) so that the runs query is a plain ``tenant_id IN
     (...)`` the planner can combine with the page-order indexes."""
@@ -214,7 +225,7 @@ def _search_condition(q: str) -> Q:
         return Q(pk=uuid.UUID(q))
     except ValueError:
         pass
-    conditions = []
+    conditions: list[Q] = []
     compact = q.lower().replace("-", "")
     if _HEX_PREFIX.fullmatch(compact):
         low, high = _uuid_prefix_range(compact)
@@ -238,7 +249,7 @@ def _search_condition(q: str) -> Q:
 
 def runs_search(
     *,
-    user,
+    user: User | AnonymousUser,
     q: str = "",
     status: str = "",
     indicators: dict[str, str] | None = None,
@@ -247,7 +258,7 @@ def runs_search(
     tool: str = "",
     effect_class: str = "",
     phase: str = "",
-):
+) -> QuerySet[Run]:
     """Runs visible to ``user`` matching the search (run id or its start, external id,
     worker or owner, tool) and the filters: status, the indicators (conditions on the run's
     own columns), tenant (slug), worker (name, any case: it held the run's lease), tool
@@ -278,7 +289,7 @@ def runs_search(
 
 
 def runs_page(
-    qs, *, before: str = "", size: int = RUN_PAGE, oldest_first: bool = False
+    qs: QuerySet[Run], *, before: str = "", size: int = RUN_PAGE, oldest_first: bool = False
 ) -> tuple[list[Run], str | None]:
     """One page of ``qs`` newest first (or oldest first), after the cursor ``before``; and
     the next cursor."""
@@ -286,14 +297,14 @@ def runs_page(
     return keyset_page(qs, order_field="created_at", cursor=before, size=size, descending=not oldest_first)
 
 
-def run_events_page(*, run: Run, after: int = 0, size: int = EVENT_PAGE):
+def run_events_page(*, run: Run, after: int = 0, size: int = EVENT_PAGE) -> tuple[list[Event], int | None]:
     """The run's events in seq order after ``after``; and the next cursor (a seq)."""
     rows = list(Event.objects.filter(run=run, seq__gt=after).order_by("seq")[: size + 1])
     next_after = rows[size - 1].seq if len(rows) > size else None
     return rows[:size], next_after
 
 
-def run_latest_checkpoint(*, run: Run):
+def run_latest_checkpoint(*, run: Run) -> ProgressCheckpoint | None:
     """The run's latest progress checkpoint (a new lease owner resumes from it), or None."""
     return ProgressCheckpoint.objects.filter(run=run).order_by("-seq").first()
 
@@ -303,7 +314,7 @@ def run_operations(*, run: Run) -> QuerySet[Operation]:
     return Operation.objects.filter(run=run).order_by("created_at", "id")
 
 
-def run_detail_parts(*, run: Run, limit: int = 100) -> dict:
+def run_detail_parts(*, run: Run, limit: int = 100) -> dict[str, Any]:
     """Lease history, the latest progress checkpoint, stale-write refusals, capability
     budgets, what the run holds and its cost windows: a fixed number of queries. (Its
     operations with their reconciliation cases: ``approvals.selectors.run_operations``.)"""
@@ -342,7 +353,7 @@ def span_text(span: timedelta | None) -> str:
     return f"{days} d {hours % 24} h" if hours % 24 else f"{days} d"
 
 
-def dashboard_counts(*, user) -> dict:
+def dashboard_counts(*, user: User | AnonymousUser) -> dict[str, Any]:
     """What needs a person now in the ledger, per visible tenant: held leases expiring (counted
     up to DASHBOARD_COUNT_CAP: "capped" names the counts that hit it), stale-token rejections,
     BROKEN runs, the newest verification, breakers not NORMAL. The dashboard adds the people's
@@ -350,7 +361,7 @@ def dashboard_counts(*, user) -> dict:
     now = timezone.now()
     tenants = list(tenants_for(user).order_by("slug"))
     ids = [t.pk for t in tenants]
-    rows = {
+    rows: dict[int, dict[str, Any]] = {
         t.pk: {
             "tenant": t,
             "expiring_leases": 0,
@@ -439,7 +450,8 @@ def process_alive(worker: Worker | None, now: datetime) -> bool:
     """The worker's process heartbeat is fresh (FENCELINE_WORKER_HEARTBEAT_LAPSE_S)."""
     if worker is None or worker.last_heartbeat_at is None:
         return False
-    return (now - worker.last_heartbeat_at).total_seconds() <= settings.FENCELINE["WORKER_HEARTBEAT_LAPSE_S"]
+    lapse_s: int = settings.FENCELINE["WORKER_HEARTBEAT_LAPSE_S"]
+    return (now - worker.last_heartbeat_at).total_seconds() <= lapse_s
 
 
 def run_liveness(*, run: Run, unknown: UnknownTime, now: datetime) -> dict[str, Any]:

@@ -9,8 +9,8 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, cast
 
 from celery import shared_task
 from django.conf import settings
@@ -42,6 +42,25 @@ RETRYABLE: tuple[type[BaseException], ...] = (
 job_log = logging.getLogger("fenceline.job")
 
 
+class TaskResult[R](Protocol):
+    """What Celery answers when a task is applied or queued (the part Fenceline reads)."""
+
+    def get(self, timeout: float | None = None) -> R: ...
+
+
+class Task[**P, R](Protocol):
+    """A task as :func:`job` declares it (Celery ships no types): called, it runs here and
+    now; ``apply`` runs it here through Celery (retries, signals); ``delay`` queues it."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    def apply(
+        self, args: Sequence[object] | None = None, kwargs: Mapping[str, object] | None = None
+    ) -> TaskResult[R]: ...
+
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> TaskResult[R]: ...
+
+
 def _took(clock: float) -> dict[str, float]:
     return {"duration_ms": round((time.perf_counter() - clock) * 1000, 2)}
 
@@ -54,48 +73,53 @@ def beat_name(task_name: str) -> str | None:
     return None
 
 
-def job(**options: Any) -> Any:
+def job[**P, R](*, name: str | None = None, **options: object) -> Callable[[Callable[P, R]], Task[P, R]]:
     """``shared_task`` with the one retry policy and late acknowledgement (``name=``: the
     task's name, when it is not its module's and function's). A task that beat
     runs also writes its job heartbeat (ledger/services/operating/jobs.py): started, then
     finished with its counts, or failed with the exception's type."""
 
-    def decorate(fn: Callable[..., Any]) -> Any:
-        name = beat_name(options.get("name") or f"{fn.__module__}.{fn.__name__}")
+    def decorate(fn: Callable[P, R]) -> Task[P, R]:
+        beat = beat_name(name or f"{fn.__module__}.{fn.__name__}")
 
         @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            if name is None:
+        def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            if beat is None:
                 return fn(*args, **kwargs)
-            started_at = job_started(name)
+            started_at = job_started(beat)
             clock = time.perf_counter()
             try:
                 result = fn(*args, **kwargs)
             except BaseException as exc:
                 with contextlib.suppress(*RETRYABLE):  # the database may be what failed
-                    job_failed(name, started_at=started_at, error=exc)
+                    job_failed(beat, started_at=started_at, error=exc)
                 job_log.warning(
                     "job %s failed",
-                    name,
-                    extra={"job": name, "outcome": "failed", "error": type(exc).__name__, **_took(clock)},
+                    beat,
+                    extra={"job": beat, "outcome": "failed", "error": type(exc).__name__, **_took(clock)},
                 )
                 raise
             counts = result if isinstance(result, dict) else {}
-            job_finished(name, started_at=started_at, result=counts)
+            job_finished(beat, started_at=started_at, result=counts)
             job_log.info(
-                "job %s finished", name, extra={"job": name, "outcome": "ok", "counts": counts, **_took(clock)}
+                "job %s finished", beat, extra={"job": beat, "outcome": "ok", "counts": counts, **_took(clock)}
             )
             return result
 
-        return shared_task(
-            acks_late=True,
-            autoretry_for=RETRYABLE,
-            retry_backoff=True,
-            retry_backoff_max=60,
-            retry_jitter=True,
-            max_retries=5,
-            **options,
-        )(run)
+        # Celery's task object, typed by what Fenceline calls on it (``Task``).
+        return cast(
+            Task[P, R],
+            shared_task(
+                acks_late=True,
+                autoretry_for=RETRYABLE,
+                retry_backoff=True,
+                retry_backoff_max=60,
+                retry_jitter=True,
+                max_retries=5,
+                name=name,
+                **options,
+            )(run),
+        )
 
     return decorate
 

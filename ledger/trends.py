@@ -19,16 +19,18 @@ dashboard shows these beside the UNKNOWN effects opened and settled per hour, wh
 approvals app reads from its cases (``approvals.selectors.dashboard_trends``).
 """
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Count, F, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce, TruncHour
 from django.utils import timezone
 
-from ledger.models import CostWindow, Event, Run, TenantPolicy
+from ledger.models import CostWindow, Event, Run, Tenant, TenantPolicy
 from ledger.observability.health import job_allowed_s
-from ledger.policy import completed_policy
+from ledger.policy import PolicyDocument, completed_policy
 from ledger.roles import tenants_for
 from ledger.services.authority.windows import window_bounds
 from ledger.states import BudgetKind
@@ -49,7 +51,7 @@ def trend_hours(now: datetime) -> list[datetime]:
     return [current - timedelta(hours=HOURS - 1 - i) for i in range(HOURS)]
 
 
-def dashboard_trends(*, user, now: datetime | None = None) -> dict[str, Any]:
+def dashboard_trends(*, user: User | AnonymousUser, now: datetime | None = None) -> dict[str, Any]:
     """The ledger's charts for ``user``'s tenants (see the module docstring), with the
     tenants' ids (``tenant_ids``) for the charts read beside them."""
     now = now or timezone.now()
@@ -108,7 +110,9 @@ def dashboard_trends(*, user, now: datetime | None = None) -> dict[str, Any]:
     }
 
 
-def _current_tenant_windows(tenants, policies: dict[int, dict], now: datetime) -> dict[int, CostWindow]:
+def _current_tenant_windows(
+    tenants: Sequence[Tenant], policies: dict[int, PolicyDocument], now: datetime
+) -> dict[int, CostWindow]:
     """Each limited tenant's TENANT window that contains ``now`` under its current policy
     (as the breaker reads it), with its shards' totals: one exact index probe per tenant."""
     probes = Q()
@@ -121,7 +125,7 @@ def _current_tenant_windows(tenants, policies: dict[int, dict], now: datetime) -
     return {w.tenant_id: w for w in CostWindow.objects.filter(probes, kind=BudgetKind.TENANT).with_totals()}
 
 
-def _burn(tenant, policy: dict, window: CostWindow | None, now: datetime) -> dict[str, Any]:
+def _burn(tenant: Tenant, policy: PolicyDocument, window: CostWindow | None, now: datetime) -> dict[str, Any]:
     """The tenant's spend in its current TENANT window against the limit and the breaker's
     thresholds (shares of the limit). No limit: ``limit_cents`` is None."""
     limit = policy["cost_limits_cents"]["tenant"]
@@ -145,7 +149,7 @@ def _burn(tenant, policy: dict, window: CostWindow | None, now: datetime) -> dic
     }
 
 
-def _lag(tenant, recent: dict[str, Any], now: datetime) -> dict[str, Any]:
+def _lag(tenant: Tenant, recent: dict[str, Any], now: datetime) -> dict[str, Any]:
     """How far behind the verifier is in this tenant: the age of its newest verified
     checkpoint, and the runs started within 24 h with events it has not verified (or sealed)."""
     verified = getattr(tenant, "last_verified_at", None)

@@ -4,7 +4,11 @@ Every durable row carries ``schema_version``. A reader that meets a version it d
 know refuses the row with :class:`UnknownSchemaVersion` instead of guessing what it means.
 """
 
+from collections.abc import Collection
+from typing import Any, Self
+
 from django.db import models
+from django.db.models.fetch_modes import FetchMode
 
 from ledger.errors import UnknownSchemaVersion
 
@@ -40,8 +44,15 @@ class Versioned(models.Model):
         abstract = True
 
     @classmethod
-    def from_db(cls, db, field_names, values, *args, **kwargs):
-        instance = super().from_db(db, field_names, values, *args, **kwargs)
+    def from_db(
+        cls,
+        db: str | None,
+        field_names: Collection[str],
+        values: Collection[Any],
+        *,
+        fetch_mode: FetchMode | None = None,
+    ) -> Self:
+        instance = super().from_db(db, field_names, values, fetch_mode=fetch_mode)
         if "schema_version" in field_names:
             label = cls._meta.label
             require_known(instance.schema_version, f"{label} row", stored=True, known=known_for(label))

@@ -1,12 +1,15 @@
 """Worker API v1. Views are thin: parse, call one service, shape the response."""
 
-from django.http import StreamingHttpResponse
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 from ninja import NinjaAPI, Status
+from ninja.openapi.schema import OpenAPISchema
 
 from ledger import selectors
 from ledger.api import errors
-from ledger.api.auth import WorkerBearer
+from ledger.api.auth import WorkerBearer, WorkerRequest
 from ledger.api.body import StrictJSONParser
 from ledger.api.schemas import (
     STORABLE_JSON,
@@ -56,6 +59,7 @@ from ledger.api.schemas import (
     TokenIn,
     WorkerOut,
 )
+from ledger.models import Operation, ProgressCheckpoint, Run, RunResource, Worker
 from ledger.services.authority import capabilities, credential_leases
 from ledger.services.core.fencing import fence_check
 from ledger.services.core.handoff import queues
@@ -80,20 +84,34 @@ no credential required, no cost limit.
 """
 
 
+# A response body as a view builds it: JSON that ninja validates against the endpoint's
+# response schema (ledger/api/schemas.py) before it is sent.
+type Body = dict[str, object]
+
+
 class FencelineAPI(NinjaAPI):
-    def get_openapi_schema(self, *args, **kwargs):
+    def get_openapi_schema(
+        self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None
+    ) -> OpenAPISchema:
         """Ninja's schema, with event fields described as storable JSON (a recursive component
         pydantic cannot write for ``dict[str, Any]``)."""
-        document = super().get_openapi_schema(*args, **kwargs)
+        document = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
         components = document["components"]["schemas"]
         components["StorableJSON"] = STORABLE_JSON
         for (component, name), schema in STORABLE_OBJECT_PROPERTIES.items():
             components[component]["properties"][name] = schema
         return document
 
-    def create_response(self, request, data, *args, **kwargs):
+    def create_response(
+        self,
+        request: HttpRequest,
+        data: Any,
+        *,
+        status: int | None = None,
+        temporal_response: HttpResponse | None = None,
+    ) -> HttpResponse:
         """Every response (answer or refusal) to a QUARANTINED worker tells it to stop."""
-        response = super().create_response(request, data, *args, **kwargs)
+        response = super().create_response(request, data, status=status, temporal_response=temporal_response)
         directive = directive_for(getattr(request, "worker", None))
         if directive:
             response[DIRECTIVE_HEADER] = directive
@@ -118,7 +136,7 @@ READ = {401: E, 422: InvalidOut}
 BODY = {400: E, 401: E, 413: E, 422: InvalidOut}
 
 
-def _run_out(run) -> dict:
+def _run_out(run: Run) -> Body:
     """The run with its four indicators and its liveness (the time its outcomes spent in
     UNKNOWN comes from its cases, through the people's queues: ``core.handoff``)."""
     lease = run.lease
@@ -145,7 +163,7 @@ def _run_out(run) -> dict:
     }
 
 
-def _cancel_out(run) -> dict | None:
+def _cancel_out(run: Run) -> Body | None:
     if not run.ending:
         return None
     return {
@@ -158,7 +176,7 @@ def _cancel_out(run) -> dict | None:
     }
 
 
-def _resource_out(resource) -> dict:
+def _resource_out(resource: RunResource) -> Body:
     return {
         "resource_id": str(resource.pk),
         "run_id": str(resource.run_id),
@@ -181,7 +199,7 @@ def _resource_out(resource) -> dict:
     }
 
 
-def _op_out(op) -> dict:
+def _op_out(op: Operation) -> Body:
     return {
         "operation_id": str(op.pk),
         "run_id": str(op.run_id),
@@ -221,7 +239,7 @@ def _op_out(op) -> dict:
     response={201: RunCreatedOut, 200: RunCreatedOut, **BODY, 403: DecisionError, 404: E, 409: E},
     tags=["runs"],
 )
-def create_run(request, body: RunCreateIn):
+def create_run(request: WorkerRequest, body: RunCreateIn) -> Status[Body]:
     """Create a run. The same external_id returns the existing run with 200. A
     max_runtime_s above the policy's is 403 DENY_POLICY naming the field."""
     run, created = runs.run_create(
@@ -235,7 +253,7 @@ def create_run(request, body: RunCreateIn):
 
 
 @api.get("/runs/{run_id}", response={200: RunOut, **READ, 404: E}, tags=["runs"])
-def get_run(request, run_id: str):
+def get_run(request: WorkerRequest, run_id: str) -> Body:
     return _run_out(selectors.run_get(tenant=request.worker.tenant, run_id=run_id))
 
 
@@ -244,7 +262,7 @@ def get_run(request, run_id: str):
     response={200: LeaseGrantedOut, **BODY, 403: DecisionError, 404: E, 409: E},
     tags=["leases"],
 )
-def acquire_lease(request, run_id: str, body: LeaseAcquireIn):
+def acquire_lease(request: WorkerRequest, run_id: str, body: LeaseAcquireIn) -> Body:
     """Take the run's lease — a new instance of the run, under the tenant's instance quotas —
     with the run's latest progress checkpoint to resume from.
     403 DENY_QUOTA (naming quota, limit and use) when an instance quota is full;
@@ -262,7 +280,7 @@ def acquire_lease(request, run_id: str, body: LeaseAcquireIn):
     }
 
 
-def _checkpoint_out(checkpoint) -> dict:
+def _checkpoint_out(checkpoint: ProgressCheckpoint) -> Body:
     return {
         "checkpoint_id": str(checkpoint.pk),
         "seq": checkpoint.seq,
@@ -278,7 +296,7 @@ def _checkpoint_out(checkpoint) -> dict:
     response={201: CheckpointSavedOut, **BODY, 404: E, 409: E},
     tags=["runs"],
 )
-def save_checkpoint(request, run_id: str, body: CheckpointIn):
+def save_checkpoint(request: WorkerRequest, run_id: str, body: CheckpointIn) -> Status[Body]:
     """Save where the run's work stands (state: a JSON object of at most 64 KB), under the
     fence. Whoever takes the lease next gets the latest checkpoint with it and resumes."""
     checkpoint = checkpoints.checkpoint_save(
@@ -296,7 +314,7 @@ def save_checkpoint(request, run_id: str, body: CheckpointIn):
     response={200: LeaseRenewedOut, **BODY, 404: E, 409: LeaseLostError | Error},
     tags=["leases"],
 )
-def renew_lease(request, run_id: str, body: LeaseRenewIn):
+def renew_lease(request: WorkerRequest, run_id: str, body: LeaseRenewIn) -> Body:
     """Extend the lease: the worker's heartbeat. 409 LEASE_LOST with reason owner_changed,
     token_changed, released, expired or idle (no progress for the policy's idle_limit_s).
     A cancelled or timed-out run still renews during its grace, with `cancel` set (stop new
@@ -312,7 +330,7 @@ def renew_lease(request, run_id: str, body: LeaseRenewIn):
     response={200: CancelledOut, **BODY, 403: E, 404: E, 409: E},
     tags=["runs"],
 )
-def cancel_run(request, run_id: str, body: CancelIn):
+def cancel_run(request: WorkerRequest, run_id: str, body: CancelIn) -> Body:
     """Cancel the run and its children, by the worker holding its lease or its parent's
     (403 otherwise). CANCELLING at once; CANCELLED once nothing is DISPATCHED, or when the
     policy's cancel_grace_s is over (what is still DISPATCHED then becomes UNKNOWN with a
@@ -329,7 +347,7 @@ def cancel_run(request, run_id: str, body: CancelIn):
     response={200: LeaseReleasedOut, **BODY, 404: E, 409: LeaseLostError},
     tags=["leases"],
 )
-def release_lease(request, run_id: str, body: LeaseReleaseIn):
+def release_lease(request: WorkerRequest, run_id: str, body: LeaseReleaseIn) -> Body:
     leases.lease_release(worker=request.worker, run_id=run_id, owner_id=body.owner_id, fencing_token=body.fencing_token)
     return {"released": True}
 
@@ -339,7 +357,7 @@ def release_lease(request, run_id: str, body: LeaseReleaseIn):
     response={200: RunCreatedOut, **BODY, 404: E, 409: E},
     tags=["runs"],
 )
-def complete_run(request, run_id: str, body: TokenIn):
+def complete_run(request: WorkerRequest, run_id: str, body: TokenIn) -> Body:
     """The run's terminal transition, by the lease owner. The lease ends; effects still in
     flight become UNKNOWN with a reconciliation case; the verifier seals the chain."""
     run = runs.run_complete(worker=request.worker, run_id=run_id, fencing_token=body.fencing_token)
@@ -354,7 +372,7 @@ def complete_run(request, run_id: str, body: TokenIn):
     response={201: OperationCreatedOut, 200: OperationCreatedOut, **BODY, 403: E, 404: E, 409: E},
     tags=["operations"],
 )
-def create_operation(request, run_id: str, body: OperationIn):
+def create_operation(request: WorkerRequest, run_id: str, body: OperationIn) -> Status[Body]:
     """Record the intent of a side effect. Replaying the same idempotency_key with the same
     parameters returns the same operation (200); other parameters: 422 IDEMPOTENCY_MISMATCH.
     The side-effect class comes from the tenant's tool contract: a different declared one is
@@ -370,7 +388,7 @@ def create_operation(request, run_id: str, body: OperationIn):
 
 
 @api.get("/operations/{operation_id}", response={200: OperationOut, **READ, 404: E}, tags=["operations"])
-def get_operation(request, operation_id: str):
+def get_operation(request: WorkerRequest, operation_id: str) -> Body:
     return _op_out(selectors.operation_get(tenant=request.worker.tenant, operation_id=operation_id))
 
 
@@ -386,7 +404,7 @@ def get_operation(request, operation_id: str):
     },
     tags=["operations"],
 )
-def authorize_operation(request, operation_id: str, body: AuthorizeIn):
+def authorize_operation(request: WorkerRequest, operation_id: str, body: AuthorizeIn) -> Body:
     """Decide under the tenant's current policy: the credential lease (if named or required),
     the policy, the run's capability, the cost breaker, and a person's approval where the
     policy asks for one. 403 carries the DENY_* code in `error` and `decision`."""
@@ -404,7 +422,7 @@ def authorize_operation(request, operation_id: str, body: AuthorizeIn):
     response={200: PhaseOut, **BODY, 403: DecisionError, 404: E, 409: PhaseError | Error},
     tags=["operations"],
 )
-def dispatch_operation(request, operation_id: str, body: TokenIn):
+def dispatch_operation(request: WorkerRequest, operation_id: str, body: TokenIn) -> Body:
     """AUTHORIZED -> DISPATCHED after every check of authorize passes again under the current
     policy, and one capability call and the worst-case cost are reserved. Only after a 200
     here may the worker call the provider. 403 when authorization no longer holds."""
@@ -426,7 +444,7 @@ def dispatch_operation(request, operation_id: str, body: TokenIn):
     },
     tags=["operations"],
 )
-def retry_operation(request, operation_id: str, body: TokenIn):
+def retry_operation(request: WorkerRequest, operation_id: str, body: TokenIn) -> Body:
     """Start the next attempt as the retry decision allows. 409 RECONCILE_FIRST while the
     outcome is UNKNOWN; 202 APPROVAL_REQUIRED for an operation that needs a person."""
     op = retry.operation_retry(worker=request.worker, operation_id=operation_id, fencing_token=body.fencing_token)
@@ -438,7 +456,7 @@ def retry_operation(request, operation_id: str, body: TokenIn):
     response={201: CapabilityOut, **BODY, 403: DecisionError, 404: E, 409: E},
     tags=["authority"],
 )
-def request_capability(request, run_id: str, body: CapabilityIn):
+def request_capability(request: WorkerRequest, run_id: str, body: CapabilityIn) -> Status[Body]:
     """A capability budget for one tool on this run: ACTIVE, or PENDING_APPROVAL when
     approval is `human` (or the policy puts the tool before a person)."""
     requested = capabilities.capability_request(worker=request.worker, run_id=run_id, **body.model_dump())
@@ -458,7 +476,7 @@ def request_capability(request, run_id: str, body: CapabilityIn):
     response={200: PhaseOut, **BODY, 404: E, 409: PhaseError | Error},
     tags=["operations"],
 )
-def report_outcome(request, operation_id: str, body: OutcomeIn):
+def report_outcome(request: WorkerRequest, operation_id: str, body: OutcomeIn) -> Body:
     """Report CONFIRMED, FAILED or UNKNOWN for a DISPATCHED operation. UNKNOWN opens a
     reconciliation case. A report under a fenced token is refused (409 STALE_TOKEN); its
     provider_request_id is kept on the case as unverified evidence."""
@@ -480,7 +498,7 @@ def report_outcome(request, operation_id: str, body: OutcomeIn):
     response={200: RetryDecisionOut, **READ, 404: E},
     tags=["operations"],
 )
-def retry_decision(request, operation_id: str):
+def retry_decision(request: WorkerRequest, operation_id: str) -> Body:
     op = selectors.operation_get(tenant=request.worker.tenant, operation_id=operation_id)
     decision, reason = retry.operation_retry_decision(op)
     return {
@@ -500,7 +518,7 @@ def retry_decision(request, operation_id: str):
     response={201: EventAppendedOut, **BODY, 404: E, 409: E},
     tags=["events"],
 )
-def append_event(request, run_id: str, body: EventIn):
+def append_event(request: WorkerRequest, run_id: str, body: EventIn) -> Status[Body]:
     """Append a NOTE or an ``x.``-prefixed event (fields: a JSON object of at most 16 KB)."""
     event = notes.event_append(
         worker=request.worker, run_id=run_id, fencing_token=body.fencing_token, type=body.type, fields=body.fields
@@ -509,7 +527,7 @@ def append_event(request, run_id: str, body: EventIn):
 
 
 @api.get("/runs/{run_id}/events", response={200: ChainExportOut, **READ, 404: E}, tags=["events"])
-def export_events(request, run_id: str):
+def export_events(request: WorkerRequest, run_id: str) -> StreamingHttpResponse:
     """The run's chain in seq order, streamed: {"run_id", "head", "events": [...],
     "checkpoints": [...]}; each event has every field of the canonical form plus its hash,
     and its MAC with the id of the event key it is under. Check it anywhere with
@@ -528,7 +546,7 @@ def export_events(request, run_id: str):
     response={201: CredentialLeaseOut, **BODY, 403: DecisionError, 404: E, 409: E},
     tags=["authority"],
 )
-def issue_credential_lease(request, run_id: str, body: CredentialLeaseIn):
+def issue_credential_lease(request: WorkerRequest, run_id: str, body: CredentialLeaseIn) -> Status[Body]:
     """Lend the run the principal's current credential version for exactly these actions
     and resources, until now + ttl_s (at most the policy's max_ttl_s). Returns a reference
     to where the secret is kept, never the secret. 403 DENY_POLICY when the tenant policy
@@ -549,7 +567,7 @@ def issue_credential_lease(request, run_id: str, body: CredentialLeaseIn):
 # --- the worker itself -----------------------------------------------------------------
 
 
-def _worker_out(worker) -> dict:
+def _worker_out(worker: Worker) -> Body:
     return {
         "name": worker.name,
         "status": worker.status,
@@ -559,7 +577,7 @@ def _worker_out(worker) -> dict:
 
 
 @api.post("/workers/me/drain", response={200: WorkerOut, **BODY, 409: E}, tags=["workers"])
-def drain_me(request, body: DrainIn):
+def drain_me(request: WorkerRequest, body: DrainIn) -> Body:
     """The worker drains itself (its SIGTERM handler): no new lease, intent or dispatch from
     now on (409 WORKER_DRAINING); outcomes, checkpoints and resource releases are accepted
     until deadline_s, after which its leases are revoked. Draining again changes nothing."""
@@ -568,7 +586,7 @@ def drain_me(request, body: DrainIn):
 
 
 @api.post("/workers/me/boots", response={201: BootOut, 200: BootOut, **BODY, 409: Error}, tags=["workers"])
-def report_boot(request, body: BootIn):
+def report_boot(request: WorkerRequest, body: BootIn) -> Status[Body]:
     """Report a start of the worker process with its readiness per domain (runtime, state,
     credentials, outbound_delivery, admission). A failed domain stops admission: lease
     acquisition answers 409 NOT_READY (CREDENTIALS_NOT_READY when only credentials failed)
@@ -599,14 +617,14 @@ def report_boot(request, body: BootIn):
 
 
 @api.post("/workers/me/heartbeat", response={200: WorkerOut, **BODY}, tags=["workers"])
-def heartbeat(request):
+def heartbeat(request: WorkerRequest) -> Body:
     """The process is alive, apart from any lease it holds. A QUIESCED worker whose heartbeat
     lapses (FENCELINE_WORKER_HEARTBEAT_LAPSE_S, 60 s) is STOPPED."""
     return _worker_out(lifecycle.worker_heartbeat(worker=request.worker))
 
 
 @api.post("/workers/me/exit", response={200: WorkerOut, **BODY, 409: PhaseError | Error}, tags=["workers"])
-def exit_me(request):
+def exit_me(request: WorkerRequest) -> Body:
     """The worker is exiting: QUIESCED (or DRAINING with no live lease) -> STOPPED."""
     return _worker_out(lifecycle.worker_exit(worker=request.worker))
 
@@ -619,7 +637,7 @@ def exit_me(request):
     response={201: ResourceOut, 200: ResourceOut, **BODY, 403: DecisionError, 404: E, 409: E},
     tags=["resources"],
 )
-def attach_resource(request, run_id: str, body: ResourceIn):
+def attach_resource(request: WorkerRequest, run_id: str, body: ResourceIn) -> Status[Body]:
     """Register a resource the run now holds (a browser session, a connection, a sandbox,
     a temporary object, a file) by reference — `handle` is never a secret. The same live
     handle on the same run again answers 200 with it; a handle live in another run (of any
@@ -637,7 +655,7 @@ def attach_resource(request, run_id: str, body: ResourceIn):
 
 
 @api.get("/resources/{resource_id}", response={200: ResourceOut, **READ, 404: E}, tags=["resources"])
-def get_resource(request, resource_id: str):
+def get_resource(request: WorkerRequest, resource_id: str) -> Body:
     return _resource_out(selectors.resource_get(tenant_id=request.worker.tenant_id, resource_id=resource_id))
 
 
@@ -646,7 +664,7 @@ def get_resource(request, resource_id: str):
     response={200: ResourceOut, **BODY, 404: E, 409: E},
     tags=["resources"],
 )
-def release_resource(request, resource_id: str, body: TokenIn):
+def release_resource(request: WorkerRequest, resource_id: str, body: TokenIn) -> Body:
     """Done with a resource: RELEASE_REQUESTED. The reaper closes it through the driver of
     its kind and marks it RELEASED only once the driver confirms. Asking again changes nothing."""
     resource = resources.resource_release(
@@ -656,7 +674,7 @@ def release_resource(request, resource_id: str, body: TokenIn):
 
 
 @api.post("/fence/check", response={200: FenceCheckOut, **BODY}, tags=["leases"])
-def check_fence(request, body: FenceCheckIn):
+def check_fence(request: WorkerRequest, body: FenceCheckIn) -> Body:
     """For downstream systems that enforce the fence themselves: is this the run's current,
     unexpired token? Unknown runs (and other tenants' runs) answer false."""
     return {"valid": fence_check(tenant=request.worker.tenant, run_id=body.run_id, fencing_token=body.fencing_token)}

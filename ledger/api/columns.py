@@ -31,7 +31,8 @@ def _integral_float(value: Any) -> Any:
 WHOLE = BeforeValidator(_integral_float)
 
 
-def _field(model: type[models.Model], name: str) -> models.Field:
+# Quoted: Field is generic in django-stubs only, not at run time.
+def _field(model: type[models.Model], name: str) -> "models.Field[Any, Any]":
     field = model._meta.get_field(name)
     assert isinstance(field, models.Field)  # noqa: S101 - a programming error, at import time
     return field

@@ -36,15 +36,18 @@ from ledger.models import (
 from ledger.observability.totals import TOTALS, run_totals_read
 from ledger.states import BreakerState, InstanceState, ResourceState, RunStatus
 
+# A metric's row as the database answers it: its label values, then its number.
+type Row = tuple[Any, ...]
 
-def gauge(name: str, doc: str, labels: list[str], rows: Iterable[tuple]) -> GaugeMetricFamily:
+
+def gauge(name: str, doc: str, labels: list[str], rows: Iterable[Row]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, labels=labels)
     for *values, number in rows:
         family.add_metric([str(v) for v in values], float(number or 0))
     return family
 
 
-def counter(name: str, doc: str, labels: list[str], rows: Iterable[tuple]) -> CounterMetricFamily:
+def counter(name: str, doc: str, labels: list[str], rows: Iterable[Row]) -> CounterMetricFamily:
     family = CounterMetricFamily(name, doc, labels=labels)
     for *values, number in rows:
         family.add_metric([str(v) for v in values], float(number or 0))
@@ -62,7 +65,7 @@ class Scrape:
     def slug(self, pk: int) -> str:
         return self.tenants[pk]
 
-    def by_tenant(self, rows: Iterable[Mapping[str, Any]], *keys: str, value: str = "n") -> list[tuple]:
+    def by_tenant(self, rows: Iterable[Mapping[str, Any]], *keys: str, value: str = "n") -> list[Row]:
         """(tenant slug, *keys, value) of each row of a known tenant."""
         return [
             (self.slug(r["tenant_id"]), *(r[k] for k in keys), r[value]) for r in rows if r["tenant_id"] in self.tenants

@@ -15,6 +15,7 @@ no host, no exception message):
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from celery import current_app
 from django.apps import apps
@@ -33,7 +34,7 @@ class Check:
     domain: str
     ok: bool
     reason: str = ""
-    detail: dict = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 def check_database() -> Check:
@@ -76,7 +77,9 @@ def job_allowed_s(name: str) -> float:
     """How long the beat job ``name`` may go without finishing and still be fresh:
     ``JOB_STALE_AFTER_INTERVALS`` of its interval plus ``JOB_STALE_GRACE_S``."""
     interval = float(settings.CELERY_BEAT_SCHEDULE[name]["schedule"])
-    return interval * settings.FENCELINE["JOB_STALE_AFTER_INTERVALS"] + settings.FENCELINE["JOB_STALE_GRACE_S"]
+    intervals: int = settings.FENCELINE["JOB_STALE_AFTER_INTERVALS"]
+    grace_s: int = settings.FENCELINE["JOB_STALE_GRACE_S"]
+    return interval * intervals + grace_s
 
 
 def _failing_since_success(beat: JobHeartbeat) -> bool:

@@ -11,6 +11,7 @@ credential-like value is withheld like a message.
 
 import re
 import uuid
+from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
 
@@ -29,7 +30,7 @@ def request_id(presented: str | None) -> str:
 
 
 class JsonLines(JsonFormatter):
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # JsonFormatter's options, passed on
         kwargs.setdefault("rename_fields", {"levelname": "level", "name": "logger"})
         kwargs.setdefault("json_ensure_ascii", False)
         kwargs.setdefault("timestamp", "time")  # ISO 8601 in UTC

@@ -76,7 +76,7 @@ def scrape() -> bytes:
     """The text exposition of every metric: the database's and the processes'."""
     registry = CollectorRegistry(auto_describe=False)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
     else:
         registry.register(_ThisProcess())
     for collector in _collectors.values():

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
 from ledger.services.upgrades.restore import backup_manifest_record
@@ -19,13 +19,15 @@ from ledger.services.upgrades.restore import backup_manifest_record
 class Command(BaseCommand):
     help = "Record the backup manifest in the database and dump it (PostgreSQL: pg_dump)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--output", help="the dump file (pg_dump custom format)")
         parser.add_argument("--label", default="", help="a name for this backup")
         parser.add_argument("--by", default="manage.py backup")
         parser.add_argument("--manifest-only", action="store_true")
 
-    def handle(self, *args, output, label, by, manifest_only, **options):
+    def handle(
+        self, *args: object, output: str | None, label: str, by: str, manifest_only: bool, **options: object
+    ) -> None:
         if not manifest_only and not output:
             raise CommandError("give --output FILE (or --manifest-only)")
         manifest = backup_manifest_record(by=by, label=label)

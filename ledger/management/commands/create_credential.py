@@ -1,4 +1,4 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger.errors import DomainError
 from ledger.models import Tenant
@@ -11,12 +11,12 @@ class Command(BaseCommand):
         "(e.g. vault:kv/github-bot). Never pass the secret itself; a secret-looking reference is refused."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", required=True, help="tenant slug")
         parser.add_argument("--principal", required=True, help="principal name, unique in the tenant")
         parser.add_argument("--secret-ref", required=True, dest="secret_ref", help="'<scheme>:<location>' reference")
 
-    def handle(self, *args, tenant, principal, secret_ref, **options):
+    def handle(self, *args: object, tenant: str, principal: str, secret_ref: str, **options: object) -> None:
         tenant_obj = tenant_by_slug(tenant)
         try:
             credential = credential_create(tenant=tenant_obj, principal=principal, secret_ref=secret_ref)

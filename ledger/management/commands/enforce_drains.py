@@ -12,7 +12,7 @@ class Command(BaseCommand):
         "workers whose process heartbeat lapsed are STOPPED."
     )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: object, **options: object) -> None:
         try:
             moved = workers_drain_enforce()
             stopped = workers_stop_lapsed(lapse_s=settings.FENCELINE["WORKER_HEARTBEAT_LAPSE_S"])

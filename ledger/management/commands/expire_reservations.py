@@ -1,4 +1,4 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from ledger.management.sweeps import add_processes_argument, prefix, run_sweep
@@ -11,11 +11,11 @@ class Command(BaseCommand):
         "with a COST_UNKNOWN event each; the tenants' cost breakers are re-evaluated."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--batch-size", type=int, default=500, help="reservations claimed per transaction")
         add_processes_argument(parser)
 
-    def handle(self, *args, batch_size=500, processes=1, **options):
+    def handle(self, *args: object, batch_size: int = 500, processes: int = 1, **options: object) -> None:
         if batch_size < 1:
             raise CommandError("--batch-size must be at least 1")
 

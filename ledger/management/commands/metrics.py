@@ -10,5 +10,5 @@ from ledger.observability.metrics import scrape
 class Command(BaseCommand):
     help = "Print the Prometheus metrics of this deployment (the text /metrics answers)."
 
-    def handle(self, *args, **options) -> None:
+    def handle(self, *args: object, **options: object) -> None:
         self.stdout.write(scrape().decode(), ending="")

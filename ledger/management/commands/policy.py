@@ -5,12 +5,14 @@ apply`` makes a file the tenant's policy through the same service the console us
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger.api.body import parse_json_object
 from ledger.errors import DomainError
 from ledger.management.commands.create_credential import tenant_by_slug
+from ledger.models import Tenant
 from ledger.services.authority.policy import policy_apply, policy_export, policy_from_file
 
 
@@ -21,7 +23,7 @@ class Command(BaseCommand):
         "(nothing is written when nothing changes, or with --dry-run)."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(dest="action", required=True)
         export = actions.add_parser("export", help="write the current policy as JSON")
         export.add_argument("--tenant", required=True, help="tenant slug")
@@ -33,14 +35,15 @@ class Command(BaseCommand):
         apply.add_argument("--reason", required=True, help="why (recorded with the new version)")
         apply.add_argument("--dry-run", action="store_true", help="only print what would change")
 
-    def handle(self, *args, action, **options):
+    def handle(self, *args: object, action: str, **options: Any) -> None:
+        # ``options``: the arguments of the one subcommand given (argparse's values).
         tenant = tenant_by_slug(options["tenant"])
         if action == "export":
             self._export(tenant, options["out"])
         else:
-            self._apply(tenant, options)
+            self._apply(tenant, options["file"], by=options["by"], reason=options["reason"], dry_run=options["dry_run"])
 
-    def _export(self, tenant, out: Path | None) -> None:
+    def _export(self, tenant: Tenant, out: Path | None) -> None:
         text = json.dumps(policy_export(tenant=tenant), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
         if out is None:
             self.stdout.write(text, ending="")
@@ -51,8 +54,7 @@ class Command(BaseCommand):
             raise CommandError(f"{out}: {exc.strerror}") from None
         self.stdout.write(f"wrote policy version {json.loads(text)['version']} of {tenant.slug} to {out}")
 
-    def _apply(self, tenant, options) -> None:
-        path: Path = options["file"]
+    def _apply(self, tenant: Tenant, path: Path, *, by: str, reason: str, dry_run: bool) -> None:
         try:
             text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -66,9 +68,9 @@ class Command(BaseCommand):
             result = policy_apply(
                 tenant=tenant,
                 document=document,
-                reason=options["reason"],
-                changed_by=options["by"],
-                dry_run=options["dry_run"],
+                reason=reason,
+                changed_by=by,
+                dry_run=dry_run,
             )
         except DomainError as exc:
             raise CommandError(f"{path}: {exc.detail}") from None

@@ -1,4 +1,4 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from ledger.management.sweeps import add_processes_argument, prefix, run_sweep
 from ledger.services.lifespan.reaper import ResourceReapResult, resources_reap
@@ -10,11 +10,11 @@ class Command(BaseCommand):
         "driver of their kind; RELEASED only once the driver confirms; failures back off and raise alerts."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--batch-size", type=int, default=None, help="resources claimed per transaction")
         add_processes_argument(parser)
 
-    def handle(self, *args, batch_size=None, processes=1, **options):
+    def handle(self, *args: object, batch_size: int | None = None, processes: int = 1, **options: object) -> None:
         def sweep(index: int) -> ResourceReapResult:
             def progress(result: ResourceReapResult) -> None:
                 self.stderr.write(

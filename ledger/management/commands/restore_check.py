@@ -6,7 +6,7 @@ first."""
 
 import sys
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from ledger.services.upgrades.restore import restore_check
 
@@ -14,12 +14,12 @@ from ledger.services.upgrades.restore import restore_check
 class Command(BaseCommand):
     help = "Check a restored database; hold effects on its tenants until a person allows them."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--by", default="manage.py restore_check", help="who runs the check (recorded)")
         parser.add_argument("--tenant", action="append", dest="tenants", help="hold only these tenants (repeatable)")
         parser.add_argument("--no-hold", action="store_true", help="check only; hold no tenant's effects")
 
-    def handle(self, *args, by, tenants, no_hold, **options):
+    def handle(self, *args: object, by: str, tenants: list[str] | None, no_hold: bool, **options: object) -> None:
         tty = sys.stderr.isatty()
 
         def progress(done: int, total: int) -> None:

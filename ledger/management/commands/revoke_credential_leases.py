@@ -1,9 +1,10 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger import admin_selectors
 from ledger.chain import format_time
 from ledger.errors import DomainError
 from ledger.management.commands.create_credential import tenant_by_slug
+from ledger.models import CredentialLease, Tenant
 from ledger.services.authority import credential_leases
 
 
@@ -15,7 +16,7 @@ class Command(BaseCommand):
         "user and reason. Revoking a revoked lease changes nothing."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", required=True, help="tenant slug")
         which = parser.add_mutually_exclusive_group(required=True)
         which.add_argument("--lease", help="one lease id")
@@ -25,7 +26,18 @@ class Command(BaseCommand):
         parser.add_argument("--reason", required=True, help="why (recorded in each affected run's chain)")
         parser.add_argument("--dry-run", action="store_true", help="only print what would be revoked")
 
-    def handle(self, *args, tenant, lease, principal, prefix, by, reason, dry_run, **options):
+    def handle(
+        self,
+        *args: object,
+        tenant: str,
+        lease: str | None,
+        principal: str | None,
+        prefix: str | None,
+        by: str,
+        reason: str,
+        dry_run: bool,
+        **options: object,
+    ) -> None:
         tenant_obj = tenant_by_slug(tenant)
         try:
             if dry_run:
@@ -50,7 +62,9 @@ class Command(BaseCommand):
         self.stdout.write(f"{verb} {len(leases)} lease(s) in tenant {tenant_obj.slug}{' (dry run)' if dry_run else ''}")
 
     @staticmethod
-    def preview(tenant, *, lease, principal, prefix) -> list:
+    def preview(
+        tenant: Tenant, *, lease: str | None, principal: str | None, prefix: str | None
+    ) -> list[CredentialLease]:
         if lease is None:
             return list(admin_selectors.credential_leases_matching(tenant=tenant, principal=principal, prefix=prefix))
         one = admin_selectors.credential_lease_get(tenant=tenant, lease_id=lease)

@@ -1,4 +1,4 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger.errors import DomainError
 from ledger.management.commands.create_credential import tenant_by_slug
@@ -12,13 +12,13 @@ class Command(BaseCommand):
         "lease gets a CREDENTIAL_ROTATED event naming the user and reason."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", required=True, help="tenant slug")
         parser.add_argument("--principal", required=True, help="the credential's principal")
         parser.add_argument("--by", required=True, help="username of the person rotating")
         parser.add_argument("--reason", required=True, help="why (recorded in each affected run's chain)")
 
-    def handle(self, *args, tenant, principal, by, reason, **options):
+    def handle(self, *args: object, tenant: str, principal: str, by: str, reason: str, **options: object) -> None:
         tenant_obj = tenant_by_slug(tenant)
         try:
             rotation = credential_rotate(tenant=tenant_obj, principal=principal, rotated_by=by, reason=reason)

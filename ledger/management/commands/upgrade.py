@@ -6,7 +6,7 @@ reason, while a precondition does not hold); `upgrade expand NAME` rolls MIGRATE
 
 import sys
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger.errors import DomainError
 from ledger.models import Backfill, SchemaChange, StateConflict
@@ -20,14 +20,16 @@ MOVES = {"expand": UpgradePhase.EXPAND, "migrate": UpgradePhase.MIGRATE, "contra
 class Command(BaseCommand):
     help = "Show the schema changes, or move one to its next phase (expand / migrate / contract)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=["status", *MOVES], help="status, or the phase to move to")
         parser.add_argument("name", nargs="?", help="the schema change, e.g. operation.provider_ref")
         parser.add_argument("--reason", default="", help="why (required for a move)")
         parser.add_argument("--by", default="", help="who decides (recorded; default: the command)")
         parser.add_argument("--check", action="store_true", help="only say whether the move may happen")
 
-    def handle(self, *args, action, name, reason, by, check, **options):
+    def handle(
+        self, *args: object, action: str, name: str | None, reason: str, by: str, check: bool, **options: object
+    ) -> None:
         if action == "status":
             self.status()
             return

@@ -2,7 +2,7 @@ import sys
 import time
 import uuid
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from fenceline_client.evidence_verifier import Report
 from ledger.models import Run
@@ -12,11 +12,11 @@ from ledger.services.evidence.verification import LedgerResult, ledger_verify, r
 class Command(BaseCommand):
     help = "Verify runs' evidence chains and seal checkpoints. Exits 1 when a chain is BROKEN."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--run", action="append", dest="runs", metavar="ID", help="verify this run (repeatable)")
         parser.add_argument("--limit", type=int, default=None, help="at most this many pending runs")
 
-    def handle(self, *args, runs=None, limit=None, **options):
+    def handle(self, *args: object, runs: list[str] | None = None, limit: int | None = None, **options: object) -> None:
         started = time.monotonic()
 
         def on_events(count: int) -> None:

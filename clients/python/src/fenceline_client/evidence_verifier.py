@@ -74,7 +74,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from json.encoder import encode_basestring as _json_string  # the encoder's own string form
-from typing import Any, TypeGuard
+from typing import Any, NoReturn, TypeGuard
 
 # CPython's C encoder, called directly: one call per document, nothing built per call (None
 # on an interpreter without the accelerator).
@@ -135,12 +135,12 @@ if _c_make_encoder is not None:
     # decoded from JSON text has none).
     _canonical_c = _c_make_encoder(None, _CANONICAL.default, _json_string, None, ":", ",", True, False, False)
 
-    def _canonical_text(document: dict) -> str:
+    def _canonical_text(document: dict[str, Any]) -> str:
         return "".join(_canonical_c(document, 0))
 
 else:  # pragma: no cover
 
-    def _canonical_text(document: dict) -> str:
+    def _canonical_text(document: dict[str, Any]) -> str:
         return _CANONICAL.encode(document)
 
 
@@ -160,7 +160,7 @@ def canonical_bytes(
     schema_version: int,
     actor: str,
     occurred_at: str,
-    fields: dict,
+    fields: dict[str, Any],
     prev_hash: str,
 ) -> bytes:
     return canonical_json(
@@ -182,7 +182,7 @@ def hash_bytes(data: bytes) -> str:
     return HASH_PREFIX + hashlib.sha256(data).hexdigest()
 
 
-def event_hash(event: Mapping) -> str:
+def event_hash(event: Mapping[str, Any]) -> str:
     """The hash of an event given as a dict with the canonical keys (extra keys, such as
     its stored "hash", are ignored)."""
     return hash_bytes(
@@ -375,7 +375,7 @@ class Report:
     event_macs: str = MACS_CHECKED
     unsigned_events: int = 0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def summary(self) -> str:
@@ -418,7 +418,7 @@ def _int(value: object) -> TypeGuard[int]:
     return type(value) is int
 
 
-def _recompute(event: Mapping, seq: int | None = None) -> str | None:
+def _recompute(event: Mapping[str, Any], seq: int | None = None) -> str | None:
     """The event's hash (under ``seq`` instead of its own, if given); None when the event
     cannot be put in canonical form."""
     try:
@@ -440,16 +440,15 @@ def _seq_of(event: object, position: int) -> int:
 
 
 def _peek_seq(event: object) -> int | None:
-    if isinstance(event, Mapping) and _int(event.get("seq")):
-        return event["seq"]
-    return None
+    seq = event.get("seq") if isinstance(event, Mapping) else None
+    return seq if _int(seq) else None
 
 
 class _Verifier:
     def __init__(
         self,
         run_id: str,
-        checkpoints: Iterable[Mapping],
+        checkpoints: Iterable[Mapping[str, Any]],
         keys: Mapping[str, bytes],
         expected_head: tuple[int, str] | None,
         trusted: tuple[int, str] | None,
@@ -463,8 +462,8 @@ class _Verifier:
         self.trusted = _pair(trusted, "trusted")
         if self.trusted is not None and self.trusted[0] < 1:
             self.trusted = None
-        self.checkpoints: Iterator[Mapping] = iter(checkpoints)
-        self.pending_cp: Mapping | None = None
+        self.checkpoints: Iterator[Mapping[str, Any]] = iter(checkpoints)
+        self.pending_cp: Mapping[str, Any] | None = None
         self.cp_position = 0
         self.last_cp_seq = 0
         self.newest_cp_seq = 0
@@ -505,7 +504,7 @@ class _Verifier:
         self.newest_cp_seq = max(self.newest_cp_seq, cp["seq"])
         self.pending_cp = cp
 
-    def _mac_problem(self, cp: Mapping) -> str | None:
+    def _mac_problem(self, cp: Mapping[str, Any]) -> str | None:
         for name in CHECKPOINT_KEYS:
             if name != "seq" and not isinstance(cp.get(name), str):
                 return f"checkpoint at seq {cp['seq']} has no string {name!r}"
@@ -560,7 +559,7 @@ class _Verifier:
         for event_id in [event_id for event_id, count in self.recent.items() if count <= floor]:
             del self.recent[event_id]
 
-    def _swapped(self, event: Mapping, following: Mapping | None) -> bool:
+    def _swapped(self, event: Mapping[str, Any], following: Mapping[str, Any] | None) -> bool:
         """Rows seq and seq+1 exchanged: this row links to (or only hashes after) the next."""
         if following is None or _peek_seq(following) != event["seq"] + 1:
             return False
@@ -570,7 +569,7 @@ class _Verifier:
             following, event["seq"]
         ) == following.get("hash")
 
-    def _check_mac(self, event: Mapping, seq: int, digest: str) -> None:
+    def _check_mac(self, event: Mapping[str, Any], seq: int, digest: str) -> None:
         """The event's MAC under its key id, once the event is known to be the stored,
         linked event at ``seq`` (its hash recomputes to ``digest``)."""
         signers = self.signers
@@ -604,7 +603,7 @@ class _Verifier:
             )
         self.signed_seen = True
 
-    def _transition(self, event: Mapping) -> tuple[object, str] | None:
+    def _transition(self, event: Mapping[str, Any]) -> tuple[object, str] | None:
         """For an OPERATION_* event, the (operation_id, new phase) it records; raises a
         finding when the move is not legal after what this chain has said so far."""
         kind = event["type"]
@@ -640,7 +639,7 @@ class _Verifier:
             raise illegal(f"{last} -> {target} is not a transition of the phase table")
         return operation, target
 
-    def step(self, event: Mapping, following: Mapping | None, position: int) -> None:
+    def step(self, event: Mapping[str, Any], following: Mapping[str, Any] | None, position: int) -> None:
         seq = _seq_of(event, position)
         expected = self.head_seq + 1
         if seq < 1:
@@ -816,8 +815,8 @@ def _pair(value: tuple[int, str] | None, name: str) -> tuple[int, str] | None:
 
 def verify_chain(
     run_id: str,
-    events: Iterable[Mapping],
-    checkpoints: Iterable[Mapping],
+    events: Iterable[Mapping[str, Any]],
+    checkpoints: Iterable[Mapping[str, Any]],
     keys: Mapping[str, bytes],
     *,
     expected_head: tuple[int, str] | None = None,
@@ -909,7 +908,7 @@ _scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once
 _QUOTED_MAX = 4096
 
 
-def row_document(run_id: str, row: Sequence) -> dict:
+def row_document(run_id: str, row: Sequence[Any]) -> dict[str, Any]:
     """The event a stored row stands for, as ``verify_chain`` reads it. ``row`` holds the
     ROW_COLUMNS with ``fields`` as JSON text; text that is not JSON is kept as it is (the
     event then fails the check of its fields' type)."""
@@ -925,14 +924,14 @@ def row_document(run_id: str, row: Sequence) -> dict:
 
 def verify_rows(
     run_id: str,
-    batches: Iterable[Sequence[Sequence]],
-    checkpoints: Iterable[Mapping],
+    batches: Iterable[Sequence[Sequence[Any]]],
+    checkpoints: Iterable[Mapping[str, Any]],
     keys: Mapping[str, bytes],
     *,
     expected_head: tuple[int, str] | None = None,
     trusted: tuple[int, str] | None = None,
     event_keys: Mapping[str, bytes] | None = None,
-    observe: Callable[[Sequence[Sequence]], None] | None = None,
+    observe: Callable[[Sequence[Sequence[Any]]], None] | None = None,
 ) -> Report:
     """``verify_chain`` over a run's stored rows: the report ``verify_chain`` gives for the
     documents ``row_document(run_id, row)``, found with less work per event.
@@ -974,7 +973,7 @@ def verify_rows(
     position = 0  # of the row before the batch, counting from 1
     try:
         while batch:
-            upcoming: Sequence[Sequence] | None = None  # the next batch, once a row needed its first row
+            upcoming: Sequence[Sequence[Any]] | None = None  # the next batch, once a row needed its first row
             index = -1
             try:
                 for index, current in enumerate(batch):
@@ -1024,7 +1023,7 @@ def verify_rows(
                         accept(seq, digest, event_id, moved)
                     else:
                         if index + 1 < len(batch):
-                            following: Sequence | None = batch[index + 1]
+                            following: Sequence[Any] | None = batch[index + 1]
                         else:
                             upcoming = _next_batch(stream) if upcoming is None else upcoming
                             following = upcoming[0] if upcoming else None
@@ -1051,7 +1050,7 @@ def verify_rows(
     return verifier.report(finding)
 
 
-def _next_batch(batches: Iterator[Sequence[Sequence]]) -> Sequence[Sequence]:
+def _next_batch(batches: Iterator[Sequence[Sequence[Any]]]) -> Sequence[Sequence[Any]]:
     """The next batch that holds a row; empty at the end."""
     for batch in batches:
         if batch:
@@ -1066,7 +1065,7 @@ EXIT_BAD_INPUT = 3
 
 
 class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse would exit 2, which means BROKEN here
+    def error(self, message: str) -> NoReturn:  # argparse would exit 2, which means BROKEN here
         raise InputError(message)
 
 

@@ -32,6 +32,7 @@ import signal
 import sys
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import urllib3
 
@@ -70,7 +71,7 @@ class Worker:
 
     # -- boot --
 
-    def boot(self) -> dict:
+    def boot(self) -> dict[str, Any]:
         config = {"provider": self.provider, "ttl": self.args.ttl, "steps": self.args.steps}
         config_hash = "sha256:" + hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
         readiness = {domain: {"ok": True, "evidence": {}} for domain in DOMAINS}
