@@ -22,6 +22,7 @@ event in the chain of the run whose action caused it.
 """
 
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Sum
 from django.utils import timezone
@@ -44,7 +45,7 @@ BREAKER_PRECEDENCE = (
 )
 
 
-def _spend_level(*, tenant: Tenant, policy: dict, now: datetime) -> tuple[BreakerState, str]:
+def _spend_level(*, tenant: Tenant, policy: dict[str, Any], now: datetime) -> tuple[BreakerState, str]:
     """The state the tenant's current TENANT window alone calls for, and why."""
     limit = policy["cost_limits_cents"]["tenant"]
     if limit is None:
@@ -62,7 +63,7 @@ def _spend_level(*, tenant: Tenant, policy: dict, now: datetime) -> tuple[Breake
     return spend_level(limit=limit, used=used, policy=policy, starts_at=starts_at)
 
 
-def spend_level(*, limit: int, used: int, policy: dict, starts_at: datetime) -> tuple[BreakerState, str]:
+def spend_level(*, limit: int, used: int, policy: dict[str, Any], starts_at: datetime) -> tuple[BreakerState, str]:
     """The state ``used`` of ``limit`` cents in the tenant window from ``starts_at`` calls for."""
     thresholds = policy["breaker"]
     share = used / limit if limit else 1.0
@@ -77,7 +78,7 @@ def spend_level(*, limit: int, used: int, policy: dict, starts_at: datetime) -> 
 
 
 def _breaker_compute(
-    *, tenant: Tenant, policy: dict, now: datetime, stored: tuple[str, str, datetime | None]
+    *, tenant: Tenant, policy: dict[str, Any], now: datetime, stored: tuple[str, str, datetime | None]
 ) -> tuple[BreakerState, str]:
     """The state the tenant's breaker should be in now, by BREAKER_PRECEDENCE."""
     state, reason, changed_at = stored
@@ -95,7 +96,7 @@ def _breaker_compute(
 def breaker_after_spend(
     *,
     tenant: Tenant,
-    policy: dict,
+    policy: dict[str, Any],
     batch: ChainBatch,
     run: Run,
     actor: str,
@@ -130,7 +131,7 @@ def _stored_breaker(tenant: Tenant) -> tuple[str, str, datetime | None]:
 def breaker_update(
     *,
     tenant: Tenant,
-    policy: dict,
+    policy: dict[str, Any],
     batch: ChainBatch,
     run: Run,
     actor: str,
@@ -167,7 +168,7 @@ def breaker_allows(
     *,
     tenant: Tenant,
     op: Operation,
-    policy: dict,
+    policy: dict[str, Any],
     attempt_is_retry: bool,
     stored: tuple[str, str, datetime | None] | None = None,
 ) -> Denied | None:

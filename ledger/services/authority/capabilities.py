@@ -5,6 +5,7 @@ policy, and never wider than the parent run's."""
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.db.models import F
 
@@ -42,40 +43,53 @@ def capability_request(
 ) -> RequestedCapability:
     if approval not in ("none", "human"):
         raise InvalidInput("approval must be 'none' or 'human'")
+    asked = _Asked(
+        worker=worker,
+        tool=tool,
+        actions=actions,
+        resources=resources,
+        max_calls=max_calls,
+        ttl_s=ttl_s,
+        approval=approval,
+        max_bytes=max_bytes,
+    )
+    return fenced(
+        worker=worker, run_id=run_id, fencing_token=fencing_token, attempted="capability.request", write=asked.grant
+    )
 
-    def write(ctx: Fenced) -> RequestedCapability:
+
+@dataclass(frozen=True)
+class _Asked:
+    """One capability a run's lease owner asks for, and its fenced write (:meth:`grant`)."""
+
+    worker: Worker
+    tool: str
+    actions: list[str]
+    resources: list[str]
+    max_calls: int
+    ttl_s: int
+    approval: str
+    max_bytes: int | None
+
+    def grant(self, ctx: Fenced) -> RequestedCapability:
+        """Within the tenant policy and the parent run's capabilities: ACTIVE, or
+        PENDING_APPROVAL with the approval request it waits on when a person must decide."""
         refuse_new_work(ctx.run)
-        version, policy = policy_current(tenant=worker.tenant)
-        _within_policy(
-            policy,
-            tool=tool,
-            actions=actions,
-            resources=resources,
-            max_calls=max_calls,
-            ttl_s=ttl_s,
-            max_bytes=max_bytes,
-        )
-        expires_at = ctx.now + timedelta(seconds=ttl_s)
+        version, policy = policy_current(tenant=self.worker.tenant)
+        self._within_policy(policy)
+        expires_at = ctx.now + timedelta(seconds=self.ttl_s)
         if ctx.run.parent_id is not None:
-            parent = _within_parent(
-                ctx,
-                parent_run_id=ctx.run.parent_id,
-                tool=tool,
-                actions=actions,
-                resources=resources,
-                max_calls=max_calls,
-                max_bytes=max_bytes,
-            )
+            parent = self._within_parent(ctx, parent_run_id=ctx.run.parent_id)
             expires_at = min(expires_at, parent.expires_at)  # never outlives what it came from
-        human = approval == "human" or needs_human(policy, tool)
+        human = self.approval == "human" or needs_human(policy, self.tool)
         capability = CapabilityBudget.objects.create(
-            tenant=worker.tenant,
+            tenant=self.worker.tenant,
             run=ctx.run,
-            tool=tool,
-            actions=actions,
-            resources=resources,
-            max_calls=max_calls,
-            max_bytes=max_bytes,
+            tool=self.tool,
+            actions=self.actions,
+            resources=self.resources,
+            max_calls=self.max_calls,
+            max_bytes=self.max_bytes,
             expires_at=expires_at,
             approval="human" if human else "none",
             status=CapabilityStatus.PENDING_APPROVAL if human else CapabilityStatus.ACTIVE,
@@ -88,11 +102,11 @@ def capability_request(
             actor=ctx.actor,
             fields={
                 "capability_id": capability.pk,
-                "tool": tool,
-                "actions": actions,
-                "resources": resources,
-                "max_calls": max_calls,
-                "max_bytes": max_bytes,
+                "tool": self.tool,
+                "actions": self.actions,
+                "resources": self.resources,
+                "max_calls": self.max_calls,
+                "max_bytes": self.max_bytes,
                 "expires_at": expires_at,
                 "policy_version": version,
             },
@@ -110,50 +124,48 @@ def capability_request(
             )
         return RequestedCapability(capability=capability, approval=approval_request)
 
-    return fenced(
-        worker=worker, run_id=run_id, fencing_token=fencing_token, attempted="capability.request", write=write
-    )
+    def _within_policy(self, policy: dict[str, Any]) -> None:
+        if self.ttl_s > policy["max_ttl_s"]:
+            raise Denied("DENY_POLICY", f"ttl_s may be at most {policy['max_ttl_s']} under the tenant policy")
+        if self.max_calls > policy["max_calls"]:
+            raise Denied("DENY_POLICY", f"max_calls may be at most {policy['max_calls']} under the tenant policy")
+        if policy["max_bytes"] is not None and (self.max_bytes is None or self.max_bytes > policy["max_bytes"]):
+            raise Denied(
+                "DENY_POLICY", f"max_bytes must be set and at most {policy['max_bytes']} under the tenant policy"
+            )
+        for action in self.actions:
+            for resource in self.resources:
+                why = allows(policy, tool=self.tool, action=action, resource=resource)
+                if why is not None:
+                    raise Denied("DENY_POLICY", why)
 
-
-def _within_policy(policy: dict, *, tool, actions, resources, max_calls, ttl_s, max_bytes) -> None:
-    if ttl_s > policy["max_ttl_s"]:
-        raise Denied("DENY_POLICY", f"ttl_s may be at most {policy['max_ttl_s']} under the tenant policy")
-    if max_calls > policy["max_calls"]:
-        raise Denied("DENY_POLICY", f"max_calls may be at most {policy['max_calls']} under the tenant policy")
-    if policy["max_bytes"] is not None and (max_bytes is None or max_bytes > policy["max_bytes"]):
-        raise Denied("DENY_POLICY", f"max_bytes must be set and at most {policy['max_bytes']} under the tenant policy")
-    for action in actions:
-        for resource in resources:
-            why = allows(policy, tool=tool, action=action, resource=resource)
-            if why is not None:
-                raise Denied("DENY_POLICY", why)
-
-
-def _within_parent(
-    ctx: Fenced, *, parent_run_id: uuid.UUID, tool, actions, resources, max_calls, max_bytes
-) -> CapabilityBudget:
-    """A child run's capability must fit inside one ACTIVE capability of its parent, and the
-    calls and bytes it gets are taken from the parent's (a conditional UPDATE), so the two
-    together never hold more than the parent was granted."""
-    for parent in CapabilityBudget.objects.filter(run_id=parent_run_id, tool=tool, status=CapabilityStatus.ACTIVE):
-        fits = (
-            set(actions) <= set(parent.actions)
-            and set(resources) <= set(parent.resources)
-            and (parent.max_bytes is None or max_bytes is not None)
-            and parent.expires_at > ctx.now
-        )
-        if not fits:
-            continue
-        delegated = CapabilityBudget.objects.filter(
-            pk=parent.pk,
-            status=CapabilityStatus.ACTIVE,
-            used_calls__lte=F("max_calls") - max_calls,
-        )
-        if parent.max_bytes is not None:
-            delegated = delegated.filter(used_bytes__lte=F("max_bytes") - max_bytes)
-        if delegated.update(used_calls=F("used_calls") + max_calls, used_bytes=F("used_bytes") + (max_bytes or 0)):
-            return parent
-    raise Denied("DENY_POLICY", f"wider than any capability the parent run holds for tool {tool!r}")
+    def _within_parent(self, ctx: Fenced, *, parent_run_id: uuid.UUID) -> CapabilityBudget:
+        """A child run's capability must fit inside one ACTIVE capability of its parent, and the
+        calls and bytes it gets are taken from the parent's (a conditional UPDATE), so the two
+        together never hold more than the parent was granted."""
+        parents = CapabilityBudget.objects.filter(run_id=parent_run_id, tool=self.tool, status=CapabilityStatus.ACTIVE)
+        for parent in parents:
+            fits = (
+                set(self.actions) <= set(parent.actions)
+                and set(self.resources) <= set(parent.resources)
+                and (parent.max_bytes is None or self.max_bytes is not None)
+                and parent.expires_at > ctx.now
+            )
+            if not fits:
+                continue
+            delegated = CapabilityBudget.objects.filter(
+                pk=parent.pk,
+                status=CapabilityStatus.ACTIVE,
+                used_calls__lte=F("max_calls") - self.max_calls,
+            )
+            if parent.max_bytes is not None:
+                delegated = delegated.filter(used_bytes__lte=F("max_bytes") - self.max_bytes)
+            taken = delegated.update(
+                used_calls=F("used_calls") + self.max_calls, used_bytes=F("used_bytes") + (self.max_bytes or 0)
+            )
+            if taken:
+                return parent
+        raise Denied("DENY_POLICY", f"wider than any capability the parent run holds for tool {self.tool!r}")
 
 
 def capabilities_end_with_run(*, run: Run, batch: ChainBatch, actor: str) -> int:

@@ -29,7 +29,9 @@ The lock order is the one of ``ledger.services.authority.credentials``.
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -37,7 +39,7 @@ from django.utils import timezone
 from ledger.actors import user_actor
 from ledger.boundary import check_text
 from ledger.errors import Denied, InvalidInput, StaleToken, WorkerNotAccepting
-from ledger.models import CredentialLease, Run, Tenant, Worker
+from ledger.models import Credential, CredentialLease, Run, Tenant, Worker
 from ledger.policy import allows
 from ledger.roles import ADMINISTER
 from ledger.services.authority.credentials import human_decision, principal_check
@@ -76,7 +78,7 @@ def _scope(values: object, *, name: str, max_items: int, max_length: int) -> lis
     return list(dict.fromkeys(values))
 
 
-def scope_refusal(policy: dict, *, actions: list[str], resources: list[str]) -> str | None:
+def scope_refusal(policy: dict[str, Any], *, actions: list[str], resources: list[str]) -> str | None:
     """None when the policy allows every (action, resource) pair for some tool its rules
     name (first rule naming the tool wins, as everywhere); else which pair it refuses, by
     position (a detail never echoes what the caller sent)."""
@@ -94,7 +96,7 @@ def _ttl(ttl_s: object) -> int:
     return ttl_s
 
 
-def ttl_refusal(policy: dict, ttl_s: int) -> str | None:
+def ttl_refusal(policy: dict[str, Any], ttl_s: int) -> str | None:
     """Why the policy refuses a lease this long, or None (a policy decision: 403, not 422)."""
     if ttl_s > policy["max_ttl_s"]:
         return f"ttl_s is longer than the tenant policy's max_ttl_s ({policy['max_ttl_s']} s)"
@@ -132,64 +134,87 @@ def credential_lease_issue(
         denial = ttl_refusal(policy, ttl_s) or scope_refusal(policy, actions=actions, resources=resources)
         if credential is None and denial is None:
             denial = DENIED_DETAIL  # an unknown principal is a policy refusal, not a 404
-
-        def write(ctx: Fenced) -> CredentialLease | None:
-            refuse_new_work(ctx.run)
-            if denial is not None or credential is None:  # no credential is already a denial
-                ctx.batch.append(
-                    ctx.run,
-                    "CREDENTIAL_LEASE_DENIED",
-                    actor=ctx.actor,
-                    fields={
-                        "decision": "DENY_POLICY",
-                        "principal": principal,
-                        "actions": actions,
-                        "resources": resources,
-                        "policy_version": policy_version,
-                    },
-                )
-                return None
-            lease = CredentialLease.objects.create(
-                tenant=tenant,
-                run=ctx.run,
-                credential=credential,
-                version=credential.version,
-                actions=actions,
-                resources=resources,
-                issued_at=ctx.now,
-                expires_at=ctx.now + timedelta(seconds=ttl_s),
-            )
-            ctx.batch.append(
-                ctx.run,
-                "CREDENTIAL_LEASE_ISSUED",
-                actor=ctx.actor,
-                fields={
-                    "lease_id": lease.pk,
-                    "principal": principal,
-                    "version": lease.version,
-                    "actions": actions,
-                    "resources": resources,
-                    "expires_at": lease.expires_at,
-                    "policy_version": policy_version,
-                },
-            )
-            return lease
-
+        issue = _Issue(
+            tenant=tenant,
+            credential=credential if denial is None else None,  # refused: no lease, its denial recorded
+            principal=principal,
+            actions=actions,
+            resources=resources,
+            ttl_s=ttl_s,
+            policy_version=policy_version,
+        )
         try:
             lease = fenced(
                 worker=worker,
                 run_id=run_id,
                 fencing_token=fencing_token,
                 attempted="credential_lease.issue",
-                write=write,
+                write=issue.write,
             )
         except StaleToken as exc:
             refused = exc  # its STALE_TOKEN_REJECTED record commits with this transaction
     if refused is not None:
         raise refused
-    if lease is None:  # write() issues no lease only when there is a denial
+    if lease is None:  # the write issues no lease only when there is a denial
         raise Denied("DENY_POLICY", denial or DENIED_DETAIL)
     return lease
+
+
+@dataclass(frozen=True)
+class _Issue:
+    """A lease to issue under the fence, of ``credential``; None: refused."""
+
+    tenant: Tenant
+    credential: Credential | None
+    principal: str
+    actions: list[str]
+    resources: list[str]
+    ttl_s: int
+    policy_version: int
+
+    def write(self, ctx: Fenced) -> CredentialLease | None:
+        """The lease and its CREDENTIAL_LEASE_ISSUED event; without a credential, the
+        CREDENTIAL_LEASE_DENIED event and no lease."""
+        refuse_new_work(ctx.run)
+        if self.credential is None:
+            ctx.batch.append(
+                ctx.run,
+                "CREDENTIAL_LEASE_DENIED",
+                actor=ctx.actor,
+                fields={
+                    "decision": "DENY_POLICY",
+                    "principal": self.principal,
+                    "actions": self.actions,
+                    "resources": self.resources,
+                    "policy_version": self.policy_version,
+                },
+            )
+            return None
+        lease = CredentialLease.objects.create(
+            tenant=self.tenant,
+            run=ctx.run,
+            credential=self.credential,
+            version=self.credential.version,
+            actions=self.actions,
+            resources=self.resources,
+            issued_at=ctx.now,
+            expires_at=ctx.now + timedelta(seconds=self.ttl_s),
+        )
+        ctx.batch.append(
+            ctx.run,
+            "CREDENTIAL_LEASE_ISSUED",
+            actor=ctx.actor,
+            fields={
+                "lease_id": lease.pk,
+                "principal": self.principal,
+                "version": lease.version,
+                "actions": self.actions,
+                "resources": self.resources,
+                "expires_at": lease.expires_at,
+                "policy_version": self.policy_version,
+            },
+        )
+        return lease
 
 
 # --- find and revoke ------------------------------------------------------------------------
@@ -253,7 +278,12 @@ class LeaseRevocation:
 
 
 def credential_lease_revoke(
-    *, tenant: Tenant, lease_id: object, reason: str, revoked_by: str = "", user=None
+    *,
+    tenant: Tenant,
+    lease_id: object,
+    reason: str,
+    revoked_by: str = "",
+    user: AbstractBaseUser | AnonymousUser | None = None,
 ) -> LeaseRevocation:
     """Revoke one lease (even an expired one). Revoking a revoked lease changes nothing
     and returns it as it is. ``revoked_now`` on the result says whether this call did it.
@@ -278,7 +308,7 @@ def credential_leases_revoke(
     prefix: str | None = None,
     reason: str,
     revoked_by: str = "",
-    user=None,
+    user: AbstractBaseUser | AnonymousUser | None = None,
 ) -> list[CredentialLease]:
     """Revoke every active lease of ``tenant`` that ``principal`` and/or ``prefix`` name
     (``CredentialLeaseQuerySet.revocable``, what the console and ``--dry-run`` preview);

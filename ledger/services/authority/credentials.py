@@ -22,6 +22,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -105,7 +106,12 @@ class CredentialRotation:
 
 
 def credential_rotate(
-    *, tenant: Tenant, principal: str, reason: str, rotated_by: str = "", user=None
+    *,
+    tenant: Tenant,
+    principal: str,
+    reason: str,
+    rotated_by: str = "",
+    user: AbstractBaseUser | AnonymousUser | None = None,
 ) -> CredentialRotation:
     """Version + 1. Leases on older versions are stale from now on (the authority checks
     deny them with DENY_STALE_VERSION). Every run holding an unrevoked, unexpired lease of

@@ -67,7 +67,7 @@ def evaluate(*, op: Operation, ctx: Fenced, lease_id: object = None, at_dispatch
 
 
 def _check_credential(
-    op: Operation, ctx: Fenced, policy: dict, *, lease_id: object, at_dispatch: bool
+    op: Operation, ctx: Fenced, policy: dict[str, Any], *, lease_id: object, at_dispatch: bool
 ) -> CredentialLease | None:
     if at_dispatch:
         lease = op.credential_lease
@@ -102,7 +102,7 @@ def _check_credential(
     return lease
 
 
-def _check_capability(op: Operation, ctx: Fenced, policy: dict, grounds: Grounds) -> None:
+def _check_capability(op: Operation, ctx: Fenced, policy: dict[str, Any], grounds: Grounds) -> None:
     held: list[CapabilityBudget] = []
     if ctx.run.n_capabilities > 0:  # while the run has asked for none there is nothing to read
         held = op.__dict__.pop(CAPABILITIES_SEEN, None)  # read by the fence's statement, once

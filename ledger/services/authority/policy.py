@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.db.models import F
 
@@ -75,7 +76,12 @@ def policy_now(*, tenant: Tenant, seen: TenantSeen | None = None) -> PolicyNow:
 
 @transaction.atomic
 def policy_change(
-    *, tenant: Tenant, document: dict[str, Any], reason: str, changed_by: str = "", user: Any = None
+    *,
+    tenant: Tenant,
+    document: dict[str, Any],
+    reason: str,
+    changed_by: str = "",
+    user: AbstractBaseUser | AnonymousUser | None = None,
 ) -> TenantPolicy:
     """A new policy version, made current. Who made it and why are required; given a
     console ``user``, their admin role on the tenant is checked and they are named."""
@@ -104,7 +110,8 @@ def policy_change(
 
 def configured_reconcilers() -> Collection[str]:
     """The reconciler names a contract may give (``settings.FENCELINE["RECONCILERS"]``)."""
-    return settings.FENCELINE.get("RECONCILERS", {}).keys()
+    reconcilers: dict[str, dict[str, Any]] = settings.FENCELINE.get("RECONCILERS", {})
+    return reconcilers.keys()
 
 
 def _shown(value: Any) -> str:
@@ -180,7 +187,7 @@ def policy_apply(
     document: dict[str, Any],
     reason: str,
     changed_by: str = "",
-    user: Any = None,
+    user: AbstractBaseUser | AnonymousUser | None = None,
     dry_run: bool = False,
 ) -> PolicyApply:
     """Make ``document`` the tenant's policy: a new version through ``policy_change`` when it
@@ -197,7 +204,12 @@ def policy_apply(
 
 
 def _policy_next(
-    *, tenant: Tenant, build: Callable[[dict[str, Any]], dict[str, Any]], reason: str, changed_by: str, user: Any
+    *,
+    tenant: Tenant,
+    build: Callable[[dict[str, Any]], dict[str, Any]],
+    reason: str,
+    changed_by: str,
+    user: AbstractBaseUser | AnonymousUser | None,
 ) -> TenantPolicy:
     """The next version: ``build`` makes it from the current document (read under the
     tenant's lock); a change that changes nothing is refused."""
@@ -212,7 +224,12 @@ def _policy_next(
 
 @transaction.atomic
 def contract_put(
-    *, tenant: Tenant, contract: dict[str, Any], reason: str, changed_by: str = "", user: Any = None
+    *,
+    tenant: Tenant,
+    contract: dict[str, Any],
+    reason: str,
+    changed_by: str = "",
+    user: AbstractBaseUser | AnonymousUser | None = None,
 ) -> tuple[TenantPolicy, bool]:
     """Add a tool contract, or replace the one for the same (tool, action): a new policy
     version. Returns (the version, whether one was replaced). Refusals name the contract's
@@ -237,7 +254,13 @@ def contract_put(
 
 @transaction.atomic
 def contract_remove(
-    *, tenant: Tenant, tool: str, action: str, reason: str, changed_by: str = "", user: Any = None
+    *,
+    tenant: Tenant,
+    tool: str,
+    action: str,
+    reason: str,
+    changed_by: str = "",
+    user: AbstractBaseUser | AnonymousUser | None = None,
 ) -> TenantPolicy:
     """Remove the contract for (tool, action): a new policy version; NotFound without one."""
 
@@ -253,7 +276,12 @@ def contract_remove(
 
 @transaction.atomic
 def unknown_tool_class_set(
-    *, tenant: Tenant, value: str, reason: str, changed_by: str = "", user: Any = None
+    *,
+    tenant: Tenant,
+    value: str,
+    reason: str,
+    changed_by: str = "",
+    user: AbstractBaseUser | AnonymousUser | None = None,
 ) -> TenantPolicy:
     """What a tool without a contract is taken as (``UNKNOWN_TOOL_CLASSES``): a new version."""
     if value not in UNKNOWN_TOOL_CLASSES:

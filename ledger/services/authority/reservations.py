@@ -28,6 +28,7 @@ here commits. The reservation timeout job (``reservations_expire``) is the excep
 claims its own runs.
 """
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -36,6 +37,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.db.models import BigIntegerField, Case, F, QuerySet, Sum, Value, When
+from django.db.models.expressions import Combinable
 from django.db.models.functions import Least
 from django.utils import timezone
 
@@ -80,7 +82,7 @@ def cost_reserve(
     *,
     op: Operation,
     run: Run,
-    policy: dict,
+    policy: dict[str, Any],
     batch: ChainBatch,
     actor: str,
     now: datetime,
@@ -101,8 +103,92 @@ def cost_reserve(
     reservation it already has: never a second charge. ``fresh``: the caller knows none
     exists (an AUTHORIZED operation under its run's lock), so none is looked for.
     ``breaker_seen``: the tenant's breaker as stored, read in this transaction."""
+    budgets = budgets_for(op=op, run=run, tenant=run.tenant, policy=policy)
+    estimate = _estimate_of(op, budgets=budgets, capability=capability, now=now)
+    if estimate is None:
+        return None
+    if not fresh:
+        existing = CostReservation.objects.filter(operation=op, attempt=op.attempt).first()
+        if existing is not None:
+            return existing
+    charged = None
+    if fresh:
+        charged = _reserve_at_once(
+            op=op, run=run, policy=policy, budgets=budgets, estimate=estimate, now=now, capability=capability
+        )
+    if charged is None:
+        reservation, created = _reserve_key_by_key(
+            op=op, run=run, policy=policy, budgets=budgets, batch=batch, now=now, capability=capability
+        )
+        if not created:
+            return reservation  # the same attempt, reserved at this moment by another transaction
+        tenant_window = None
+    else:
+        reservation, tenant_window = charged
+    _record_reserved(
+        reservation,
+        op=op,
+        run=run,
+        policy=policy,
+        budgets=budgets,
+        batch=batch,
+        actor=actor,
+        now=now,
+        breaker_seen=breaker_seen if charged is not None else None,  # the statement read the tenant window
+        tenant_window=tenant_window,
+    )
+    return reservation
+
+
+def _record_reserved(
+    reservation: CostReservation,
+    *,
+    op: Operation,
+    run: Run,
+    policy: dict[str, Any],
+    budgets: list[Budget],
+    batch: ChainBatch,
+    actor: str,
+    now: datetime,
+    breaker_seen: tuple[str, str, datetime | None] | None,
+    tenant_window: tuple[int, int] | None,
+) -> None:
+    """The COST_RESERVED event, then the tenant's breaker: with ``breaker_seen`` (the breaker
+    as stored, and ``tenant_window`` as the one-statement charge left it) only if the spend
+    level moved (``breaker_after_spend``), else evaluated in full."""
+    batch.append(
+        run,
+        "COST_RESERVED",
+        actor=actor,
+        fields={
+            "reservation_id": reservation.pk,
+            "operation_id": op.pk,
+            "attempt": op.attempt,
+            "estimated_cents": reservation.estimated_cents,
+            "keys": [b.name for b in budgets],
+        },
+    )
     tenant = run.tenant
-    budgets = budgets_for(op=op, run=run, tenant=tenant, policy=policy)
+    if breaker_seen is not None:
+        breaker_after_spend(
+            tenant=tenant,
+            policy=policy,
+            batch=batch,
+            run=run,
+            actor=actor,
+            now=now,
+            stored=breaker_seen,
+            tenant_window=tenant_window,
+        )
+    else:
+        breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now)
+
+
+def _estimate_of(
+    op: Operation, *, budgets: list[Budget], capability: CapabilityBudget | None, now: datetime
+) -> int | None:
+    """``op``'s estimate, refused when negative. None when it states none: refused where a
+    limit applies, else only its capability call (if any) is spent, and nothing reserved."""
     estimate = op.estimated_cost_cents
     if estimate is None:
         if budgets:
@@ -116,56 +202,27 @@ def cost_reserve(
         return None
     if estimate < 0:
         raise InvalidInput("estimated_cost_cents must be zero or more")
-    if not fresh:
-        existing = CostReservation.objects.filter(operation=op, attempt=op.attempt).first()
-        if existing is not None:
-            return existing
-    charged = None
-    if fresh:
-        _windows_in_place(tenant=tenant, budgets=budgets, now=now, window_s=policy["cost_window_s"])
-        charged = _reserve_at_once(
-            op=op, run=run, policy=policy, budgets=budgets, estimate=estimate, now=now, capability=capability
-        )
-    if charged is None:
-        # The windows outlive a refusal (opened for this period either way).
-        windows = windows_ensure(tenant=tenant, budgets=budgets, now=now, window_s=policy["cost_window_s"])
-        with batch.savepoint():  # a refusal takes back every key and the capability call
-            if capability is not None:
-                capability_spend(capability=capability, op=op, now=now)
-            reservation, created = _reserve_one_by_one(
-                op=op, run=run, policy=policy, budgets=budgets, windows=windows, now=now
-            )
-        if not created:
-            return reservation  # the same attempt, reserved at this moment by another transaction
-        tenant_window = None
-    else:
-        reservation, tenant_window = charged
-    batch.append(
-        run,
-        "COST_RESERVED",
-        actor=actor,
-        fields={
-            "reservation_id": reservation.pk,
-            "operation_id": op.pk,
-            "attempt": op.attempt,
-            "estimated_cents": estimate,
-            "keys": [b.name for b in budgets],
-        },
-    )
-    if breaker_seen is not None and charged is not None:
-        breaker_after_spend(
-            tenant=tenant,
-            policy=policy,
-            batch=batch,
-            run=run,
-            actor=actor,
-            now=now,
-            stored=breaker_seen,
-            tenant_window=tenant_window,
-        )
-    else:
-        breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now)
-    return reservation
+    return estimate
+
+
+def _reserve_key_by_key(
+    *,
+    op: Operation,
+    run: Run,
+    policy: dict[str, Any],
+    budgets: list[Budget],
+    batch: ChainBatch,
+    now: datetime,
+    capability: CapabilityBudget | None,
+) -> tuple[CostReservation, bool]:
+    """The path that opens what is missing and names a refusal: the windows first (they
+    outlive a refusal: opened for this period either way), then the capability call and
+    every key in one savepoint. Returns as :func:`_reserve_one_by_one`."""
+    windows = windows_ensure(tenant=run.tenant, budgets=budgets, now=now, window_s=policy["cost_window_s"])
+    with batch.savepoint():  # a refusal takes back every key and the capability call
+        if capability is not None:
+            capability_spend(capability=capability, op=op, now=now)
+        return _reserve_one_by_one(op=op, run=run, policy=policy, budgets=budgets, windows=windows, now=now)
 
 
 # The windows this process has seen in place, (tenant id, kind, key, starts_at): a hint, so
@@ -208,7 +265,7 @@ def capability_spend(*, capability: CapabilityBudget, op: Operation, now: dateti
 
 
 def _reserve_one_by_one(
-    *, op: Operation, run: Run, policy: dict, budgets: list[Budget], windows: list[CostWindow], now: datetime
+    *, op: Operation, run: Run, policy: dict[str, Any], budgets: list[Budget], windows: list[CostWindow], now: datetime
 ) -> tuple[CostReservation, bool]:
     """Charge every budget's window (or its escrow shard, refilled as it needs) in window
     order and record the reservation: ``(reservation, True)``; raises the refusal of the
@@ -263,7 +320,7 @@ def _reserve_at_once(
     *,
     op: Operation,
     run: Run,
-    policy: dict,
+    policy: dict[str, Any],
     budgets: list[Budget],
     estimate: int,
     now: datetime,
@@ -275,7 +332,9 @@ def _reserve_at_once(
     (limit, used) after this charge (None without a tenant budget); or None when something
     was not granted (a window missing or without room in this shard, the capability spent):
     what was charged is taken back here, and the caller charges one by one, which refills
-    shards, creates windows and names the refusal."""
+    shards, creates windows and names the refusal. The windows are opened first, unless
+    this process saw them in place (:func:`_windows_in_place`)."""
+    _windows_in_place(tenant=run.tenant, budgets=budgets, now=now, window_s=policy["cost_window_s"])
     starts_at, _ = window_bounds(now, policy["cost_window_s"])
     tenant_at = next((i for i, b in enumerate(budgets) if b.kind == BudgetKind.TENANT), None)
     reservation = CostReservation(
@@ -320,7 +379,7 @@ def _reserve_at_once(
 
 
 def _take_back(
-    charged: tuple, *, budgets: list[Budget], estimate: int, capability: CapabilityBudget | None, need: int
+    charged: sql_costs.Row, *, budgets: list[Budget], estimate: int, capability: CapabilityBudget | None, need: int
 ) -> None:
     """Undo the charges of a statement that did not get them all (their rows are locked by
     this transaction since)."""
@@ -343,7 +402,8 @@ def _current_reservation(op: Operation) -> CostReservation | None:
     under the run's lock, which the caller holds)."""
     if op.estimated_cost_cents is None:
         return None
-    attempt, seen = op.__dict__.get(RESERVATION_SEEN, (None, None))
+    found: tuple[int | None, CostReservation | None] = op.__dict__.get(RESERVATION_SEEN, (None, None))
+    attempt, seen = found
     if attempt == op.attempt:
         return seen
     return CostReservation.objects.select_for_update(of=("self",)).filter(operation=op, attempt=op.attempt).first()
@@ -357,7 +417,7 @@ def cost_settle(
     batch: ChainBatch,
     actor: str,
     now: datetime,
-    policy: dict | None = None,
+    policy: dict[str, Any] | None = None,
     breaker_seen: tuple[str, str, datetime | None] | None = None,
 ) -> None:
     """The outcome CONFIRMED or FAILED of ``op``'s current attempt was recorded.
@@ -424,7 +484,7 @@ def _close(
     actor: str,
     now: datetime,
     via: str,
-    policy: dict | None = None,
+    policy: dict[str, Any] | None = None,
     breaker_seen: tuple[str, str, datetime | None] | None = None,
 ) -> None:
     """RESERVED / UNKNOWN -> SETTLED (amount > 0) or RELEASED (amount 0)."""
@@ -444,20 +504,7 @@ def _close(
         overage = {}
     estimate = reservation.estimated_cents
     reservation.state, reservation.actual_cents, reservation.closed_at = target, amount, now
-    fields = {
-        "reservation_id": reservation.pk,
-        "operation_id": op.pk,
-        "attempt": reservation.attempt,
-        "from": source.value,
-        "to": target.value,
-        "estimated_cents": estimate,
-        "actual_cents": amount,
-        "released_cents": max(estimate - amount, 0),
-        "via": via,
-    }
-    if overage:
-        fields["overage_cents"] = max(overage.values())
-        fields["overage_keys"] = sorted(overage)
+    fields = _closed_fields(reservation, op=op, source=source, target=target, amount=amount, via=via, overage=overage)
     event_type = "COST_SETTLED" if target == ReservationState.SETTLED else "COST_RELEASED"
     batch.append(run, event_type, actor=actor, fields=fields)
     if overage:
@@ -480,6 +527,36 @@ def _close(
         )
     else:
         breaker_update(tenant=tenant, policy=policy, batch=batch, run=run, actor=actor, now=now)
+
+
+def _closed_fields(
+    reservation: CostReservation,
+    *,
+    op: Operation,
+    source: ReservationState,
+    target: ReservationState,
+    amount: int,
+    via: str,
+    overage: dict[str, int],
+) -> dict[str, Any]:
+    """The fields of the COST_SETTLED or COST_RELEASED event of a reservation closed with
+    ``amount``, and its overage by window name, if any."""
+    estimate = reservation.estimated_cents
+    fields: dict[str, Any] = {
+        "reservation_id": reservation.pk,
+        "operation_id": op.pk,
+        "attempt": reservation.attempt,
+        "from": source.value,
+        "to": target.value,
+        "estimated_cents": estimate,
+        "actual_cents": amount,
+        "released_cents": max(estimate - amount, 0),
+        "via": via,
+    }
+    if overage:
+        fields["overage_cents"] = max(overage.values())
+        fields["overage_keys"] = sorted(overage)
+    return fields
 
 
 def _close_one_by_one(
@@ -525,7 +602,9 @@ def _close_one_by_one(
     return overage
 
 
-def _settle_rows(rows: QuerySet, estimate: int, amount: int, capacity: Any) -> None:
+def _settle_rows(
+    rows: QuerySet[CostWindow] | QuerySet[CostShard], estimate: int, amount: int, capacity: Combinable
+) -> None:
     """One statement for every row: SET expressions all read the old row, so the estimate
     leaves and the actual cost (up to the room: ``capacity`` less the rest) enters in the
     same instant."""
@@ -548,7 +627,7 @@ def _close_at_once(
     target: ReservationState,
     amount: int,
     now: datetime,
-    policy: dict,
+    policy: dict[str, Any],
 ) -> tuple[tuple[int, int] | None] | None:
     """The reservation closed and every window and shard it charged settled, in one
     statement, when the amount fits each of them whole (the common case: no overage).
@@ -602,7 +681,7 @@ LOCK_RANK = Case(*(When(kind=kind, then=Value(rank)) for kind, rank in RANKS.ite
 
 
 def cost_mark_unknown(
-    *, ops: list[Operation], runs: dict, batch: ChainBatch, actor: str, now: datetime, reason: str
+    *, ops: list[Operation], runs: dict[uuid.UUID, Run], batch: ChainBatch, actor: str, now: datetime, reason: str
 ) -> int:
     """The operations became UNKNOWN (worker reported UNKNOWN, lease lost, drain deadline):
     the RESERVED reservations of their current attempts become UNKNOWN in one UPDATE, still
@@ -622,7 +701,13 @@ def cost_mark_unknown(
 
 
 def _to_unknown(
-    reservations: list[CostReservation], *, runs: dict, batch: ChainBatch, actor: str, now: datetime, reason: str
+    reservations: list[CostReservation],
+    *,
+    runs: dict[uuid.UUID, Run],
+    batch: ChainBatch,
+    actor: str,
+    now: datetime,
+    reason: str,
 ) -> int:
     """RESERVED -> UNKNOWN for reservations locked by the caller (with their runs), then the
     breaker of each tenant concerned."""
@@ -634,7 +719,7 @@ def _to_unknown(
     )
     if moved != len(ids):  # impossible while the rows are locked
         raise WrongPhase(phase="reservation changed concurrently", wanted=ReservationState.RESERVED)
-    first_run_of: dict = {}
+    first_run_of: dict[int, Run] = {}
     entries = []
     for reservation in reservations:
         reservation.state = ReservationState.UNKNOWN
@@ -682,7 +767,7 @@ def reservations_expire(
     reservations became UNKNOWN."""
     batch_size = batch_size or settings.FENCELINE["RESERVATION_EXPIRY_BATCH_SIZE"]
     result = ExpiryResult()
-    after: tuple | None = None  # (expires_at, id) of the last due reservation whose run was busy
+    after: tuple[datetime, uuid.UUID] | None = None  # (expires_at, id) of the last due reservation whose run was busy
     restarted = False
     while True:
         with transaction.atomic():
@@ -739,5 +824,7 @@ def window_reconciles(window: CostWindow) -> bool:
         )["total"]
         or 0
     )
-    held = CostWindow.objects.filter(pk=window.pk).with_totals().values_list("total_reserved_cents", flat=True).get()
+    held: int = (
+        CostWindow.objects.filter(pk=window.pk).with_totals().values_list("total_reserved_cents", flat=True).get()
+    )
     return held == open_sum

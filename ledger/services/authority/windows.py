@@ -36,6 +36,7 @@ escrow would buy nothing).
 import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db.models import F, Q
@@ -79,7 +80,7 @@ class Budget:
         }[self.kind]
 
 
-def budgets_for(*, op: Operation, run: Run, tenant: Tenant, policy: dict) -> list[Budget]:
+def budgets_for(*, op: Operation, run: Run, tenant: Tenant, policy: dict[str, Any]) -> list[Budget]:
     """The limited budget keys ``op`` (its current attempt) is charged to."""
     limits = policy["cost_limits_cents"]
     budgets = []
@@ -98,7 +99,8 @@ def escrow_shards(budget: Budget) -> int:
     """How many escrow shards a new window of ``budget`` gets (0: charged directly)."""
     conf = settings.FENCELINE
     if budget.kind in ESCROWED_KINDS and budget.limit_cents >= conf["COST_ESCROW_MIN_CENTS"]:
-        return conf["COST_ESCROW_SHARDS"]
+        shards: int = conf["COST_ESCROW_SHARDS"]
+        return shards
     return 0
 
 
@@ -186,7 +188,7 @@ def shard_refill(window: CostWindow, shard: CostShard, need: int) -> bool:
     the row, which FOR UPDATE would make wait for this refill while the refill waits for the
     charger's shard (a deadlock the N = 16 benchmark found). Whether the shard now has
     ``need`` free."""
-    row = CostWindow.objects.select_for_update(of=("self",), no_key=True).get(pk=window.pk)
+    row: CostWindow = CostWindow.objects.select_for_update(of=("self",), no_key=True).get(pk=window.pk)
     mine = CostShard.objects.select_for_update(of=("self",), no_key=True).get(pk=shard.pk)
     free_here = mine.allotted_cents - mine.reserved_cents - mine.settled_cents
     if free_here >= need:
@@ -223,7 +225,7 @@ def shard_refill(window: CostWindow, shard: CostShard, need: int) -> bool:
 def window_charge(window: CostWindow, estimate: int) -> bool:
     """The reservation SQL of the article, on one window; True when it was granted."""
     used = F("reserved_cents") + F("settled_cents") + F("escrowed_cents")
-    granted = (
+    granted: int = (
         CostWindow.objects.filter(pk=window.pk)
         .filter(LessThanOrEqual(used + estimate, F("limit_cents")))
         .update(reserved_cents=F("reserved_cents") + estimate)
@@ -234,7 +236,8 @@ def window_charge(window: CostWindow, estimate: int) -> bool:
 def window_used(window: CostWindow) -> tuple[int, int, int]:
     """(limit, reserved, settled) of ``window`` now, its shards' included."""
     row = CostWindow.objects.filter(pk=window.pk).with_totals()
-    return row.values_list("limit_cents", "total_reserved_cents", "total_settled_cents").get()
+    totals: tuple[int, int, int] = row.values_list("limit_cents", "total_reserved_cents", "total_settled_cents").get()
+    return totals
 
 
 def budget_refusal(budget: Budget, window: CostWindow, estimate: int) -> Denied:

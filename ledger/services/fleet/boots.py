@@ -16,6 +16,7 @@ container self-audit shows root, extra capabilities, host-control paths or sensi
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -49,10 +50,10 @@ class BootReport:
     state_schema_version: int
     pid: int
     host: str
-    readiness: dict
+    readiness: dict[str, Any]
     credential_version: int | None = None
     # The error this process failed with while starting: {kind, message, at}.
-    error: dict | None = None
+    error: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,15 @@ def _text(value: object, name: str, limit: int) -> str:
     return value
 
 
-def _readiness(readiness: object) -> tuple[dict, list[str]]:
+# A boot's readiness as kept: {domain: {ok, evidence}}, every domain of DOMAINS.
+type Readiness = dict[str, dict[str, Any]]
+
+
+def _readiness(readiness: object) -> tuple[Readiness, list[str]]:
     if not isinstance(readiness, dict) or set(readiness) != set(DOMAINS):
         raise InvalidInput(f"readiness must name exactly {', '.join(DOMAINS)}", field="readiness")
-    checked, failed = {}, []
+    checked: Readiness = {}
+    failed: list[str] = []
     for domain in DOMAINS:
         entry = readiness[domain]
         if not isinstance(entry, dict) or not isinstance(entry.get("ok"), bool) or set(entry) - {"ok", "evidence"}:
@@ -87,7 +93,7 @@ def _readiness(readiness: object) -> tuple[dict, list[str]]:
     return checked, failed
 
 
-def _error(error: object, readiness: dict) -> dict | None:
+def _error(error: object, readiness: Readiness) -> dict[str, str] | None:
     if error is None:
         return None
     if not isinstance(error, dict) or set(error) != {"kind", "message", "at"}:
@@ -106,7 +112,7 @@ def _error(error: object, readiness: dict) -> dict | None:
     return {"kind": error["kind"], "message": message, "at": at.isoformat()}
 
 
-def _audited(readiness: dict, failed: list[str], policy: dict) -> None:
+def _audited(readiness: Readiness, failed: list[str], policy: dict[str, Any]) -> None:
     """Fail the admission domain of a boot whose container self-audit the policy refuses."""
     refused = runtime_audit_failures(policy.get("runtime_audit"), readiness["runtime"]["evidence"].get("audit"))
     if not refused:
@@ -118,7 +124,7 @@ def _audited(readiness: dict, failed: list[str], policy: dict) -> None:
         failed.append("admission")
 
 
-def _reads_records(readiness: dict, failed: list[str], reads_up_to: int) -> None:
+def _reads_records(readiness: Readiness, failed: list[str], reads_up_to: int) -> None:
     """Fail the state domain of a boot whose build cannot read the records as they are now
     written: a schema change in MIGRATE or CONTRACT writes its new version (the old build
     would refuse those records; it is not admitted to meet them)."""
@@ -143,91 +149,142 @@ def not_ready_code(failed: list[str], *, in_doubt: int = 0) -> str:
     return CredentialsNotReady.code if failed == ["credentials"] else NotReady.code
 
 
-def worker_boot(*, worker: Worker, report: BootReport) -> BootAnswer:
-    """Record a boot, tell the previous one how it ended, and answer with the restart delay;
-    quarantine the worker once its episode passes the restart budget."""
+@dataclass(frozen=True)
+class _Checked:
+    """A boot report's texts, readiness and error as they are kept (each checked)."""
+
+    boot_id: str
+    config_hash: str
+    code_version: str
+    host: str
+    readiness: Readiness
+    failed: list[str]  # the domains not ready
+    error: dict[str, str] | None
+
+
+def _checked(report: BootReport) -> _Checked:
+    """The report's texts, readiness and error, each checked (InvalidInput naming the first
+    field refused)."""
     boot_id = _text(report.boot_id, "boot_id", 64)
     config_hash = _text(report.config_hash, "config_hash", 100)
     code_version = _text(report.code_version, "code_version", 100)
     host = _text(report.host, "host", 200)
     readiness, failed = _readiness(report.readiness)
     error = _error(report.error, readiness)
+    return _Checked(boot_id, config_hash, code_version, host, readiness, failed, error)
+
+
+def worker_boot(*, worker: Worker, report: BootReport) -> BootAnswer:
+    """Record a boot, tell the previous one how it ended, and answer with the restart delay;
+    quarantine the worker once its episode passes the restart budget."""
+    checked = _checked(report)
     _, policy = policy_current(tenant=worker.tenant)
-    _audited(readiness, failed, policy)
-    _reads_records(readiness, failed, report.state_schema_version)
+    _audited(checked.readiness, checked.failed, policy)
+    _reads_records(checked.readiness, checked.failed, report.state_schema_version)
     budget = policy.get("restart_budget", {"max_restarts": 5, "window_s": 600})
     with transaction.atomic():
         locked = Worker.objects.select_for_update().get(pk=worker.pk)
         now = timezone.now()
-        same = WorkerBoot.objects.filter(worker=locked, boot_id=boot_id).first()
+        same = WorkerBoot.objects.filter(worker=locked, boot_id=checked.boot_id).first()
         if same is not None:
-            return _replayed(same, locked, config_hash=config_hash, code_version=code_version, report=report)
-        previous = WorkerBoot.objects.filter(worker=locked).order_by("-reported_at").first()
-        if previous is not None and not previous.ended:
-            clean = locked.status in (WorkerStatus.STOPPED, WorkerStatus.QUIESCED)
-            previous.ended = "exit" if clean else "crash"
-            WorkerBoot.objects.filter(pk=previous.pk).update(ended=previous.ended)
-        # A boot after a crash (no clean exit before it) continues the episode; a clean exit ends it.
-        in_episode = previous is not None and previous.ended == "crash"
-        recent = previous is not None and previous.reported_at >= now - timedelta(seconds=budget["window_s"])
-        place = previous.episode_boot + 1 if previous is not None and in_episode and recent else 1
+            return _replayed(
+                same, locked, config_hash=checked.config_hash, code_version=checked.code_version, report=report
+            )
+        place = _place_in_episode(locked, now=now, window_s=budget["window_s"])
         restarts = place - 1
         delay = 0 if restarts == 0 else min(MAX_DELAY_S, 2**restarts)
-        phase = "READY" if not failed else "PROCESS_UP"
         in_doubt = operations_in_doubt(locked).count()
-        try:
-            with transaction.atomic():
-                boot = WorkerBoot.objects.create(
-                    worker=locked,
-                    tenant_id=locked.tenant_id,
-                    boot_id=boot_id,
-                    reported_at=now,
-                    config_hash=config_hash,
-                    code_version=code_version,
-                    state_schema_version=report.state_schema_version,
-                    credential_version=report.credential_version,
-                    pid=report.pid,
-                    host=host,
-                    readiness=readiness,
-                    failed_domains=failed,
-                    phase=phase,
-                    episode_boot=place,
-                    delay_s=delay,
-                    error=error,
-                    unknown_left=in_doubt,
-                )
-        except IntegrityError:  # not reachable under the worker's row lock; kept as the last word
-            raise BootIdReused("boot_id was reported already") from None
-        started = {}
-        if locked.status == WorkerStatus.QUIESCED:  # the drained process is gone: a new one booted
-            worker_stopped(locked, now, reason="a new process booted after the drain")
-        if locked.status == WorkerStatus.STOPPED:  # a new process after a clean stop accepts work again
-            started = {
-                "status": WorkerStatus.ACCEPTING,
-                "status_changed_at": now,
-                "status_changed_by": "system:boot",
-                "status_reason": "a new process booted",
-                "drain_deadline": None,
-            }
-        Worker.objects.filter(pk=locked.pk).update(
-            boot_phase=phase,
-            not_ready_code=not_ready_code(failed, in_doubt=in_doubt),
-            last_heartbeat_at=now,
-            last_seen_at=now,
-            **started,
-        )
-        reason = ""
-        if locked.status in QUARANTINE_FROM:
-            if error is not None and error["kind"] == "migration":
-                actor, reason = SYSTEM_STATE_MIGRATION, f"state migration failed: {error['message']}"
-            elif restarts > budget["max_restarts"]:
-                actor = SYSTEM_RESTART_BUDGET
-                reason = f"restart budget exceeded: {restarts} restarts within {budget['window_s']} s"
+        boot = _boot_record(locked, checked, report, now=now, place=place, delay=delay, in_doubt=in_doubt)
+        _worker_up(locked, now=now, phase=boot.phase, not_ready=not_ready_code(checked.failed, in_doubt=in_doubt))
+        actor, reason = _quarantine_cause(locked, checked.error, restarts=restarts, budget=budget)
         if reason:
             quarantine_with_bundle(locked, actor=actor, reason=reason, boots=place, now=now)
     quarantined = bool(reason)
     worker.refresh_from_db()
     return BootAnswer(boot=boot, delay_s=delay, quarantined=quarantined)
+
+
+def _place_in_episode(worker: Worker, *, now: datetime, window_s: int) -> int:
+    """Mark how the worker's previous boot ended (a clean exit, else a crash) and return
+    this boot's place in its restart episode: a boot after a crash within ``window_s``
+    continues the episode; a clean exit ends it."""
+    previous = WorkerBoot.objects.filter(worker=worker).order_by("-reported_at").first()
+    if previous is None:
+        return 1
+    if not previous.ended:
+        clean = worker.status in (WorkerStatus.STOPPED, WorkerStatus.QUIESCED)
+        previous.ended = "exit" if clean else "crash"
+        WorkerBoot.objects.filter(pk=previous.pk).update(ended=previous.ended)
+    in_episode = previous.ended == "crash"
+    recent = previous.reported_at >= now - timedelta(seconds=window_s)
+    return previous.episode_boot + 1 if in_episode and recent else 1
+
+
+def _boot_record(
+    worker: Worker, checked: _Checked, report: BootReport, *, now: datetime, place: int, delay: int, in_doubt: int
+) -> WorkerBoot:
+    """The WorkerBoot row: READY when every domain is, else PROCESS_UP."""
+    try:
+        with transaction.atomic():
+            return WorkerBoot.objects.create(
+                worker=worker,
+                tenant_id=worker.tenant_id,
+                boot_id=checked.boot_id,
+                reported_at=now,
+                config_hash=checked.config_hash,
+                code_version=checked.code_version,
+                state_schema_version=report.state_schema_version,
+                credential_version=report.credential_version,
+                pid=report.pid,
+                host=checked.host,
+                readiness=checked.readiness,
+                failed_domains=checked.failed,
+                phase="READY" if not checked.failed else "PROCESS_UP",
+                episode_boot=place,
+                delay_s=delay,
+                error=checked.error,
+                unknown_left=in_doubt,
+            )
+    except IntegrityError:  # not reachable under the worker's row lock; kept as the last word
+        raise BootIdReused("boot_id was reported already") from None
+
+
+def _worker_up(worker: Worker, *, now: datetime, phase: str, not_ready: str) -> None:
+    """The worker row after a boot: its phase and readiness, seen now; a QUIESCED worker
+    is STOPPED (the drained process is gone), and a STOPPED one accepts work again."""
+    started: dict[str, Any] = {}
+    if worker.status == WorkerStatus.QUIESCED:  # the drained process is gone: a new one booted
+        worker_stopped(worker, now, reason="a new process booted after the drain")
+    if worker.status == WorkerStatus.STOPPED:  # a new process after a clean stop accepts work again
+        started = {
+            "status": WorkerStatus.ACCEPTING,
+            "status_changed_at": now,
+            "status_changed_by": "system:boot",
+            "status_reason": "a new process booted",
+            "drain_deadline": None,
+        }
+    Worker.objects.filter(pk=worker.pk).update(
+        boot_phase=phase,
+        not_ready_code=not_ready,
+        last_heartbeat_at=now,
+        last_seen_at=now,
+        **started,
+    )
+
+
+def _quarantine_cause(
+    worker: Worker, error: dict[str, str] | None, *, restarts: int, budget: dict[str, int]
+) -> tuple[str, str]:
+    """(actor, reason) of the quarantine this boot calls for: a failed state migration, or
+    an episode past the restart budget; ("", "") for none, or for a worker whose status
+    cannot go to QUARANTINED."""
+    if worker.status not in QUARANTINE_FROM:
+        return "", ""
+    if error is not None and error["kind"] == "migration":
+        return SYSTEM_STATE_MIGRATION, f"state migration failed: {error['message']}"
+    if restarts > budget["max_restarts"]:
+        return SYSTEM_RESTART_BUDGET, f"restart budget exceeded: {restarts} restarts within {budget['window_s']} s"
+    return "", ""
 
 
 def _replayed(
@@ -242,7 +299,7 @@ def _replayed(
 
 
 def quarantine_with_bundle(
-    worker: Worker, *, actor: str, reason: str, boots: int = 1, now, evidence: dict | None = None
+    worker: Worker, *, actor: str, reason: str, boots: int = 1, now: datetime, evidence: dict[str, Any] | None = None
 ) -> None:
     """QUARANTINE the worker (a system decision a person must undo) and retain the
     diagnostic bundle with the decision: its last ``boots`` boots (errors, readiness,

@@ -16,16 +16,19 @@ Lock order, as lease_acquire: the worker row (the conditional UPDATE), then the 
 """
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from ledger.actors import SYSTEM_DRAIN, user_actor, worker_actor
 from ledger.errors import InvalidInput, WrongPhase
-from ledger.models import Operation, RunLease, Worker, WorkerDrain
+from ledger.models import Operation, Run, RunLease, Worker, WorkerDrain
 from ledger.roles import ADMINISTER, tenants_for
 from ledger.services.core.decisions import acting_name, admin_action_record, decision_reason
 from ledger.services.core.fencing import locked_runs
@@ -59,8 +62,8 @@ def _change_status(
     reason: str,
     event: str,
     end_leases: bool,
-    drain_deadline=None,
-    now=None,
+    drain_deadline: datetime | None = None,
+    now: datetime | None = None,
 ) -> WorkerChange:
     """The one place a worker's status changes: a conditional UPDATE from ``allowed_from``,
     then ``event`` (with ``reason``) in each held run's chain, ending those leases when
@@ -78,7 +81,7 @@ def _change_status(
         raise WrongPhase(phase=current, wanted=" or ".join(allowed_from))
     runs = locked_runs({"worker_id": worker.pk, "owner_id__isnull": False})
     batch = ChainBatch(now)
-    fields = {"worker": worker.name, "status": status, "reason": reason}
+    fields: dict[str, Any] = {"worker": worker.name, "status": status, "reason": reason}
     if drain_deadline is not None:
         fields["drain_deadline"] = drain_deadline
     if status == WorkerStatus.DRAINING and runs:
@@ -108,7 +111,7 @@ def _change_status(
 DRAIN_OUTCOMES: dict[str, str] = {WorkerStatus.QUARANTINED: "quarantined", WorkerStatus.ACCEPTING: "resumed"}
 
 
-def _drain_close(worker: Worker, now, *, outcome: str, quiesced: list) -> None:
+def _drain_close(worker: Worker, now: datetime, *, outcome: str, quiesced: list[Run]) -> None:
     """Close the worker's open drain (if any) with its last signals: when it quiesced, how
     it ended, and how many effects of the worker's runs it left UNKNOWN."""
     drain = WorkerDrain.objects.filter(worker=worker, quiesced_at__isnull=True).first()
@@ -125,7 +128,9 @@ def _drain_close(worker: Worker, now, *, outcome: str, quiesced: list) -> None:
     WorkerDrain.objects.filter(pk=drain.pk).update(quiesced_at=now, outcome=outcome, unknown_count=unknown)
 
 
-def _decided(*, worker_id: object, user, name: str, reason: object) -> tuple[Worker, str, str]:
+def _decided(
+    *, worker_id: object, user: AbstractBaseUser | AnonymousUser | None, name: str, reason: object
+) -> tuple[Worker, str, str]:
     reason = decision_reason(reason)
     worker = worker_get(worker_id=worker_id)
     name = acting_name(user=user, name=name, tenant_id=worker.tenant_id, perm=ADMINISTER)
@@ -153,7 +158,13 @@ TRANSITIONS = {
 
 
 def worker_change(
-    *, worker_id: object, action: str, reason: str, user=None, name: str = "", deadline_s: int = DEFAULT_DRAIN_S
+    *,
+    worker_id: object,
+    action: str,
+    reason: str,
+    user: AbstractBaseUser | AnonymousUser | None = None,
+    name: str = "",
+    deadline_s: int = DEFAULT_DRAIN_S,
 ) -> WorkerChange:
     """A person's decision about a worker: ``action`` is drain, quarantine or resume (see
     TRANSITIONS). The result names the changed worker and the runs it held."""
@@ -189,7 +200,7 @@ def worker_change(
     return change
 
 
-def workers_drain_preview(*, worker_ids, user) -> list[Worker]:
+def workers_drain_preview(*, worker_ids: Iterable[object], user: AbstractBaseUser | AnonymousUser) -> list[Worker]:
     """Exactly the workers a bulk drain by ``user`` will touch: those still ACCEPTING, on
     tenants the user administers, by tenant and name."""
     ids = [i for i in (_worker_id(raw) for raw in worker_ids) if i is not None]
@@ -200,7 +211,13 @@ def workers_drain_preview(*, worker_ids, user) -> list[Worker]:
     )
 
 
-def workers_drain_bulk(*, worker_ids, user, reason: str, deadline_s: int = DEFAULT_DRAIN_S) -> list[WorkerChange]:
+def workers_drain_bulk(
+    *,
+    worker_ids: Iterable[object],
+    user: AbstractBaseUser | AnonymousUser,
+    reason: str,
+    deadline_s: int = DEFAULT_DRAIN_S,
+) -> list[WorkerChange]:
     """Drain several workers with one reason and deadline, all or none: each is
     ``worker_change``'s own drain (its event, its admin record), in one transaction; a worker
     that is no longer ACCEPTING, or not the user's to administer, changes nothing at all."""
@@ -223,22 +240,31 @@ def _worker_id(raw: object) -> int | None:
 
 
 def worker_drain(
-    *, worker_id: object, reason: str, deadline_s: int = DEFAULT_DRAIN_S, user=None, name: str = ""
+    *,
+    worker_id: object,
+    reason: str,
+    deadline_s: int = DEFAULT_DRAIN_S,
+    user: AbstractBaseUser | AnonymousUser | None = None,
+    name: str = "",
 ) -> WorkerChange:
     return worker_change(
         worker_id=worker_id, action="drain", reason=reason, deadline_s=deadline_s, user=user, name=name
     )
 
 
-def worker_quarantine(*, worker_id: object, reason: str, user=None, name: str = "") -> WorkerChange:
+def worker_quarantine(
+    *, worker_id: object, reason: str, user: AbstractBaseUser | AnonymousUser | None = None, name: str = ""
+) -> WorkerChange:
     return worker_change(worker_id=worker_id, action="quarantine", reason=reason, user=user, name=name)
 
 
-def worker_resume(*, worker_id: object, reason: str, user=None, name: str = "") -> WorkerChange:
+def worker_resume(
+    *, worker_id: object, reason: str, user: AbstractBaseUser | AnonymousUser | None = None, name: str = ""
+) -> WorkerChange:
     return worker_change(worker_id=worker_id, action="resume", reason=reason, user=user, name=name)
 
 
-def workers_drain_enforce(*, now=None) -> int:
+def workers_drain_enforce(*, now: datetime | None = None) -> int:
     """The drain deadline job: a DRAINING worker that holds no live lease is QUIESCED; one
     past its deadline has its leases revoked and is QUIESCED. Idempotent. Returns how many
     workers it moved."""
@@ -269,7 +295,9 @@ def workers_drain_enforce(*, now=None) -> int:
     return moved
 
 
-def worker_quarantine_by_system(*, worker: Worker, actor: str, reason: str, now=None) -> WorkerChange:
+def worker_quarantine_by_system(
+    *, worker: Worker, actor: str, reason: str, now: datetime | None = None
+) -> WorkerChange:
     """A quarantine no person decided (``actor`` is a ``system:`` job, e.g. the restart budget):
     the same transition as a person's, in the caller's transaction; a person resumes it."""
     return _change_status(
@@ -332,7 +360,7 @@ def worker_exit(*, worker: Worker) -> Worker:
     return worker
 
 
-def worker_stopped(worker: Worker, now, *, reason: str) -> None:
+def worker_stopped(worker: Worker, now: datetime, *, reason: str) -> None:
     """QUIESCED -> STOPPED (in the caller's transaction), closing its drain record."""
     changed = Worker.objects.filter(pk=worker.pk, status=WorkerStatus.QUIESCED).update(
         status=WorkerStatus.STOPPED, status_changed_at=now, status_changed_by=SYSTEM_DRAIN, status_reason=reason
@@ -352,7 +380,7 @@ def worker_heartbeat(*, worker: Worker) -> Worker:
     return worker
 
 
-def workers_stop_lapsed(*, lapse_s: int, now=None) -> int:
+def workers_stop_lapsed(*, lapse_s: int, now: datetime | None = None) -> int:
     """QUIESCED workers whose process heartbeat lapsed (none for ``lapse_s``) are STOPPED."""
     now = now or timezone.now()
     stopped = 0

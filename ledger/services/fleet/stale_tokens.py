@@ -5,7 +5,7 @@ worker's request is counted in a window on the worker row; past the policy's
 and from then on every API response to it carries ``Fenceline-Directive: STOP_WORKER``
 (``ledger/api``), which the client raises as ``StopWorker`` at its next call."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
@@ -23,7 +23,7 @@ STOP_WORKER = "STOP_WORKER"
 DEFAULT_LIMIT = {"max_rejections": 50, "window_s": 60}
 
 
-def worker_stale_rejected(*, worker: Worker, now=None) -> bool:
+def worker_stale_rejected(*, worker: Worker, now: datetime | None = None) -> bool:
     """Count one stale-token refusal of ``worker``'s; quarantine it when the count passes
     the limit within the window. Called after the refusal's own record committed, in its
     own transaction: the worker row is locked first, then its leases (the lock order of

@@ -7,6 +7,8 @@ boundary like event fields; the run's chain records each checkpoint's seq, posit
 digest of its state, so an auditor can tell which progress a replacement resumed from.
 """
 
+from typing import Any
+
 from django.db.models import Max
 
 from ledger.boundary import check_text
@@ -21,12 +23,12 @@ MAX_STATE_BYTES = 64 * 1024
 MAX_POSITION_LENGTH = 200
 
 
-def state_digest(state: dict) -> str:
+def state_digest(state: dict[str, Any]) -> str:
     """sha256 of the state's canonical JSON, the chain's own form (keys sorted, compact, UTF-8)."""
     return hash_bytes(canonical_json(state))
 
 
-def _checked(position: object, state: object) -> tuple[str, dict]:
+def _checked(position: object, state: object) -> tuple[str, dict[str, Any]]:
     if not isinstance(position, str) or not 1 <= len(position) <= MAX_POSITION_LENGTH:
         raise InvalidInput(f"position must be 1 to {MAX_POSITION_LENGTH} characters", field="position")
     check_text(position, path="position")
@@ -34,7 +36,7 @@ def _checked(position: object, state: object) -> tuple[str, dict]:
 
 
 def checkpoint_save(
-    *, worker: Worker, run_id: object, fencing_token: int, position: str, state: dict
+    *, worker: Worker, run_id: object, fencing_token: int, position: str, state: dict[str, Any]
 ) -> ProgressCheckpoint:
     """Save the run's progress as its next checkpoint and record it in the chain."""
     position, state = _checked(position, state)

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.utils import timezone
 
@@ -36,7 +37,14 @@ class Decision:
 
 @contextmanager
 def _decision(
-    *, tenant: Tenant, resource_id: object, user, name: str, reason: object, allowed: tuple, action: str
+    *,
+    tenant: Tenant,
+    resource_id: object,
+    user: AbstractBaseUser | AnonymousUser | None,
+    name: str,
+    reason: object,
+    allowed: tuple[str, ...],
+    action: str,
 ) -> Iterator[Decision]:
     """The person, the reason and the locked run and resource of one decision; the body's
     events commit with the AdminAction, or nothing does."""
@@ -64,7 +72,12 @@ def _decision(
 
 
 def resource_retry_now(
-    *, tenant: Tenant, resource_id: object, reason: object, user=None, name: str = ""
+    *,
+    tenant: Tenant,
+    resource_id: object,
+    reason: object,
+    user: AbstractBaseUser | AnonymousUser | None = None,
+    name: str = "",
 ) -> RunResource:
     with _decision(
         tenant=tenant,
@@ -84,7 +97,12 @@ def resource_retry_now(
 
 
 def resource_mark_released(
-    *, tenant: Tenant, resource_id: object, reason: object, user=None, name: str = ""
+    *,
+    tenant: Tenant,
+    resource_id: object,
+    reason: object,
+    user: AbstractBaseUser | AnonymousUser | None = None,
+    name: str = "",
 ) -> RunResource:
     with _decision(
         tenant=tenant,

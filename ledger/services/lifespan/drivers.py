@@ -111,7 +111,8 @@ class SandboxDriver:
 
 @cache
 def _driver(path: str) -> CleanupDriver:
-    return import_string(path)()
+    driver: CleanupDriver = import_string(path)()
+    return driver
 
 
 def driver_for(kind: str, provider: str) -> CleanupDriver:

@@ -26,6 +26,10 @@ slot are serialised by a transaction-scoped advisory lock per quota and subject,
 when the quota is set: a tenant without quotas takes no lock and runs no count.
 """
 
+import uuid
+from datetime import datetime
+from typing import Any
+
 from django.db.models import Q
 
 from ledger.errors import Denied
@@ -37,7 +41,7 @@ from ledger.sql import lifespan as sql_lifespan
 from ledger.states import INSTANCE_LIVE, InstanceState, ResourceState, instance_sources
 
 
-def instances_admit(*, run: Run, worker: Worker, tool: str, policy: dict) -> dict[str, int]:
+def instances_admit(*, run: Run, worker: Worker, tool: str, policy: dict[str, Any]) -> dict[str, int]:
     """Check the instance quotas for one more live instance of ``tool`` held by ``worker``:
     returns {quota: use before this one} for each set quota, or raises 403 DENY_QUOTA naming
     the quota, its limit and its current use. The caller holds the transaction that then
@@ -80,7 +84,9 @@ def instance_move(*, run: Run, target: InstanceState, batch: ChainBatch) -> bool
     return bool(moved)
 
 
-def instance_renewed(*, run: Run, lease: RunLease, previous_renewal, batch: ChainBatch) -> InstanceState | None:
+def instance_renewed(
+    *, run: Run, lease: RunLease, previous_renewal: datetime, batch: ChainBatch
+) -> InstanceState | None:
     """RUNNING -> IDLE when the run made no progress since ``previous_renewal`` and has
     nothing in flight; IDLE -> RUNNING once it did. Writes only on a change, and returns
     the new state for the renewal's event (None: unchanged)."""
@@ -121,7 +127,7 @@ def instance_checkpointed(*, run: Run, batch: ChainBatch) -> InstanceState | Non
     return InstanceState.CHECKPOINTED
 
 
-def instances_plan(*, runs: list[Run], lost: bool) -> dict:
+def instances_plan(*, runs: list[Run], lost: bool) -> dict[uuid.UUID, InstanceState]:
     """Where the current instance of each locked run goes as its held lease ends now:
     EXPIRED when the lease was ``lost``; else RELEASED, or REAPING while a resource of the
     instance is still open. Runs whose lease is not held have no live instance: absent."""
@@ -143,7 +149,9 @@ def instances_plan(*, runs: list[Run], lost: bool) -> dict:
     }
 
 
-def instances_end(*, runs: list[Run], plan: dict, batch: ChainBatch, actor: str, reason: str) -> None:
+def instances_end(
+    *, runs: list[Run], plan: dict[uuid.UUID, InstanceState], batch: ChainBatch, actor: str, reason: str
+) -> None:
     """Carry out ``plan`` (from :func:`instances_plan`, taken before the lease ended): hand
     every ACTIVE resource of the runs to the reaper (RELEASE_REQUESTED, one event per run
     that had any), then move each planned instance, one UPDATE per target state. The

@@ -42,12 +42,13 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, QuerySet, Value
+from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from ledger.actors import SYSTEM_RESOURCE_REAPER
 from ledger.boundary import credential_kind
-from ledger.models import LeaseGrant, ResourceAlert, RunResource
+from ledger.models import LeaseGrant, ResourceAlert, Run, RunResource
 from ledger.pagination import past
 from ledger.services.core.fencing import runs_locked_for_sweep
 from ledger.services.evidence.append import ChainBatch, json_safe
@@ -87,14 +88,14 @@ class _Claim:
     id: str
     expires_at: datetime
     refs: list[ResourceRef] = field(default_factory=list)
-    run_of: dict[str, object] = field(default_factory=dict)
+    run_of: dict[str, uuid.UUID] = field(default_factory=dict)
 
     @classmethod
     def new(cls, now: datetime) -> "_Claim":
         claim_s = _option("RESOURCE_CLOSE_TIMEOUT_S") * 3 + 30
         return cls(uuid.uuid4().hex, now + timedelta(seconds=claim_s))
 
-    def fields(self) -> dict:
+    def fields(self) -> dict[str, Any]:
         """What the claim writes on a resource's row, beside state RELEASING."""
         return {"claimed_by": self.id, "claim_expires_at": self.expires_at, "attempts": F("attempts") + 1}
 
@@ -113,8 +114,11 @@ class _Claim:
 
 # --- 1. overdue -----------------------------------------------------------------------
 
+# An overdue resource as read: (run id, resource id, expires_at).
+type _Overdue = tuple[uuid.UUID, uuid.UUID, datetime]
 
-def _idle_due():
+
+def _idle_due() -> "ExpressionWrapper[CombinedExpression]":  # generic only to the type checker
     """When an ACTIVE resource with idle_s is idle-overdue: idle_s after the later of its
     creation and its run's last progress."""
     since = Greatest(F("created_at"), Coalesce(F("run__last_progress_at"), F("created_at")))
@@ -122,7 +126,7 @@ def _idle_due():
     return ExpressionWrapper(since + idle, output_field=DateTimeField())
 
 
-def _idle_overdue(idle, now, limit: int) -> list[tuple]:
+def _idle_overdue(idle: QuerySet[RunResource], now: datetime, limit: int) -> list[_Overdue]:
     """(run_id, pk, expires_at) of idle-overdue resources."""
     return list(
         idle.annotate(idle_due=_idle_due()).filter(idle_due__lte=now).values_list("run_id", "pk", "expires_at")[:limit]
@@ -135,13 +139,15 @@ def _idle_overdue(idle, now, limit: int) -> list[tuple]:
 BATCH_SPREAD = 10
 
 
-def _overdue_of(run_ids: list, now, limit: int) -> tuple[dict[str, dict[Any, list]], bool]:
+def _overdue_of(
+    run_ids: list[uuid.UUID], now: datetime, limit: int
+) -> tuple[dict[str, dict[uuid.UUID, list[uuid.UUID]]], bool]:
     """The overdue ACTIVE resources of the locked runs ``run_ids`` (at most ``limit``), by
     reason and run id, and whether the limit cut the reads. Read under the runs' locks: a
     resource leaves ACTIVE only under its run's lock, and a run's progress is written
     under it, so what another reaper or the run's worker did since the first read is seen."""
     active = RunResource.objects.filter(run_id__in=run_ids, state=ResourceState.ACTIVE)
-    by_reason: dict[str, dict[Any, list]] = {}
+    by_reason: dict[str, dict[uuid.UUID, list[uuid.UUID]]] = {}
     rows = list(active.filter(expires_at__lte=now).values_list("run_id", "pk", "expires_at")[:limit])
     if len(rows) < limit:
         rows += _idle_overdue(active.filter(idle_s__isnull=False, expires_at__gt=now), now, limit - len(rows))
@@ -162,7 +168,7 @@ def _overdue_claims(batch_size: int, result: ResourceReapResult) -> Iterator[_Cl
     ``reap_resources --processes N``), the next reads leave those runs out instead of
     ending the step, so copies at once split it; a resource left out is asked for by the
     copy that holds its run, or by the next pass."""
-    busy: set = set()  # runs found locked by another copy in a batch of nothing else
+    busy: set[uuid.UUID] = set()  # runs found locked by another copy in a batch of nothing else
     while True:
         with transaction.atomic():
             now = timezone.now()
@@ -302,11 +308,11 @@ def failure_text(detail: str) -> str:
 
 def backoff_s(attempts: int) -> float:
     """Exponential backoff with full jitter between half and all of the step."""
-    step = min(_option("RESOURCE_BACKOFF_MAX_S"), _option("RESOURCE_BACKOFF_BASE_S") * 2 ** max(attempts - 1, 0))
+    step: int = min(_option("RESOURCE_BACKOFF_MAX_S"), _option("RESOURCE_BACKOFF_BASE_S") * 2 ** max(attempts - 1, 0))
     return step * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not a secret
 
 
-def _ownership(resource: RunResource) -> dict:
+def _ownership(resource: RunResource) -> dict[str, Any]:
     instance = resource.instance
     return json_safe(
         {
@@ -325,7 +331,7 @@ def _ownership(resource: RunResource) -> dict:
     )
 
 
-def alert_raise(resource: RunResource, reason: str, now) -> ResourceAlert | None:
+def alert_raise(resource: RunResource, reason: str, now: datetime) -> ResourceAlert | None:
     """Store and log one alert for ``resource`` (at most one per resource)."""
     if resource.alerted_at is not None:
         return None
@@ -349,7 +355,14 @@ def alert_raise(resource: RunResource, reason: str, now) -> ResourceAlert | None
     return alert
 
 
+# What the drivers answered, by resource id: (ref, driver name, its answer).
+type _Answers = dict[str, tuple[ResourceRef, str, Closing]]
+
+
 def _settle(claim: _Claim, answers: list[tuple[ResourceRef, str, Closing]], result: ResourceReapResult) -> None:
+    """Record the drivers' answers for the rows still under ``claim``, under their runs'
+    locks: CLOSED / ALREADY_GONE -> RELEASED, FAILED -> CLEANUP_FAILED (with its backoff, and
+    an alert past ``RESOURCE_ALERT_AFTER_FAILURES``), in one transaction."""
     by_id = {ref.resource_id: (ref, driver, closing) for ref, driver, closing in answers}
     with transaction.atomic():
         now = timezone.now()
@@ -364,63 +377,8 @@ def _settle(claim: _Claim, answers: list[tuple[ResourceRef, str, Closing]], resu
             .values_list("pk", "run_id", "kind", "attempts", "alerted_at")
         )
         batch = ChainBatch(now)
-        released, cleared, entries, failed_ids = [], [], [], []
-        for pk, run_id, kind, attempts, alerted_at in mine:
-            _, driver, closing = by_id[str(pk)]
-            if closing.result in (Closed.CLOSED, Closed.ALREADY_GONE):
-                released.append(pk)
-                if alerted_at is not None:
-                    cleared.append(pk)
-                entries.append(
-                    (
-                        runs[run_id],
-                        {
-                            "resource_id": pk,
-                            "kind": kind,
-                            "driver": driver,
-                            "result": closing.result.value,
-                            "attempts": attempts,
-                        },
-                    )
-                )
-            else:
-                failed_ids.append(pk)
-        batch.append_many(entries, "RESOURCE_RELEASED", actor=SYSTEM_RESOURCE_REAPER)
-        failed = []
-        if failed_ids:
-            failed = list(
-                RunResource.objects.select_related("tenant", "instance__worker")
-                .filter(pk__in=failed_ids)
-                .order_by("pk")
-            )
-        for resource in failed:
-            _, driver, closing = by_id[str(resource.pk)]
-            resource.state = ResourceState.CLEANUP_FAILED
-            resource.last_error = failure_text(closing.detail)
-            resource.first_failed_at = resource.first_failed_at or now
-            resource.next_attempt_at = now + timedelta(seconds=backoff_s(resource.attempts))
-            resource.claimed_by, resource.claim_expires_at = "", None
-            batch.append(
-                runs[resource.run_id],
-                "RESOURCE_CLEANUP_FAILED",
-                actor=SYSTEM_RESOURCE_REAPER,
-                fields={
-                    "resource_id": resource.pk,
-                    "driver": driver,
-                    "attempt": resource.attempts,
-                    "failure": resource.last_error,
-                    "next_attempt_at": resource.next_attempt_at,
-                },
-            )
-        if failed:
-            RunResource.objects.bulk_update(
-                failed, ["state", "last_error", "first_failed_at", "next_attempt_at", "claimed_by", "claim_expires_at"]
-            )
-            for resource in failed:
-                if resource.attempts >= _option("RESOURCE_ALERT_AFTER_FAILURES") and alert_raise(
-                    resource, "failures", now
-                ):
-                    result.alerts += 1
+        released, cleared, failed_ids = _record_released(mine, by_id, runs, batch)
+        failed = _record_failures(failed_ids, by_id, runs, batch, result)
         if released:  # what is left under the claim, locked above, once the failures left it
             moved = claim.rows().update(
                 state=ResourceState.RELEASED,
@@ -435,7 +393,86 @@ def _settle(claim: _Claim, answers: list[tuple[ResourceRef, str, Closing]], resu
             ResourceAlert.objects.filter(resource_id__in=cleared, cleared_at__isnull=True).update(cleared_at=now)
         batch.commit()
     result.released += len(released)
-    result.failed += len(failed)
+    result.failed += failed
+
+
+def _record_released(
+    mine: list[tuple[uuid.UUID, uuid.UUID, str, int, datetime | None]],
+    by_id: _Answers,
+    runs: dict[uuid.UUID, Run],
+    batch: ChainBatch,
+) -> tuple[list[uuid.UUID], list[uuid.UUID], list[uuid.UUID]]:
+    """One RESOURCE_RELEASED event for each row the driver closed (or found gone). Returns
+    the ids released, those of them whose alert is to clear, and the ids that failed."""
+    released, cleared, failed_ids = [], [], []
+    entries: list[tuple[Run, dict[str, Any]]] = []
+    for pk, run_id, kind, attempts, alerted_at in mine:
+        _, driver, closing = by_id[str(pk)]
+        if closing.result in (Closed.CLOSED, Closed.ALREADY_GONE):
+            released.append(pk)
+            if alerted_at is not None:
+                cleared.append(pk)
+            entries.append(
+                (
+                    runs[run_id],
+                    {
+                        "resource_id": pk,
+                        "kind": kind,
+                        "driver": driver,
+                        "result": closing.result.value,
+                        "attempts": attempts,
+                    },
+                )
+            )
+        else:
+            failed_ids.append(pk)
+    batch.append_many(entries, "RESOURCE_RELEASED", actor=SYSTEM_RESOURCE_REAPER)
+    return released, cleared, failed_ids
+
+
+def _record_failures(
+    failed_ids: list[uuid.UUID],
+    by_id: _Answers,
+    runs: dict[uuid.UUID, Run],
+    batch: ChainBatch,
+    result: ResourceReapResult,
+) -> int:
+    """CLEANUP_FAILED, with the next attempt after a backoff, and one RESOURCE_CLEANUP_FAILED
+    event each, for the rows whose driver failed; an alert for those that failed often
+    enough. Returns how many failed."""
+    if not failed_ids:
+        return 0
+    now = batch.now
+    failed = list(
+        RunResource.objects.select_related("tenant", "instance__worker").filter(pk__in=failed_ids).order_by("pk")
+    )
+    for resource in failed:
+        _, driver, closing = by_id[str(resource.pk)]
+        resource.state = ResourceState.CLEANUP_FAILED
+        resource.last_error = failure_text(closing.detail)
+        resource.first_failed_at = resource.first_failed_at or now
+        resource.next_attempt_at = now + timedelta(seconds=backoff_s(resource.attempts))
+        resource.claimed_by, resource.claim_expires_at = "", None
+        batch.append(
+            runs[resource.run_id],
+            "RESOURCE_CLEANUP_FAILED",
+            actor=SYSTEM_RESOURCE_REAPER,
+            fields={
+                "resource_id": resource.pk,
+                "driver": driver,
+                "attempt": resource.attempts,
+                "failure": resource.last_error,
+                "next_attempt_at": resource.next_attempt_at,
+            },
+        )
+    if failed:
+        RunResource.objects.bulk_update(
+            failed, ["state", "last_error", "first_failed_at", "next_attempt_at", "claimed_by", "claim_expires_at"]
+        )
+        for resource in failed:
+            if resource.attempts >= _option("RESOURCE_ALERT_AFTER_FAILURES") and alert_raise(resource, "failures", now):
+                result.alerts += 1
+    return len(failed)
 
 
 def _alert_past_deadline(result: ResourceReapResult) -> None:
@@ -466,74 +503,90 @@ def instances_settle(*, batch_size: int, result: ResourceReapResult) -> None:
     Every UPDATE is conditional on the state read and answers which rows it moved, and
     only those get their events: an instance another reaper moved between the read and
     the lock is left alone."""
-    after: tuple | None = None
+    after: tuple[datetime | None, int] | None = None
     while True:
         with transaction.atomic():
             now = timezone.now()
-            walk = LeaseGrant.objects.filter(state__in=[InstanceState.EXPIRED, InstanceState.REAPING])
-            if after is not None:  # past the last one read
-                walk = past(walk, "state_changed_at", *after)
-            # The batch's last moment first, read in the index's own order (a scan that stops
-            # after batch_size entries): the batch below then sorts only the rows up to it,
-            # whatever the planner believes of the index (right after a lease sweep its
-            # statistics still count no EXPIRED instance, and a plain ORDER BY ... LIMIT
-            # sorted every one of them, batch after batch).
-            last = walk.order_by("state_changed_at").values_list("state_changed_at", flat=True)
-            bound = list(last[batch_size - 1 : batch_size])
-            candidates = walk.filter(state_changed_at__lte=bound[0]) if bound else walk
-            rows = list(
-                candidates.order_by("state_changed_at", "pk").values_list(
-                    "pk", "run_id", "state", "fencing_token", "state_changed_at"
-                )[:batch_size]
-            )
+            rows = _instances_due(after, batch_size)
             if not rows:
                 return
             after = (rows[-1][4], rows[-1][0])
-            holding = set(
-                RunResource.objects.filter(instance_id__in=[r[0] for r in rows])
-                .exclude(state=ResourceState.RELEASED)
-                .values_list("instance_id", flat=True)
-                .distinct()
-            )
-            movable = [r for r in rows if r[2] == InstanceState.EXPIRED or r[0] not in holding]
-            runs = {run.pk: run for run in runs_locked_for_sweep(run_ids={r[1] for r in movable})}
-            mine = [r for r in movable if r[1] in runs]  # the others' runs are being written to: the next pass
-            # Each UPDATE only for the rows read in its source state (one found in another
-            # state was moved by another reaper meanwhile: the next pass reads it again).
-            free = [r for r in mine if r[0] not in holding]
-            expired = [r[0] for r in free if r[2] == InstanceState.EXPIRED]
-            through = _grants_move(expired, InstanceState.EXPIRED, InstanceState.RELEASED, now)  # via REAPING
-            cleaned = [r[0] for r in free if r[2] == InstanceState.REAPING]
-            released = _grants_move(cleaned, InstanceState.REAPING, InstanceState.RELEASED, now)
-            reaping = _grants_move(
-                [r[0] for r in mine if r[0] in holding], InstanceState.EXPIRED, InstanceState.REAPING, now
-            )
-            batch = ChainBatch(now)
-            batch.append_many(
-                [
-                    (runs[run_id], {"fencing_token": fencing_token})
-                    for pk, run_id, _, fencing_token, _ in mine
-                    if pk in through or pk in reaping
-                ],
-                "INSTANCE_REAPING",
-                actor=SYSTEM_RESOURCE_REAPER,
-            )
-            batch.append_many(
-                [
-                    (runs[run_id], {"fencing_token": fencing_token, "cleanup": "verified"})
-                    for pk, run_id, _, fencing_token, _ in mine
-                    if pk in through or pk in released
-                ],
-                "INSTANCE_RELEASED",
-                actor=SYSTEM_RESOURCE_REAPER,
-            )
-            batch.commit()
-        result.instances_released += len(through) + len(released)
+            released = _instances_advance(rows, now)
+        result.instances_released += released
         if len(rows) < batch_size:
             return
 
 
-def _grants_move(ids: list[int], source: InstanceState, target: InstanceState, now) -> set[int]:
+# An instance as the walk reads it: (id, run id, state, fencing_token, state_changed_at).
+type _Instance = tuple[int, uuid.UUID, str, int, datetime | None]
+
+
+def _instances_due(after: tuple[datetime | None, int] | None, batch_size: int) -> list[_Instance]:
+    """The next ``batch_size`` EXPIRED or REAPING instances along the walk, past ``after``
+    (the (state_changed_at, id) of the last one read)."""
+    walk = LeaseGrant.objects.filter(state__in=[InstanceState.EXPIRED, InstanceState.REAPING])
+    if after is not None:  # past the last one read
+        walk = past(walk, "state_changed_at", *after)
+    # The batch's last moment first, read in the index's own order (a scan that stops
+    # after batch_size entries): the batch below then sorts only the rows up to it,
+    # whatever the planner believes of the index (right after a lease sweep its
+    # statistics still count no EXPIRED instance, and a plain ORDER BY ... LIMIT
+    # sorted every one of them, batch after batch).
+    last = walk.order_by("state_changed_at").values_list("state_changed_at", flat=True)
+    bound = list(last[batch_size - 1 : batch_size])
+    candidates = walk.filter(state_changed_at__lte=bound[0]) if bound else walk
+    return list(
+        candidates.order_by("state_changed_at", "pk").values_list(
+            "pk", "run_id", "state", "fencing_token", "state_changed_at"
+        )[:batch_size]
+    )
+
+
+def _instances_advance(rows: list[_Instance], now: datetime) -> int:
+    """Move the instances of ``rows`` whose runs this pass can lock (SKIP LOCKED) and
+    commit their INSTANCE_REAPING and INSTANCE_RELEASED events. Returns how many became
+    RELEASED."""
+    holding = set(
+        RunResource.objects.filter(instance_id__in=[r[0] for r in rows])
+        .exclude(state=ResourceState.RELEASED)
+        .values_list("instance_id", flat=True)
+        .distinct()
+    )
+    movable = [r for r in rows if r[2] == InstanceState.EXPIRED or r[0] not in holding]
+    runs = {run.pk: run for run in runs_locked_for_sweep(run_ids={r[1] for r in movable})}
+    mine = [r for r in movable if r[1] in runs]  # the others' runs are being written to: the next pass
+    # Each UPDATE only for the rows read in its source state (one found in another
+    # state was moved by another reaper meanwhile: the next pass reads it again).
+    free = [r for r in mine if r[0] not in holding]
+    expired = [r[0] for r in free if r[2] == InstanceState.EXPIRED]
+    through = _grants_move(expired, InstanceState.EXPIRED, InstanceState.RELEASED, now)  # via REAPING
+    cleaned = [r[0] for r in free if r[2] == InstanceState.REAPING]
+    released = _grants_move(cleaned, InstanceState.REAPING, InstanceState.RELEASED, now)
+    reaping = _grants_move([r[0] for r in mine if r[0] in holding], InstanceState.EXPIRED, InstanceState.REAPING, now)
+    batch = ChainBatch(now)
+    batch.append_many(
+        [
+            (runs[run_id], {"fencing_token": fencing_token})
+            for pk, run_id, _, fencing_token, _ in mine
+            if pk in through or pk in reaping
+        ],
+        "INSTANCE_REAPING",
+        actor=SYSTEM_RESOURCE_REAPER,
+    )
+    batch.append_many(
+        [
+            (runs[run_id], {"fencing_token": fencing_token, "cleanup": "verified"})
+            for pk, run_id, _, fencing_token, _ in mine
+            if pk in through or pk in released
+        ],
+        "INSTANCE_RELEASED",
+        actor=SYSTEM_RESOURCE_REAPER,
+    )
+    batch.commit()
+    return len(through) + len(released)
+
+
+def _grants_move(ids: list[int], source: InstanceState, target: InstanceState, now: datetime) -> set[int]:
     """Instances ``ids`` still in ``source`` to ``target``, their runs locked by the
     caller, in one conditional UPDATE: the ids it moved."""
     if not ids:

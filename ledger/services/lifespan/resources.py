@@ -15,8 +15,10 @@ live in one tenant or run cannot be attached by another.
 """
 
 import re
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.db import IntegrityError, transaction
 
@@ -49,7 +51,7 @@ class Attach:
     idle_s: int | None = None
 
 
-def _checked(attach: Attach, policy: dict) -> tuple[ResourceKind, int]:
+def _checked(attach: Attach, policy: dict[str, Any]) -> tuple[ResourceKind, int]:
     if attach.kind not in ResourceKind.values:
         raise InvalidInput(f"kind must be one of {', '.join(ResourceKind.values)}", field="kind")
     if not isinstance(attach.provider, str) or not PROVIDER.match(attach.provider):
@@ -79,25 +81,10 @@ def resource_attach(*, worker: Worker, run_id: object, fencing_token: int, attac
 
     def write(ctx: Fenced) -> tuple[RunResource, bool]:
         refuse_new_work(ctx.run)
-        existing = RunResource.objects.filter(provider=attach.provider, handle=attach.handle).exclude(
-            state=ResourceState.RELEASED
-        )
-        found = existing.first()
+        found = _live(attach, run=ctx.run, kind=kind)
         if found is not None:
-            if found.run_id == ctx.run.pk and found.kind == kind and found.state == ResourceState.ACTIVE:
-                return found, False
-            raise ResourceInUse("this handle is live in another run; release it there first", field="handle")
-        limit = resource_limit(policy, kind)
-        if limit is not None:
-            use = RunResource.objects.filter(run=ctx.run, kind=kind, state__in=RESOURCE_OPEN).count()
-            if use >= limit:
-                raise Denied(
-                    "DENY_QUOTA",
-                    f"quota resources_per_run.{kind} is full: {use} of {limit} in use",
-                    quota=f"resources_per_run.{kind}",
-                    limit=limit,
-                    use=use,
-                )
+            return found, False
+        _within_quota(policy, run=ctx.run, kind=kind)
         instance = LeaseGrant.objects.filter(run_id=ctx.run.pk, fencing_token=ctx.fencing_token).values_list(
             "pk", flat=True
         )
@@ -137,6 +124,38 @@ def resource_attach(*, worker: Worker, run_id: object, fencing_token: int, attac
     return fenced(worker=worker, run_id=run_id, fencing_token=fencing_token, attempted="resource.attach", write=write)
 
 
+def _live(attach: Attach, *, run: Run, kind: ResourceKind) -> RunResource | None:
+    """The live resource of ``attach``'s (provider, handle) when it is this run's, of this
+    kind and ACTIVE (attached again: unchanged); 409 RESOURCE_IN_USE when it is live
+    anywhere else; None when it is not live."""
+    existing = RunResource.objects.filter(provider=attach.provider, handle=attach.handle).exclude(
+        state=ResourceState.RELEASED
+    )
+    found = existing.first()
+    if found is None:
+        return None
+    if found.run_id == run.pk and found.kind == kind and found.state == ResourceState.ACTIVE:
+        return found
+    raise ResourceInUse("this handle is live in another run; release it there first", field="handle")
+
+
+def _within_quota(policy: dict[str, Any], *, run: Run, kind: ResourceKind) -> None:
+    """403 DENY_QUOTA when the run's open resources of ``kind`` fill its quota (counted
+    under the run's lock)."""
+    limit = resource_limit(policy, kind)
+    if limit is None:
+        return
+    use = RunResource.objects.filter(run=run, kind=kind, state__in=RESOURCE_OPEN).count()
+    if use >= limit:
+        raise Denied(
+            "DENY_QUOTA",
+            f"quota resources_per_run.{kind} is full: {use} of {limit} in use",
+            quota=f"resources_per_run.{kind}",
+            limit=limit,
+            use=use,
+        )
+
+
 def resource_release(*, worker: Worker, resource_id: object, fencing_token: int) -> RunResource:
     """The run's lease owner is done with a resource: ACTIVE -> RELEASE_REQUESTED. The
     reaper closes it through its driver and only then marks it RELEASED. Asking again, or
@@ -155,7 +174,14 @@ def resource_release(*, worker: Worker, resource_id: object, fencing_token: int)
     )
 
 
-def resources_request(runs_ids: dict, batch: ChainBatch, actor: str, reason: str, *, claim: dict | None = None) -> int:
+def resources_request(
+    runs_ids: dict[Run, list[uuid.UUID]],
+    batch: ChainBatch,
+    actor: str,
+    reason: str,
+    *,
+    claim: dict[str, Any] | None = None,
+) -> int:
     """ACTIVE -> RELEASE_REQUESTED for {run: [resource ids]} of locked runs: one UPDATE, one
     event per run. (A resource leaves ACTIVE only under its run's lock, so the ids are current.)
 
@@ -189,7 +215,7 @@ def resources_request_release(*, runs: list[Run], batch: ChainBatch, actor: str,
     """Hand every ACTIVE resource of the locked ``runs`` to the reaper, with one event per
     run that had any. No read for runs that never attached one (``Run.n_resources``)."""
     by_pk = {run.pk: run for run in runs if run.n_resources}
-    by_run: dict = {}
+    by_run: dict[Run, list[uuid.UUID]] = {}
     if not by_pk:
         return 0
     for run_id, pk in RunResource.objects.filter(run_id__in=list(by_pk), state=ResourceState.ACTIVE).values_list(

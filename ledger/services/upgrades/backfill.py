@@ -20,16 +20,18 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Model
 from django.utils import timezone
 
 from ledger.errors import UpgradeRefused
 from ledger.models import Backfill
 from ledger.services.upgrades.conflicts import conflicts_open
 from ledger.services.upgrades.phases import phase
+from ledger.services.upgrades.provider_ref import Batch, ProviderRefBackfill
 from ledger.services.upgrades.registry import spec_for
 from ledger.sql import upgrades as sql_upgrades
 from ledger.states import BackfillState, UpgradePhase
@@ -61,11 +63,11 @@ def me() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def estimate(model) -> int:
+def estimate(model: type[Model]) -> int:
     """How many rows the table holds: the planner's figure (no scan), or a count of a table
     never analyzed. Only the progress display uses it."""
     estimated = sql_upgrades.estimated_rows(model)
-    return estimated if estimated is not None else model.objects.count()
+    return estimated if estimated is not None else model._default_manager.count()
 
 
 def _take(name: str, *, restart: bool) -> Backfill:
@@ -137,63 +139,103 @@ def backfill_run(
     if row.state == BackfillState.DONE:
         return progress
     Backfill.objects.filter(name=name).update(total_estimate=total)
-    lock_s = settings.FENCELINE["BACKFILL_LOCK_S"]
-    last_key = row.last_key
     state = BackfillState.RUNNING
     try:
-        while True:
-            if (stop_requested and stop_requested()) or (stop_after is not None and progress.fraction >= stop_after):
-                state = BackfillState.PAUSED
-                break
-            with transaction.atomic():
-                current = Backfill.objects.select_for_update().get(name=name)
-                if current.holder != me():
-                    raise UpgradeRefused(f"the backfill {name} lock was taken by {current.holder}")
-                if current.state == BackfillState.PAUSING:
-                    state = BackfillState.PAUSED
-                    break
-                done = spec.batch(after=last_key, limit=size)
-                now = timezone.now()
-                if done.scanned == 0:
-                    state = BackfillState.DONE
-                    break
-                last_key = done.last_key
-                progress.scanned += done.scanned
-                progress.changed += done.changed
-                progress.batches += 1
-                Backfill.objects.filter(name=name).update(
-                    last_key=last_key,
-                    scanned=progress.scanned,
-                    changed=progress.changed,
-                    batches=progress.batches,
-                    updated_at=now,
-                    held_until=now + timedelta(seconds=lock_s),
-                )
-            if done.conflicts:  # after the batch commits: opening one locks a run
-                opened = conflicts_open(done.conflicts, found_by=f"backfill:{name}")
-                progress.conflicts += opened
-                Backfill.objects.filter(name=name).update(conflicts=progress.conflicts)
-            progress.seconds = (timezone.now() - started).total_seconds()
-            if report:
-                report(progress)
-    finally:
-        now = timezone.now()
-        final = state if state != BackfillState.RUNNING else BackfillState.PAUSED  # an error leaves it resumable
-        Backfill.objects.filter(name=name, holder=me()).update(
-            state=final,
-            holder="",
-            held_until=None,
-            updated_at=now,
-            finished_at=now if final == BackfillState.DONE else None,
+        state = _batches(
+            spec,
+            after=row.last_key,
+            size=size,
+            progress=progress,
+            started=started,
+            stop_after=stop_after,
+            report=report,
+            stop_requested=stop_requested,
         )
-        progress.state = final
-        progress.seconds = (now - started).total_seconds()
+    finally:
+        _let_go(name, state=state, progress=progress, started=started)
     if report:
         report(progress)
     return progress
 
 
-def _dry_run(spec, *, size: int, total: int, report) -> Progress:
+def _batches(
+    spec: ProviderRefBackfill,
+    *,
+    after: str,
+    size: int,
+    progress: Progress,
+    started: datetime,
+    stop_after: float | None,
+    report: Callable[[Progress], None] | None,
+    stop_requested: Callable[[], bool] | None,
+) -> BackfillState:
+    """Batch after batch, past key ``after``, until none is left (DONE) or a pause is asked
+    for (PAUSED); the conflicts a batch found are opened once it has committed."""
+    name = spec.name
+    last_key = after
+    while True:
+        if (stop_requested and stop_requested()) or (stop_after is not None and progress.fraction >= stop_after):
+            return BackfillState.PAUSED
+        done = _batch(spec, after=last_key, size=size, progress=progress)
+        if done is None:
+            return BackfillState.PAUSED
+        if done.scanned == 0:
+            return BackfillState.DONE
+        last_key = done.last_key
+        if done.conflicts:  # after the batch commits: opening one locks a run
+            opened = conflicts_open(done.conflicts, found_by=f"backfill:{name}")
+            progress.conflicts += opened
+            Backfill.objects.filter(name=name).update(conflicts=progress.conflicts)
+        progress.seconds = (timezone.now() - started).total_seconds()
+        if report:
+            report(progress)
+
+
+def _batch(spec: ProviderRefBackfill, *, after: str, size: int, progress: Progress) -> Batch | None:
+    """One batch and its progress (and the lock renewed), in one transaction, while this
+    runner holds the lock; None when a pause was asked for (nothing done)."""
+    name = spec.name
+    with transaction.atomic():
+        current = Backfill.objects.select_for_update().get(name=name)
+        if current.holder != me():
+            raise UpgradeRefused(f"the backfill {name} lock was taken by {current.holder}")
+        if current.state == BackfillState.PAUSING:
+            return None
+        done = spec.batch(after=after, limit=size)
+        now = timezone.now()
+        if done.scanned:
+            progress.scanned += done.scanned
+            progress.changed += done.changed
+            progress.batches += 1
+            Backfill.objects.filter(name=name).update(
+                last_key=done.last_key,
+                scanned=progress.scanned,
+                changed=progress.changed,
+                batches=progress.batches,
+                updated_at=now,
+                held_until=now + timedelta(seconds=settings.FENCELINE["BACKFILL_LOCK_S"]),
+            )
+    return done
+
+
+def _let_go(name: str, *, state: BackfillState, progress: Progress, started: datetime) -> None:
+    """Give the lock back and leave the backfill in the state this run ended in."""
+    now = timezone.now()
+    final = state if state != BackfillState.RUNNING else BackfillState.PAUSED  # an error leaves it resumable
+    Backfill.objects.filter(name=name, holder=me()).update(
+        state=final,
+        holder="",
+        held_until=None,
+        updated_at=now,
+        finished_at=now if final == BackfillState.DONE else None,
+    )
+    progress.state = final
+    progress.seconds = (now - started).total_seconds()
+
+
+def _dry_run(
+    spec: ProviderRefBackfill, *, size: int, total: int, report: Callable[[Progress], None] | None
+) -> Progress:
     started = timezone.now()
     progress = Progress(spec.name, "DRY_RUN", 0, 0, 0, total, 0, 0.0, dry_run=True)
     last_key = ""

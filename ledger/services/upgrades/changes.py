@@ -20,6 +20,7 @@ still writes the old way just after a move leaves at most a few records at the o
 CONTRACT counts them, and running the backfill again moves them."""
 
 import logging
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -42,7 +43,7 @@ _ORDER = [UpgradePhase.EXPAND, UpgradePhase.MIGRATE, UpgradePhase.CONTRACT]
 KNOWN_CHANGES = {"operation.provider_ref": (1, 2)}
 
 
-def _first(name: str) -> dict:
+def _first(name: str) -> dict[str, Any]:
     """What a change's row holds before its first move: EXPAND, by the release that added it."""
     if name not in KNOWN_CHANGES:
         raise NotFound(f"there is no schema change {name!r}; known: {', '.join(sorted(KNOWN_CHANGES))}")

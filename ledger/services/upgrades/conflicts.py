@@ -9,8 +9,8 @@ that choice, the run's count goes down and STATE_CONFLICT_RESOLVED names them. N
 closes a conflict by default, and automation on other runs goes on."""
 
 import uuid
-from typing import Any
 
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -86,7 +86,7 @@ def conflict_open(*, operation_id: uuid.UUID | str, found_by: str) -> StateConfl
     return conflict
 
 
-def conflicts_open(found: list[tuple[Any, Any, dict, Any]], *, found_by: str) -> int:
+def conflicts_open(found: list[provider_ref.Conflict], *, found_by: str) -> int:
     """Open a conflict for each (operation id, run id, old, new) a backfill batch found;
     how many are newly open."""
     opened = 0
@@ -97,7 +97,9 @@ def conflicts_open(found: list[tuple[Any, Any, dict, Any]], *, found_by: str) ->
     return opened
 
 
-def conflict_resolve(*, conflict_id: object, user, choice: str, reason: object) -> StateConflict:
+def conflict_resolve(
+    *, conflict_id: object, user: AbstractBaseUser | AnonymousUser, choice: str, reason: object
+) -> StateConflict:
     """A person decides which representation is right: "old" (the provider_request_id) or
     "new" (the provider_ref). Both are written from that choice; the conflict is RESOLVED."""
     if choice not in CHOICES:

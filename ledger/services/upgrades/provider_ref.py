@@ -12,6 +12,7 @@ provider the id belongs to, so a reconciler never looks an id up at the wrong pr
 """
 
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +91,7 @@ def version_for_new(phase: str) -> int:
     return OLD if phase == UpgradePhase.EXPAND else NEW
 
 
-def disagreement(op: Operation, phase: str) -> tuple[dict, Any] | None:
+def disagreement(op: Operation, phase: str) -> tuple[dict[str, str], object] | None:
     """(old, new) when ``op``'s two representations disagree in ``phase``; else None. In
     CONTRACT only the new one is read, so there is nothing to compare."""
     if phase == UpgradePhase.CONTRACT:
@@ -115,12 +116,16 @@ def reference(op: Operation, phase: str) -> ProviderRef | None:
     return legacy(op.provider, op.provider_request_id)
 
 
+# A record whose representations disagree: (operation id, run id, old, new).
+type Conflict = tuple[uuid.UUID, uuid.UUID, dict[str, str], object]
+
+
 @dataclass(frozen=True)
 class Batch:
     last_key: str  # the largest key looked at ("" when the batch was empty)
     scanned: int
     changed: int
-    conflicts: list[tuple[Any, Any, dict, Any]]  # (operation id, run id, old, new)
+    conflicts: list[Conflict]
 
 
 class ProviderRefBackfill:

@@ -14,10 +14,13 @@ still at the old version), verifies every run's chain, and holds effects on ever
 checked: workers are admitted read-only (leases, renewals, events and intents; no authorize
 or dispatch: 409 EFFECTS_HELD) until a person allows effects (``effects_allow``)."""
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.apps import apps
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.recorder import MigrationRecorder
@@ -54,7 +57,7 @@ def _migrations() -> dict[str, list[str]]:
     return {app: sorted(names) for app, names in sorted(applied.items())}
 
 
-def manifest_now() -> dict:
+def manifest_now() -> dict[str, Any]:
     return {
         "migrations": _migrations(),
         "schema_versions": _versions(),
@@ -104,26 +107,47 @@ def restore_check(
 ) -> RestoreReport:
     """Check a restored database (see the module); hold effects on the tenants checked."""
     report = RestoreReport()
-    manifest = BackupManifest.objects.order_by("-taken_at").first()
-    if manifest is None:
-        report.problems.append(
-            "no backup manifest in this database: it was not taken with manage.py backup, so what it holds is unknown"
-        )
-    else:
-        report.manifest_taken_at = manifest.taken_at.isoformat()
-        recorded = manifest.manifest.get("migrations", {})
-        now = _migrations()
-        missing = sorted(
-            f"{app}.{name}" for app, names in recorded.items() for name in names if name not in now.get(app, [])
-        )
-        if missing:
-            report.problems.append(f"migrations in the manifest but not in this database: {', '.join(missing)}")
+    _compare_manifest(report)
     pending = _unapplied()
     if pending:
         report.problems.append(
             f"this build has migrations the database lacks (run manage.py migrate): {', '.join(pending)}"
         )
         return report  # nothing below can be read reliably before then
+    _compare_versions(report)
+    _verify_chains(report, progress)
+    if report.broken_runs:
+        report.problems.append(f"{len(report.broken_runs)} run chains are BROKEN (see the runs list, integrity BROKEN)")
+    if hold:
+        report.held_tenants = effects_hold(
+            by=by, tenants=tenants, reason=f"restored database checked by {by}; a person allows effects"
+        )
+    return report
+
+
+def _compare_manifest(report: RestoreReport) -> None:
+    """The newest backup manifest against the database: a missing manifest, or migrations
+    it records that the database lacks, are problems."""
+    manifest = BackupManifest.objects.order_by("-taken_at").first()
+    if manifest is None:
+        report.problems.append(
+            "no backup manifest in this database: it was not taken with manage.py backup, so what it holds is unknown"
+        )
+        return
+    report.manifest_taken_at = manifest.taken_at.isoformat()
+    recorded = manifest.manifest.get("migrations", {})
+    now = _migrations()
+    missing = sorted(
+        f"{app}.{name}" for app, names in recorded.items() for name in names if name not in now.get(app, [])
+    )
+    if missing:
+        report.problems.append(f"migrations in the manifest but not in this database: {', '.join(missing)}")
+
+
+def _compare_versions(report: RestoreReport) -> None:
+    """The records' schema versions against this build: versions it cannot read are
+    problems; a kind at several versions is noted, with the change that explains it (a
+    problem once that change is contracted with records still at version 1)."""
     versions = _versions()
     phases = dict(SchemaChange.objects.values_list("name", "phase"))
     for label, counts in versions.items():
@@ -143,9 +167,13 @@ def restore_check(
             report.problems.append(f"{line}: contracted, yet records are at version 1 — run the backfill first")
         else:
             report.notes.append(f"{line}: readable; the backfill moves the rest (manage.py backfill)")
+
+
+def _verify_chains(report: RestoreReport, progress: Callable[[int, int], None] | None) -> None:
+    """Verify every run's chain, ``VERIFY_CHUNK`` runs at a time."""
     runs = Run.objects.order_by("pk").values_list("pk", flat=True)
     total = runs.count()
-    chunk: list = []
+    chunk: list[uuid.UUID] = []
     for run_id in runs.iterator(chunk_size=VERIFY_CHUNK):
         chunk.append(run_id)
         if len(chunk) == VERIFY_CHUNK:
@@ -157,16 +185,9 @@ def restore_check(
         _verify(chunk, report)
     if progress:
         progress(report.runs_verified, total)
-    if report.broken_runs:
-        report.problems.append(f"{len(report.broken_runs)} run chains are BROKEN (see the runs list, integrity BROKEN)")
-    if hold:
-        report.held_tenants = effects_hold(
-            by=by, tenants=tenants, reason=f"restored database checked by {by}; a person allows effects"
-        )
-    return report
 
 
-def _verify(run_ids: list, report: RestoreReport) -> None:
+def _verify(run_ids: list[uuid.UUID], report: RestoreReport) -> None:
     result = ledger_verify(run_ids=run_ids)
     report.runs_verified += result.runs
     report.events_verified += result.events
@@ -178,7 +199,7 @@ def _verify(run_ids: list, report: RestoreReport) -> None:
 def effects_hold(*, by: str, tenants: list[str] | None, reason: str) -> list[str]:
     """Admit the workers of ``tenants`` (all when None) read-only: no authorize or dispatch."""
     chosen = Tenant.objects.all() if tenants is None else Tenant.objects.filter(slug__in=tenants)
-    held = []
+    held: list[str] = []
     with transaction.atomic():
         for tenant in chosen.order_by("slug"):
             Tenant.objects.filter(pk=tenant.pk).update(effects_held=True, effects_held_reason=reason[:500])
@@ -189,7 +210,9 @@ def effects_hold(*, by: str, tenants: list[str] | None, reason: str) -> list[str
     return held
 
 
-def effects_allow(*, tenant: str, reason: object, user=None, name: str = "") -> Tenant:
+def effects_allow(
+    *, tenant: str, reason: object, user: AbstractBaseUser | AnonymousUser | None = None, name: str = ""
+) -> Tenant:
     """A person allows the tenant's workers to act again after a restore, with a reason:
     a console ``user`` needs the admin role on the tenant; a command names the person."""
     why = decision_reason(reason)
