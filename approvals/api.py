@@ -4,21 +4,14 @@ authentication, refusals and OpenAPI document as every other call."""
 
 from datetime import datetime
 
-from django.http import HttpRequest
 from ninja import Router, Schema
 
 from approvals import selectors
 from ledger.api import READ
+from ledger.api.auth import WorkerRequest
 from ledger.api.schemas import Error
-from ledger.models import Worker
 
 router = Router()
-
-
-class WorkerRequest(HttpRequest):
-    """A worker API request, authenticated: ``ledger.api.auth.WorkerBearer`` sets ``worker``."""
-
-    worker: Worker
 
 
 class ApprovalOut(Schema):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -283,7 +283,7 @@ def credential_lease_revoke(
     lease_id: object,
     reason: str,
     revoked_by: str = "",
-    user: AbstractBaseUser | AnonymousUser | None = None,
+    user: User | AnonymousUser | None = None,
 ) -> LeaseRevocation:
     """Revoke one lease (even an expired one). Revoking a revoked lease changes nothing
     and returns it as it is. ``revoked_now`` on the result says whether this call did it.
@@ -308,7 +308,7 @@ def credential_leases_revoke(
     prefix: str | None = None,
     reason: str,
     revoked_by: str = "",
-    user: AbstractBaseUser | AnonymousUser | None = None,
+    user: User | AnonymousUser | None = None,
 ) -> list[CredentialLease]:
     """Revoke every active lease of ``tenant`` that ``principal`` and/or ``prefix`` name
     (``CredentialLeaseQuerySet.revocable``, what the console and ``--dry-run`` preview);

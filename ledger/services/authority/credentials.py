@@ -22,7 +22,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -111,7 +111,7 @@ def credential_rotate(
     principal: str,
     reason: str,
     rotated_by: str = "",
-    user: AbstractBaseUser | AnonymousUser | None = None,
+    user: User | AnonymousUser | None = None,
 ) -> CredentialRotation:
     """Version + 1. Leases on older versions are stale from now on (the authority checks
     deny them with DENY_STALE_VERSION). Every run holding an unrevoked, unexpired lease of

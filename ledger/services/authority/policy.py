@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.db.models import F
 
@@ -81,7 +81,7 @@ def policy_change(
     document: dict[str, Any],
     reason: str,
     changed_by: str = "",
-    user: AbstractBaseUser | AnonymousUser | None = None,
+    user: User | AnonymousUser | None = None,
 ) -> TenantPolicy:
     """A new policy version, made current. Who made it and why are required; given a
     console ``user``, their admin role on the tenant is checked and they are named."""
@@ -187,7 +187,7 @@ def policy_apply(
     document: dict[str, Any],
     reason: str,
     changed_by: str = "",
-    user: AbstractBaseUser | AnonymousUser | None = None,
+    user: User | AnonymousUser | None = None,
     dry_run: bool = False,
 ) -> PolicyApply:
     """Make ``document`` the tenant's policy: a new version through ``policy_change`` when it
@@ -209,7 +209,7 @@ def _policy_next(
     build: Callable[[dict[str, Any]], dict[str, Any]],
     reason: str,
     changed_by: str,
-    user: AbstractBaseUser | AnonymousUser | None,
+    user: User | AnonymousUser | None,
 ) -> TenantPolicy:
     """The next version: ``build`` makes it from the current document (read under the
     tenant's lock); a change that changes nothing is refused."""
@@ -229,7 +229,7 @@ def contract_put(
     contract: dict[str, Any],
     reason: str,
     changed_by: str = "",
-    user: AbstractBaseUser | AnonymousUser | None = None,
+    user: User | AnonymousUser | None = None,
 ) -> tuple[TenantPolicy, bool]:
     """Add a tool contract, or replace the one for the same (tool, action): a new policy
     version. Returns (the version, whether one was replaced). Refusals name the contract's
@@ -260,7 +260,7 @@ def contract_remove(
     action: str,
     reason: str,
     changed_by: str = "",
-    user: AbstractBaseUser | AnonymousUser | None = None,
+    user: User | AnonymousUser | None = None,
 ) -> TenantPolicy:
     """Remove the contract for (tool, action): a new policy version; NotFound without one."""
 
@@ -281,7 +281,7 @@ def unknown_tool_class_set(
     value: str,
     reason: str,
     changed_by: str = "",
-    user: AbstractBaseUser | AnonymousUser | None = None,
+    user: User | AnonymousUser | None = None,
 ) -> TenantPolicy:
     """What a tool without a contract is taken as (``UNKNOWN_TOOL_CLASSES``): a new version."""
     if value not in UNKNOWN_TOOL_CLASSES:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
@@ -129,7 +129,7 @@ def _drain_close(worker: Worker, now: datetime, *, outcome: str, quiesced: list[
 
 
 def _decided(
-    *, worker_id: object, user: AbstractBaseUser | AnonymousUser | None, name: str, reason: object
+    *, worker_id: object, user: User | AnonymousUser | None, name: str, reason: object
 ) -> tuple[Worker, str, str]:
     reason = decision_reason(reason)
     worker = worker_get(worker_id=worker_id)
@@ -162,7 +162,7 @@ def worker_change(
     worker_id: object,
     action: str,
     reason: str,
-    user: AbstractBaseUser | AnonymousUser | None = None,
+    user: User | AnonymousUser | None = None,
     name: str = "",
     deadline_s: int = DEFAULT_DRAIN_S,
 ) -> WorkerChange:
@@ -200,7 +200,7 @@ def worker_change(
     return change
 
 
-def workers_drain_preview(*, worker_ids: Iterable[object], user: AbstractBaseUser | AnonymousUser) -> list[Worker]:
+def workers_drain_preview(*, worker_ids: Iterable[object], user: User | AnonymousUser) -> list[Worker]:
     """Exactly the workers a bulk drain by ``user`` will touch: those still ACCEPTING, on
     tenants the user administers, by tenant and name."""
     ids = [i for i in (_worker_id(raw) for raw in worker_ids) if i is not None]
@@ -214,7 +214,7 @@ def workers_drain_preview(*, worker_ids: Iterable[object], user: AbstractBaseUse
 def workers_drain_bulk(
     *,
     worker_ids: Iterable[object],
-    user: AbstractBaseUser | AnonymousUser,
+    user: User | AnonymousUser,
     reason: str,
     deadline_s: int = DEFAULT_DRAIN_S,
 ) -> list[WorkerChange]:
@@ -244,7 +244,7 @@ def worker_drain(
     worker_id: object,
     reason: str,
     deadline_s: int = DEFAULT_DRAIN_S,
-    user: AbstractBaseUser | AnonymousUser | None = None,
+    user: User | AnonymousUser | None = None,
     name: str = "",
 ) -> WorkerChange:
     return worker_change(
@@ -253,13 +253,13 @@ def worker_drain(
 
 
 def worker_quarantine(
-    *, worker_id: object, reason: str, user: AbstractBaseUser | AnonymousUser | None = None, name: str = ""
+    *, worker_id: object, reason: str, user: User | AnonymousUser | None = None, name: str = ""
 ) -> WorkerChange:
     return worker_change(worker_id=worker_id, action="quarantine", reason=reason, user=user, name=name)
 
 
 def worker_resume(
-    *, worker_id: object, reason: str, user: AbstractBaseUser | AnonymousUser | None = None, name: str = ""
+    *, worker_id: object, reason: str, user: User | AnonymousUser | None = None, name: str = ""
 ) -> WorkerChange:
     return worker_change(worker_id=worker_id, action="resume", reason=reason, user=user, name=name)
 

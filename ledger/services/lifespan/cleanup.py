@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
 
@@ -40,7 +40,7 @@ def _decision(
     *,
     tenant: Tenant,
     resource_id: object,
-    user: AbstractBaseUser | AnonymousUser | None,
+    user: User | AnonymousUser | None,
     name: str,
     reason: object,
     allowed: tuple[str, ...],
@@ -76,7 +76,7 @@ def resource_retry_now(
     tenant: Tenant,
     resource_id: object,
     reason: object,
-    user: AbstractBaseUser | AnonymousUser | None = None,
+    user: User | AnonymousUser | None = None,
     name: str = "",
 ) -> RunResource:
     with _decision(
@@ -101,7 +101,7 @@ def resource_mark_released(
     tenant: Tenant,
     resource_id: object,
     reason: object,
-    user: AbstractBaseUser | AnonymousUser | None = None,
+    user: User | AnonymousUser | None = None,
     name: str = "",
 ) -> RunResource:
     with _decision(

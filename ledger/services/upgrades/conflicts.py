@@ -10,7 +10,7 @@ closes a conflict by default, and automation on other runs goes on."""
 
 import uuid
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -97,9 +97,7 @@ def conflicts_open(found: list[provider_ref.Conflict], *, found_by: str) -> int:
     return opened
 
 
-def conflict_resolve(
-    *, conflict_id: object, user: AbstractBaseUser | AnonymousUser, choice: str, reason: object
-) -> StateConflict:
+def conflict_resolve(*, conflict_id: object, user: User | AnonymousUser, choice: str, reason: object) -> StateConflict:
     """A person decides which representation is right: "old" (the provider_request_id) or
     "new" (the provider_ref). Both are written from that choice; the conflict is RESOLVED."""
     if choice not in CHOICES:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.apps import apps
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.recorder import MigrationRecorder
@@ -210,9 +210,7 @@ def effects_hold(*, by: str, tenants: list[str] | None, reason: str) -> list[str
     return held
 
 
-def effects_allow(
-    *, tenant: str, reason: object, user: AbstractBaseUser | AnonymousUser | None = None, name: str = ""
-) -> Tenant:
+def effects_allow(*, tenant: str, reason: object, user: User | AnonymousUser | None = None, name: str = "") -> Tenant:
     """A person allows the tenant's workers to act again after a restore, with a reason:
     a console ``user`` needs the admin role on the tenant; a command names the person."""
     why = decision_reason(reason)
