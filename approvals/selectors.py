@@ -8,8 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import AnonymousUser, User
-from django.db import connection
-from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Prefetch, Q, QuerySet
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, OuterRef, Prefetch, Q, QuerySet
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
@@ -30,6 +29,7 @@ from ledger.pagination import keyset_page
 from ledger.roles import VIEW, tenants_for
 from ledger.services.core.handoff import UnknownTime
 from ledger.sql import rows as sql_rows
+from ledger.sql.reads import CappedCount
 
 
 def _visible_tenant_ids(user: User | AnonymousUser) -> list[int]:
@@ -225,20 +225,15 @@ def _open_cases(ids: list[int]) -> dict[int, dict[str, int]]:
     """Per tenant: its open cases, and of those the ones still being looked up, each counted
     up to ``DASHBOARD_COUNT_CAP + 1`` (one more means "more than the cap"): one statement,
     each count a LIMITed walk of an index (case_open_tenant, case_queue) rather than every row."""
-    qn = connection.ops.quote_name
-    case = qn(ReconciliationCase._meta.db_table)
-    sql = (
-        "SELECT t.id,"  # noqa: S608 - table names from the models, every value a parameter
-        f" (SELECT COUNT(*) FROM (SELECT 1 FROM {case} c WHERE c.tenant_id = t.id"
-        f" AND c.status IN ({', '.join(['%s'] * len(OPEN_CASE_STATUSES))}) LIMIT %s) o),"
-        f" (SELECT COUNT(*) FROM (SELECT 1 FROM {case} c WHERE c.tenant_id = t.id AND c.status = %s LIMIT %s) k)"
-        f" FROM {qn(Tenant._meta.db_table)} t WHERE t.id IN ({', '.join(['%s'] * len(ids))})"
-    )
     limit = ledger_selectors.DASHBOARD_COUNT_CAP + 1
-    params: list[Any] = [*OPEN_CASE_STATUSES, limit, CaseStatus.LOOKUP, limit, *ids]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return {tenant_id: {"open_unknown": o, "with_reconciler": k} for tenant_id, o, k in cursor.fetchall()}
+    of_tenant = ReconciliationCase.objects.filter(tenant_id=OuterRef("pk"))
+    counted = Tenant.objects.filter(pk__in=ids).annotate(
+        o=CappedCount(of_tenant.filter(status__in=OPEN_CASE_STATUSES).values("pk")[:limit]),
+        k=CappedCount(of_tenant.filter(status=CaseStatus.LOOKUP).values("pk")[:limit]),
+    )
+    return {
+        tenant_id: {"open_unknown": o, "with_reconciler": k} for tenant_id, o, k in counted.values_list("pk", "o", "k")
+    }
 
 
 def dashboard_trends(*, user: User | AnonymousUser, now: datetime | None = None) -> dict[str, Any]:

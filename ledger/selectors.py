@@ -13,7 +13,6 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
-from django.db import connection
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
@@ -39,6 +38,7 @@ from ledger.services.core.handoff import UnknownTime
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.fleet.workers import token_digest
 from ledger.sql import rows as sql_rows
+from ledger.sql.reads import CappedCount
 from ledger.states import RUN_FINISHED
 
 
@@ -427,18 +427,11 @@ def _expiring_leases(ids: list[int], *, expiring_by: datetime) -> dict[int, int]
     its worker's tenant, which is its run's (a worker acts only in its own tenant): the
     tenant's few workers lead into lease_held_worker, where joining the runs read a million of
     them whenever the planner misjudged how many leases were expiring."""
-    qn = connection.ops.quote_name
-    lease, worker = (qn(m._meta.db_table) for m in (RunLease, Worker))
-    sql = (
-        "SELECT t.id,"  # noqa: S608 - table names from the models, every value a parameter
-        f" (SELECT COUNT(*) FROM (SELECT 1 FROM {lease} l JOIN {worker} w ON w.id = l.worker_id"
-        f" WHERE w.tenant_id = t.id AND l.owner_id IS NOT NULL AND l.expires_at <= %s LIMIT %s) e)"
-        f" FROM {qn(Tenant._meta.db_table)} t WHERE t.id IN ({', '.join(['%s'] * len(ids))})"
-    )
-    params: list[Any] = [connection.ops.adapt_datetimefield_value(expiring_by), DASHBOARD_COUNT_CAP + 1, *ids]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return dict(cursor.fetchall())
+    expiring = RunLease.objects.filter(
+        worker__tenant_id=OuterRef("pk"), owner_id__isnull=False, expires_at__lte=expiring_by
+    ).values("pk")[: DASHBOARD_COUNT_CAP + 1]
+    counted = Tenant.objects.filter(pk__in=ids).annotate(n=CappedCount(expiring)).values_list("pk", "n")
+    return dict(counted)
 
 
 # --- liveness apart from ownership (article "Your Agent Needs a Run Lease") --------------

@@ -44,7 +44,7 @@ from approvals.models import OPEN_CASE_STATUSES, PEOPLE_CASE_STATUSES, CaseStatu
 from approvals.services.lookups import cases_look_up
 from console.simulation.provider import SandboxProvider
 from fenceline_client.evidence_verifier import BROKEN
-from ledger.models import Operation, Run, Worker, WorkerBoot, WorkerDrain
+from ledger.models import RESTART_EPISODE_BEGINS, Operation, Run, Worker, WorkerBoot, WorkerDrain
 from ledger.services.authority.policy import policy_change
 from ledger.services.evidence.verification import run_verify
 from ledger.services.fence.runs import run_create
@@ -459,7 +459,7 @@ class Fleet:
             drains=WorkerDrain.objects.filter(tenant=tenant).count(),
             drains_stopped=WorkerDrain.objects.filter(tenant=tenant).exclude(stopped_at=None).count(),
             boots=boots.count(),
-            restart_episodes=boots.filter(episode_boot=1).count(),
+            restart_episodes=boots.filter(RESTART_EPISODE_BEGINS).count(),
             quarantines=Worker.objects.filter(tenant=tenant, status=WorkerStatus.QUARANTINED).count(),
             chains_verified=verified,
             chains_broken=broken,

@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import socket
 import sys
 import threading
 import time
@@ -163,6 +164,13 @@ class ProviderServer(ThreadingHTTPServer):
     def __init__(self, port: int, provider: SandboxProvider) -> None:
         self.provider = provider
         super().__init__(("127.0.0.1", port), SandboxHandler)
+
+    def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
+        """A caller that hung up (a client's timeout, the demo's dropped answers) is not an
+        error of the provider's: only anything else is printed, as the server would."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class SandboxHandler(BaseHTTPRequestHandler):

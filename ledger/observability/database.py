@@ -19,6 +19,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from ledger.models import (
+    RESTART_EPISODE_BEGINS,
     CostShard,
     CostWindow,
     CredentialLease,
@@ -306,7 +307,9 @@ def workers(scrape: Scrape) -> Iterator[Metric]:
     )
     boots = list(
         WorkerBoot.objects.values("tenant_id")
-        .annotate(restarts=Count("id", filter=Q(episode_boot__gt=1)), episodes=Count("id", filter=Q(episode_boot=2)))
+        .annotate(
+            restarts=Count("id", filter=Q(episode_boot__gt=1)), episodes=Count("id", filter=RESTART_EPISODE_BEGINS)
+        )
         .order_by()
     )
     yield counter(

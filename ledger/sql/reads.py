@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import IntegerField, QuerySet, Subquery
 
 from ledger.sql.connection import execute
 
@@ -29,3 +29,12 @@ def estimated_count(qs: QuerySet[Any]) -> int:
 def ping() -> None:
     """One round trip: raises the database's error when it does not answer."""
     execute("SELECT 1", [])
+
+
+class CappedCount(Subquery):
+    """How many rows a correlated queryset has, counted up to its slice: ``(SELECT count(*)
+    FROM (<the queryset, LIMITed>) AS capped)``. A count that walks an index and stops at the
+    limit, so a page that shows "500 or more" costs the same at a million rows as at ten."""
+
+    template = "(SELECT count(*) FROM (%(subquery)s) AS capped)"
+    output_field = IntegerField()
