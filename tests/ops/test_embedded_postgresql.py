@@ -86,3 +86,66 @@ def test_a_database_url_that_is_not_postgresql_stops_start_up_naming_it(tmp_path
     assert done.returncode != 0
     assert "DATABASE_URL must point at PostgreSQL" in done.stderr
     assert not (tmp_path / "postgres").exists()
+
+
+def holder(env: dict[str, str], seconds: int) -> subprocess.Popen[str]:
+    """A process that connects (so it uses the server), says so, and sleeps ``seconds``."""
+    code = (
+        "from django.db import connection; connection.ensure_connection(); print('up', flush=True); "
+        f"import time; time.sleep({seconds})"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "shell", "--no-imports", "-c", code],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "up"
+    return process
+
+
+def test_the_last_live_user_stops_the_server_though_another_was_killed_outright(tmp_path):
+    env = embedded_env(tmp_path)
+    killed, last = holder(env, 600), holder(env, 3)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(10)
+    assert last.wait(30) == 0
+    deadline = time.monotonic() + 10
+    while running(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(tmp_path)
+
+
+def test_the_demo_stopped_by_sigterm_stops_its_jobs_and_the_database(tmp_path):
+    env = embedded_env(tmp_path)
+    port = 18000 + os.getpid() % 1000
+    demo = subprocess.Popen(
+        [sys.executable, "manage.py", "demo", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:  # the demo announces itself once the server answers
+            if line.startswith("Fenceline demo at"):
+                break
+        else:
+            raise AssertionError("the demo never came up")
+        jobs = subprocess.run(["pgrep", "-f", f"celery.*{tmp_path}"], capture_output=True, text=True).stdout.split()
+        assert jobs, "the demo starts its background jobs"
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(30) == 0
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    deadline = time.monotonic() + 20
+    while (running(tmp_path) or subprocess.run(["pgrep", "-f", f"celery.*{tmp_path}"]).returncode == 0) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    assert subprocess.run(["pgrep", "-f", f"celery.*{tmp_path}"]).returncode == 1  # no job left behind
+    assert not running(tmp_path)

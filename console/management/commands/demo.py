@@ -46,6 +46,10 @@ class Command(BaseCommand):
         # The token and the curl line come last, once the server answers: Celery's and the
         # server's start-up lines would otherwise scroll them away.
         threading.Thread(target=self.announce_when_up, args=(host, ready), daemon=True).start()
+        # A `kill` or a closed terminal stops the demo as Ctrl-C does: the jobs with it, and the
+        # embedded database after the last of them.
+        for stop in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(stop, _interrupt)
         try:
             call_command("runserver", addrport, use_reloader=False)
         finally:
@@ -127,3 +131,7 @@ class Command(BaseCommand):
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
