@@ -38,9 +38,8 @@ from ledger.services.authority import reservations, windows
 from ledger.services.authority.policy import policy_current
 from ledger.services.evidence.append import ChainBatch
 from ledger.states import BreakerState, BudgetKind, ReservationState
-from tests.conftest import run_concurrently
-from tests.helpers import SPAWN, assert_chain_intact, spawned
-from tests.ledger.factories import leased_run
+from tests.factories import leased_run
+from tests.helpers import SPAWN, assert_chain_intact, run_concurrently, spawned
 from tests.ledger.test_costs import (
     ACTOR,
     allows,

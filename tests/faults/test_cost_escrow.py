@@ -16,9 +16,9 @@ from ledger.models import CostShard, CostWindow
 from ledger.services.fence.operations import operation_authorize, operation_dispatch
 from ledger.services.fence.outcomes import operation_report_outcome
 from ledger.states import BreakerState, BudgetKind, Outcome
+from tests.factories import leased_run
 from tests.faults.test_cost_breaker import assert_invariants
 from tests.helpers import SPAWN, spawned
-from tests.ledger.factories import leased_run
 from tests.ledger.test_costs import breaker, planned_op, reserve, set_policy, settle, window
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -34,9 +34,8 @@ from ledger.services.lifespan.checkpoints import checkpoint_save
 from ledger.services.lifespan.drivers import SandboxDriver
 from ledger.services.lifespan.reaper import resources_reap
 from ledger.services.lifespan.resources import Attach, resource_attach, resource_release
-from tests.conftest import make_worker
+from tests.factories import leased_run, make_worker, new_run
 from tests.helpers import assert_chain_intact, runs_held_elsewhere, subprocess_database_url
-from tests.ledger.factories import leased_run, new_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -35,9 +35,8 @@ from ledger.services.upgrades.conflicts import conflict_resolve
 from ledger.services.upgrades.phases import phase_forget
 from ledger.services.upgrades.restore import effects_allow, effects_hold
 from ledger.states import BackfillState, ConflictStatus, Outcome, Phase, UpgradePhase
-from tests.console.queues_fixtures import user_with
+from tests.factories import confirm, dispatched_operation, leased_run, user_with
 from tests.helpers import SPAWN, assert_chain_intact, spawned, subprocess_database_url
-from tests.ledger.factories import confirm, dispatched_operation, leased_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

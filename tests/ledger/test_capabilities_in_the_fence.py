@@ -10,8 +10,8 @@ from ledger.services.authority.capabilities import capability_request
 from ledger.services.core.intent import Intent
 from ledger.services.fence import operations
 from ledger.states import CapabilityStatus
+from tests.factories import leased_run
 from tests.helpers import assert_chain_intact
-from tests.ledger.factories import leased_run
 
 RESOURCE = "repo:acme/api:pull:481"
 

@@ -28,8 +28,8 @@ from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence import operations
 from ledger.services.fence.operations import operation_intend
 from ledger.states import BreakerState, BudgetKind, ReservationState
+from tests.factories import confirm, dispatched_operation, leased_run
 from tests.helpers import assert_chain_intact, runs_held_elsewhere
-from tests.ledger.factories import confirm, dispatched_operation, leased_run
 
 ACTOR = "worker:worker-1/owner-a"
 

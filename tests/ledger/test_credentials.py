@@ -16,9 +16,8 @@ from ledger.services.authority import credential_leases, credentials
 from ledger.services.authority.policy import policy_change
 from ledger.services.fence.leases import lease_acquire
 from ledger.states import WorkerStatus
-from tests.conftest import make_worker, run_concurrently
-from tests.helpers import assert_chain_intact
-from tests.ledger.factories import expire, leased_run
+from tests.factories import expire, leased_run
+from tests.helpers import assert_chain_intact, run_concurrently
 
 SECRET_REF = "vault:kv/github-bot"
 GITHUB_PAT = "ghp_" + "A1b2C3d4E5f6G7h8I9j0" * 2
@@ -84,13 +83,13 @@ def test_create_refuses_a_value_that_is_not_a_reference(acme, secret_ref):
     assert not Credential.objects.exists()
 
 
-def test_create_refuses_a_second_credential_for_the_same_principal(acme, bot):
+def test_create_refuses_a_second_credential_for_the_same_principal(acme, bot, outsider):
     with pytest.raises(InvalidInput, match="already exists"):
         credentials.credential_create(tenant=acme.tenant, principal="github-bot", secret_ref="vault:kv/other")
     # Another tenant may use the same principal name.
-    globex = make_worker("globex", "w")
     assert (
-        credentials.credential_create(tenant=globex.tenant, principal="github-bot", secret_ref=SECRET_REF).version == 1
+        credentials.credential_create(tenant=outsider.tenant, principal="github-bot", secret_ref=SECRET_REF).version
+        == 1
     )
 
 

@@ -4,7 +4,7 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 
 from ledger.models import Event
-from tests.ledger.factories import leased_run
+from tests.factories import leased_run
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import re
 import pytest
 from django.db import connection
 
-from tests.ledger.factories import confirm, dispatched_operation, intended_operation, leased_run
+from tests.factories import confirm, dispatched_operation, intended_operation, leased_run
 
 OPERATIONS = 8
 

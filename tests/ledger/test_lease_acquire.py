@@ -5,8 +5,8 @@ from ledger.errors import LeaseHeld, WorkerNotAccepting
 from ledger.models import Event, LeaseGrant, Operation, Worker
 from ledger.services.fence import leases
 from ledger.states import WorkerStatus
+from tests.factories import dispatched_operation, expire, leased_run, new_run
 from tests.helpers import assert_chain_intact
-from tests.ledger.factories import dispatched_operation, expire, leased_run, new_run
 
 
 def test_first_acquire_issues_token_one(acme):

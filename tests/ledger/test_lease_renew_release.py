@@ -9,7 +9,7 @@ from ledger.models import Event, LeaseGrant, Operation, Run, RunLease
 from ledger.services.authority.policy import policy_change
 from ledger.services.fence import leases, runs
 from ledger.services.fence.notes import event_append
-from tests.ledger.factories import dispatched_operation, expire, leased_run
+from tests.factories import dispatched_operation, expire, leased_run
 
 
 def test_renew_extends_the_lease_of_its_owner(acme):

@@ -4,7 +4,7 @@ from approvals.models import ReconciliationCase
 from ledger.errors import StaleToken, WrongPhase
 from ledger.models import Event, Operation
 from ledger.services.fence import operations, outcomes
-from tests.ledger.factories import dispatched_operation, expire, leased_run
+from tests.factories import dispatched_operation, expire, leased_run
 
 
 def report(acme, op, token, outcome, **extra):

@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from ledger.models import Event, ProgressCheckpoint, RunLease
 from ledger.services.lifespan.checkpoints import MAX_STATE_BYTES, state_digest
-from tests.conftest import make_worker, run_concurrently
-from tests.helpers import assert_chain_intact
+from tests.factories import make_worker
+from tests.helpers import assert_chain_intact, run_concurrently
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from ledger.models import Event, Run, RunResource
 from ledger.services.lifespan.drivers import Closed, Closing, ResourceRef, SandboxDriver
 from ledger.services.lifespan.reaper import BATCH_SPREAD, _close_all, resources_reap
 from ledger.services.lifespan.resources import Attach, resource_attach
+from tests.factories import leased_run
 from tests.helpers import assert_chain_intact
-from tests.ledger.factories import leased_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from ledger.models import Event, RunLease, RunResource
 from ledger.services.authority.policy import policy_change
-from tests.conftest import make_worker
+from tests.factories import make_worker
 from tests.helpers import assert_chain_intact, database_fingerprint
 
 
@@ -45,10 +45,10 @@ def test_a_stale_owner_can_neither_attach_nor_release(leased, api_for):
     assert RunResource.objects.get(pk=resource).state == "RELEASE_REQUESTED"
 
 
-def test_a_handle_live_in_one_tenant_cannot_be_attached_by_another_or_by_another_run(leased, api_for, acme):
+def test_a_handle_live_in_one_tenant_cannot_be_attached_by_another_or_by_another_run(leased, api_for, acme, outsider):
     client, run_id = leased
     assert attach(client, run_id, "sess-shared").status == 201
-    intruder = api_for(make_worker("globex", "intruder"))
+    intruder = api_for(outsider)
     other_run = intruder.create_run()
     assert intruder.acquire(other_run, "x").status == 200
     before = database_fingerprint()

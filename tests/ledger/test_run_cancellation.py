@@ -14,7 +14,7 @@ from ledger.models import CapabilityBudget, Event, LeaseGrant, Operation, Run
 from ledger.services.authority.policy import policy_change
 from ledger.services.fence.ending import run_cancel, runs_enforce_limits
 from ledger.tasks import enforce_run_limits_task
-from tests.conftest import make_worker
+from tests.factories import make_worker
 from tests.helpers import assert_chain_intact
 
 
@@ -125,7 +125,7 @@ def test_cancel_reaches_the_children_and_their_children(api_for, acme):
     assert Run.objects.get(pk=grandchild).status == "CANCELLED"
 
 
-def test_only_the_runs_worker_or_its_parents_may_cancel_it(api_for, acme):
+def test_only_the_runs_worker_or_its_parents_may_cancel_it(api_for, acme, outsider):
     client = api_for(acme)
     parent = client.create_run()
     child = client.post("/runs", {"schema_version": 1, "parent_run_id": parent}).body["run_id"]
@@ -137,7 +137,7 @@ def test_only_the_runs_worker_or_its_parents_may_cancel_it(api_for, acme):
     bystander = api_for(make_worker("acme", "worker-3"))
     refused = bystander.post(f"/runs/{parent}/cancel", {"reason": "not mine"})
     assert (refused.status, refused.body["error"]) == (403, "FORBIDDEN"), refused
-    assert api_for(make_worker("globex", "intruder")).post(f"/runs/{parent}/cancel", {"reason": "x"}).status == 404
+    assert api_for(outsider).post(f"/runs/{parent}/cancel", {"reason": "x"}).status == 404
     assert Run.objects.get(pk=parent).status == "ACTIVE"
     # The parent's worker may cancel the child.
     assert client.post(f"/runs/{child}/cancel", {"reason": "sub-task not needed"}).body["status"] == "CANCELLED"

@@ -8,7 +8,7 @@ from ledger import selectors
 from ledger.models import Run
 from ledger.services.evidence.verification import run_verify
 from ledger.services.fence import outcomes, runs
-from tests.ledger.factories import dispatched_operation, leased_run
+from tests.factories import dispatched_operation, leased_run
 
 
 def indicators(run):

@@ -4,8 +4,8 @@ import pytest
 
 from ledger.models import Event, Operation, Run
 from ledger.versioning import UnknownSchemaVersion
+from tests.factories import dispatched_operation, leased_run
 from tests.helpers import tampering
-from tests.ledger.factories import dispatched_operation, leased_run
 
 
 @pytest.mark.parametrize("model", [Run, Operation, Event])

@@ -9,7 +9,7 @@ from django.db import OperationalError
 from console.celery import app
 from ledger import tasks
 from ledger.services.fence.leases import ReapResult, leases_reap
-from tests.ledger.factories import expire, leased_run
+from tests.factories import expire, leased_run
 
 OUR_TASKS = sorted(name for name in app.tasks if name.startswith(("ledger.", "approvals.")))
 

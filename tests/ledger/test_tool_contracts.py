@@ -11,7 +11,7 @@ from ledger.policy import policy_digest
 from ledger.services.authority.policy import policy_change
 from ledger.services.core.intent import Intent
 from ledger.services.fence import operations
-from tests.ledger.factories import leased_run
+from tests.factories import leased_run
 from tests.ledger.test_costs import reserve, set_policy
 
 pytestmark = pytest.mark.django_db

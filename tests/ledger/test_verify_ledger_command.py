@@ -3,8 +3,8 @@ from django.core.management import CommandError, call_command
 
 from ledger.models import Checkpoint, Run
 from ledger.services.fence import runs
+from tests.factories import leased_run
 from tests.helpers import tampering
-from tests.ledger.factories import leased_run
 
 
 def test_verify_ledger_seals_pending_runs_and_reports_each(acme, capsys, settings):

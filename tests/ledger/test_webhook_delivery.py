@@ -15,11 +15,9 @@ from approvals.tasks import notify_scan_task
 from ledger.models import JobHeartbeat, WebhookDelivery
 from ledger.models.notifications import DeliveryStatus
 from ledger.services.notifications.delivery import deliveries_send
-from ledger.services.notifications.endpoints import endpoint_create
 from ledger.tasks import deliver_webhooks_task
-from tests.conftest import run_concurrently
-from tests.console.admin_fixtures import worker_in
-from tests.faults.test_webhooks import Sink
+from tests.factories import webhook_endpoint, worker_in
+from tests.helpers import Sink, run_concurrently
 
 
 @pytest.fixture
@@ -30,9 +28,7 @@ def sink():
 
 
 def setup(tenant, target: str, quarantined: int = 1):
-    made = endpoint_create(
-        tenant=tenant, name="ops", target=target, kinds=["quarantine"], reason="page", created_by="alice"
-    )
+    made = webhook_endpoint(tenant, target)
     for i in range(quarantined):
         worker_in(tenant, "QUARANTINED", f"w-{i}")
     notifications_scan()
@@ -83,9 +79,7 @@ def test_a_signing_key_no_longer_configured_sends_nothing_unsigned(acme, sink, s
 
 
 def test_the_beat_tasks_run_the_services_and_write_their_heartbeats(acme, sink):
-    endpoint_create(
-        tenant=acme.tenant, name="ops", target=sink.url(), kinds=["quarantine"], reason="page", created_by="alice"
-    )
+    webhook_endpoint(acme.tenant, sink.url())
     worker_in(acme.tenant, "QUARANTINED", "w-q")
     assert notify_scan_task() == {"endpoints": 1, "created": 1, "refused": 0}
     assert deliver_webhooks_task() == {"claimed": 1, "delivered": 1, "retrying": 0, "gave_up": 0}
@@ -94,9 +88,7 @@ def test_the_beat_tasks_run_the_services_and_write_their_heartbeats(acme, sink):
 
 
 def test_the_notify_command_scans_and_sends_printing_counts(acme, sink):
-    endpoint_create(
-        tenant=acme.tenant, name="ops", target=sink.url(), kinds=["quarantine"], reason="page", created_by="alice"
-    )
+    webhook_endpoint(acme.tenant, sink.url())
     for i in range(3):
         worker_in(acme.tenant, "QUARANTINED", f"w-{i}")
     out = io.StringIO()

@@ -13,7 +13,6 @@ from ledger.services.notifications.endpoints import (
     endpoint_update,
 )
 from ledger.services.notifications.targets import signature, target_check, target_url
-from tests.console.queues_fixtures import user_with
 
 
 def create(tenant, **overrides):
@@ -30,8 +29,8 @@ def create(tenant, **overrides):
 
 
 @pytest.mark.parametrize("role", ["viewer", "operator", "approver"])
-def test_only_an_admin_may_create_change_or_rotate(acme, role):
-    person = user_with(role, acme.tenant)
+def test_only_an_admin_may_create_change_or_rotate(acme, people, role):
+    person = people[role]
     with pytest.raises(Forbidden):
         create(acme.tenant, user=person, created_by="")
     made = create(acme.tenant).endpoint
@@ -43,17 +42,15 @@ def test_only_an_admin_may_create_change_or_rotate(acme, role):
     assert (made.key_version, made.kinds) == (1, ["quarantine"])
 
 
-def test_an_admin_of_another_tenant_is_refused_and_their_endpoint_is_not_found(acme, outsider):
-    theirs_admin = user_with("admin", outsider.tenant, name="gus")
+def test_an_admin_of_another_tenant_is_refused_and_their_endpoint_is_not_found(acme, outsider, outsider_admin):
     with pytest.raises(Forbidden):
-        create(acme.tenant, user=theirs_admin, created_by="")
+        create(acme.tenant, user=outsider_admin, created_by="")
     theirs = create(outsider.tenant, name="theirs").endpoint
     with pytest.raises(NotFound):
         endpoint_rotate_secret(tenant=acme.tenant, endpoint_id=theirs.pk, reason="x", changed_by="alice")
 
 
-def test_every_change_is_an_admin_action_naming_who_and_why(acme):
-    admin = user_with("admin", acme.tenant, name="ada")
+def test_every_change_is_an_admin_action_naming_who_and_why(acme, admin):
     made = create(acme.tenant, user=admin, created_by="").endpoint
     endpoint_update(
         tenant=acme.tenant, endpoint_id=made.pk, kinds=["chain_broken", "quarantine"], reason="more", user=admin

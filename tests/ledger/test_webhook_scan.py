@@ -13,25 +13,11 @@ from approvals.services.notifications import notifications_scan
 from ledger.models import ResourceAlert, Run, Tenant, WebhookDelivery
 from ledger.models.notifications import NotificationKind
 from ledger.services.lifespan.reaper import resources_reap
-from ledger.services.notifications.endpoints import endpoint_create, endpoint_disable
-from tests.conftest import run_concurrently
-from tests.console.admin_fixtures import stuck_resource, worker_in
-from tests.console.queues_fixtures import pending_approvals, unknown_case
-from tests.ledger.factories import leased_run
+from ledger.services.notifications.endpoints import endpoint_disable
+from tests.factories import leased_run, pending_approvals, stuck_resource, unknown_case, webhook_endpoint, worker_in
+from tests.helpers import run_concurrently
 
 ALL = list(NotificationKind.values)
-
-
-def endpoint(tenant, *, kinds=ALL, name: str = "ops", unknown_after_s: int = 900):
-    return endpoint_create(
-        tenant=tenant,
-        name=name,
-        target="https://hooks.example.com/in",
-        kinds=kinds,
-        unknown_after_s=unknown_after_s,
-        reason="page the on-call",
-        created_by="alice",
-    ).endpoint
 
 
 def keys() -> list[tuple[str, str]]:
@@ -57,7 +43,7 @@ def every_condition(identity) -> dict[str, object]:
 
 
 def test_each_condition_becomes_one_delivery_and_a_second_scan_adds_none(acme):
-    made = endpoint(acme.tenant)
+    made = webhook_endpoint(acme.tenant, kinds=ALL).endpoint
     found = every_condition(acme)
     # The UNKNOWN has been open for an hour (the approval is still pending: not expired).
     ReconciliationCase.objects.filter(pk=found["case"].pk).update(opened_at=timezone.now() - timedelta(hours=1))
@@ -78,7 +64,7 @@ def test_each_condition_becomes_one_delivery_and_a_second_scan_adds_none(acme):
 
 def test_bodies_are_slack_compatible_and_carry_only_ids_kinds_and_stored_reasons(acme, settings, monkeypatch):
     monkeypatch.setitem(settings.FENCELINE, "CONSOLE_URL", "https://fenceline.example.com")
-    endpoint(acme.tenant, kinds=["quarantine", "chain_broken"])
+    webhook_endpoint(acme.tenant, kinds=["quarantine", "chain_broken"])
     found = every_condition(acme)
     notifications_scan()
     bodies = {d.kind: d.body for d in WebhookDelivery.objects.all()}
@@ -98,7 +84,7 @@ def test_bodies_are_slack_compatible_and_carry_only_ids_kinds_and_stored_reasons
 
 
 def test_a_stored_reason_is_escaped_for_slack(acme):
-    endpoint(acme.tenant, kinds=["quarantine"])
+    webhook_endpoint(acme.tenant, kinds=["quarantine"])
     worker = worker_in(acme.tenant, "ACCEPTING", "w-x")
     from ledger.services.fleet.lifecycle import worker_quarantine
 
@@ -109,17 +95,17 @@ def test_a_stored_reason_is_escaped_for_slack(acme):
 
 
 def test_unknown_waits_for_the_endpoints_threshold(acme):
-    endpoint(acme.tenant, kinds=["unknown_aged"], unknown_after_s=600)
+    webhook_endpoint(acme.tenant, kinds=["unknown_aged"], unknown_after_s=600)
     case = unknown_case(acme.worker)
     assert notifications_scan(now=case.opened_at + timedelta(seconds=599)).created == 0
     assert notifications_scan(now=case.opened_at + timedelta(seconds=600)).created == 1
 
 
 def test_only_the_endpoints_tenant_only_its_kinds_and_never_when_disabled(acme, outsider):
-    ours = endpoint(acme.tenant, kinds=["quarantine"])
-    quiet = endpoint(acme.tenant, kinds=["quarantine"], name="quiet")
+    ours = webhook_endpoint(acme.tenant, kinds=["quarantine"]).endpoint
+    quiet = webhook_endpoint(acme.tenant, kinds=["quarantine"], name="quiet").endpoint
     endpoint_disable(tenant=acme.tenant, endpoint_id=quiet.pk, reason="on holiday", changed_by="alice")
-    endpoint(outsider.tenant, kinds=["chain_broken"], name="theirs")
+    webhook_endpoint(outsider.tenant, kinds=["chain_broken"], name="theirs")
     worker_in(outsider.tenant, "QUARANTINED", "their-q")  # another tenant's condition
     mine = worker_in(acme.tenant, "QUARANTINED", "our-q")
     run, _ = leased_run(acme.worker)
@@ -134,7 +120,7 @@ def test_a_breaker_change_before_the_endpoint_existed_is_not_news(acme):
     Tenant.objects.filter(pk=acme.tenant.pk).update(
         breaker_state="DEGRADED", breaker_reason="certainty low", breaker_changed_at=timezone.now() - timedelta(days=1)
     )
-    endpoint(acme.tenant, kinds=["breaker_change"])
+    webhook_endpoint(acme.tenant, kinds=["breaker_change"])
     assert notifications_scan().created == 0
     Tenant.objects.filter(pk=acme.tenant.pk).update(breaker_state="NORMAL", breaker_changed_at=timezone.now())
     assert notifications_scan().created == 1
@@ -144,7 +130,7 @@ def test_a_breaker_change_before_the_endpoint_existed_is_not_news(acme):
 def test_a_worker_quarantined_again_is_news_again(acme):
     from ledger.services.fleet.lifecycle import worker_quarantine, worker_resume
 
-    endpoint(acme.tenant, kinds=["quarantine"])
+    webhook_endpoint(acme.tenant, kinds=["quarantine"])
     worker = worker_in(acme.tenant, "QUARANTINED", "w-again")
     assert notifications_scan().created == 1
     worker_resume(worker_id=worker.pk, reason="fixed", name="alice")
@@ -154,7 +140,7 @@ def test_a_worker_quarantined_again_is_news_again(acme):
 
 
 def test_a_scan_is_bounded_per_kind_and_the_next_one_continues(acme):
-    endpoint(acme.tenant, kinds=["quarantine"])
+    webhook_endpoint(acme.tenant, kinds=["quarantine"])
     for i in range(5):
         worker_in(acme.tenant, "QUARANTINED", f"w-{i}")
     assert notifications_scan(batch_size=2).created == 2
@@ -165,7 +151,7 @@ def test_a_scan_is_bounded_per_kind_and_the_next_one_continues(acme):
 
 @pytest.mark.django_db(transaction=True)
 def test_scans_at_once_insert_each_delivery_once(acme):
-    endpoint(acme.tenant, kinds=["quarantine"])
+    webhook_endpoint(acme.tenant, kinds=["quarantine"])
     for i in range(10):
         worker_in(acme.tenant, "QUARANTINED", f"w-{i}")
     results = run_concurrently(lambda i: notifications_scan(), 4)

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from ledger.models import Operation, Worker, WorkerDrain
 from ledger.services.fleet.lifecycle import workers_drain_enforce, workers_stop_lapsed
-from tests.conftest import make_worker
+from tests.factories import make_worker
 
 
 @pytest.fixture

@@ -15,9 +15,8 @@ from ledger.models import AdminAction, Event, Operation, RunLease, Worker
 from ledger.services.evidence.verification import ledger_verify
 from ledger.services.fence import leases, outcomes
 from ledger.services.fleet.lifecycle import worker_drain, worker_quarantine, worker_resume, workers_drain_enforce
-from ledger.services.tenancy.roles import role_grant
+from tests.factories import dispatched_operation, leased_run, make_worker, new_run
 from tests.helpers import assert_chain_intact
-from tests.ledger.factories import dispatched_operation, leased_run, new_run
 
 
 def status(worker) -> str:
@@ -91,23 +90,19 @@ def test_a_transition_from_the_wrong_status_is_refused_and_changes_nothing(acme,
     assert (status(acme.worker), AdminAction.objects.count(), Event.objects.count()) == before
 
 
-def test_a_decision_needs_a_reason_an_existing_worker_and_an_admin(acme, outsider, django_user_model):
+def test_a_decision_needs_a_reason_an_existing_worker_and_an_admin(acme, outsider, operator, admin):
     with pytest.raises(InvalidInput):
         worker_quarantine(worker_id=acme.worker.pk, reason="  ", name="ann")
     with pytest.raises(NotFound):
         worker_quarantine(worker_id=987654, reason="x", name="ann")
-    operator, _ = role_grant(username="oli", tenant=acme.tenant, role="operator")
     with pytest.raises(Forbidden):
         worker_quarantine(worker_id=acme.worker.pk, reason="x", user=operator)
-    admin, _ = role_grant(username="ann", tenant=acme.tenant, role="admin")
     with pytest.raises(Forbidden):  # an admin of acme is nobody on globex
         worker_quarantine(worker_id=outsider.worker.pk, reason="x", user=admin)
     assert status(acme.worker) == status(outsider.worker) == "ACCEPTING"
 
 
 def test_the_drain_job_quiesces_idle_workers_and_revokes_leases_past_the_deadline(acme):
-    from tests.conftest import make_worker
-
     idle = make_worker("acme", "idle").worker
     busy = make_worker("acme", "busy").worker
     late = make_worker("acme", "late").worker

@@ -31,7 +31,7 @@ from ledger.services.evidence.append import HEAD_FIELDS, build_event
 from ledger.sql import chain, costs, credentials, evidence, fence, lifespan, reads, rows, upgrades
 from ledger.sql.connection import numbered
 from ledger.states import ReservationState
-from tests.ledger.factories import expire, intended_operation, leased_run
+from tests.factories import expire, intended_operation, leased_run
 from tests.ledger.test_costs import planned_op, set_policy
 
 pytestmark = pytest.mark.django_db(transaction=True)
