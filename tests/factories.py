@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ReconciliationCase
 from ledger.errors import ApprovalRequired
-from ledger.models import Credential, CredentialLease, Operation, Run, RunLease, RunResource
+from ledger.models import Credential, CredentialLease, Operation, Run, RunLease, RunResource, StateConflict
 from ledger.services.authority import credential_leases, credentials
 from ledger.services.authority.policy import policy_change
 from ledger.services.core.intent import Intent
@@ -26,6 +26,7 @@ from ledger.services.lifespan.resources import Attach, resource_attach, resource
 from ledger.services.notifications.endpoints import endpoint_create
 from ledger.services.tenancy.roles import role_grant
 from ledger.services.tenancy.tenants import tenant_ensure
+from ledger.services.upgrades.conflicts import conflict_open
 
 # --- tenants and workers ------------------------------------------------------------------
 
@@ -73,6 +74,19 @@ def booted(worker, *, reads: int = 1, boot_id: str | None = None, **report):
         "readiness": READY,
     }
     return worker_boot(worker=worker, report=BootReport(**(fields | report)))
+
+
+def state_conflict(identity, key="c-1") -> StateConflict:
+    """An operation whose string and structured provider records disagree (as a rolling
+    deploy's old build can leave it), found by a reader: an open conflict on its run."""
+    run, token = leased_run(identity.worker)
+    op = dispatched_operation(identity.worker, run, token, key)
+    Operation.objects.filter(pk=op.pk).update(
+        provider_request_id="ch_2", provider_ref={"provider": op.provider, "id": "ch_1"}
+    )
+    conflict = conflict_open(operation_id=op.pk, found_by="test")
+    assert conflict is not None
+    return conflict
 
 
 # --- users with a role ----------------------------------------------------------------------

@@ -8,15 +8,14 @@ from playwright.sync_api import expect
 from ledger.models import RunLease, Tenant
 from ledger.services.upgrades.restore import effects_hold
 from tests.browser.accounts import sign_in
-from tests.console.test_upgrades_page import conflicted
-from tests.faults.test_schema_migration import booted
+from tests.factories import booted, state_conflict
 
 
 def test_an_operator_decides_a_state_conflict_and_the_run_goes_on(
     live_server, page, screenshot, acme, api_for, operator
 ):
     booted(acme.worker, reads=2)
-    conflict = conflicted(acme)
+    conflict = state_conflict(acme)
     token = RunLease.objects.get(run_id=conflict.run_id).fencing_token
     worker = api_for(acme)
     refused = worker.post(f"/runs/{conflict.run_id}/events", {"fencing_token": token, "type": "NOTE", "fields": {}})

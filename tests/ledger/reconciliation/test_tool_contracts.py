@@ -11,8 +11,8 @@ from ledger.policy import policy_digest
 from ledger.services.authority.policy import policy_change
 from ledger.services.core.intent import Intent
 from ledger.services.fence import operations
-from tests.factories import leased_run
-from tests.ledger.test_costs import reserve, set_policy
+from tests.factories import leased_run, set_cost_policy
+from tests.ledger.authority.costs import reserve
 
 pytestmark = pytest.mark.django_db
 
@@ -117,7 +117,7 @@ def test_a_policy_may_refuse_or_classify_tools_without_a_contract(acme):
 
 
 def test_degraded_lets_only_the_contracts_pure_tools_through(acme):
-    set_policy(acme.tenant, tenant_limit=1000)
+    set_cost_policy(acme.tenant, tenant_limit=1000)
     run, token = leased_run(acme.worker)
     # Intended as PURE by the worker's own label, before any contract named the tool.
     legacy = intend(acme.worker, run, token, "legacy", "payments", "charge", effect_class="PURE")
