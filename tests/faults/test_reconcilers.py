@@ -15,11 +15,10 @@ from approvals.services.cases import case_claim, case_resolve
 from approvals.services.lookups import cases_look_up
 from ledger.errors import StaleToken, WrongPhase
 from ledger.models import Event, Operation
-from ledger.services.core.intent import Intent
-from ledger.services.fence import leases, operations, outcomes
+from ledger.services.fence import leases, outcomes
 from ledger.services.fence.leases import leases_reap
 from ledger.services.fence.retry import operation_retry_decision
-from tests.factories import dispatched_payment, expire, leased_run, unknown_payment
+from tests.factories import dispatched_operation, dispatched_payment, expire, leased_run, unknown_payment
 from tests.helpers import assert_chain_intact, sandbox_charge
 
 pytestmark = pytest.mark.django_db
@@ -218,14 +217,7 @@ def test_a_person_resolving_during_the_lookup_wins_and_the_answer_is_dropped(acm
 
 def test_an_operation_without_a_reconciler_goes_straight_to_people(acme, sandbox):
     run, token = leased_run(acme.worker)
-    op, _ = operations.operation_intend(
-        worker=acme.worker,
-        run_id=run.pk,
-        fencing_token=token,
-        intent=Intent(tool="email", action="send", resource="r", effect_class="NON_RETRYABLE", idempotency_key="e1"),
-    )
-    operations.operation_authorize(worker=acme.worker, operation_id=op.pk, fencing_token=token)
-    operations.operation_dispatch(worker=acme.worker, operation_id=op.pk, fencing_token=token)
+    op = dispatched_operation(acme.worker, run, token, "e1")  # an email: no provider, no reconciler
     outcomes.operation_report_outcome(worker=acme.worker, operation_id=op.pk, fencing_token=token, outcome="UNKNOWN")
 
     case = ReconciliationCase.objects.get(operation=op)

@@ -4,7 +4,7 @@ from approvals.models import ReconciliationCase
 from ledger.errors import StaleToken, WrongPhase
 from ledger.models import Event, Operation
 from ledger.services.fence import operations, outcomes
-from tests.factories import dispatched_operation, expire, leased_run
+from tests.factories import dispatched_operation, expire, intended_operation, leased_run, planned_op, set_cost_policy
 
 
 def report(acme, op, token, outcome, **extra):
@@ -46,12 +46,7 @@ def test_unknown_cannot_be_reported_into_success(acme):
 
 def test_outcome_before_dispatch_is_wrong_phase(acme):
     run, token = leased_run(acme.worker)
-    op, _ = operations.operation_intend(
-        worker=acme.worker,
-        run_id=run.pk,
-        fencing_token=token,
-        intent=operations.Intent(tool="t", action="a", resource="r", effect_class="PURE", idempotency_key="k"),
-    )
+    op = intended_operation(acme.worker, run, token, "k", "PURE")
     with pytest.raises(WrongPhase):
         report(acme, op, token, "CONFIRMED")
 
@@ -72,28 +67,10 @@ def test_stale_outcome_of_an_expired_dispatch_turns_it_unknown_with_its_evidence
 
 def test_usage_reported_after_a_failure_without_it_settles_the_reservation(acme):
     from ledger.models import CostReservation, Tenant
-    from ledger.services.authority.policy import policy_change
 
-    policy_change(
-        tenant=acme.tenant,
-        document={"cost_limits_cents": {"run": None, "tenant": 10_000, "retry": None, "provider": {}}},
-        changed_by="admin",
-        reason="spend cap",
-    )
+    set_cost_policy(acme.tenant, tenant_limit=10_000)
     run, token = leased_run(acme.worker)
-    op, _ = operations.operation_intend(
-        worker=acme.worker,
-        run_id=run.pk,
-        fencing_token=token,
-        intent=operations.Intent(
-            tool="llm",
-            action="complete",
-            resource="model:small",
-            effect_class="PURE",
-            idempotency_key="k",
-            estimated_cost_cents=100,
-        ),
-    )
+    op = planned_op(acme, run, token, "k", estimate=100, effect_class="PURE")
     operations.operation_authorize(worker=acme.worker, operation_id=op.pk, fencing_token=token)
     operations.operation_dispatch(worker=acme.worker, operation_id=op.pk, fencing_token=token)
     report(acme, op, token, "FAILED", error_code="HTTP_500")  # no usage
