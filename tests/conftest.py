@@ -4,7 +4,8 @@ real HTTP, and the rule that a skipped test fails the run when FENCELINE_FAIL_ON
 The cast: the tenant ``acme`` with a worker (``acme``) and a ``viewer`` (vera), an
 ``operator`` (olga), an ``approver`` (alice) and an ``admin`` (ada); the outsider tenant
 ``globex`` with its own worker (``outsider``) and admin (``outsider_admin``, gus). A test
-that needs someone else builds them with tests/factories.py."""
+parametrized by role takes ``people[role]``. A test that needs someone else (a second
+operator, a user with no role, a superuser) builds them with tests/factories.py."""
 
 import json
 import os

@@ -18,7 +18,8 @@ from ledger.models import Credential, CredentialLease, Operation, Run, RunLease,
 from ledger.services.authority import credential_leases, credentials
 from ledger.services.authority.policy import policy_change
 from ledger.services.core.intent import Intent
-from ledger.services.fence import leases, operations, outcomes, runs
+from ledger.services.fence import leases, operations, outcomes
+from ledger.services.fence.runs import run_create
 from ledger.services.fleet.boots import BootReport, worker_boot
 from ledger.services.fleet.lifecycle import worker_drain, worker_quarantine
 from ledger.services.fleet.workers import worker_create
@@ -76,19 +77,6 @@ def booted(worker, *, reads: int = 1, boot_id: str | None = None, **report):
     return worker_boot(worker=worker, report=BootReport(**(fields | report)))
 
 
-def state_conflict(identity, key="c-1") -> StateConflict:
-    """An operation whose string and structured provider records disagree (as a rolling
-    deploy's old build can leave it), found by a reader: an open conflict on its run."""
-    run, token = leased_run(identity.worker)
-    op = dispatched_operation(identity.worker, run, token, key)
-    Operation.objects.filter(pk=op.pk).update(
-        provider_request_id="ch_2", provider_ref={"provider": op.provider, "id": "ch_1"}
-    )
-    conflict = conflict_open(operation_id=op.pk, found_by="test")
-    assert conflict is not None
-    return conflict
-
-
 # --- users with a role ----------------------------------------------------------------------
 
 ROLES = ("viewer", "operator", "approver", "admin")
@@ -108,7 +96,8 @@ def user_with(role: str | None, tenant, name: str | None = None):
 
 
 def new_run(worker):
-    run, _ = runs.run_create(worker=worker, schema_version=1)
+    """A new run of ``worker``, nobody holding its lease."""
+    run, _ = run_create(worker=worker, schema_version=1)
     return run
 
 
@@ -194,8 +183,8 @@ def confirm(worker, op, token: int, provider_request_id: str = "p"):
 
 
 def dispatched_payment(worker, key: str, effect_class: str = "NON_RETRYABLE"):
-    """A DISPATCHED charge of 12 EUR with the sandbox payments provider (its reconciler can
-    look it up, see the ``sandbox`` fixture) in a new leased run: (run, token, operation)."""
+    """A DISPATCHED charge (worst case 1200 cents) with the sandbox payments provider, whose
+    reconciler can look it up (the ``sandbox`` fixture), in a new leased run: (run, token, operation)."""
     run, token = leased_run(worker)
     op, _ = operations.operation_intend(
         worker=worker,
@@ -376,3 +365,19 @@ def webhook_endpoint(
         created_by="alice",
         **fields,
     )
+
+
+# --- schema upgrades ---------------------------------------------------------------------
+
+
+def state_conflict(identity, key="c-1") -> StateConflict:
+    """An operation whose string and structured provider records disagree (as a rolling
+    deploy's old build can leave it), found by a reader: an open conflict on its run."""
+    run, token = leased_run(identity.worker)
+    op = dispatched_operation(identity.worker, run, token, key)
+    Operation.objects.filter(pk=op.pk).update(
+        provider_request_id="ch_2", provider_ref={"provider": op.provider, "id": "ch_1"}
+    )
+    conflict = conflict_open(operation_id=op.pk, found_by="test")
+    assert conflict is not None
+    return conflict

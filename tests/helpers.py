@@ -30,6 +30,8 @@ from ledger.models import (
     Worker,
 )
 
+# --- the chain and the database ------------------------------------------------------
+
 
 def assert_chain_intact(run_id) -> list[Event]:
     """The run's events are seq 1..last_seq, linked by prev_hash, and each hash recomputes."""
@@ -67,34 +69,6 @@ def tampering(*tables: str):
             for table in tables:
                 cursor.execute(f"ALTER TABLE {table} ENABLE TRIGGER {table}_append_only")
             cursor.execute("SET CONSTRAINTS ALL DEFERRED")
-
-
-@contextmanager
-def runs_held_elsewhere(run_ids: list):
-    """For the block, the rows of ``run_ids`` locked ``FOR UPDATE`` by another connection (a
-    thread's): another copy of a sweep, busy with those runs. Needs a ``transaction=True``
-    test (the other connection sees only committed rows)."""
-    locked, done = threading.Event(), threading.Event()
-    held: list[int] = []
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                held.append(len(list(Run.objects.select_for_update().filter(pk__in=run_ids))))
-                locked.set()
-                done.wait(60)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert locked.wait(30), "the other connection did not lock the runs"
-        assert held == [len(set(run_ids))], held
-        yield
-    finally:
-        done.set()
-        holder.join(30)
 
 
 def snapshot() -> dict:
@@ -153,6 +127,9 @@ def tables_containing(canary: str) -> list[str]:
     return hits
 
 
+# --- metrics -------------------------------------------------------------------------
+
+
 def parse_metrics(text: str) -> dict[str, dict[tuple, float]]:
     """A scrape's text as {family: {((label, value), ...) + (sample suffix,): value}}."""
     families: dict[str, dict[tuple, float]] = {}
@@ -168,18 +145,35 @@ def metric_value(families, name: str, suffix: str = "", **labels) -> float:
     return families[name].get((*sorted(labels.items()), suffix), 0.0)
 
 
-def subprocess_database_url() -> str:
-    """The URL of the database pytest-django created for this session (or xdist worker)."""
-    db = connection.settings_dict
-    user = quote(db["USER"] or "", safe="")
-    password = f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else ""
-    credentials = f"{user}{password}@" if user else ""
-    host = db["HOST"] or "127.0.0.1"
-    port = f":{db['PORT']}" if db.get("PORT") else ""
-    return f"postgres://{credentials}{host}{port}/{quote(db['NAME'], safe='')}"
+# --- real concurrency and real processes against the test database -------------------
 
 
-# --- real concurrency and real processes against the test database ------------------------
+@contextmanager
+def runs_held_elsewhere(run_ids: list):
+    """For the block, the rows of ``run_ids`` locked ``FOR UPDATE`` by another connection (a
+    thread's): another copy of a sweep, busy with those runs. Needs a ``transaction=True``
+    test (the other connection sees only committed rows)."""
+    locked, done = threading.Event(), threading.Event()
+    held: list[int] = []
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                held.append(len(list(Run.objects.select_for_update().filter(pk__in=run_ids))))
+                locked.set()
+                done.wait(60)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(30), "the other connection did not lock the runs"
+        assert held == [len(set(run_ids))], held
+        yield
+    finally:
+        done.set()
+        holder.join(30)
 
 
 def run_concurrently(fn, count: int, timeout: float = 60) -> list:
@@ -206,7 +200,19 @@ def run_concurrently(fn, count: int, timeout: float = 60) -> list:
     return results
 
 
+def subprocess_database_url() -> str:
+    """The URL of the database pytest-django created for this session (or xdist worker)."""
+    db = connection.settings_dict
+    user = quote(db["USER"] or "", safe="")
+    password = f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else ""
+    credentials = f"{user}{password}@" if user else ""
+    host = db["HOST"] or "127.0.0.1"
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    return f"postgres://{credentials}{host}{port}/{quote(db['NAME'], safe='')}"
+
+
 SPAWN = multiprocessing.get_context("spawn")
+
 # What a spawned process runs: Django set up from the parent's environment, the test database
 # of the parent, then one function of a test module. The target is ``exec`` so that nothing
 # importing Django is unpickled before ``django.setup()``.
@@ -253,7 +259,7 @@ def embedded_database(state_dir):
         server.cleanup()
 
 
-# --- console clients --------------------------------------------------------------------
+# --- console clients -----------------------------------------------------------------
 
 
 def logged_in(user) -> Client:
@@ -280,7 +286,7 @@ class Browser:
         return self.client.post(url, {**(data or {}), "csrfmiddlewaretoken": self.csrf}, **kwargs)
 
 
-# --- providers and endpoints on this machine ----------------------------------------------------------------
+# --- providers and endpoints on this machine -----------------------------------------
 
 
 def sandbox_charge(provider, key: str, fault: str = "") -> dict | None:

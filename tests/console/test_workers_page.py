@@ -7,8 +7,7 @@ from django.urls import reverse
 
 from ledger.models import Worker
 from ledger.services.fence import leases
-from ledger.services.fleet.boots import BootReport, worker_boot
-from tests.factories import dispatched_operation, expire, leased_run, user_with, worker_in
+from tests.factories import READY, booted, dispatched_operation, expire, leased_run, user_with, worker_in
 from tests.helpers import Browser
 
 URL = reverse("workers")
@@ -102,13 +101,9 @@ def test_the_list_and_the_detail_cost_the_same_queries_with_10_and_200_rows(acme
     assert with_10 == with_200
 
 
-READY = {d: {"ok": True, "evidence": {}} for d in ("runtime", "state", "credentials", "outbound_delivery", "admission")}
-
-
 def boot(worker, n: int, **changes):
-    report = {"boot_id": f"b-{n}", "config_hash": f"cfg-{n}", "code_version": "v1", "state_schema_version": 1}
-    report |= {"pid": 100 + n, "host": "node-1", "readiness": READY} | changes
-    return worker_boot(worker=worker, report=BootReport(**report))
+    """The worker's n-th boot report (config cfg-n)."""
+    return booted(worker, boot_id=f"b-{n}", config_hash=f"cfg-{n}", code_version="v1", pid=100 + n, **changes)
 
 
 def test_the_page_shows_paused_admission_the_boot_error_and_the_quarantine_bundle(acme, viewer):
