@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def sandbox(tmp_path, settings):
+def sandbox_driver(tmp_path, settings):
     root = tmp_path / "sandbox"
     settings.FENCELINE = {**settings.FENCELINE, "SANDBOX_DIR": root}
     return SandboxDriver(root)
@@ -48,7 +48,7 @@ def requests_of(run: Run) -> list[dict]:
     return [e.fields for e in Event.objects.filter(run=run, type="RESOURCE_RELEASE_REQUESTED").order_by("seq")]
 
 
-def test_a_run_s_overdue_resources_are_asked_for_in_one_event_whatever_the_batch_size(acme, sandbox):
+def test_a_run_s_overdue_resources_are_asked_for_in_one_event_whatever_the_batch_size(acme, sandbox_driver):
     runs = []
     for n in range(3):
         run, resources = attached(acme.worker, 4, f"run{n}")
@@ -66,7 +66,7 @@ def test_a_run_s_overdue_resources_are_asked_for_in_one_event_whatever_the_batch
         assert Event.objects.filter(run=run, type="RESOURCE_RELEASED").count() == 4
         assert_chain_intact(run.pk)
     for resource in RunResource.objects.all():
-        assert sandbox.is_closed(resource.provider, resource.handle)
+        assert sandbox_driver.is_closed(resource.provider, resource.handle)
         # Asked for (the reason and the moment stay on the row) and claimed in one write.
         assert (resource.release_reason, resource.attempts) == ("deadline", 1)
         assert resource.release_requested_at is not None
