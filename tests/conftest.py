@@ -1,16 +1,20 @@
-"""Shared fixtures: tenants and workers, a worker-API client over real HTTP, and the
-rule that a skipped test fails the run when FENCELINE_FAIL_ON_SKIP is set (CI)."""
+"""Shared fixtures: the suite's one cast of tenants and users, a worker-API client over
+real HTTP, and the rule that a skipped test fails the run when FENCELINE_FAIL_ON_SKIP is set (CI).
+
+The cast: the tenant ``acme`` with a worker (``acme``) and a ``viewer`` (vera), an
+``operator`` (olga), an ``approver`` (alice) and an ``admin`` (ada); the outsider tenant
+``globex`` with its own worker (``outsider``) and admin (``outsider_admin``, gus). A test
+parametrized by role takes ``people[role]``. A test that needs someone else (a second
+operator, a user with no role, a superuser) builds them with tests/factories.py."""
 
 import json
 import os
-import threading
 
 import pytest
 import requests
-from django.db import connections
 
-from ledger.services.fleet.workers import worker_create
-from ledger.services.tenancy.tenants import tenant_ensure
+from console.simulation.provider import SandboxProvider
+from tests.factories import ROLES, WorkerIdentity, make_worker, user_with
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
@@ -55,30 +59,84 @@ def _schema_phases_read_fresh():
     phase_forget()
 
 
-# --- domain fixtures --------------------------------------------------------------------
-
-
-class WorkerIdentity:
-    def __init__(self, worker, token):
-        self.worker = worker
-        self.token = token
-        self.tenant = worker.tenant
-
-
-def make_worker(tenant_slug: str, name: str) -> WorkerIdentity:
-    tenant, _ = tenant_ensure(slug=tenant_slug)
-    worker, token = worker_create(tenant=tenant, name=name)
-    return WorkerIdentity(worker, token)
+# --- the cast ---------------------------------------------------------------------------
 
 
 @pytest.fixture
-def acme(db):
+def acme(db) -> WorkerIdentity:
+    """The tenant acme's worker (worker-1)."""
     return make_worker("acme", "worker-1")
 
 
 @pytest.fixture
-def outsider(db):
+def viewer(acme):
+    return user_with("viewer", acme.tenant, "vera")
+
+
+@pytest.fixture
+def operator(acme):
+    return user_with("operator", acme.tenant, "olga")
+
+
+@pytest.fixture
+def approver(acme):
+    return user_with("approver", acme.tenant, "alice")
+
+
+@pytest.fixture
+def admin(acme):
+    return user_with("admin", acme.tenant, "ada")
+
+
+class People(dict):
+    """acme's cast by role, each made when first asked for (``people["operator"]`` is the
+    ``operator`` fixture); ``people[None]`` is a signed-up user with no role anywhere."""
+
+    def __init__(self, request, tenant):
+        super().__init__()
+        self.request, self.tenant = request, tenant
+
+    def __missing__(self, role: str | None):
+        assert role is None or role in ROLES, role
+        self[role] = self.request.getfixturevalue(role) if role else user_with(None, self.tenant, "nobody")
+        return self[role]
+
+
+@pytest.fixture
+def people(request, acme) -> People:
+    """For tests parametrized by role: ``people[role]``."""
+    return People(request, acme.tenant)
+
+
+@pytest.fixture
+def outsider(db) -> WorkerIdentity:
+    """The outsider tenant globex's worker (intruder)."""
     return make_worker("globex", "intruder")
+
+
+@pytest.fixture
+def outsider_admin(outsider):
+    return user_with("admin", outsider.tenant, "gus")
+
+
+# --- a provider on this machine ---------------------------------------------------------
+
+
+@pytest.fixture
+def sandbox(settings):
+    """The sandbox payments provider over real HTTP, with its reconciler (sandbox-payments)
+    configured to look up at once and give up after three attempts."""
+    provider = SandboxProvider().start()
+    config = {**settings.FENCELINE["RECONCILERS"]["sandbox-payments"], "base_url": provider.url}
+    settings.FENCELINE = {
+        **settings.FENCELINE,
+        "RECONCILERS": {"sandbox-payments": config},
+        "RECONCILE_AFTER_S": 0,
+        "RECONCILE_BACKOFF_BASE_S": 5,
+        "RECONCILE_MAX_ATTEMPTS": 3,
+    }
+    yield provider
+    provider.stop()
 
 
 # --- worker API over HTTP ---------------------------------------------------------------
@@ -123,6 +181,13 @@ class WorkerAPI:
         assert r.status == 201, r
         return r.body["run_id"]
 
+    def leased_run(self, owner: str = "worker-a") -> str:
+        """A new run whose lease this worker holds for ``owner`` (token 1)."""
+        run_id = self.create_run()
+        r = self.acquire(run_id, owner)
+        assert r.status == 200, r
+        return run_id
+
     def acquire(self, run_id: str, owner: str, ttl_s: int = 30) -> Response:
         return self.post(f"/runs/{run_id}/lease", {"owner_id": owner, "ttl_s": ttl_s})
 
@@ -160,33 +225,4 @@ def api_for(live_server):
 def leased(api_for, acme):
     """A run of acme's worker whose lease it holds (token 1, owner "worker-a"), over HTTP."""
     client = api_for(acme)
-    run_id = client.create_run()
-    assert client.acquire(run_id, "worker-a").status == 200
-    return client, run_id
-
-
-# --- concurrency helpers ----------------------------------------------------------------
-
-
-def run_concurrently(fn, count: int, timeout: float = 60) -> list:
-    """Run ``fn(i)`` in ``count`` threads released together by a barrier; returns the
-    results (or raised exceptions) in index order. Each thread closes its connection."""
-    barrier = threading.Barrier(count)
-    results: list = [None] * count
-
-    def target(i: int) -> None:
-        try:
-            barrier.wait(timeout)
-            results[i] = fn(i)
-        except BaseException as exc:
-            results[i] = exc
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a thread did not finish"
-    return results
+    return client, client.leased_run()

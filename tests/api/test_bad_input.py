@@ -30,8 +30,7 @@ def snapshot():
 def leased(api_for, acme):
     """A run of acme with a lease (token 1) and one authorized operation."""
     client = api_for(acme)
-    run_id = client.create_run()
-    client.acquire(run_id, "worker-a")
+    run_id = client.leased_run()
     op_id = client.intend(run_id, 1, "existing").body["operation_id"]
     client.authorize(op_id, 1)
     return client, run_id, op_id

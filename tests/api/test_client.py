@@ -14,7 +14,7 @@ from fenceline_client import client as fl
 from ledger.errors import Denied as ServerDenied
 from ledger.errors import DomainError
 from ledger.models import Operation, RunLease, RunResource
-from tests.conftest import make_worker
+from tests.factories import make_worker
 
 
 @pytest.fixture

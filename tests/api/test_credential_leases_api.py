@@ -8,10 +8,10 @@ from django.utils import timezone
 
 from ledger.boundary import check_fields
 from ledger.models import CredentialLease, Event, RunLease
-from ledger.services.authority.credentials import credential_create, credential_rotate
+from ledger.services.authority.credentials import credential_rotate
 from ledger.services.authority.policy import policy_change
+from tests.factories import SECRET_REF, credential
 
-SECRET_REF = "vault:kv/github-bot"
 GITHUB_PAT = "ghp_" + "Z9y8X7w6V5u4T3s2R1q0" * 2
 
 
@@ -19,9 +19,8 @@ GITHUB_PAT = "ghp_" + "Z9y8X7w6V5u4T3s2R1q0" * 2
 def leased(api_for, acme):
     """acme's client, a run it holds with token 1, and the credential github-bot."""
     client = api_for(acme)
-    run_id = client.create_run()
-    assert client.acquire(run_id, "worker-a").status == 200
-    credential_create(tenant=acme.tenant, principal="github-bot", secret_ref=SECRET_REF)
+    run_id = client.leased_run()
+    credential(acme.tenant, "github-bot")
     return client, run_id
 
 

@@ -6,30 +6,29 @@ import pytest
 from approvals.services.approvals import approval_decide
 from ledger.errors import Forbidden
 from ledger.models import Event
-from tests.console.queues_fixtures import pending_approvals, snapshot, user_with
+from tests.factories import pending_approvals
+from tests.helpers import snapshot
 
 
 @pytest.mark.parametrize("role", ["viewer", "operator", None])
-def test_the_service_refuses_a_user_without_the_approver_role(acme, role):
+def test_the_service_refuses_a_user_without_the_approver_role(acme, people, role):
     (approval,) = pending_approvals(acme.worker)
-    person = user_with(role, acme.tenant)
+    person = people[role]
     before = snapshot()
     with pytest.raises(Forbidden):
         approval_decide(approval_id=approval.pk, approve=True, user=person, reason="fine")
     assert snapshot() == before
 
 
-def test_an_approver_of_another_tenant_is_refused_by_the_service(acme, outsider):
+def test_an_approver_of_another_tenant_is_refused_by_the_service(acme, outsider, approver):
     (approval,) = pending_approvals(outsider.worker)
     with pytest.raises(Forbidden):
-        approval_decide(approval_id=approval.pk, approve=True, user=user_with("approver", acme.tenant), reason="fine")
+        approval_decide(approval_id=approval.pk, approve=True, user=approver, reason="fine")
 
 
-def test_the_users_name_is_the_actor(acme):
+def test_the_users_name_is_the_actor(acme, admin):
     (approval,) = pending_approvals(acme.worker)
-    decided = approval_decide(
-        approval_id=approval.pk, approve=False, user=user_with("admin", acme.tenant, name="ann"), reason="dup"
-    )
-    assert (decided.status, decided.decided_by) == ("DENIED", "ann")
+    decided = approval_decide(approval_id=approval.pk, approve=False, user=admin, reason="dup")
+    assert (decided.status, decided.decided_by) == ("DENIED", "ada")
     event = Event.objects.get(run_id=approval.run_id, type="APPROVAL_DENIED")
-    assert (event.actor, event.fields["reason"]) == ("user:ann", "dup")
+    assert (event.actor, event.fields["reason"]) == ("user:ada", "dup")

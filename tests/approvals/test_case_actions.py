@@ -8,18 +8,14 @@ from approvals.models import ReconciliationCase
 from approvals.services.cases import case_claim, case_escalate, case_resolve, cases_preview, cases_resolve_bulk
 from ledger.errors import Forbidden, InvalidInput, WrongPhase
 from ledger.models import Event, Run
-from tests.console.queues_fixtures import (
-    snapshot,
-    unknown_case,
-    unknown_cases,
-    user_with,
-)
+from tests.factories import unknown_case, unknown_cases
+from tests.helpers import snapshot
 
 
 @pytest.mark.parametrize("role", ["viewer", "approver", None])
-def test_the_service_refuses_a_user_without_the_operator_role(acme, role):
+def test_the_service_refuses_a_user_without_the_operator_role(acme, people, role):
     case = unknown_case(acme.worker)
-    user = user_with(role, acme.tenant)
+    user = people[role]
     before = snapshot()
     with pytest.raises(Forbidden):
         case_claim(case_id=case.pk, user=user)
@@ -33,45 +29,43 @@ def test_the_service_refuses_a_user_without_the_operator_role(acme, role):
     assert snapshot() == before
 
 
-def test_an_operator_of_another_tenant_is_refused_by_the_service(acme, outsider):
+def test_an_operator_of_another_tenant_is_refused_by_the_service(acme, outsider, operator):
     case = unknown_case(outsider.worker)
     with pytest.raises(Forbidden):
-        case_claim(case_id=case.pk, user=user_with("operator", acme.tenant))
+        case_claim(case_id=case.pk, user=operator)
 
 
-def test_claim_then_escalate_each_append_exactly_one_event_naming_the_user(acme):
+def test_claim_then_escalate_each_append_exactly_one_event_naming_the_user(acme, operator):
     case = unknown_case(acme.worker)
-    olivia = user_with("operator", acme.tenant, name="olivia")
     seq = Run.objects.get(pk=case.run_id).last_seq
-    claimed = case_claim(case_id=case.pk, user=olivia)
-    assert (claimed.status, claimed.claimed_by) == ("CLAIMED", "olivia")
-    escalated = case_escalate(case_id=case.pk, user=olivia, reason="provider support ticket needed")
+    claimed = case_claim(case_id=case.pk, user=operator)
+    assert (claimed.status, claimed.claimed_by) == ("CLAIMED", "olga")
+    escalated = case_escalate(case_id=case.pk, user=operator, reason="provider support ticket needed")
     assert escalated.status == "ESCALATED"
     events = list(Event.objects.filter(run_id=case.run_id, seq__gt=seq).order_by("seq"))
-    assert [(e.type, e.actor) for e in events] == [("CASE_CLAIMED", "user:olivia"), ("CASE_ESCALATED", "user:olivia")]
+    assert [(e.type, e.actor) for e in events] == [("CASE_CLAIMED", "user:olga"), ("CASE_ESCALATED", "user:olga")]
     assert events[1].fields["reason"] == "provider support ticket needed"
     assert Run.objects.get(pk=case.run_id).last_seq == seq + 2
     with pytest.raises(WrongPhase):
-        case_claim(case_id=case.pk, user=olivia)  # only an OPEN case can be claimed
+        case_claim(case_id=case.pk, user=operator)  # only an OPEN case can be claimed
 
 
-def test_an_escalation_needs_a_reason(acme):
+def test_an_escalation_needs_a_reason(acme, operator):
     case = unknown_case(acme.worker)
     with pytest.raises(InvalidInput):
-        case_escalate(case_id=case.pk, user=user_with("operator", acme.tenant), reason="  ")
+        case_escalate(case_id=case.pk, user=operator, reason="  ")
 
 
-def test_bulk_resolves_all_or_none(acme):
+def test_bulk_resolves_all_or_none(acme, operator):
     cases = unknown_cases(acme.worker, 3)
-    olivia = user_with("operator", acme.tenant, name="olivia")
     case_resolve(case_id=cases[0].pk, resolved_by="reconciler", resolution="COMPENSATED", reason="refunded")
     before = snapshot()
     with pytest.raises(WrongPhase):
-        cases_resolve_bulk(case_ids=[c.pk for c in cases], user=olivia, resolution="COMPENSATED", reason="refunded")
+        cases_resolve_bulk(case_ids=[c.pk for c in cases], user=operator, resolution="COMPENSATED", reason="refunded")
     assert snapshot() == before
-    assert cases_preview(case_ids=[c.pk for c in cases], user=olivia) == cases[1:]
+    assert cases_preview(case_ids=[c.pk for c in cases], user=operator) == cases[1:]
     done = cases_resolve_bulk(
-        case_ids=[c.pk for c in cases[1:]], user=olivia, resolution="COMPENSATED", reason="refunded"
+        case_ids=[c.pk for c in cases[1:]], user=operator, resolution="COMPENSATED", reason="refunded"
     )
-    assert [c.resolved_by for c in done] == ["olivia", "olivia"]
+    assert [c.resolved_by for c in done] == ["olga", "olga"]
     assert set(ReconciliationCase.objects.values_list("status", flat=True)) == {"RESOLVED"}

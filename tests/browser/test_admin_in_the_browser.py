@@ -5,12 +5,12 @@ dispatch using the lease is refused over the API; quarantines a worker from its 
 from playwright.sync_api import expect
 
 from ledger.models import CredentialLease, Worker
-from tests.browser.test_queues import sign_in
-from tests.console.admin_fixtures import active_leases
+from tests.browser.accounts import sign_in
+from tests.factories import active_leases
 
 
 def test_an_admin_previews_and_revokes_a_lease_and_the_next_dispatch_is_refused(
-    live_server, page, screenshot, acme, api_for
+    live_server, page, screenshot, acme, api_for, admin
 ):
     (lease,) = active_leases(acme, 1)
     token = lease.run.lease.fencing_token
@@ -23,7 +23,7 @@ def test_an_admin_previews_and_revokes_a_lease_and_the_next_dispatch_is_refused(
     )
     assert granted.body["decision"] == "ALLOW", granted
 
-    sign_in(page, live_server, acme.tenant, "adele", "admin")
+    sign_in(page, live_server, admin)
     page.goto(live_server.url + "/credentials/")
     page.locator(f"#lease-{lease.pk}").get_by_role("link", name="Revoke…").click()
     expect(page.get_by_role("heading", name="Revoke: what this will touch")).to_be_visible()
@@ -37,19 +37,19 @@ def test_an_admin_previews_and_revokes_a_lease_and_the_next_dispatch_is_refused(
     page.get_by_role("button", name="Revoke this lease").click()
     expect(page.locator("#toasts")).to_contain_text("revoked")
     expect(page.locator(f"#lease-{lease.pk}")).to_contain_text("REVOKED")
-    expect(page.locator(f"#lease-{lease.pk}")).to_contain_text("by adele: token seen in a build log")
+    expect(page.locator(f"#lease-{lease.pk}")).to_contain_text("by ada: token seen in a build log")
     screenshot("admin_revoked")
 
     refused = worker.dispatch(op_id, token)
     assert (refused.status, refused.body["error"]) == (403, "DENY_REVOKED"), refused
 
 
-def test_an_admin_quarantines_a_worker_and_its_lease_ends(live_server, page, screenshot, acme, api_for):
+def test_an_admin_quarantines_a_worker_and_its_lease_ends(live_server, page, screenshot, acme, api_for, admin):
     worker = api_for(acme)
     run_id = worker.create_run()
     token = worker.acquire(run_id, "agent-a").body["fencing_token"]
 
-    sign_in(page, live_server, acme.tenant, "adele", "admin")
+    sign_in(page, live_server, admin)
     page.goto(live_server.url + f"/workers/{acme.worker.pk}/")
     page.get_by_text("Quarantine…").click()
     page.get_by_label("Quarantine reason").fill("host compromised")

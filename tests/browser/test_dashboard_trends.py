@@ -10,11 +10,10 @@ from playwright.sync_api import expect
 from ledger.services.evidence.verification import run_verify
 from ledger.services.fence import leases, runs
 from ledger.services.tenancy.roles import role_grant
+from tests.browser.accounts import sign_in
 from tests.browser.conftest import ARTIFACTS
-from tests.console.queues_fixtures import unknown_cases
-from tests.console.test_dashboard_trends import clock, refusals, spend, tenant_limit, this_hour, unknown_history
-from tests.faults.test_reconcilers import sandbox  # noqa: F401 - a fixture
-from tests.ledger.factories import leased_run
+from tests.console.trend_history import clock, refusals, spend, this_hour, unknown_history
+from tests.factories import leased_run, set_cost_policy, unknown_cases
 
 
 def history(acme, globex, sandbox_provider) -> None:
@@ -29,10 +28,10 @@ def history(acme, globex, sandbox_provider) -> None:
             refusals(globex, 1)
     with clock(hour + timedelta(seconds=1)):
         refusals(acme, 2)
-    tenant_limit(acme, 100_000)
+    set_cost_policy(acme.tenant, tenant_limit=100_000)
     spend(acme, "summary-1", 30_000, actual=25_000)
     spend(acme, "summary-2", 40_000)
-    tenant_limit(globex, 5_000)
+    set_cost_policy(globex.tenant, tenant_limit=5_000)
     spend(globex, "globex-1", 4_300)
     done, token = leased_run(acme.worker)
     runs.run_complete(worker=acme.worker, run_id=done.pk, fencing_token=token)
@@ -41,16 +40,12 @@ def history(acme, globex, sandbox_provider) -> None:
     leases.lease_renew(worker=globex.worker, run_id=waiting.pk, owner_id="owner-a", fencing_token=token, ttl_s=30)
 
 
-def test_the_trends_are_drawn_with_their_numbers(live_server, page, screenshot, acme, outsider, sandbox):  # noqa: F811
+def test_the_trends_are_drawn_with_their_numbers(live_server, page, screenshot, acme, outsider, sandbox, viewer):
     history(acme, outsider, sandbox)
-    role_grant(username="vera", tenant=acme.tenant, role="viewer", password="vera-pass-1")
-    role_grant(username="vera", tenant=outsider.tenant, role="viewer")
+    role_grant(username=viewer.username, tenant=outsider.tenant, role="viewer")  # vera reads both tenants
 
     page.set_viewport_size({"width": 1280, "height": 900})
-    page.goto(live_server.url + "/accounts/login/")
-    page.get_by_label("Username").fill("vera")
-    page.get_by_label("Password").fill("vera-pass-1")
-    page.get_by_role("button", name="Sign in").click()
+    sign_in(page, live_server, viewer)
     expect(page.get_by_role("heading", name="Trends")).to_be_visible()
 
     trends = page.locator("#trends")

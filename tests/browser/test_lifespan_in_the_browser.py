@@ -6,12 +6,12 @@ from playwright.sync_api import expect
 
 from ledger.models import ResourceAlert, Run, RunResource
 from ledger.services.lifespan.reaper import resources_reap
-from tests.browser.test_queues import sign_in
-from tests.console.admin_fixtures import stuck_resource
+from tests.browser.accounts import sign_in
+from tests.factories import stuck_resource
 
 
 def test_an_operator_cancels_a_run_and_its_worker_learns_it_on_the_next_heartbeat(
-    live_server, page, screenshot, acme, api_for
+    live_server, page, screenshot, acme, api_for, operator
 ):
     worker = api_for(acme)
     run_id = worker.create_run()
@@ -20,14 +20,14 @@ def test_an_operator_cancels_a_run_and_its_worker_learns_it_on_the_next_heartbea
     worker.authorize(op, 1)
     worker.dispatch(op, 1)
 
-    sign_in(page, live_server, acme.tenant, "otto", "operator")
+    sign_in(page, live_server, operator)
     page.goto(live_server.url + f"/runs/{run_id}/")
     page.get_by_text("Cancel this run…").click()
     page.get_by_label("Cancel reason").fill("the customer withdrew the request")
     page.get_by_role("button", name="Cancel run").click()
     expect(page.locator("#toasts")).to_contain_text("CANCELLING")
     expect(page.locator("main")).to_contain_text("the customer withdrew the request")
-    expect(page.locator("main")).to_contain_text("user:otto")
+    expect(page.locator("main")).to_contain_text("user:olga")
     screenshot("operator_cancelled_run")
 
     heartbeat = worker.post(f"/runs/{run_id}/lease/renew", {"owner_id": "agent-a", "fencing_token": 1, "ttl_s": 30})
@@ -38,14 +38,14 @@ def test_an_operator_cancels_a_run_and_its_worker_learns_it_on_the_next_heartbea
 
 
 def test_an_admin_sees_a_cleanup_alert_with_its_owner_and_marks_the_resource_released(
-    live_server, page, screenshot, acme, settings
+    live_server, page, screenshot, acme, settings, admin
 ):
     settings.FENCELINE = {**settings.FENCELINE, "RESOURCE_ALERT_AFTER_FAILURES": 4}
     resource = stuck_resource(acme.worker)  # three failed cleanups; no driver knows "portal"
     resources_reap()  # the fourth: an alert
     assert ResourceAlert.objects.filter(resource=resource).exists()
 
-    sign_in(page, live_server, acme.tenant, "adele", "admin")
+    sign_in(page, live_server, admin)
     page.goto(live_server.url + "/resources/")
     alerts = page.locator("main table").nth(1)
     expect(alerts).to_contain_text(f"portal:{resource.handle}")
@@ -60,6 +60,6 @@ def test_an_admin_sees_a_cleanup_alert_with_its_owner_and_marks_the_resource_rel
     expect(page.locator("#toasts")).to_contain_text("marked RELEASED")
     screenshot("admin_resource_marked_released")
     resource.refresh_from_db()
-    assert (resource.state, resource.released_by) == ("RELEASED", "user:adele")
+    assert (resource.state, resource.released_by) == ("RELEASED", "user:ada")
     assert RunResource.objects.exclude(state="RELEASED").count() == 0
     assert ResourceAlert.objects.get(resource=resource).cleared_at is not None

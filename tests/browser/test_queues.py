@@ -4,27 +4,18 @@ live table and show one toast; bulk resolve previews exactly the selected cases 
 from playwright.sync_api import expect
 
 from approvals.models import ReconciliationCase
-from ledger.services.tenancy.roles import role_grant
-from tests.console.queues_fixtures import pending_approvals, unknown_cases
+from tests.browser.accounts import sign_in
+from tests.factories import pending_approvals, unknown_cases
 
 
-def sign_in(page, live_server, tenant, username, role):
-    role_grant(username=username, tenant=tenant, role=role, password=f"{username}-pass-1")
-    page.goto(live_server.url + "/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(f"{username}-pass-1")
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", name="Dashboard")).to_be_visible()
-
-
-def test_an_operator_claims_resolves_and_bulk_resolves_cases(live_server, page, screenshot, acme):
+def test_an_operator_claims_resolves_and_bulk_resolves_cases(live_server, page, screenshot, acme, operator):
     cases = unknown_cases(acme.worker, 4)
-    sign_in(page, live_server, acme.tenant, "olivia", "operator")
+    sign_in(page, live_server, operator)
     page.goto(live_server.url + "/cases/")
     first = page.locator(f"#case-{cases[0].pk}")
     first.get_by_role("button", name="Claim").click()
     expect(page.locator("#toasts")).to_contain_text("claimed")
-    expect(page.locator(f"#case-{cases[0].pk}")).to_contain_text("by olivia")
+    expect(page.locator(f"#case-{cases[0].pk}")).to_contain_text("by olga")
     screenshot("cases_claimed")
 
     row = page.locator(f"#case-{cases[0].pk}")
@@ -57,9 +48,9 @@ def test_an_operator_claims_resolves_and_bulk_resolves_cases(live_server, page, 
     assert [statuses[c.pk] for c in cases] == ["RESOLVED", "RESOLVED", "RESOLVED", "OPEN"]
 
 
-def test_an_approver_approves_with_a_reason(live_server, page, screenshot, acme):
+def test_an_approver_approves_with_a_reason(live_server, page, screenshot, acme, approver):
     (approval,) = pending_approvals(acme.worker)
-    sign_in(page, live_server, acme.tenant, "alice", "approver")
+    sign_in(page, live_server, approver)
     page.goto(live_server.url + "/approvals/")
     row = page.locator(f"#approval-{approval.pk}")
     expect(row).to_contain_text("sha256:abc123")

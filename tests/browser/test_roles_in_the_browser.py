@@ -4,18 +4,20 @@ next call proceed over the API; a viewer sees no action buttons and a forged POS
 from playwright.sync_api import expect
 
 from approvals.models import ReconciliationCase
-from tests.browser.test_queues import sign_in
-from tests.console.queues_fixtures import pending_approvals, unknown_cases
+from tests.browser.accounts import sign_in
+from tests.factories import pending_approvals, unknown_cases
 
 
-def test_an_approval_in_the_console_lets_the_workers_next_call_proceed(live_server, page, screenshot, acme, api_for):
+def test_an_approval_in_the_console_lets_the_workers_next_call_proceed(
+    live_server, page, screenshot, acme, api_for, approver
+):
     (approval,) = pending_approvals(acme.worker)
     worker = api_for(acme)
     op_id = str(approval.operation_id)
     waiting = worker.post(f"/operations/{op_id}/authorize", {"fencing_token": approval.fencing_token})
     assert waiting.status == 202 and waiting.body["approval_id"] == str(approval.pk)
 
-    sign_in(page, live_server, acme.tenant, "alice", "approver")
+    sign_in(page, live_server, approver)
     page.goto(live_server.url + "/approvals/")
     row = page.locator(f"#approval-{approval.pk}")
     row.get_by_label("Reason").fill("customer confirmed the charge by phone")
@@ -29,9 +31,9 @@ def test_an_approval_in_the_console_lets_the_workers_next_call_proceed(live_serv
     assert worker.get(f"/approvals/{approval.pk}").body["status"] == "USED"
 
 
-def test_a_viewer_sees_no_action_buttons_and_a_forged_post_is_refused(live_server, page, screenshot, acme):
+def test_a_viewer_sees_no_action_buttons_and_a_forged_post_is_refused(live_server, page, screenshot, acme, viewer):
     (case,) = unknown_cases(acme.worker, 1)
-    sign_in(page, live_server, acme.tenant, "vera", "viewer")
+    sign_in(page, live_server, viewer)
     page.goto(live_server.url + "/cases/")
     row = page.locator(f"#case-{case.pk}")
     expect(row).to_contain_text("OPEN")

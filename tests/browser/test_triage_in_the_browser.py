@@ -8,15 +8,14 @@ from playwright.sync_api import expect
 from approvals.models import ApprovalRequest, ReconciliationCase
 from approvals.services.cases import case_claim, case_resolve
 from ledger.services.fence import notes, runs
-from tests.browser.test_queues import sign_in
-from tests.console.queues_fixtures import pending_approvals, unknown_cases, user_with
-from tests.ledger.factories import leased_run
+from tests.browser.accounts import sign_in
+from tests.factories import leased_run, pending_approvals, unknown_cases, user_with
 
 
-def test_the_run_page_shows_new_events_and_its_end_without_a_reload(live_server, page, screenshot, acme):
+def test_the_run_page_shows_new_events_and_its_end_without_a_reload(live_server, page, screenshot, acme, viewer):
     run, token = leased_run(acme.worker, ttl_s=600)
     notes.event_append(worker=acme.worker, run_id=run.pk, fencing_token=token, type="NOTE", fields={"step": 1})
-    sign_in(page, live_server, acme.tenant, "vic", "viewer")
+    sign_in(page, live_server, viewer)
     page.goto(f"{live_server.url}/runs/{run.pk}/")
     expect(page.locator("#run-status")).to_contain_text("ACTIVE")
     expect(page.locator(".new-events")).to_have_count(0)
@@ -35,9 +34,9 @@ def test_the_run_page_shows_new_events_and_its_end_without_a_reload(live_server,
     expect(page.locator("table.timeline")).to_contain_text("RUN_COMPLETED")
 
 
-def test_claim_and_resolve_from_the_keyboard(live_server, page, screenshot, acme):
+def test_claim_and_resolve_from_the_keyboard(live_server, page, screenshot, acme, operator):
     first, second = unknown_cases(acme.worker, 2)
-    sign_in(page, live_server, acme.tenant, "olga", "operator")
+    sign_in(page, live_server, operator)
     page.goto(live_server.url + "/cases/?sort=oldest")
     page.keyboard.press("j")
     expect(page.locator(f"#case-{first.pk}")).to_be_focused()
@@ -65,9 +64,9 @@ def test_claim_and_resolve_from_the_keyboard(live_server, page, screenshot, acme
     expect(page.locator("#keys-help")).to_be_hidden()
 
 
-def test_approve_from_the_keyboard_sends_nothing_before_enter(live_server, page, acme):
+def test_approve_from_the_keyboard_sends_nothing_before_enter(live_server, page, acme, approver):
     (approval,) = pending_approvals(acme.worker)
-    sign_in(page, live_server, acme.tenant, "alice", "approver")
+    sign_in(page, live_server, approver)
     page.goto(live_server.url + "/approvals/")
     page.keyboard.press("j")
     page.keyboard.press("a")
@@ -81,9 +80,9 @@ def test_approve_from_the_keyboard_sends_nothing_before_enter(live_server, page,
     assert (approval.status, approval.decided_by, approval.reason) == ("APPROVED", "alice", "invoice 17 checked")
 
 
-def test_bulk_approve_shows_exactly_what_it_will_approve(live_server, page, screenshot, acme):
+def test_bulk_approve_shows_exactly_what_it_will_approve(live_server, page, screenshot, acme, approver):
     requests = pending_approvals(acme.worker, 3)
-    sign_in(page, live_server, acme.tenant, "alice", "approver")
+    sign_in(page, live_server, approver)
     page.goto(live_server.url + "/approvals/")
     for approval in requests[:2]:
         page.locator(f"#approval-{approval.pk} input[type=checkbox]").check()
@@ -103,9 +102,9 @@ def test_bulk_approve_shows_exactly_what_it_will_approve(live_server, page, scre
     assert [statuses[a.pk] for a in requests] == ["APPROVED", "APPROVED", "PENDING"]
 
 
-def test_bad_filter_values_say_so_on_every_list(live_server, page, screenshot, acme):
+def test_bad_filter_values_say_so_on_every_list(live_server, page, screenshot, acme, viewer):
     unknown_cases(acme.worker, 1)
-    sign_in(page, live_server, acme.tenant, "vic", "viewer")
+    sign_in(page, live_server, viewer)
     for path, says in (
         ("/cases/?status=closed-ish", "There is no status “closed-ish”: showing open instead."),
         ("/approvals/?status=maybe", "There is no status “maybe”"),
@@ -120,10 +119,10 @@ def test_bad_filter_values_say_so_on_every_list(live_server, page, screenshot, a
     expect(page.locator("select[name=status]")).to_have_value("APPROVED")
 
 
-def test_the_cases_queue_stacks_at_a_phones_width_and_keeps_who_has_it(live_server, page, screenshot, acme):
+def test_the_cases_queue_stacks_at_a_phones_width_and_keeps_who_has_it(live_server, page, screenshot, acme, operator):
     cases = unknown_cases(acme.worker, 3)
     case_claim(case_id=cases[0].pk, user=user_with("operator", acme.tenant, "pat"))
-    sign_in(page, live_server, acme.tenant, "olga", "operator")
+    sign_in(page, live_server, operator)
     page.set_viewport_size({"width": 390, "height": 844})
     page.goto(live_server.url + "/cases/")
     row = page.locator(f"#case-{cases[0].pk}")
@@ -135,12 +134,11 @@ def test_the_cases_queue_stacks_at_a_phones_width_and_keeps_who_has_it(live_serv
     screenshot("cases-390px")
 
 
-def test_the_resolved_list_fits_a_laptop_screen(live_server, page, screenshot, acme):
+def test_the_resolved_list_fits_a_laptop_screen(live_server, page, screenshot, acme, operator):
     cases = unknown_cases(acme.worker, 3)
-    olga = user_with("operator", acme.tenant, "olga")
     for case in cases:
-        case_resolve(case_id=case.pk, user=olga, resolution="COMPENSATED", reason="refunded by hand, ticket 4411")
-    sign_in(page, live_server, acme.tenant, "rita", "operator")
+        case_resolve(case_id=case.pk, user=operator, resolution="COMPENSATED", reason="refunded by hand, ticket 4411")
+    sign_in(page, live_server, user_with("operator", acme.tenant, "rita"))
     page.set_viewport_size({"width": 1400, "height": 900})
     page.goto(live_server.url + "/cases/?status=resolved")
     expect(page.locator(f"#case-{cases[0].pk}")).to_contain_text("by olga")

@@ -7,20 +7,21 @@ from playwright.sync_api import expect
 
 from ledger.models import RunLease, Tenant
 from ledger.services.upgrades.restore import effects_hold
-from tests.browser.test_queues import sign_in
-from tests.console.test_upgrades_page import conflicted
-from tests.faults.test_schema_migration import booted
+from tests.browser.accounts import sign_in
+from tests.factories import booted, state_conflict
 
 
-def test_an_operator_decides_a_state_conflict_and_the_run_goes_on(live_server, page, screenshot, acme, api_for):
+def test_an_operator_decides_a_state_conflict_and_the_run_goes_on(
+    live_server, page, screenshot, acme, api_for, operator
+):
     booted(acme.worker, reads=2)
-    conflict = conflicted(acme)
+    conflict = state_conflict(acme)
     token = RunLease.objects.get(run_id=conflict.run_id).fencing_token
     worker = api_for(acme)
     refused = worker.post(f"/runs/{conflict.run_id}/events", {"fencing_token": token, "type": "NOTE", "fields": {}})
     assert (refused.status, refused.body["error"]) == (409, "STATE_CONFLICT")
 
-    sign_in(page, live_server, acme.tenant, "olga", "operator")
+    sign_in(page, live_server, operator)
     page.goto(f"{live_server.url}/runs/{conflict.run_id}/")
     expect(page.locator(".conflict-banner")).to_contain_text("automation stopped")
     screenshot("upgrades_run_conflict_banner")
@@ -45,9 +46,9 @@ def test_an_operator_decides_a_state_conflict_and_the_run_goes_on(live_server, p
     assert allowed.status == 201, allowed.body
 
 
-def test_an_admin_allows_effects_after_a_restore(live_server, page, screenshot, acme):
+def test_an_admin_allows_effects_after_a_restore(live_server, page, screenshot, acme, admin):
     effects_hold(by="restore_check", tenants=["acme"], reason="restored from the 02:00 backup")
-    sign_in(page, live_server, acme.tenant, "ada", "admin")
+    sign_in(page, live_server, admin)
     page.goto(f"{live_server.url}/tenants/acme/")
     expect(page.locator("main")).to_contain_text("effects held")
     page.get_by_role("link", name="upgrades page").click()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import fenceline_client
 from fenceline_client import evidence_verifier
-from tests.unit.test_evidence_verifier import K1, RUN, export_of
+from tests.unit.reference_chain import K1, RUN, export_of
 
 PACKAGE = Path(__file__).resolve().parents[2] / "clients" / "python"
 SOURCE = PACKAGE / "src"

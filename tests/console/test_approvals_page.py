@@ -11,12 +11,8 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from ledger.models import Event, Operation
-from tests.console.queues_fixtures import (
-    Browser,
-    pending_approvals,
-    snapshot,
-    user_with,
-)
+from tests.factories import pending_approvals, user_with
+from tests.helpers import Browser, snapshot
 
 URL = reverse("approvals")
 
@@ -29,9 +25,9 @@ def test_without_a_role_the_queue_shows_no_request_of_the_tenant(acme):
     assert "No requests here." in page.content.decode()
 
 
-def test_a_viewer_sees_what_where_until_when_and_the_binding_but_no_decision(acme):
+def test_a_viewer_sees_what_where_until_when_and_the_binding_but_no_decision(acme, viewer):
     (approval,) = pending_approvals(acme.worker)
-    body = Browser(user_with("viewer", acme.tenant)).get(URL).content.decode()
+    body = Browser(viewer).get(URL).content.decode()
     op = Operation.objects.get(pk=approval.operation_id)
     for known in (
         "payments · charge",
@@ -47,15 +43,15 @@ def test_a_viewer_sees_what_where_until_when_and_the_binding_but_no_decision(acm
     assert reverse("approval-decide", args=[approval.pk]) not in body
 
 
-def test_an_approver_sees_the_decision_form(acme):
+def test_an_approver_sees_the_decision_form(acme, approver):
     (approval,) = pending_approvals(acme.worker)
-    body = Browser(user_with("approver", acme.tenant)).get(URL).content.decode()
+    body = Browser(approver).get(URL).content.decode()
     assert reverse("approval-decide", args=[approval.pk]) in body
 
 
-def test_another_tenants_requests_are_not_listed_and_deciding_them_is_404(acme, outsider):
+def test_another_tenants_requests_are_not_listed_and_deciding_them_is_404(acme, outsider, approver):
     (theirs,) = pending_approvals(outsider.worker)
-    approver = Browser(user_with("approver", acme.tenant))
+    approver = Browser(approver)
     assert str(theirs.run_id)[:8] not in approver.get(URL).content.decode()
     before = snapshot()
     assert (
@@ -65,9 +61,9 @@ def test_another_tenants_requests_are_not_listed_and_deciding_them_is_404(acme, 
     assert snapshot() == before
 
 
-def test_an_approval_names_the_approver_and_reason_in_the_runs_chain(acme):
+def test_an_approval_names_the_approver_and_reason_in_the_runs_chain(acme, approver):
     (approval,) = pending_approvals(acme.worker)
-    browser = Browser(user_with("approver", acme.tenant, name="alice"))
+    browser = Browser(approver)
     response = browser.post(
         reverse("approval-decide", args=[approval.pk]),
         {"decision": "approve", "reason": "invoice 17 checked"},
@@ -81,9 +77,9 @@ def test_an_approval_names_the_approver_and_reason_in_the_runs_chain(acme):
     assert (event.actor, event.fields["reason"]) == ("user:alice", "invoice 17 checked")
 
 
-def test_a_decision_without_a_reason_is_refused_and_changes_nothing(acme):
+def test_a_decision_without_a_reason_is_refused_and_changes_nothing(acme, approver):
     (approval,) = pending_approvals(acme.worker)
-    browser = Browser(user_with("approver", acme.tenant))
+    browser = Browser(approver)
     before = snapshot()
     response = browser.post(reverse("approval-decide", args=[approval.pk]), {"decision": "approve", "reason": "  "})
     assert response.status_code == 422
@@ -91,10 +87,10 @@ def test_a_decision_without_a_reason_is_refused_and_changes_nothing(acme):
     assert snapshot() == before
 
 
-def test_an_expired_request_is_shown_expired_and_a_late_yes_approves_nothing(acme):
+def test_an_expired_request_is_shown_expired_and_a_late_yes_approves_nothing(acme, approver):
     (approval,) = pending_approvals(acme.worker)
     ApprovalRequest.objects.filter(pk=approval.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
-    browser = Browser(user_with("approver", acme.tenant, name="alice"))
+    browser = Browser(approver)
     body = browser.get(URL).content.decode()
     assert "EXPIRED" in body
     assert reverse("approval-decide", args=[approval.pk]) not in body
@@ -108,9 +104,9 @@ def test_an_expired_request_is_shown_expired_and_a_late_yes_approves_nothing(acm
     assert "EXPIRED" in browser.get(f"{URL}?status=EXPIRED").content.decode()
 
 
-def test_the_table_is_a_partial_polled_every_ten_seconds(acme):
+def test_the_table_is_a_partial_polled_every_ten_seconds(acme, viewer):
     pending_approvals(acme.worker)
-    browser = Browser(user_with("viewer", acme.tenant))
+    browser = Browser(viewer)
     assert 'hx-trigger="every 10s' in browser.get(URL).content.decode()
     partial = browser.get(URL, headers={"HX-Request": "true", "HX-Target": "approvals-table"}).content.decode()
     assert partial.lstrip().startswith('<div id="approvals-table"') and "<html" not in partial
@@ -122,8 +118,8 @@ def queries_for(browser, url) -> int:
     return len(captured)
 
 
-def test_the_page_costs_the_same_queries_with_10_and_200_requests(acme):
-    browser = Browser(user_with("approver", acme.tenant))
+def test_the_page_costs_the_same_queries_with_10_and_200_requests(acme, approver):
+    browser = Browser(approver)
     pending_approvals(acme.worker, 10, prefix="a")
     browser.get(URL)  # the process's caches (content types) warm, as after any first request
     with_10 = queries_for(browser, URL)

@@ -7,17 +7,17 @@ import pytest
 
 from approvals.models import CaseStatus
 from approvals.services.lookups import cases_look_up
-from tests.console.queues_fixtures import Browser, user_with
-from tests.faults.test_reconcilers import charge, sandbox, unknown  # noqa: F401 - sandbox is a fixture
+from tests.factories import unknown_payment
+from tests.helpers import Browser, sandbox_charge
 
 pytestmark = pytest.mark.django_db
 
 
-def test_the_queue_keeps_lookups_apart_and_shows_the_history_of_a_case_handed_to_people(acme, sandbox):  # noqa: F811
-    operator = Browser(user_with("operator", acme.tenant))
-    _, _, waiting = unknown(acme.worker, "pay-waiting")
-    _, _, handed = unknown(acme.worker, "pay-handed")
-    charge(sandbox, "pay-handed")
+def test_the_queue_keeps_lookups_apart_and_shows_the_history_of_a_case_handed_to_people(acme, sandbox, operator):
+    operator = Browser(operator)
+    _, _, waiting = unknown_payment(acme.worker, "pay-waiting")
+    _, _, handed = unknown_payment(acme.worker, "pay-handed")
+    sandbox_charge(sandbox, "pay-handed")
     sandbox.lookup_mode = "cannot_tell"
     from approvals.models import ReconciliationCase
 
@@ -33,9 +33,9 @@ def test_the_queue_keeps_lookups_apart_and_shows_the_history_of_a_case_handed_to
     assert f"case-{waiting.pk}" in lookups and "Take over" in lookups and "looking up" in lookups
 
 
-def test_an_operator_takes_a_case_over_from_the_reconciler(acme, sandbox):  # noqa: F811
-    operator = Browser(user_with("operator", acme.tenant))
-    _, _, case = unknown(acme.worker, "pay-take-over")
+def test_an_operator_takes_a_case_over_from_the_reconciler(acme, sandbox, operator):
+    operator = Browser(operator)
+    _, _, case = unknown_payment(acme.worker, "pay-take-over")
 
     answer = operator.post(f"/cases/{case.pk}/claim?status=LOOKUP")
 
@@ -45,20 +45,20 @@ def test_an_operator_takes_a_case_over_from_the_reconciler(acme, sandbox):  # no
     assert cases_look_up().claimed == 0
 
 
-def test_a_viewer_cannot_take_a_case_over(acme, sandbox):  # noqa: F811
-    viewer = Browser(user_with("viewer", acme.tenant))
-    _, _, case = unknown(acme.worker, "pay-viewer")
+def test_a_viewer_cannot_take_a_case_over(acme, sandbox, viewer):
+    viewer = Browser(viewer)
+    _, _, case = unknown_payment(acme.worker, "pay-viewer")
     assert viewer.post(f"/cases/{case.pk}/claim").status_code == 403
     case.refresh_from_db()
     assert case.status == CaseStatus.LOOKUP
 
 
-def test_the_dashboard_counts_unknowns_settled_by_reconcilers_and_by_people(acme, sandbox):  # noqa: F811
-    operator = Browser(user_with("operator", acme.tenant))
-    unknown(acme.worker, "pay-auto")
-    charge(sandbox, "pay-auto")
+def test_the_dashboard_counts_unknowns_settled_by_reconcilers_and_by_people(acme, sandbox, operator):
+    operator = Browser(operator)
+    unknown_payment(acme.worker, "pay-auto")
+    sandbox_charge(sandbox, "pay-auto")
     assert cases_look_up().happened == 1
-    unknown(acme.worker, "pay-still")  # due now too, but looked up only at the next pass
+    unknown_payment(acme.worker, "pay-still")  # due now too, but looked up only at the next pass
     from approvals.models import ReconciliationCase
 
     ReconciliationCase.objects.filter(status="LOOKUP").update(next_lookup_at="2999-01-01T00:00:00Z")

@@ -12,14 +12,8 @@ from approvals.services.cases import case_resolve
 from ledger.errors import StaleToken
 from ledger.models import Event
 from ledger.services.fence import leases, outcomes
-from tests.console.queues_fixtures import (
-    Browser,
-    snapshot,
-    unknown_case,
-    unknown_cases,
-    user_with,
-)
-from tests.ledger.factories import dispatched_operation, expire, leased_run
+from tests.factories import dispatched_operation, expire, leased_run, unknown_case, unknown_cases, user_with
+from tests.helpers import Browser, snapshot
 
 URL = reverse("cases")
 
@@ -49,9 +43,9 @@ def test_without_a_role_the_queue_shows_no_case_of_the_tenant(acme):
     assert "No cases here." in page.content.decode()
 
 
-def test_a_viewer_sees_everything_known_about_a_case_but_no_action(acme):
+def test_a_viewer_sees_everything_known_about_a_case_but_no_action(acme, viewer):
     case = fenced_late_report(acme.worker)
-    body = Browser(user_with("viewer", acme.tenant)).get(URL).content.decode()
+    body = Browser(viewer).get(URL).content.decode()
     for known in (
         "email:welcome:42",  # idempotency key
         "email · send",  # tool and action
@@ -68,9 +62,9 @@ def test_a_viewer_sees_everything_known_about_a_case_but_no_action(acme):
     assert 'id="bulk-form"' not in body
 
 
-def test_an_operator_sees_the_actions(acme):
+def test_an_operator_sees_the_actions(acme, operator):
     case = unknown_case(acme.worker)
-    body = Browser(user_with("operator", acme.tenant)).get(URL).content.decode()
+    body = Browser(operator).get(URL).content.decode()
     for url in (
         reverse("case-claim", args=[case.pk]),
         reverse("case-resolve", args=[case.pk]),
@@ -80,9 +74,9 @@ def test_an_operator_sees_the_actions(acme):
     assert 'id="bulk-form"' in body
 
 
-def test_another_tenants_cases_are_not_listed_and_their_actions_are_404(acme, outsider):
+def test_another_tenants_cases_are_not_listed_and_their_actions_are_404(acme, outsider, operator):
     theirs = unknown_case(outsider.worker)
-    operator = Browser(user_with("operator", acme.tenant))
+    operator = Browser(operator)
     assert theirs.operation.idempotency_key not in operator.get(URL).content.decode()
     before = snapshot()
     assert operator.post(reverse("case-claim", args=[theirs.pk])).status_code == 404
@@ -92,9 +86,9 @@ def test_another_tenants_cases_are_not_listed_and_their_actions_are_404(acme, ou
 # --- live updates and htmx actions ---------------------------------------------------------
 
 
-def test_the_table_is_a_partial_polled_every_ten_seconds(acme):
+def test_the_table_is_a_partial_polled_every_ten_seconds(acme, viewer):
     unknown_case(acme.worker)
-    browser = Browser(user_with("viewer", acme.tenant))
+    browser = Browser(viewer)
     full = browser.get(URL).content.decode()
     assert 'hx-trigger="every 10s' in full
     partial = browser.get(URL, headers={"HX-Request": "true", "HX-Target": "cases-table"}).content.decode()
@@ -102,25 +96,25 @@ def test_the_table_is_a_partial_polled_every_ten_seconds(acme):
     assert "<html" not in partial
 
 
-def test_an_htmx_claim_returns_the_table_and_one_toast(acme):
+def test_an_htmx_claim_returns_the_table_and_one_toast(acme, operator):
     case = unknown_case(acme.worker)
-    browser = Browser(user_with("operator", acme.tenant, name="olivia"))
+    browser = Browser(operator)
     response = browser.post(
         reverse("case-claim", args=[case.pk]), headers={"HX-Request": "true", "HX-Target": "cases-table"}
     )
     body = response.content.decode()
     assert response.status_code == 200
     assert body.count('hx-swap-oob="beforeend:#toasts"') == 1
-    assert "claimed" in body and "by olivia" in body
+    assert "claimed" in body and "by olga" in body
     case.refresh_from_db()
-    assert (case.status, case.claimed_by) == ("CLAIMED", "olivia")
+    assert (case.status, case.claimed_by) == ("CLAIMED", "olga")
     claimed = Event.objects.get(run_id=case.run_id, type="CASE_CLAIMED")
-    assert claimed.actor == "user:olivia" and claimed.fields["case_id"] == str(case.pk)
+    assert claimed.actor == "user:olga" and claimed.fields["case_id"] == str(case.pk)
 
 
-def test_a_claimed_case_cannot_be_claimed_twice(acme):
+def test_a_claimed_case_cannot_be_claimed_twice(acme, operator):
     case = unknown_case(acme.worker)
-    first = Browser(user_with("operator", acme.tenant, name="olivia"))
+    first = Browser(operator)
     second = Browser(user_with("operator", acme.tenant, name="oscar"))
     assert first.post(reverse("case-claim", args=[case.pk])).status_code == 302
     before = snapshot()
@@ -140,9 +134,9 @@ def test_a_claimed_case_cannot_be_claimed_twice(acme):
         ({"resolution": "MAYBE", "reason": "a guess"}, "resolution: Select a valid choice."),
     ],
 )
-def test_a_resolution_without_its_evidence_or_reason_is_refused_and_changes_nothing(acme, data, message):
+def test_a_resolution_without_its_evidence_or_reason_is_refused_and_changes_nothing(acme, data, message, operator):
     case = unknown_case(acme.worker)
-    browser = Browser(user_with("operator", acme.tenant))
+    browser = Browser(operator)
     before = snapshot()
     response = browser.post(reverse("case-resolve", args=[case.pk]), data)
     assert response.status_code == 422
@@ -150,16 +144,16 @@ def test_a_resolution_without_its_evidence_or_reason_is_refused_and_changes_noth
     assert snapshot() == before
 
 
-def test_happened_with_the_provider_id_reconciles_the_operation(acme):
+def test_happened_with_the_provider_id_reconciles_the_operation(acme, operator):
     case = unknown_case(acme.worker)
-    browser = Browser(user_with("operator", acme.tenant, name="olivia"))
+    browser = Browser(operator)
     data = {"resolution": "HAPPENED", "provider_request_id": "gh-issue-991", "reason": "lookup by key found it"}
     assert browser.post(reverse("case-resolve", args=[case.pk]), data).status_code == 302
     case.refresh_from_db()
-    assert (case.status, case.resolution, case.resolved_by) == ("RESOLVED", "HAPPENED", "olivia")
+    assert (case.status, case.resolution, case.resolved_by) == ("RESOLVED", "HAPPENED", "olga")
     event = Event.objects.get(run_id=case.run_id, type="OPERATION_RECONCILED")
     assert (event.actor, event.fields["reason"], event.fields["provider_request_id"]) == (
-        "user:olivia",
+        "user:olga",
         "lookup by key found it",
         "gh-issue-991",
     )
@@ -168,11 +162,11 @@ def test_happened_with_the_provider_id_reconciles_the_operation(acme):
 # --- bulk ----------------------------------------------------------------------------------
 
 
-def test_bulk_preview_lists_exactly_the_selected_open_cases_and_changes_nothing(acme):
+def test_bulk_preview_lists_exactly_the_selected_open_cases_and_changes_nothing(acme, operator):
     cases = unknown_cases(acme.worker, 5)
     chosen, others = cases[:3], cases[3:]
     case_resolve(case_id=chosen[2].pk, resolved_by="someone", resolution="DID_NOT_HAPPEN", reason="already handled")
-    browser = Browser(user_with("operator", acme.tenant, name="olivia"))
+    browser = Browser(operator)
     data = {
         "case": [str(c.pk) for c in chosen],
         "resolution": "DID_NOT_HAPPEN",
@@ -197,15 +191,15 @@ def test_bulk_preview_lists_exactly_the_selected_open_cases_and_changes_nothing(
     assert browser.post(reverse("cases-bulk"), confirm).status_code == 302
     statuses = dict(ReconciliationCase.objects.values_list("pk", "status"))
     assert [statuses[c.pk] for c in cases] == ["RESOLVED", "RESOLVED", "RESOLVED", "OPEN", "OPEN"]
-    resolved_by_olivia = Event.objects.filter(type="OPERATION_RECONCILED", actor="user:olivia")
-    assert resolved_by_olivia.count() == 2
-    assert {e.fields["case_id"] for e in resolved_by_olivia} == {str(c.pk) for c in will_touch}
+    resolved_by_olga = Event.objects.filter(type="OPERATION_RECONCILED", actor="user:olga")
+    assert resolved_by_olga.count() == 2
+    assert {e.fields["case_id"] for e in resolved_by_olga} == {str(c.pk) for c in will_touch}
 
 
-def test_bulk_confirm_is_all_or_none(acme):
+def test_bulk_confirm_is_all_or_none(acme, operator):
     cases = unknown_cases(acme.worker, 3)
     case_resolve(case_id=cases[1].pk, resolved_by="someone", resolution="COMPENSATED", reason="refunded")
-    browser = Browser(user_with("operator", acme.tenant))
+    browser = Browser(operator)
     before = snapshot()
     confirm = {
         "case": [str(c.pk) for c in cases],
@@ -219,9 +213,9 @@ def test_bulk_confirm_is_all_or_none(acme):
     assert snapshot() == before
 
 
-def test_bulk_cannot_mark_cases_as_happened(acme):
+def test_bulk_cannot_mark_cases_as_happened(acme, operator):
     cases = unknown_cases(acme.worker, 2)
-    browser = Browser(user_with("operator", acme.tenant))
+    browser = Browser(operator)
     before = snapshot()
     data = {"case": [str(c.pk) for c in cases], "resolution": "HAPPENED", "reason": "sure", "confirm": "1"}
     assert browser.post(reverse("cases-bulk"), data).status_code == 422
@@ -237,8 +231,8 @@ def queries_for(browser, url) -> int:
     return len(captured)
 
 
-def test_the_page_costs_the_same_queries_with_10_and_200_cases(acme):
-    browser = Browser(user_with("operator", acme.tenant))
+def test_the_page_costs_the_same_queries_with_10_and_200_cases(acme, operator):
+    browser = Browser(operator)
     unknown_cases(acme.worker, 10, prefix="a")
     browser.get(URL)  # the process's caches (content types) warm, as after any first request
     with_10 = queries_for(browser, URL)
@@ -247,9 +241,9 @@ def test_the_page_costs_the_same_queries_with_10_and_200_cases(acme):
     assert with_10 == with_200
 
 
-def test_keyset_pages_cover_every_case_once(acme):
+def test_keyset_pages_cover_every_case_once(acme, viewer):
     cases = unknown_cases(acme.worker, 120)
-    browser = Browser(user_with("viewer", acme.tenant))
+    browser = Browser(viewer)
     seen, url = [], URL
     while url:
         page = browser.get(url)
@@ -261,9 +255,9 @@ def test_keyset_pages_cover_every_case_once(acme):
     assert seen == [c.pk for c in cases]
 
 
-def test_an_escalated_case_shows_who_escalated_it_and_why(acme):
+def test_an_escalated_case_shows_who_escalated_it_and_why(acme, operator):
     case = unknown_case(acme.worker)
-    browser = Browser(user_with("operator", acme.tenant, name="oli"))
+    browser = Browser(operator)
     assert (
         browser.post(reverse("case-escalate", args=[case.pk]), {"reason": "provider support ticket 4411"}).status_code
         == 302
@@ -271,8 +265,8 @@ def test_an_escalated_case_shows_who_escalated_it_and_why(acme):
     case.refresh_from_db()
     assert (case.status, case.escalated_by, case.escalation_reason) == (
         "ESCALATED",
-        "oli",
+        "olga",
         "provider support ticket 4411",
     )
     body = browser.get(URL + "?status=ESCALATED").content.decode()
-    assert "escalated by oli: provider support ticket 4411" in body
+    assert "escalated by olga: provider support ticket 4411" in body

@@ -11,8 +11,8 @@ from ledger.models import CredentialLease, Event
 from ledger.services.authority import credential_leases
 from ledger.services.core.intent import Intent
 from ledger.services.fence import operations
-from tests.console.admin_fixtures import active_leases
-from tests.console.queues_fixtures import Browser, user_with
+from tests.factories import active_leases, user_with
+from tests.helpers import Browser
 
 URL = reverse("credentials")
 PREVIEW = reverse("credential-revoke-preview")
@@ -37,18 +37,18 @@ def test_without_a_role_no_lease_is_listed_and_the_preview_is_404(acme):
     assert browser.get(PREVIEW, {"tenant": "acme", "lease": str(lease.pk)}).status_code == 404
 
 
-def test_a_viewer_sees_leases_but_no_revoke_or_rotate_and_the_preview_is_403(acme):
+def test_a_viewer_sees_leases_but_no_revoke_or_rotate_and_the_preview_is_403(acme, viewer):
     (lease,) = active_leases(acme, 1)
-    browser = Browser(user_with("viewer", acme.tenant))
+    browser = Browser(viewer)
     body = browser.get(URL).content.decode()
     assert str(lease.pk)[:8] in body and "github-bot" in body and "vault:kv/github-bot" in body
     assert "Revoke…" not in body and "Rotate…" not in body and "Revoke in bulk" not in body
     assert browser.get(PREVIEW, {"tenant": "acme", "lease": str(lease.pk)}).status_code == 403
 
 
-def test_another_tenants_leases_are_not_listed_and_its_preview_is_404(acme, outsider):
+def test_another_tenants_leases_are_not_listed_and_its_preview_is_404(acme, outsider, admin):
     (theirs,) = active_leases(outsider, 1)
-    browser = Browser(user_with("admin", acme.tenant))
+    browser = Browser(admin)
     assert str(theirs.pk)[:8] not in browser.get(URL).content.decode()
     assert browser.get(URL, {"tenant": "globex"}).context["rows"] == []
     assert browser.get(PREVIEW, {"tenant": "globex", "lease": str(theirs.pk)}).status_code == 404
@@ -57,11 +57,11 @@ def test_another_tenants_leases_are_not_listed_and_its_preview_is_404(acme, outs
 # --- filters --------------------------------------------------------------------------------
 
 
-def test_filters_by_principal_state_and_prefix(acme):
+def test_filters_by_principal_state_and_prefix(acme, viewer):
     mine = active_leases(acme, 2, principal="github-bot")
     other = active_leases(acme, 1, principal="deploy-bot")
     credential_leases.credential_lease_revoke(tenant=acme.tenant, lease_id=mine[0].pk, revoked_by="ann", reason="done")
-    browser = Browser(user_with("viewer", acme.tenant))
+    browser = Browser(viewer)
 
     def ids(**params):
         return {row.pk for row in browser.get(URL, params).context["rows"]}
@@ -74,9 +74,9 @@ def test_filters_by_principal_state_and_prefix(acme):
     assert refused.context["rows"] == [] and "hex digits" in refused.content.decode()
 
 
-def test_keyset_pages_cover_every_lease_once_newest_first(acme):
+def test_keyset_pages_cover_every_lease_once_newest_first(acme, viewer):
     leases = active_leases(acme, 60)
-    browser = Browser(user_with("viewer", acme.tenant))
+    browser = Browser(viewer)
     seen, params = [], {}
     while True:
         page = browser.get(URL, params)
@@ -108,10 +108,10 @@ def authorized_under(identity, lease, key="push-1"):
     return op
 
 
-def test_the_preview_names_the_leases_runs_and_operations_in_flight_and_changes_nothing(acme):
+def test_the_preview_names_the_leases_runs_and_operations_in_flight_and_changes_nothing(acme, admin):
     leases = active_leases(acme, 3, runs=2)
     op = authorized_under(acme, leases[0])
-    browser = Browser(user_with("admin", acme.tenant))
+    browser = Browser(admin)
     events = Event.objects.count()
     page = browser.get(PREVIEW, {"tenant": "acme", "principal": "github-bot"})
     body = page.content.decode()
@@ -124,16 +124,16 @@ def test_the_preview_names_the_leases_runs_and_operations_in_flight_and_changes_
     assert not CredentialLease.objects.filter(revoked_at__isnull=False).exists()
 
 
-def test_revoking_by_principal_revokes_exactly_the_previewed_leases_and_dispatch_is_refused(acme):
+def test_revoking_by_principal_revokes_exactly_the_previewed_leases_and_dispatch_is_refused(acme, admin):
     leases = active_leases(acme, 2)
     untouched = active_leases(acme, 1, principal="deploy-bot")
     op = authorized_under(acme, leases[0])
-    browser = Browser(user_with("admin", acme.tenant, name="ann"))
+    browser = Browser(admin)
     response = browser.post(REVOKE, {"tenant": "acme", "principal": "github-bot", "reason": "leaked in a log"})
     assert response.status_code == 302
     revoked = CredentialLease.objects.filter(revoked_at__isnull=False)
     assert {lease.pk for lease in revoked} == {lease.pk for lease in leases}
-    assert {(lease.revoked_by, lease.revoke_reason) for lease in revoked} == {("ann", "leaked in a log")}
+    assert {(lease.revoked_by, lease.revoke_reason) for lease in revoked} == {("ada", "leaked in a log")}
     assert CredentialLease.objects.get(pk=untouched[0].pk).revoked_at is None
     try:
         operations.operation_dispatch(
@@ -145,18 +145,18 @@ def test_revoking_by_principal_revokes_exactly_the_previewed_leases_and_dispatch
         raise AssertionError("a dispatch under a revoked lease went through")
 
 
-def test_a_revocation_without_a_reason_or_selection_is_refused_and_changes_nothing(acme):
+def test_a_revocation_without_a_reason_or_selection_is_refused_and_changes_nothing(acme, admin):
     (lease,) = active_leases(acme, 1)
-    browser = Browser(user_with("admin", acme.tenant))
+    browser = Browser(admin)
     assert browser.post(REVOKE, {"tenant": "acme", "lease": str(lease.pk), "reason": " "}).status_code == 422
     assert browser.post(REVOKE, {"tenant": "acme", "reason": "why"}).status_code == 422
     assert browser.post(REVOKE, {"tenant": "acme", "prefix": "ab", "reason": "why"}).status_code == 422
     assert CredentialLease.objects.get(pk=lease.pk).revoked_at is None
 
 
-def test_rotation_from_the_console_makes_older_leases_stale(acme):
+def test_rotation_from_the_console_makes_older_leases_stale(acme, admin):
     (lease,) = active_leases(acme, 1)
-    browser = Browser(user_with("admin", acme.tenant))
+    browser = Browser(admin)
     assert (
         browser.post(
             reverse("credential-rotate"), {"tenant": "acme", "principal": "github-bot", "reason": "yearly"}
@@ -173,8 +173,8 @@ def test_rotation_from_the_console_makes_older_leases_stale(acme):
 # --- constant queries -----------------------------------------------------------------------
 
 
-def test_the_list_and_the_preview_cost_the_same_queries_with_10_and_200_leases(acme):
-    browser = Browser(user_with("admin", acme.tenant))
+def test_the_list_and_the_preview_cost_the_same_queries_with_10_and_200_leases(acme, admin):
+    browser = Browser(admin)
     active_leases(acme, 10, runs=5)
     browser.get(URL)  # the process's caches (content types) warm, as after any first request
     with_10 = (queries_for(browser, URL), queries_for(browser, PREVIEW, {"tenant": "acme", "principal": "github-bot"}))

@@ -11,8 +11,8 @@ from django.utils import timezone
 from ledger.models import Run, Tenant
 from ledger.services.evidence.verification import run_verify
 from ledger.services.fence import outcomes, runs
-from tests.console.conftest import bulk_runs, logged_in
-from tests.ledger.factories import dispatched_operation, leased_run
+from tests.factories import bulk_runs, dispatched_operation, leased_run
+from tests.helpers import logged_in
 
 URL = reverse("home")
 

@@ -7,9 +7,7 @@ of queries.
 History is made through the real services; to place it in past hours, the services' clock
 (``django.utils.timezone.now``) is moved back while they run (events cannot be updated)."""
 
-from contextlib import contextmanager
 from datetime import datetime, timedelta
-from unittest import mock
 
 import pytest
 from django.db import connection
@@ -18,102 +16,17 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.selectors import dashboard_trends
-from approvals.services.cases import case_resolve
-from approvals.services.lookups import cases_look_up
-from ledger.errors import LeaseLost
-from ledger.services.authority.policy import policy_change
-from ledger.services.core.intent import Intent
 from ledger.services.evidence.verification import run_verify
-from ledger.services.fence import leases, operations, outcomes, runs
+from ledger.services.fence import leases, runs
 from ledger.services.tenancy.roles import role_grant
-from tests.console.conftest import bulk_runs, logged_in
-from tests.console.queues_fixtures import unknown_cases
-from tests.faults.test_reconcilers import charge, sandbox, unknown  # noqa: F401 - sandbox is a fixture
-from tests.ledger.factories import leased_run, new_run
+from tests.console.trend_history import clock, refusals, spend, this_hour, unknown_history
+from tests.factories import bulk_runs, leased_run, new_run, set_cost_policy, unknown_payment
+from tests.helpers import logged_in
 
 URL = reverse("home")
 TRENDS = {"HX-Request": "true", "HX-Target": "trends"}
 
 pytestmark = pytest.mark.django_db
-
-
-# --- history through the services ----------------------------------------------------------
-
-
-def this_hour() -> datetime:
-    return timezone.now().replace(minute=0, second=0, microsecond=0)
-
-
-@contextmanager
-def clock(at: datetime):
-    """The services' clock reads ``at`` (and runs on from there) inside the block."""
-    real = timezone.now
-    offset = at - real()
-    with mock.patch.object(timezone, "now", side_effect=lambda: real() + offset):
-        yield
-
-
-def refusals(identity, count: int) -> None:
-    """``count`` stale-token refusals: renewals with a token that is not the run's."""
-    run, token = leased_run(identity.worker)
-    for _ in range(count):
-        with pytest.raises(LeaseLost):
-            leases.lease_renew(
-                worker=identity.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token + 1, ttl_s=30
-            )
-
-
-def spend(identity, key: str, estimate: int, *, actual: int | None = None) -> None:
-    """One dispatched operation with a cost estimate (reserved at dispatch); with ``actual``
-    it is confirmed and the reservation settled at that."""
-    run, token = leased_run(identity.worker, owner=f"spender-{key}")
-    op, _ = operations.operation_intend(
-        worker=identity.worker,
-        run_id=run.pk,
-        fencing_token=token,
-        intent=Intent(
-            tool="llm",
-            action="complete",
-            resource="model:summarize",
-            effect_class="IDEMPOTENT",
-            idempotency_key=key,
-            estimated_cost_cents=estimate,
-        ),
-    )
-    operations.operation_authorize(worker=identity.worker, operation_id=op.pk, fencing_token=token)
-    operations.operation_dispatch(worker=identity.worker, operation_id=op.pk, fencing_token=token)
-    if actual is not None:
-        outcomes.operation_report_outcome(
-            worker=identity.worker,
-            operation_id=op.pk,
-            fencing_token=token,
-            outcome="CONFIRMED",
-            actual_cost_cents=actual,
-        )
-
-
-def tenant_limit(identity, cents: int, **breaker) -> None:
-    document: dict = {"cost_limits_cents": {"run": None, "tenant": cents, "retry": None, "provider": {}}}
-    if breaker:
-        document["breaker"] = {"throttled_at": 0.6, "degraded_at": 0.85, "open_at": 1.0, "throttled_max_dispatched": 2}
-        document["breaker"].update(breaker)
-    policy_change(tenant=identity.tenant, document=document, changed_by="test", reason="a tenant cost limit")
-
-
-def unknown_history(identity, hour: datetime, sandbox_provider) -> None:
-    """Five hours ago two UNKNOWN effects opened; three hours ago a person settled one of
-    them; an hour ago another opened and its reconciler settled it at once."""
-    with clock(hour - timedelta(hours=5, minutes=-10)):
-        first, _second = unknown_cases(identity.worker, 2, prefix=f"{identity.tenant.slug}-case")
-    with clock(hour - timedelta(hours=3, minutes=-10)):
-        case_resolve(
-            case_id=first.pk, resolution="DID_NOT_HAPPEN", reason="nothing in the provider log", resolved_by="olga"
-        )
-    with clock(hour - timedelta(hours=1, minutes=-10)):
-        key = f"{identity.tenant.slug}-pay-auto"
-        unknown(identity.worker, key)
-        charge(sandbox_provider, key)
-        assert cases_look_up().happened == 1
 
 
 def by_hour(rows: list[dict]) -> dict[datetime, dict]:
@@ -128,10 +41,7 @@ def settled(row: dict) -> tuple[int, int, int]:
 
 
 def test_unknown_effects_opened_and_settled_per_hour_split_by_people_and_by_reconcilers(
-    acme,
-    outsider,
-    viewer,
-    sandbox,  # noqa: F811
+    acme, outsider, viewer, sandbox
 ):
     hour = this_hour()
     unknown_history(acme, hour, sandbox)
@@ -174,10 +84,12 @@ def test_stale_token_rejections_per_hour_come_from_the_refusal_events(acme, outs
 
 def test_cost_burn_is_each_tenants_current_window_against_its_breaker_thresholds(acme, outsider, viewer):
     # acme's window is charged through escrow shards (its limit is large enough for them).
-    tenant_limit(acme, 100_000)
+    set_cost_policy(acme.tenant, tenant_limit=100_000)
     spend(acme, "summary-1", 30_000, actual=25_000)
     spend(acme, "summary-2", 40_000)  # still reserved
-    tenant_limit(outsider, 5_000, throttled_at=0.5, degraded_at=0.7, open_at=0.9)
+    set_cost_policy(
+        outsider.tenant, tenant_limit=5_000, breaker={"throttled_at": 0.5, "degraded_at": 0.7, "open_at": 0.9}
+    )
     spend(outsider, "globex-1", 4_000)
 
     page = logged_in(viewer).get(URL)
@@ -240,11 +152,11 @@ def test_a_tenant_never_verified_says_so(acme, viewer):
 # --- scope, text, polling, queries ----------------------------------------------------------
 
 
-def test_another_tenants_numbers_never_appear(acme, outsider, outsider_viewer_client, sandbox):  # noqa: F811
+def test_another_tenants_numbers_never_appear(acme, outsider, outsider_viewer_client, sandbox):
     hour = this_hour()
     unknown_history(acme, hour, sandbox)
     refusals(acme, 2)
-    tenant_limit(acme, 10_000)
+    set_cost_policy(acme.tenant, tenant_limit=10_000)
     spend(acme, "acme-secret-spend", 7_000)
     acme_run, token = leased_run(acme.worker)
     runs.run_complete(worker=acme.worker, run_id=acme_run.pk, fencing_token=token)
@@ -314,25 +226,25 @@ def count_queries(client, **kwargs) -> int:
     return len(ctx.captured_queries)
 
 
-def test_the_number_of_queries_does_not_grow_with_the_history(acme, outsider, viewer, sandbox):  # noqa: F811
+def test_the_number_of_queries_does_not_grow_with_the_history(acme, outsider, viewer, sandbox):
     client = logged_in(viewer)
     hour = this_hour()
     unknown_history(acme, hour, sandbox)
-    tenant_limit(acme, 100_000)
+    set_cost_policy(acme.tenant, tenant_limit=100_000)
     refusals(acme, 1)
     spend(acme, "first", 1_000, actual=900)
     count_queries(client)  # once, so that nothing cached per process is counted
     few_trends, few_page = count_queries(client, headers=TRENDS), count_queries(client)
 
     # More of everything, in more hours, and a second tenant with its own limit and history.
-    role_grant(username="vera", tenant=outsider.tenant, role="viewer")
-    tenant_limit(outsider, 50_000)
+    role_grant(username=viewer.username, tenant=outsider.tenant, role="viewer")
+    set_cost_policy(outsider.tenant, tenant_limit=50_000)
     for i in range(3):
         with clock(hour - timedelta(hours=4 + i)):
             for n in range(3):
-                unknown(acme.worker, f"more-{i}-{n}")  # with a cost estimate: acme has a limit now
+                unknown_payment(acme.worker, f"more-{i}-{n}")  # with a cost estimate: acme has a limit now
             for n in range(2):
-                unknown(outsider.worker, f"more-{i}-{n}")
+                unknown_payment(outsider.worker, f"more-{i}-{n}")
             refusals(acme, 2)
             refusals(outsider, 2)
     spend(acme, "second", 2_000)

@@ -11,9 +11,16 @@ import pytest
 from django.urls import reverse
 
 from ledger.models import AdminAction, Event
-from tests.console.admin_fixtures import active_leases, stuck_resource, worker_in
-from tests.console.queues_fixtures import ROLES, Browser, pending_approvals, snapshot, unknown_case, user_with
-from tests.ledger.factories import leased_run
+from tests.factories import (
+    ROLES,
+    active_leases,
+    leased_run,
+    pending_approvals,
+    stuck_resource,
+    unknown_case,
+    worker_in,
+)
+from tests.helpers import Browser, snapshot
 
 REASON = "checked with the provider console"
 OPERATOR_ACTIONS = {"claim", "resolve", "escalate", "bulk_resolve", "cancel_run"}
@@ -134,9 +141,9 @@ def perform(browser: Browser, action: str, t: Target):
 @pytest.mark.parametrize("where", ["own", "other"])
 @pytest.mark.parametrize("action", sorted(OPERATOR_ACTIONS) + sorted(APPROVER_ACTIONS) + sorted(ADMIN_ACTIONS))
 @pytest.mark.parametrize("role", [*ROLES, None], ids=lambda r: r or "no-role")
-def test_every_role_can_do_exactly_what_the_matrix_allows(role, action, where, acme, outsider):
+def test_every_role_can_do_exactly_what_the_matrix_allows(role, action, where, acme, outsider, people):
     target = Target(acme if where == "own" else outsider, action)
-    browser = Browser(user_with(role, acme.tenant, name="q-person"))
+    browser = Browser(people[role])
     before = snapshot()
 
     response = perform(browser, action, target)
@@ -146,12 +153,12 @@ def test_every_role_can_do_exactly_what_the_matrix_allows(role, action, where, a
         if target.event_type is not None:
             event = Event.objects.filter(run_id=target.run_id, type=target.event_type).order_by("-seq").first()
             assert event is not None, f"no {target.event_type} in the run's chain"
-            assert event.actor == "user:q-person"
+            assert event.actor == f"user:{browser.user.username}"
             if action != "claim":
                 assert event.fields["reason"] == REASON
         if target.admin_action is not None:
             record = AdminAction.objects.filter(tenant=target.tenant, action=target.admin_action).latest("occurred_at")
-            assert (record.actor, record.reason) == ("user:q-person", REASON)
+            assert (record.actor, record.reason) == (f"user:{browser.user.username}", REASON)
         assert snapshot() != before
     else:
         expected = 404 if (where == "other" or role is None) else 403

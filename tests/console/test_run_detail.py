@@ -17,8 +17,8 @@ from ledger.models import Run
 from ledger.services.fence import leases, outcomes
 from ledger.services.fence.notes import event_append
 from ledger.services.lifespan.checkpoints import checkpoint_save
-from tests.console.conftest import logged_in
-from tests.ledger.factories import dispatched_operation, expire, leased_run, new_run
+from tests.factories import dispatched_operation, expire, leased_run, new_run
+from tests.helpers import logged_in
 
 
 def url(run) -> str:

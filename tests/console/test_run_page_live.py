@@ -11,8 +11,8 @@ from fenceline_client.evidence_verifier import verify_chain
 from ledger.models import Run
 from ledger.services.fence.notes import event_append
 from ledger.services.tenancy.roles import role_grant
-from tests.console.conftest import logged_in
-from tests.ledger.factories import dispatched_operation, leased_run, new_run
+from tests.factories import dispatched_operation, leased_run, new_run
+from tests.helpers import logged_in
 
 
 def live(client, run, seen):

@@ -8,8 +8,8 @@ from django.urls import reverse
 
 from ledger.models import Run
 from ledger.services.fence import leases, runs
-from tests.console.conftest import bulk_runs, logged_in
-from tests.ledger.factories import dispatched_operation, leased_run, new_run
+from tests.factories import bulk_runs, dispatched_operation, leased_run, new_run
+from tests.helpers import logged_in
 
 URL = reverse("runs")
 

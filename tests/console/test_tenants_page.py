@@ -11,7 +11,8 @@ from ledger.models import TenantPolicy
 from ledger.roles import VIEW, can
 from ledger.services.authority.policy import policy_change
 from ledger.services.tenancy.tenants import tenant_ensure
-from tests.console.queues_fixtures import Browser, user_with
+from tests.factories import user_with
+from tests.helpers import Browser
 
 URL = reverse("tenants")
 
@@ -32,11 +33,11 @@ def test_without_a_role_no_tenant_is_listed_and_its_page_is_404(acme):
     assert browser.get(detail()).status_code == 404
 
 
-def test_a_viewer_reads_the_policy_and_roles_but_gets_no_form(acme):
-    browser = Browser(user_with("viewer", acme.tenant, name="vic"))
+def test_a_viewer_reads_the_policy_and_roles_but_gets_no_form(acme, viewer):
+    browser = Browser(viewer)
     page = browser.get(detail())
     body = page.content.decode()
-    assert page.status_code == 200 and "starter policy" in body and "vic" in body
+    assert page.status_code == 200 and "starter policy" in body and "vera" in body
     assert "Save as version" not in body and "Grant a role" not in body
     assert (
         browser.post(
@@ -46,16 +47,15 @@ def test_a_viewer_reads_the_policy_and_roles_but_gets_no_form(acme):
     )
 
 
-def test_another_tenant_is_not_listed_and_its_page_and_actions_are_404(acme, outsider):
-    browser = Browser(user_with("admin", acme.tenant))
+def test_another_tenant_is_not_listed_and_its_page_and_actions_are_404(acme, outsider, admin):
+    browser = Browser(admin)
     assert [t.slug for t in browser.get(URL).context["rows"]] == ["acme"]
     assert browser.get(detail("globex")).status_code == 404
     assert browser.post(reverse("tenant-policy", args=["globex"]), {"document": "{}", "reason": "r"}).status_code == 404
 
 
-def test_tenants_still_on_the_starter_policy_are_marked(acme, outsider):
+def test_tenants_still_on_the_starter_policy_are_marked(acme, outsider, admin):
     policy_change(tenant=acme.tenant, document={"human_approval_tools": ["payments"]}, changed_by="t", reason="r")
-    admin = user_with("admin", acme.tenant)
     from ledger.services.tenancy.roles import role_grant
 
     role_grant(username=admin.username, tenant=outsider.tenant, role="viewer")
@@ -66,8 +66,8 @@ def test_tenants_still_on_the_starter_policy_are_marked(acme, outsider):
     assert "starter policy" in Browser(admin).get(reverse("home")).content.decode()
 
 
-def test_a_policy_change_from_the_console_is_a_new_version_naming_its_author(acme):
-    browser = Browser(user_with("admin", acme.tenant, name="ann"))
+def test_a_policy_change_from_the_console_is_a_new_version_naming_its_author(acme, admin):
+    browser = Browser(admin)
     document = {"human_approval_tools": ["payments"], "max_ttl_s": 600}
     assert (
         browser.post(
@@ -76,11 +76,11 @@ def test_a_policy_change_from_the_console_is_a_new_version_naming_its_author(acm
         == 302
     )
     row = TenantPolicy.objects.get(tenant=acme.tenant, version=2)
-    assert (row.created_by, row.reason, row.document["max_ttl_s"]) == ("ann", "tighter", 600)
+    assert (row.created_by, row.reason, row.document["max_ttl_s"]) == ("ada", "tighter", 600)
 
 
-def test_a_bad_policy_is_refused_with_its_reason_and_the_draft_kept(acme):
-    browser = Browser(user_with("admin", acme.tenant))
+def test_a_bad_policy_is_refused_with_its_reason_and_the_draft_kept(acme, admin):
+    browser = Browser(admin)
     bad = browser.post(reverse("tenant-policy", args=["acme"]), {"document": '{"max_ttl_s": ', "reason": "r"})
     assert bad.status_code == 422 and "not valid JSON" in bad.content.decode()
     assert bad.context["draft"] == '{"max_ttl_s": '  # the draft is kept in the form, escaped in the page
@@ -89,8 +89,8 @@ def test_a_bad_policy_is_refused_with_its_reason_and_the_draft_kept(acme):
     assert TenantPolicy.objects.filter(tenant=acme.tenant).count() == 1
 
 
-def test_granting_a_role_creates_the_user_with_exactly_that_role(acme, django_user_model):
-    browser = Browser(user_with("admin", acme.tenant, name="ann"))
+def test_granting_a_role_creates_the_user_with_exactly_that_role(acme, django_user_model, admin):
+    browser = Browser(admin)
     data = {"username": "newbie", "role": "operator", "reason": "on call this week", "password": "newbie-pass-1"}
     assert browser.post(reverse("tenant-grant", args=["acme"]), data).status_code == 302
     newbie = django_user_model.objects.get(username="newbie")
@@ -100,12 +100,11 @@ def test_granting_a_role_creates_the_user_with_exactly_that_role(acme, django_us
     } == {"operator"}
     page = browser.get(detail()).content.decode()
     assert "newbie-pass-1" not in page and "on call this week" in page
-    own = browser.post(reverse("tenant-grant", args=["acme"]), {"username": "ann", "role": "viewer", "reason": "oops"})
+    own = browser.post(reverse("tenant-grant", args=["acme"]), {"username": "ada", "role": "viewer", "reason": "oops"})
     assert own.status_code == 422
 
 
-def test_the_pages_cost_the_same_queries_with_10_and_200_rows(acme):
-    admin = user_with("admin", acme.tenant)
+def test_the_pages_cost_the_same_queries_with_10_and_200_rows(acme, admin):
     browser = Browser(admin)
     from ledger.services.tenancy.roles import role_grant
 

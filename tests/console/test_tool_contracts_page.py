@@ -7,7 +7,7 @@ from django.urls import reverse
 
 from ledger.models import TenantPolicy
 from ledger.services.authority.policy import contract_put, policy_current
-from tests.console.queues_fixtures import Browser, user_with
+from tests.helpers import Browser
 
 CHARGE = {
     "tool": "payments",
@@ -42,14 +42,14 @@ def contracts(tenant) -> list[dict]:
 
 
 @pytest.mark.parametrize("role", ["viewer", "operator", "approver"])
-def test_without_the_admin_role_contracts_are_read_only(acme, role):
+def test_without_the_admin_role_contracts_are_read_only(acme, role, people):
     contract_put(
         tenant=acme.tenant,
         contract={"tool": "search", "effect_class": "PURE"},
         reason="reads only",
         changed_by="t",
     )
-    browser = Browser(user_with(role, acme.tenant))
+    browser = Browser(people[role])
     body = browser.get(reverse("tenant_detail", args=["acme"])).content.decode()
     assert "Tool contracts" in body and ">search<" in body
     assert "starter: the worker&#x27;s declared class is taken" in body
@@ -60,8 +60,8 @@ def test_without_the_admin_role_contracts_are_read_only(acme, role):
     assert versions(acme.tenant) == 2
 
 
-def test_an_admin_adds_replaces_and_removes_a_contract_each_a_new_version(acme):
-    browser = Browser(user_with("admin", acme.tenant, name="ann"))
+def test_an_admin_adds_replaces_and_removes_a_contract_each_a_new_version(acme, admin):
+    browser = Browser(admin)
     assert browser.post(put(), CHARGE).status_code == 302
     assert contracts(acme.tenant) == [
         {
@@ -75,7 +75,7 @@ def test_an_admin_adds_replaces_and_removes_a_contract_each_a_new_version(acme):
         }
     ]
     row = TenantPolicy.objects.get(tenant=acme.tenant, version=2)
-    assert (row.created_by, row.reason) == ("ann", "charges are final")
+    assert (row.created_by, row.reason) == ("ada", "charges are final")
 
     replaced = {**CHARGE, "effect_class": "UNKNOWN", "human_approval": "", "reason": "unsure"}
     del replaced["human_approval"]
@@ -89,16 +89,16 @@ def test_an_admin_adds_replaces_and_removes_a_contract_each_a_new_version(acme):
     assert versions(acme.tenant) == 4
 
 
-def test_an_admin_sets_what_tools_without_a_contract_are(acme):
-    browser = Browser(user_with("admin", acme.tenant))
+def test_an_admin_sets_what_tools_without_a_contract_are(acme, admin):
+    browser = Browser(admin)
     assert browser.post(unknown(), {"unknown_tool_class": "REFUSE", "reason": "contracts first"}).status_code == 302
     assert policy_current(tenant=acme.tenant)[1]["unknown_tool_class"] == "REFUSE"
     body = browser.get(reverse("tenant_detail", args=["acme"])).content.decode()
     assert "its operations are refused" in body
 
 
-def test_an_htmx_change_answers_with_the_section_and_a_toast(acme):
-    browser = Browser(user_with("admin", acme.tenant))
+def test_an_htmx_change_answers_with_the_section_and_a_toast(acme, admin):
+    browser = Browser(admin)
     answer = browser.post(put(), {**CHARGE, "action": ""}, HTTP_HX_REQUEST="true")
     body = answer.content.decode()
     assert answer.status_code == 200 and body.startswith('\n<section id="tool-contracts"')
@@ -106,8 +106,8 @@ def test_an_htmx_change_answers_with_the_section_and_a_toast(acme):
     assert '<h2 id="budgets">' not in body
 
 
-def test_another_tenants_contracts_are_404(acme, outsider):
-    browser = Browser(user_with("admin", acme.tenant))
+def test_another_tenants_contracts_are_404(acme, outsider, admin):
+    browser = Browser(admin)
     assert browser.post(put("globex"), CHARGE).status_code == 404
     assert browser.post(remove("globex"), {"tool": "x", "action": "*", "reason": "r"}).status_code == 404
     assert browser.post(unknown("globex"), {"unknown_tool_class": "REFUSE", "reason": "r"}).status_code == 404
@@ -124,16 +124,16 @@ def test_another_tenants_contracts_are_404(acme, outsider):
         ({"reconciler": "nobody"}, "contract.reconciler: no reconciler named &#x27;nobody&#x27; is configured"),
     ],
 )
-def test_bad_contract_input_writes_nothing_and_names_the_field(acme, change, named):
-    browser = Browser(user_with("admin", acme.tenant))
+def test_bad_contract_input_writes_nothing_and_names_the_field(acme, change, named, admin):
+    browser = Browser(admin)
     answer = browser.post(put(), {**CHARGE, **change})
     assert answer.status_code == 422
     assert named in answer.content.decode()
     assert versions(acme.tenant) == 1
 
 
-def test_removing_a_missing_contract_or_changing_nothing_writes_nothing(acme):
-    browser = Browser(user_with("admin", acme.tenant))
+def test_removing_a_missing_contract_or_changing_nothing_writes_nothing(acme, admin):
+    browser = Browser(admin)
     answer = browser.post(remove(), {"tool": "payments", "action": "charge", "reason": "r"})
     assert answer.status_code == 404 and "no contract for payments.charge" in answer.content.decode()
     answer = browser.post(unknown(), {"unknown_tool_class": "WORKER_DECLARED", "reason": "r"})

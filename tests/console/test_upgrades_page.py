@@ -6,32 +6,18 @@ Another tenant's conflict is a 404; a bad form is a 422 that changes nothing."""
 import pytest
 from django.urls import reverse
 
-from ledger.models import AdminAction, Event, Operation, Run, StateConflict, Tenant
-from ledger.services.upgrades.conflicts import conflict_open
+from ledger.models import AdminAction, Event, Run, StateConflict, Tenant
 from ledger.services.upgrades.restore import effects_hold
 from ledger.states import ConflictStatus
-from tests.console.queues_fixtures import Browser, user_with
-from tests.ledger.factories import dispatched_operation, leased_run
+from tests.factories import state_conflict
+from tests.helpers import Browser
 
 pytestmark = pytest.mark.django_db
 
 
-def conflicted(identity, key="c-1") -> StateConflict:
-    """An operation whose string and structured provider records disagree (as a rolling
-    deploy's old build can leave it), found by a reader: an open conflict on its run."""
-    run, token = leased_run(identity.worker)
-    op = dispatched_operation(identity.worker, run, token, key)
-    Operation.objects.filter(pk=op.pk).update(
-        provider_request_id="ch_2", provider_ref={"provider": op.provider, "id": "ch_1"}
-    )
-    conflict = conflict_open(operation_id=op.pk, found_by="test")
-    assert conflict is not None
-    return conflict
-
-
-def test_everyone_with_a_role_sees_the_conflicts_of_their_tenants_only(acme, outsider):
-    mine, theirs = conflicted(acme), conflicted(outsider, "c-2")
-    viewer = Browser(user_with("viewer", acme.tenant, "vic"))
+def test_everyone_with_a_role_sees_the_conflicts_of_their_tenants_only(acme, outsider, viewer):
+    mine, theirs = state_conflict(acme), state_conflict(outsider, "c-2")
+    viewer = Browser(viewer)
     page = viewer.get(reverse("upgrades"))
     assert page.status_code == 200
     html = page.content.decode()
@@ -43,9 +29,9 @@ def test_everyone_with_a_role_sees_the_conflicts_of_their_tenants_only(acme, out
     assert "automation stopped" in run_page and "STATE_CONFLICT" in run_page
 
 
-def test_an_operator_decides_a_conflict_with_a_reason(acme, outsider):
-    conflict = conflicted(acme)
-    operator = Browser(user_with("operator", acme.tenant, "olga"))
+def test_an_operator_decides_a_conflict_with_a_reason(acme, outsider, operator):
+    conflict = state_conflict(acme)
+    operator = Browser(operator)
     url = reverse("upgrades-conflict-resolve", args=[conflict.pk])
     before = Event.objects.count()
     for bad in ({"choice": "old"}, {"choice": "whichever", "reason": "x"}, {"reason": "no choice"}):
@@ -54,7 +40,7 @@ def test_an_operator_decides_a_conflict_with_a_reason(acme, outsider):
     assert Event.objects.count() == before
     assert StateConflict.objects.get(pk=conflict.pk).status == ConflictStatus.OPEN
 
-    other = conflicted(outsider, "c-2")
+    other = state_conflict(outsider, "c-2")
     assert (
         operator.post(
             reverse("upgrades-conflict-resolve", args=[other.pk]), {"choice": "old", "reason": "x"}
@@ -72,21 +58,21 @@ def test_an_operator_decides_a_conflict_with_a_reason(acme, outsider):
 
 
 @pytest.mark.parametrize("role", ["viewer", "approver"])
-def test_a_role_without_operate_cannot_decide(acme, role):
-    conflict = conflicted(acme)
-    person = Browser(user_with(role, acme.tenant, f"p-{role}"))
+def test_a_role_without_operate_cannot_decide(acme, role, people):
+    conflict = state_conflict(acme)
+    person = Browser(people[role])
     answer = person.post(reverse("upgrades-conflict-resolve", args=[conflict.pk]), {"choice": "new", "reason": "x"})
     assert answer.status_code == 403
     assert StateConflict.objects.get(pk=conflict.pk).status == ConflictStatus.OPEN
 
 
-def test_only_an_admin_allows_effects_after_a_restore(acme, outsider):
+def test_only_an_admin_allows_effects_after_a_restore(acme, outsider, operator, admin):
     effects_hold(by="restore_check", tenants=["acme", "globex"], reason="restored from last night's backup")
     url = reverse("upgrades-allow-effects", args=["acme"])
-    operator = Browser(user_with("operator", acme.tenant, "olga"))
+    operator = Browser(operator)
     assert "an admin of acme decides" in operator.get(reverse("upgrades")).content.decode()
     assert operator.post(url, {"reason": "looked"}).status_code == 403
-    admin = Browser(user_with("admin", acme.tenant, "ada"))
+    admin = Browser(admin)
     assert admin.post(reverse("upgrades-allow-effects", args=["globex"]), {"reason": "x"}).status_code == 404
     assert admin.post(url, {"reason": " "}).status_code == 422
     assert Tenant.objects.get(slug="acme").effects_held

@@ -7,10 +7,8 @@ from django.urls import reverse
 
 from ledger.models import Worker
 from ledger.services.fence import leases
-from ledger.services.fleet.boots import BootReport, worker_boot
-from tests.console.admin_fixtures import worker_in
-from tests.console.queues_fixtures import Browser, user_with
-from tests.ledger.factories import dispatched_operation, expire, leased_run
+from tests.factories import READY, booted, dispatched_operation, expire, leased_run, user_with, worker_in
+from tests.helpers import Browser
 
 URL = reverse("workers")
 
@@ -27,17 +25,17 @@ def test_without_a_role_no_worker_is_listed_and_its_page_is_404(acme):
     assert browser.get(reverse("worker_detail", args=[acme.worker.pk])).status_code == 404
 
 
-def test_a_viewer_sees_workers_and_their_history_but_no_action(acme):
+def test_a_viewer_sees_workers_and_their_history_but_no_action(acme, viewer):
     worker_in(acme.tenant, "QUARANTINED", "bad-apple")
-    browser = Browser(user_with("viewer", acme.tenant))
+    browser = Browser(viewer)
     body = browser.get(URL).content.decode()
     assert "bad-apple" in body and "QUARANTINED" in body and "suspicious" in body
     assert "Drain…" not in body and "Quarantine…" not in body and "Resume…" not in body
     assert browser.get(reverse("worker_detail", args=[acme.worker.pk])).status_code == 200
 
 
-def test_another_tenants_worker_is_not_listed_its_page_is_404_and_its_action_404(acme, outsider):
-    browser = Browser(user_with("admin", acme.tenant))
+def test_another_tenants_worker_is_not_listed_its_page_is_404_and_its_action_404(acme, outsider, admin):
+    browser = Browser(admin)
     assert "intruder" not in browser.get(URL).content.decode()
     assert browser.get(reverse("worker_detail", args=[outsider.worker.pk])).status_code == 404
     act = browser.post(reverse("worker-act", args=[outsider.worker.pk]), {"action": "quarantine", "reason": "x"})
@@ -45,11 +43,11 @@ def test_another_tenants_worker_is_not_listed_its_page_is_404_and_its_action_404
     assert Worker.objects.get(pk=outsider.worker.pk).status == "ACCEPTING"
 
 
-def test_a_lost_lease_is_listed_with_its_takeover_and_is_not_a_restart_episode(acme):
+def test_a_lost_lease_is_listed_with_its_takeover_and_is_not_a_restart_episode(acme, viewer):
     run, token = leased_run(acme.worker, owner="sleepy")
     expire(run)
     leases.lease_acquire(worker=acme.worker, run_id=run.pk, owner_id="rescuer", ttl_s=30)
-    browser = Browser(user_with("viewer", acme.tenant))
+    browser = Browser(viewer)
     (row,) = browser.get(URL).context["rows"]
     assert (row.held, row.lost, row.episodes) == (1, 1, 0)
     detail = browser.get(reverse("worker_detail", args=[acme.worker.pk]))
@@ -57,8 +55,8 @@ def test_a_lost_lease_is_listed_with_its_takeover_and_is_not_a_restart_episode(a
     assert (lost.end_reason, lost.next_owner, lost.next_token) == ("EXPIRED", "rescuer", token + 1)
 
 
-def test_draining_from_the_console_sets_the_deadline_and_refuses_new_leases(acme):
-    browser = Browser(user_with("admin", acme.tenant))
+def test_draining_from_the_console_sets_the_deadline_and_refuses_new_leases(acme, admin):
+    browser = Browser(admin)
     response = browser.post(
         reverse("worker-act", args=[acme.worker.pk]),
         {"action": "drain", "reason": "host patching", "deadline_min": "5"},
@@ -71,8 +69,8 @@ def test_draining_from_the_console_sets_the_deadline_and_refuses_new_leases(acme
     assert twice.status_code == 409 and "DRAINING" in twice.content.decode()
 
 
-def test_an_action_without_a_reason_is_refused(acme):
-    browser = Browser(user_with("admin", acme.tenant))
+def test_an_action_without_a_reason_is_refused(acme, admin):
+    browser = Browser(admin)
     assert (
         browser.post(reverse("worker-act", args=[acme.worker.pk]), {"action": "quarantine", "reason": ""}).status_code
         == 422
@@ -80,10 +78,10 @@ def test_an_action_without_a_reason_is_refused(acme):
     assert Worker.objects.get(pk=acme.worker.pk).status == "ACCEPTING"
 
 
-def test_the_list_and_the_detail_cost_the_same_queries_with_10_and_200_rows(acme):
+def test_the_list_and_the_detail_cost_the_same_queries_with_10_and_200_rows(acme, admin):
     from ledger.services.fleet.workers import worker_create
 
-    browser = Browser(user_with("admin", acme.tenant))
+    browser = Browser(admin)
     detail = reverse("worker_detail", args=[acme.worker.pk])
 
     def grants(n):
@@ -103,17 +101,13 @@ def test_the_list_and_the_detail_cost_the_same_queries_with_10_and_200_rows(acme
     assert with_10 == with_200
 
 
-READY = {d: {"ok": True, "evidence": {}} for d in ("runtime", "state", "credentials", "outbound_delivery", "admission")}
-
-
 def boot(worker, n: int, **changes):
-    report = {"boot_id": f"b-{n}", "config_hash": f"cfg-{n}", "code_version": "v1", "state_schema_version": 1}
-    report |= {"pid": 100 + n, "host": "node-1", "readiness": READY} | changes
-    return worker_boot(worker=worker, report=BootReport(**report))
+    """The worker's n-th boot report (config cfg-n)."""
+    return booted(worker, boot_id=f"b-{n}", config_hash=f"cfg-{n}", code_version="v1", pid=100 + n, **changes)
 
 
-def test_the_page_shows_paused_admission_the_boot_error_and_the_quarantine_bundle(acme):
-    browser = Browser(user_with("viewer", acme.tenant))
+def test_the_page_shows_paused_admission_the_boot_error_and_the_quarantine_bundle(acme, viewer):
+    browser = Browser(viewer)
     page = reverse("worker_detail", args=[acme.worker.pk])
     boot(acme.worker, 1)
     run, token = leased_run(acme.worker)

@@ -12,7 +12,7 @@ from approvals.services.approvals import approval_decide, approvals_expire
 from ledger.errors import WrongPhase
 from ledger.models import Event, Operation
 from ledger.services.authority.policy import policy_change
-from tests.faults.test_races import expire_lease
+from tests.factories import expire
 from tests.helpers import runs_held_elsewhere
 
 
@@ -39,15 +39,10 @@ def charge(client, run_id, key, token=1, effect_class="NON_RETRYABLE"):
     ).body["operation_id"]
 
 
-def leased(api_for, acme):
-    client = api_for(acme)
-    run_id = client.create_run()
-    client.acquire(run_id, "worker-a")
-    return client, run_id
-
-
-def test_another_tenants_approval_and_an_id_that_is_no_uuid_are_404(api_for, acme, outsider, payments_need_a_person):
-    client, run_id = leased(api_for, acme)
+def test_another_tenants_approval_and_an_id_that_is_no_uuid_are_404(
+    api_for, acme, outsider, payments_need_a_person, leased
+):
+    client, run_id = leased
     approval_id = client.authorize(charge(client, run_id, "inv-18"), 1).body["approval_id"]
     assert client.get(f"/approvals/{approval_id}").body["status"] == "PENDING"
     seen = api_for(outsider).get(f"/approvals/{approval_id}")
@@ -56,8 +51,8 @@ def test_another_tenants_approval_and_an_id_that_is_no_uuid_are_404(api_for, acm
     assert (malformed.status, malformed.body["error"]) == (404, "NOT_FOUND")
 
 
-def test_an_approved_operation_proceeds_once(api_for, acme, payments_need_a_person):
-    client, run_id = leased(api_for, acme)
+def test_an_approved_operation_proceeds_once(api_for, acme, payments_need_a_person, leased):
+    client, run_id = leased
     op = charge(client, run_id, "inv-17")
     asked = client.authorize(op, 1)
     assert asked.status == 202 and asked.body["decision"] == "APPROVAL_REQUIRED"
@@ -76,13 +71,13 @@ def test_an_approved_operation_proceeds_once(api_for, acme, payments_need_a_pers
     assert (decided.actor, decided.fields["reason"]) == ("user:alice", "invoice 17 checked")
 
 
-def test_an_approval_asked_under_token_t_cannot_be_used_under_t_plus_one(api_for, acme, payments_need_a_person):
-    client, run_id = leased(api_for, acme)
+def test_an_approval_asked_under_token_t_cannot_be_used_under_t_plus_one(api_for, acme, payments_need_a_person, leased):
+    client, run_id = leased
     op = charge(client, run_id, "inv-18")
     approval_id = client.authorize(op, 1).body["approval_id"]
     approval_decide(approval_id=approval_id, approve=True, decided_by="alice", reason="ok")
 
-    expire_lease(run_id)
+    expire(run_id)
     rescuer = api_for(acme)
     assert rescuer.acquire(run_id, "worker-b").body["fencing_token"] == 2
     assert ApprovalRequest.objects.get(pk=approval_id).status == "VOID"
@@ -92,8 +87,8 @@ def test_an_approval_asked_under_token_t_cannot_be_used_under_t_plus_one(api_for
     assert ApprovalRequest.objects.get(pk=again.body["approval_id"]).fencing_token == 2
 
 
-def test_an_approval_is_used_once_even_for_a_retry(api_for, acme):
-    client, run_id = leased(api_for, acme)
+def test_an_approval_is_used_once_even_for_a_retry(api_for, acme, leased):
+    client, run_id = leased
     op = charge(client, run_id, "inv-19")  # payments need no person here; retries of NON_RETRYABLE do
     client.authorize(op, 1)
     client.dispatch(op, 1)
@@ -114,8 +109,8 @@ def test_an_approval_is_used_once_even_for_a_retry(api_for, acme):
     assert Operation.objects.get(pk=op).attempt == 2
 
 
-def test_an_expired_approval_stays_expired(api_for, acme, payments_need_a_person):
-    client, run_id = leased(api_for, acme)
+def test_an_expired_approval_stays_expired(api_for, acme, payments_need_a_person, leased):
+    client, run_id = leased
     op = charge(client, run_id, "inv-20")
     approval_id = client.authorize(op, 1).body["approval_id"]
     ApprovalRequest.objects.filter(pk=approval_id).update(expires_at=timezone.now() - timedelta(seconds=1))
@@ -132,8 +127,8 @@ def test_an_expired_approval_stays_expired(api_for, acme, payments_need_a_person
     assert Event.objects.filter(run_id=run_id, type="APPROVAL_EXPIRED").count() == 1
 
 
-def test_a_denied_approval_denies_the_operation(api_for, acme, payments_need_a_person):
-    client, run_id = leased(api_for, acme)
+def test_a_denied_approval_denies_the_operation(api_for, acme, payments_need_a_person, leased):
+    client, run_id = leased
     op = charge(client, run_id, "inv-21")
     approval_id = client.authorize(op, 1).body["approval_id"]
     approval_decide(approval_id=approval_id, approve=False, decided_by="alice", reason="duplicate invoice")
@@ -145,8 +140,8 @@ def test_a_denied_approval_denies_the_operation(api_for, acme, payments_need_a_p
     assert (refused.status, refused.body["error"]) == (409, "WRONG_PHASE")  # never silently re-authorized
 
 
-def test_a_late_yes_on_a_request_past_its_expiry_marks_it_expired(api_for, acme, payments_need_a_person):
-    client, run_id = leased(api_for, acme)
+def test_a_late_yes_on_a_request_past_its_expiry_marks_it_expired(api_for, acme, payments_need_a_person, leased):
+    client, run_id = leased
     op = charge(client, run_id, "inv-22")
     approval_id = client.authorize(op, 1).body["approval_id"]
     ApprovalRequest.objects.filter(pk=approval_id).update(expires_at=timezone.now() - timedelta(seconds=1))
@@ -156,12 +151,12 @@ def test_a_late_yes_on_a_request_past_its_expiry_marks_it_expired(api_for, acme,
     assert client.authorize(op, 1).status == 202
 
 
-def test_the_expiry_job_and_command_are_safe_to_repeat(api_for, acme, payments_need_a_person, capsys):
+def test_the_expiry_job_and_command_are_safe_to_repeat(api_for, acme, payments_need_a_person, capsys, leased):
     from django.core.management import call_command
 
     from approvals.tasks import expire_approvals_task
 
-    client, run_id = leased(api_for, acme)
+    client, run_id = leased
     op = charge(client, run_id, "inv-23")
     approval_id = client.authorize(op, 1).body["approval_id"]
     ApprovalRequest.objects.filter(pk=approval_id).update(expires_at=timezone.now() - timedelta(seconds=1))
@@ -177,8 +172,9 @@ def test_the_expiry_job_looks_past_approvals_whose_runs_are_busy_elsewhere(api_f
     run of a batch is locked by the other copy, this one reads on past those approvals
     instead of ending its pass. Here another connection holds the runs of the 3 oldest."""
     asked = []  # (approval id, run id), oldest expiry first
+    client = api_for(acme)
     for i in range(9):
-        client, run_id = leased(api_for, acme)
+        run_id = client.leased_run()
         op = charge(client, run_id, f"inv-busy-{i}")
         asked.append((client.authorize(op, 1).body["approval_id"], run_id))
     now = timezone.now()

@@ -9,7 +9,7 @@ from django.utils import timezone
 from approvals.models import ReconciliationCase
 from ledger.models import CapabilityBudget, Operation
 from ledger.services.authority.policy import policy_change
-from tests.faults.test_races import expire_lease
+from tests.factories import expire
 
 RESOURCE = "repo:acme/api:pull:481"
 
@@ -33,15 +33,8 @@ def intend(client, run_id, key, token=1, **overrides):
     return client.intend(run_id, token, key, **fields)
 
 
-def leased(api_for, acme):
-    client = api_for(acme)
-    run_id = client.create_run()
-    client.acquire(run_id, "worker-a")
-    return client, run_id
-
-
-def test_worker_pausing_between_authorize_and_dispatch_cannot_overspend(api_for, acme):
-    client, run_id = leased(api_for, acme)
+def test_worker_pausing_between_authorize_and_dispatch_cannot_overspend(api_for, acme, leased):
+    client, run_id = leased
     assert grant(client, run_id).status == 201
     first = intend(client, run_id, "c-1").body["operation_id"]
     second = intend(client, run_id, "c-2").body["operation_id"]
@@ -55,8 +48,8 @@ def test_worker_pausing_between_authorize_and_dispatch_cannot_overspend(api_for,
     assert CapabilityBudget.objects.get(run_id=run_id).used_calls == 1
 
 
-def test_provider_timeout_after_accept_is_unknown_and_needs_a_lookup_before_retry(api_for, acme):
-    client, run_id = leased(api_for, acme)
+def test_provider_timeout_after_accept_is_unknown_and_needs_a_lookup_before_retry(api_for, acme, leased):
+    client, run_id = leased
     grant(client, run_id, max_calls=2)
     op = intend(client, run_id, "c-1").body["operation_id"]
     client.authorize(op, 1)
@@ -69,8 +62,8 @@ def test_provider_timeout_after_accept_is_unknown_and_needs_a_lookup_before_retr
     assert CapabilityBudget.objects.get(run_id=run_id).used_calls == 1  # the call was spent
 
 
-def test_policy_change_while_queued_is_enforced_at_dispatch(api_for, acme):
-    client, run_id = leased(api_for, acme)
+def test_policy_change_while_queued_is_enforced_at_dispatch(api_for, acme, leased):
+    client, run_id = leased
     grant(client, run_id)
     op = intend(client, run_id, "c-1").body["operation_id"]
     assert client.authorize(op, 1).status == 200
@@ -87,8 +80,8 @@ def test_policy_change_while_queued_is_enforced_at_dispatch(api_for, acme):
     assert CapabilityBudget.objects.get(run_id=run_id).used_calls == 0
 
 
-def test_a_changed_resource_between_planning_and_dispatch_is_refused(api_for, acme):
-    client, run_id = leased(api_for, acme)
+def test_a_changed_resource_between_planning_and_dispatch_is_refused(api_for, acme, leased):
+    client, run_id = leased
     grant(client, run_id)
     assert intend(client, run_id, "c-1").status == 201
     # The same intent with another resource is not the same operation...
@@ -100,8 +93,8 @@ def test_a_changed_resource_between_planning_and_dispatch_is_refused(api_for, ac
     assert (refused.status, refused.body["error"]) == (403, "DENY_NO_CAPABILITY")
 
 
-def test_a_retry_after_the_capability_expired_is_refused(api_for, acme):
-    client, run_id = leased(api_for, acme)
+def test_a_retry_after_the_capability_expired_is_refused(api_for, acme, leased):
+    client, run_id = leased
     grant(client, run_id, max_calls=3)
     op = intend(client, run_id, "c-1", effect_class="PURE").body["operation_id"]
     client.authorize(op, 1)
@@ -114,8 +107,8 @@ def test_a_retry_after_the_capability_expired_is_refused(api_for, acme):
     assert (refused.status, refused.body["error"]) == (403, "DENY_EXPIRED")
 
 
-def test_a_child_run_cannot_get_more_than_its_parent_holds(api_for, acme):
-    client, parent = leased(api_for, acme)
+def test_a_child_run_cannot_get_more_than_its_parent_holds(api_for, acme, leased):
+    client, parent = leased
     grant(client, parent, max_calls=3, actions=["comment", "read"])
     child = client.post("/runs", {"schema_version": 1, "parent_run_id": parent}).body["run_id"]
     client.acquire(child, "sub-agent")
@@ -135,13 +128,13 @@ def test_a_child_run_cannot_get_more_than_its_parent_holds(api_for, acme):
     assert client.authorize(second, 1).body["error"] == "DENY_BUDGET"
 
 
-def test_lease_lost_after_the_call_was_reserved_leaves_unknown_not_a_free_call(api_for, acme):
-    client, run_id = leased(api_for, acme)
+def test_lease_lost_after_the_call_was_reserved_leaves_unknown_not_a_free_call(api_for, acme, leased):
+    client, run_id = leased
     grant(client, run_id, max_calls=1)
     op = intend(client, run_id, "c-1").body["operation_id"]
     client.authorize(op, 1)
     client.dispatch(op, 1)  # the worker crashes right after
-    expire_lease(run_id)
+    expire(run_id)
     rescuer = api_for(acme)
     assert rescuer.acquire(run_id, "worker-b").body["fencing_token"] == 2
     assert Operation.objects.get(pk=op).phase == "UNKNOWN"
@@ -162,8 +155,8 @@ def _dispatch_in_process(base_url, token, op_id, fencing_token, results):
     results.put((op_id, response.status_code, response.json().get("error")))
 
 
-def test_sixteen_processes_racing_for_the_last_calls_get_exactly_the_limit(api_for, acme, live_server):
-    client, run_id = leased(api_for, acme)
+def test_sixteen_processes_racing_for_the_last_calls_get_exactly_the_limit(api_for, acme, live_server, leased):
+    client, run_id = leased
     limit, racers = 3, 16
     grant(client, run_id, max_calls=limit)
     ops = []

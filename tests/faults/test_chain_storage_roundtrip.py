@@ -19,9 +19,8 @@ from ledger.chain import event_document, event_hash
 from ledger.errors import DomainError
 from ledger.models import Event
 from ledger.services.evidence.verification import run_verify
-from ledger.services.fence.leases import lease_acquire
 from ledger.services.fence.notes import event_append
-from ledger.services.fence.runs import run_create
+from tests.factories import leased_run
 
 EDGE_FLOATS = st.sampled_from(
     [1e16, -1e16, 9.999999999999998e15, 1e300, -0.0, 0.0, 5e-324, 1e-7, 2.5, float("nan"), float("inf")]
@@ -44,10 +43,10 @@ JSON_VALUES = st.recursive(
 
 
 @pytest.fixture
-def leased_run(acme):
-    run, _ = run_create(worker=acme.worker, schema_version=1)
-    lease = lease_acquire(worker=acme.worker, run_id=run.pk, owner_id="prop", ttl_s=3600)
-    return acme.worker, run.pk, lease.fencing_token
+def held_run(acme):
+    """acme's worker, a run whose lease it holds, and the token: (worker, run id, token)."""
+    run, token = leased_run(acme.worker, owner="prop", ttl_s=3600)
+    return acme.worker, run.pk, token
 
 
 def append_as_the_api_does(worker, run_id, token, fields) -> Event | None:
@@ -65,8 +64,8 @@ def append_as_the_api_does(worker, run_id, token, fields) -> Event | None:
     max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(fields=st.dictionaries(KEYS, JSON_VALUES, max_size=4))
-def test_an_accepted_event_reads_back_as_hashed_and_verifies(leased_run, fields):
-    worker, run_id, token = leased_run
+def test_an_accepted_event_reads_back_as_hashed_and_verifies(held_run, fields):
+    worker, run_id, token = held_run
     event = append_as_the_api_does(worker, run_id, token, fields)
     if event is None:
         return
@@ -80,14 +79,14 @@ def test_an_accepted_event_reads_back_as_hashed_and_verifies(leased_run, fields)
     "value",
     [{"n": 1e16}, {"n": -0.0}, {"n": 1.5e300}, {"deep": [{"n": -1e17}]}, {"s": "\x00"}, {"s": "\ud800"}, {"\x00": 1}],
 )
-def test_values_storage_would_change_are_refused_not_stored(leased_run, value):
-    worker, run_id, token = leased_run
+def test_values_storage_would_change_are_refused_not_stored(held_run, value):
+    worker, run_id, token = held_run
     assert append_as_the_api_does(worker, run_id, token, value) is None
     assert not Event.objects.filter(run_id=run_id, type="NOTE").exists()
 
 
-def test_values_that_round_trip_are_accepted_and_verify(leased_run):
-    worker, run_id, token = leased_run
+def test_values_that_round_trip_are_accepted_and_verify(held_run):
+    worker, run_id, token = held_run
     value = {"n": 9.999999999999998e15, "tiny": 5e-324, "one": 1.0, "zero": 0.0, "big_int": 10**30, "text": "é\u200b"}
     event = append_as_the_api_does(worker, run_id, token, value)
     assert event is not None

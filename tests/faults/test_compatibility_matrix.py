@@ -11,7 +11,7 @@ import pytest
 from fenceline_client import Client, Done, UnknownSchemaVersion
 from ledger.models import Operation, Worker
 from ledger.states import Phase, UpgradePhase
-from tests.faults.test_schema_migration import move
+from tests.faults.schema_change import move
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

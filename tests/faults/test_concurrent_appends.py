@@ -2,8 +2,7 @@
 
 from ledger.models import Event
 from ledger.services.evidence.verification import run_verify
-from tests.conftest import run_concurrently
-from tests.helpers import assert_chain_intact
+from tests.helpers import assert_chain_intact, run_concurrently
 
 THREADS = 16
 PER_THREAD = 8

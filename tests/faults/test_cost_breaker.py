@@ -38,21 +38,17 @@ from ledger.services.authority import reservations, windows
 from ledger.services.authority.policy import policy_current
 from ledger.services.evidence.append import ChainBatch
 from ledger.states import BreakerState, BudgetKind, ReservationState
-from tests.conftest import run_concurrently
-from tests.helpers import SPAWN, assert_chain_intact, spawned
-from tests.ledger.factories import leased_run
-from tests.ledger.test_costs import (
+from tests.factories import leased_run, planned_op, set_cost_policy
+from tests.helpers import SPAWN, events_of, run_concurrently, spawned
+from tests.ledger.authority.costs import (
     ACTOR,
     allows,
-    assert_ledger_reconciles,
+    assert_invariants,
     breaker,
-    events_of,
     mark_unknown,
     new_attempt,
-    planned_op,
     reserve,
     resolve,
-    set_policy,
     settle,
     under_lock,
     window,
@@ -69,24 +65,6 @@ def process(entry: str, *args) -> multiprocessing.Process:
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def assert_attributable(tenant) -> None:
-    """One reservation per operation and attempt, each announced once in its own run."""
-    for reservation in CostReservation.objects.filter(tenant=tenant):
-        assert reservation.run_id == Operation.objects.get(pk=reservation.operation_id).run_id
-        announced = Event.objects.filter(
-            type="COST_RESERVED",
-            fields__reservation_id=str(reservation.pk),
-        )
-        assert [(e.run_id, e.fields["attempt"]) for e in announced] == [(reservation.run_id, reservation.attempt)]
-
-
-def assert_invariants(tenant) -> None:
-    assert_ledger_reconciles(tenant)
-    assert_attributable(tenant)
-    for run_id in Run.objects.filter(tenant=tenant).values_list("pk", flat=True):
-        assert_chain_intact(run_id)
-
-
 def reserve_outcome(tenant, op):
     """What a dispatching worker sees: 'granted' or the refused budget."""
     try:
@@ -100,7 +78,7 @@ def reserve_outcome(tenant, op):
 
 
 def test_two_workers_reserving_the_final_cents_one_gets_them(acme):
-    set_policy(acme.tenant, tenant_limit=1000)
+    set_cost_policy(acme.tenant, tenant_limit=1000)
     first_run, first_token = leased_run(acme.worker)
     reserve(acme.tenant, planned_op(acme, first_run, first_token, "earlier", estimate=700))
     contenders = []
@@ -122,7 +100,7 @@ def test_two_workers_reserving_the_final_cents_one_gets_them(acme):
 
 
 def test_a_provider_timeout_after_accept_keeps_the_estimate_as_unknown(acme):
-    set_policy(acme.tenant, tenant_limit=1000, provider={"llm": 1000})
+    set_cost_policy(acme.tenant, tenant_limit=1000, provider={"llm": 1000})
     run, token = leased_run(acme.worker)
     op = planned_op(acme, run, token, "summarize", estimate=300, provider="llm")
     reserve(acme.tenant, op)
@@ -150,7 +128,7 @@ def test_a_provider_timeout_after_accept_keeps_the_estimate_as_unknown(acme):
 
 
 def test_late_or_missing_usage_never_frees_the_budget_early(acme):
-    set_policy(acme.tenant, tenant_limit=1000)
+    set_cost_policy(acme.tenant, tenant_limit=1000)
     run, token = leased_run(acme.worker)
     missing = planned_op(acme, run, token, "missing", estimate=300)
     late = planned_op(acme, run, token, "late", estimate=200)
@@ -179,7 +157,7 @@ def test_late_or_missing_usage_never_frees_the_budget_early(acme):
 
 
 def test_a_retry_after_the_breaker_opens_is_refused_by_guard_and_window(acme):
-    set_policy(acme.tenant, tenant_limit=1000, retry=1000)
+    set_cost_policy(acme.tenant, tenant_limit=1000, retry=1000)
     run, token = leased_run(acme.worker)
     op = planned_op(acme, run, token, "flaky", estimate=400)
     reserve(acme.tenant, op)
@@ -201,7 +179,7 @@ def test_a_retry_after_the_breaker_opens_is_refused_by_guard_and_window(acme):
 
 
 def test_a_premium_fallback_is_checked_like_any_call_and_refused_naming_the_provider(acme):
-    set_policy(acme.tenant, run=5000, tenant_limit=5000, provider={"cheap-llm": 2000, "premium-llm": 1000})
+    set_cost_policy(acme.tenant, run=5000, tenant_limit=5000, provider={"cheap-llm": 2000, "premium-llm": 1000})
     run, token = leased_run(acme.worker)
     earlier = planned_op(acme, run, token, "earlier-premium", estimate=900, provider="premium-llm")
     reserve(acme.tenant, earlier)
@@ -234,7 +212,7 @@ def _reserve_then_die(tenant_id, op_id):
 
 
 def test_a_crash_after_reservation_leaves_an_unknown_reservation_not_a_lost_one(acme):
-    set_policy(acme.tenant, tenant_limit=1000, ttl_s=60)
+    set_cost_policy(acme.tenant, tenant_limit=1000, ttl_s=60)
     run, token = leased_run(acme.worker)
     op = planned_op(acme, run, token, "crashing", estimate=300)
     worker = process("_reserve_then_die", acme.tenant.pk, op.pk)
@@ -271,7 +249,7 @@ def _settle_then_die(tenant_id, op_id, settled_event):
 
 
 def test_a_crash_after_settlement_leaves_no_half_settled_reservation(acme):
-    set_policy(acme.tenant, tenant_limit=1000, provider={"llm": 1000})
+    set_cost_policy(acme.tenant, tenant_limit=1000, provider={"llm": 1000})
     run, token = leased_run(acme.worker)
     op = planned_op(acme, run, token, "settling", estimate=300, provider="llm")
     reserve(acme.tenant, op)
@@ -304,7 +282,7 @@ def test_a_crash_after_settlement_leaves_no_half_settled_reservation(acme):
 
 
 def test_a_window_boundary_opens_a_fresh_window_and_leaves_the_old_one_alone(acme):
-    set_policy(acme.tenant, tenant_limit=1000, window_s=3600)
+    set_cost_policy(acme.tenant, tenant_limit=1000, window_s=3600)
     run, token = leased_run(acme.worker)
     boundary, _ = windows.window_bounds(timezone.now(), 3600)
     before, after = boundary - timedelta(seconds=1), boundary + timedelta(seconds=1)
@@ -341,7 +319,7 @@ def _waiting_on_a_lock(db_name: str) -> bool:
 
 
 def test_a_duplicate_message_to_two_workers_is_reserved_once(acme):
-    set_policy(acme.tenant, tenant_limit=1000)
+    set_cost_policy(acme.tenant, tenant_limit=1000)
     run, token = leased_run(acme.worker)
     reserve(acme.tenant, planned_op(acme, run, token, "warm-up", estimate=100))  # the window exists
     op = planned_op(acme, run, token, "dispatch-once", estimate=300)
@@ -403,25 +381,8 @@ def test_a_duplicate_message_to_two_workers_is_reserved_once(acme):
 # --- a race of 16 processes for the last cents ----------------------------------------------------------
 
 
-def _race(tenant_id, op_id, barrier, results):
-    try:
-        tenant = Tenant.objects.get(pk=tenant_id)
-        op = Operation.objects.get(pk=op_id)
-        barrier.wait(60)
-        with under_lock(tenant, op.run_id) as (run, batch):
-            _, policy = policy_current(tenant=tenant)
-            reservations.cost_reserve(op=op, run=run, policy=policy, batch=batch, actor=ACTOR, now=batch.now)
-        results.put((str(op_id), "granted"))
-    except Denied as refused:
-        results.put((str(op_id), refused.extra["budget"]))
-    except BaseException as exc:
-        results.put((str(op_id), f"error {type(exc).__name__}: {exc}"))
-    finally:
-        connections.close_all()
-
-
 def test_sixteen_processes_racing_for_the_last_cents_get_exactly_the_limit(acme):
-    set_policy(acme.tenant, tenant_limit=1000, provider={"llm": 1500})
+    set_cost_policy(acme.tenant, tenant_limit=1000, provider={"llm": 1500})
     opener, opener_token = leased_run(acme.worker)
     reserve(acme.tenant, planned_op(acme, opener, opener_token, "opening", estimate=250, provider="llm"))
     ops = []
@@ -432,7 +393,10 @@ def test_sixteen_processes_racing_for_the_last_cents_get_exactly_the_limit(acme)
 
     barrier = SPAWN.Barrier(PROCESSES)
     results = SPAWN.Queue()
-    racers = [process("_race", acme.tenant.pk, op.pk, barrier, results) for op in ops]
+    racers = [
+        spawned("tests.ledger.authority.costs", "reserve_in_a_race", acme.tenant.pk, op.pk, barrier, results)
+        for op in ops
+    ]
     outcomes = dict(results.get(timeout=180) for _ in racers)
     for racer in racers:
         racer.join(60)

@@ -16,10 +16,9 @@ from ledger.models import CostShard, CostWindow
 from ledger.services.fence.operations import operation_authorize, operation_dispatch
 from ledger.services.fence.outcomes import operation_report_outcome
 from ledger.states import BreakerState, BudgetKind, Outcome
-from tests.faults.test_cost_breaker import assert_invariants
+from tests.factories import leased_run, planned_op, set_cost_policy
 from tests.helpers import SPAWN, spawned
-from tests.ledger.factories import leased_run
-from tests.ledger.test_costs import breaker, planned_op, reserve, set_policy, settle, window
+from tests.ledger.authority.costs import assert_invariants, breaker, reserve, settle, window
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,7 +52,7 @@ def assert_escrow_holds(tenant) -> None:
 
 
 def test_a_large_shared_window_is_charged_through_its_shards_and_holds_exactly_what_was_reserved(acme, escrow):
-    set_policy(acme.tenant, tenant_limit=100_000, provider={"llm": 50_000}, run=2000)
+    set_cost_policy(acme.tenant, tenant_limit=100_000, provider={"llm": 50_000}, run=2000)
     for i in range(6):
         run, token = leased_run(acme.worker, owner=f"owner-{i}")
         reserve(acme.tenant, planned_op(acme, run, token, f"k-{i}", estimate=700, provider="llm"))
@@ -70,7 +69,7 @@ def test_a_large_shared_window_is_charged_through_its_shards_and_holds_exactly_w
 
 
 def test_settling_moves_the_estimate_out_and_the_actual_cost_in_on_the_same_shard(acme, escrow):
-    set_policy(acme.tenant, tenant_limit=10_000)
+    set_cost_policy(acme.tenant, tenant_limit=10_000)
     run, token = leased_run(acme.worker)
     op = planned_op(acme, run, token, "k", estimate=500)
     reserve(acme.tenant, op)
@@ -84,7 +83,7 @@ def test_a_dry_shard_takes_headroom_from_the_window_then_from_the_other_shards(a
     """Every run's shard starts empty; the window hands out headroom in chunks (1000 / 16 =
     62 cents here) until it has none, and then a shard takes what the others hold spare, so
     the window's last cents are reachable from any run: 33 reservations of 30 fit in 1000."""
-    set_policy(acme.tenant, tenant_limit=1000)
+    set_cost_policy(acme.tenant, tenant_limit=1000)
     outcomes = []
     for i in range(40):
         run, token = leased_run(acme.worker, owner=f"owner-{i}")
@@ -100,7 +99,7 @@ def test_a_dry_shard_takes_headroom_from_the_window_then_from_the_other_shards(a
 
 
 def test_an_actual_cost_over_the_estimate_takes_headroom_before_it_is_called_an_overage(acme, escrow):
-    set_policy(acme.tenant, tenant_limit=5000)
+    set_cost_policy(acme.tenant, tenant_limit=5000)
     run, token = leased_run(acme.worker)
     op = planned_op(acme, run, token, "k", estimate=100)
     reserve(acme.tenant, op)
@@ -112,7 +111,7 @@ def test_an_actual_cost_over_the_estimate_takes_headroom_before_it_is_called_an_
 
 
 def test_an_overage_of_an_escrowed_window_fills_it_and_opens_the_breaker(acme, escrow):
-    set_policy(acme.tenant, tenant_limit=1000)
+    set_cost_policy(acme.tenant, tenant_limit=1000)
     run, token = leased_run(acme.worker)
     op = planned_op(acme, run, token, "k", estimate=100)
     reserve(acme.tenant, op)
@@ -125,7 +124,7 @@ def test_an_overage_of_an_escrowed_window_fills_it_and_opens_the_breaker(acme, e
 
 def test_dispatch_and_outcome_charge_and_settle_an_escrowed_window(acme, escrow):
     """The fenced path itself (its one-statement charge and settlement)."""
-    set_policy(acme.tenant, tenant_limit=100_000, provider={"llm": 100_000})
+    set_cost_policy(acme.tenant, tenant_limit=100_000, provider={"llm": 100_000})
     settled = 0
     for i in range(5):
         run, token = leased_run(acme.worker, owner=f"owner-{i}")
@@ -149,7 +148,7 @@ def test_dispatch_and_outcome_charge_and_settle_an_escrowed_window(acme, escrow)
 
 
 def test_sixteen_processes_racing_for_the_last_cents_of_an_escrowed_window_get_exactly_the_limit(acme, escrow):
-    set_policy(acme.tenant, tenant_limit=1000, provider={"llm": 1500})
+    set_cost_policy(acme.tenant, tenant_limit=1000, provider={"llm": 1500})
     opener, opener_token = leased_run(acme.worker)
     reserve(acme.tenant, planned_op(acme, opener, opener_token, "opening", estimate=250, provider="llm"))
     assert window(acme.tenant, BudgetKind.TENANT, "acme").shard_count == SHARDS
@@ -161,7 +160,10 @@ def test_sixteen_processes_racing_for_the_last_cents_of_an_escrowed_window_get_e
 
     barrier = SPAWN.Barrier(PROCESSES)
     results = SPAWN.Queue()
-    racers = [spawned("tests.faults.test_cost_breaker", "_race", acme.tenant.pk, op.pk, barrier, results) for op in ops]
+    racers = [
+        spawned("tests.ledger.authority.costs", "reserve_in_a_race", acme.tenant.pk, op.pk, barrier, results)
+        for op in ops
+    ]
     outcomes = dict(results.get(timeout=180) for _ in racers)
     for racer in racers:
         racer.join(60)
@@ -190,7 +192,7 @@ def test_a_refill_and_a_committing_charger_of_the_same_window_do_not_deadlock(ac
 
     from ledger.services.authority.windows import shard_refill
 
-    set_policy(acme.tenant, tenant_limit=1000)
+    set_cost_policy(acme.tenant, tenant_limit=1000)
     run, token = leased_run(acme.worker)
     reserve(acme.tenant, planned_op(acme, run, token, "k-0", estimate=30))  # opens the shards
     tenant_window = window(acme.tenant, BudgetKind.TENANT, "acme")

@@ -22,7 +22,7 @@ from fenceline_client import client as fl
 from ledger.models import Operation, RunResource, Worker
 from ledger.services.fleet.lifecycle import workers_drain_enforce
 from ledger.services.lifespan.reaper import resources_reap
-from tests.conftest import make_worker
+from tests.factories import make_worker
 
 CHARGE = {"tool": "payments", "action": "charge", "resource": "customer:881", "effect_class": "NON_RETRYABLE"}
 SUBMIT = {"tool": "browser", "action": "submit_form", "resource": "portal:invoices", "effect_class": "NON_RETRYABLE"}

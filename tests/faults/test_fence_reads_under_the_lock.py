@@ -13,28 +13,19 @@ from ledger.actors import worker_actor
 from ledger.errors import WrongPhase
 from ledger.models import Operation
 from ledger.services.core.fencing import Fenced, lock, lock_run
-from ledger.services.core.intent import Intent
 from ledger.services.core.phases import transition
 from ledger.services.evidence.append import ChainBatch
-from ledger.services.fence.leases import lease_acquire
-from ledger.services.fence.operations import operation_authorize, operation_dispatch, operation_intend
-from ledger.services.fence.runs import run_create
+from ledger.services.fence.operations import operation_dispatch
 from ledger.states import EffectClass, Phase
-from tests.conftest import make_worker
+from tests.factories import intended_operation, leased_run
 from tests.helpers import assert_chain_intact
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def authorized_operation():
-    acme = make_worker("acme", "worker-1")
-    run, _ = run_create(worker=acme.worker, schema_version=1)
-    token = lease_acquire(worker=acme.worker, run_id=run.pk, owner_id="owner-a", ttl_s=600).fencing_token
-    intent = Intent(
-        tool="payments", action="charge", resource="acct:1", idempotency_key="k-1", effect_class=EffectClass.IDEMPOTENT
-    )
-    op, _ = operation_intend(worker=acme.worker, run_id=run.pk, fencing_token=token, intent=intent)
-    operation_authorize(worker=acme.worker, operation_id=op.pk, fencing_token=token)
+def authorized_operation(acme):
+    run, token = leased_run(acme.worker, ttl_s=600)
+    op = intended_operation(acme.worker, run, token, "k-1", EffectClass.IDEMPOTENT, authorize=True)
     return acme.worker, run, op, token
 
 
@@ -98,8 +89,8 @@ def run_while_the_run_is_held(worker, run, op, token, fn):
     return outcome
 
 
-def test_a_lock_that_waited_reads_the_operation_as_the_holder_left_it(db):
-    worker, run, op, token = authorized_operation()
+def test_a_lock_that_waited_reads_the_operation_as_the_holder_left_it(acme):
+    worker, run, op, token = authorized_operation(acme)
 
     def locked_phase():
         with transaction.atomic():
@@ -110,8 +101,8 @@ def test_a_lock_that_waited_reads_the_operation_as_the_holder_left_it(db):
     assert outcome == {"value": Phase.DISPATCHED}
 
 
-def test_a_dispatch_that_waited_for_the_lock_sees_the_effect_already_dispatched(db):
-    worker, run, op, token = authorized_operation()
+def test_a_dispatch_that_waited_for_the_lock_sees_the_effect_already_dispatched(acme):
+    worker, run, op, token = authorized_operation(acme)
 
     outcome = run_while_the_run_is_held(
         worker, run, op, token, lambda: operation_dispatch(worker=worker, operation_id=op.pk, fencing_token=token)

@@ -17,7 +17,6 @@ import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 
@@ -32,13 +31,9 @@ from approvals.models import ReconciliationCase
 from ledger.actors import SYSTEM_REAPER
 from ledger.chain import GENESIS_HASH, canonical_bytes, format_time, hash_bytes
 from ledger.models import Event, LeaseGrant, Operation, Run, RunLease
-from ledger.services.core.intent import Intent
 from ledger.services.fence.leases import lease_acquire, lease_release, leases_reap
-from ledger.services.fence.operations import operation_authorize, operation_dispatch, operation_intend
-from ledger.services.fence.runs import run_create
-from ledger.states import EffectClass
 from ledger.tasks import reap_leases_task
-from ledger.versioning import CURRENT_SCHEMA_VERSION
+from tests.factories import dispatched_operation, expire, leased_run, new_run
 from tests.helpers import subprocess_database_url
 
 REDIS_URL = os.environ.get("FENCELINE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -57,38 +52,21 @@ class LeasedRun:
     op_ids: list = field(default_factory=list)
 
 
-def leased_run(identity, *, ops: int, ttl_s: int = 300, owner: str = OWNER) -> LeasedRun:
+def dispatched_run(identity, *, ops: int, ttl_s: int = 300, owner: str = OWNER) -> LeasedRun:
     """A run whose lease ``owner`` holds, with ``ops`` operations DISPATCHED under it."""
-    run, _ = run_create(worker=identity.worker, schema_version=CURRENT_SCHEMA_VERSION)
-    lease = lease_acquire(worker=identity.worker, run_id=run.pk, owner_id=owner, ttl_s=ttl_s)
-    leased = LeasedRun(run_id=run.pk, token=lease.fencing_token)
-    for i in range(ops):
-        intent = Intent(
-            tool="email",
-            action="send",
-            resource=f"mailto:ops+{i}@example.com",
-            effect_class=EffectClass.NON_RETRYABLE,
-            idempotency_key=f"reaper:{run.pk}:{i}",
-        )
-        op, created = operation_intend(worker=identity.worker, run_id=run.pk, fencing_token=leased.token, intent=intent)
-        assert created
-        operation_authorize(worker=identity.worker, operation_id=op.pk, fencing_token=leased.token)
-        operation_dispatch(worker=identity.worker, operation_id=op.pk, fencing_token=leased.token)
-        leased.op_ids.append(op.pk)
-    return leased
+    run, token = leased_run(identity.worker, owner=owner, ttl_s=ttl_s)
+    op_ids = [dispatched_operation(identity.worker, run, token, f"reaper:{run.pk}:{i}").pk for i in range(ops)]
+    return LeasedRun(run_id=run.pk, token=token, op_ids=op_ids)
 
 
-def expire(runs: list[LeasedRun]) -> None:
+def expire_all(runs: list[LeasedRun]) -> None:
     """Move the leases' expiry one second into the past: the test's clock."""
-    updated = RunLease.objects.filter(run_id__in=[r.run_id for r in runs]).update(
-        expires_at=timezone.now() - timedelta(seconds=1)
-    )
-    assert updated == len(runs)
+    assert expire(*[r.run_id for r in runs]) == len(runs)
 
 
 def expired_runs(identity, ops_per_run: list[int]) -> list[LeasedRun]:
-    runs = [leased_run(identity, ops=ops) for ops in ops_per_run]
-    expire(runs)
+    runs = [dispatched_run(identity, ops=ops) for ops in ops_per_run]
+    expire_all(runs)
     return runs
 
 
@@ -369,7 +347,7 @@ def test_reap_command_in_two_processes_reaps_each_lease_once_and_both_take_batch
 
 @pytest.mark.django_db(transaction=True)
 def test_reap_leases_task_eager(acme):
-    held = leased_run(acme, ops=1)
+    held = dispatched_run(acme, ops=1)
     [expired] = expired_runs(acme, [2])
     before = snapshot([held.run_id])
 
@@ -385,14 +363,14 @@ def test_reap_leases_task_eager(acme):
 
 @pytest.mark.django_db(transaction=True)
 def test_reaper_leaves_unexpired_and_released_leases_alone(acme):
-    unexpired = leased_run(acme, ops=2)
-    released = leased_run(acme, ops=1)
+    unexpired = dispatched_run(acme, ops=2)
+    released = dispatched_run(acme, ops=1)
     lease_release(worker=acme.worker, run_id=released.run_id, owner_id=OWNER, fencing_token=released.token)
-    never_leased, _ = run_create(worker=acme.worker, schema_version=CURRENT_SCHEMA_VERSION)
+    never_leased = new_run(acme.worker)
     [expired] = expired_runs(acme, [1])
     # A takeover of an expired lease: held again, by a new owner with the next token.
-    taken_over = leased_run(acme, ops=1)
-    expire([taken_over])
+    taken_over = dispatched_run(acme, ops=1)
+    expire_all([taken_over])
     lease_acquire(worker=acme.worker, run_id=taken_over.run_id, owner_id="worker-b", ttl_s=300)
 
     alone = [unexpired.run_id, released.run_id, never_leased.pk, taken_over.run_id]

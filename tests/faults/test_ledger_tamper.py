@@ -16,7 +16,7 @@ from approvals.models import ReconciliationCase
 from ledger.chain import canonical_bytes, event_mac, format_time, hash_bytes
 from ledger.models import Checkpoint, Event, Operation, Run
 from ledger.services.evidence.verification import run_verify
-from tests.faults.test_races import expire_lease
+from tests.factories import expire
 from tests.helpers import tampering
 
 STANDALONE = (
@@ -76,7 +76,7 @@ def scenario(api_for, acme, keys):
     a.authorize(op2, 1)
     a.dispatch(op2, 1)
     a.post(f"/runs/{run_id}/events", {"fencing_token": 1, "type": "NOTE", "fields": {"step": "waiting"}})
-    expire_lease(run_id)
+    expire(run_id)
     assert b.acquire(run_id, "worker-b").body["fencing_token"] == 2
     b.post(f"/runs/{run_id}/events", {"fencing_token": 2, "type": "NOTE", "fields": {"step": "took over"}})
     b.post(f"/runs/{run_id}/events", {"fencing_token": 2, "type": "x.summary", "fields": {"ok": False}})

@@ -34,9 +34,8 @@ from ledger.services.lifespan.checkpoints import checkpoint_save
 from ledger.services.lifespan.drivers import SandboxDriver
 from ledger.services.lifespan.reaper import resources_reap
 from ledger.services.lifespan.resources import Attach, resource_attach, resource_release
-from tests.conftest import make_worker
+from tests.factories import leased_run, make_worker, new_run
 from tests.helpers import assert_chain_intact, runs_held_elsewhere, subprocess_database_url
-from tests.ledger.factories import leased_run, new_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,7 +56,7 @@ queue.put(getattr(module, entry)(*args))
 
 
 @pytest.fixture(autouse=True)
-def sandbox(tmp_path, settings, monkeypatch):
+def sandbox_driver(tmp_path, settings, monkeypatch):
     """A fresh sandbox world per test, seen by this process and every process it starts."""
     root = tmp_path / "sandbox"
     settings.FENCELINE = {**settings.FENCELINE, "SANDBOX_DIR": root}
@@ -102,10 +101,10 @@ def make_due() -> None:
     RunResource.objects.filter(state="CLEANUP_FAILED").update(next_attempt_at=timezone.now())
 
 
-def assert_lifespan_invariants(sandbox: SandboxDriver) -> None:
+def assert_lifespan_invariants(sandbox_driver: SandboxDriver) -> None:
     for resource in RunResource.objects.all():
         if resource.state == "RELEASED" and not resource.released_by.startswith("user:"):
-            assert sandbox.is_closed(resource.provider, resource.handle), resource.handle
+            assert sandbox_driver.is_closed(resource.provider, resource.handle), resource.handle
             assert Event.objects.filter(type="RESOURCE_RELEASED", fields__resource_id=str(resource.pk)).count() == 1
     for instance in LeaseGrant.objects.filter(state="RELEASED"):
         assert not RunResource.objects.filter(instance=instance).exclude(state="RELEASED").exists()
@@ -117,7 +116,7 @@ def assert_lifespan_invariants(sandbox: SandboxDriver) -> None:
 
 
 def test_cleanup_repeatedly_fails_retries_with_backoff_alerts_with_ownership_and_waits_for_the_driver(
-    acme, sandbox, settings, caplog
+    acme, sandbox_driver, settings, caplog
 ):
     settings.FENCELINE = {**settings.FENCELINE, "RESOURCE_ALERT_AFTER_FAILURES": 3}
     run, token = leased_run(acme.worker, owner="worker-a")
@@ -174,15 +173,15 @@ def test_cleanup_repeatedly_fails_retries_with_backoff_alerts_with_ownership_and
     assert (resource.state, resource.attempts, resource.released_by) == ("RELEASED", 6, "system:resource-reaper")
     assert ResourceAlert.objects.get(resource=stuck.pk).cleared_at is not None
     assert LeaseGrant.objects.get(run=run).state == "RELEASED"
-    assert sandbox.calls().count(f"sandbox portal-session?fail=5 {6}") == 1
-    assert_lifespan_invariants(sandbox)
+    assert sandbox_driver.calls().count(f"sandbox portal-session?fail=5 {6}") == 1
+    assert_lifespan_invariants(sandbox_driver)
 
 
 # --- the article's scenario: a worker disappears with two sessions and a checkpoint --------
 
 
 def test_a_sigkilled_worker_s_sessions_are_closed_by_the_reaper_and_a_new_worker_resumes(
-    acme, api_for, live_server, sandbox
+    acme, api_for, live_server, sandbox_driver
 ):
     client = api_for(acme)
     run_id = client.create_run()
@@ -206,7 +205,7 @@ def test_a_sigkilled_worker_s_sessions_are_closed_by_the_reaper_and_a_new_worker
     result = resources_reap()
 
     assert result.released == 2 and result.instances_released == 1
-    assert all(sandbox.is_closed("sandbox", s.handle) for s in sessions)
+    assert all(sandbox_driver.is_closed("sandbox", s.handle) for s in sessions)
     assert LeaseGrant.objects.get(run_id=run_id).state == "RELEASED"
     replacement = api_for(make_worker("acme", "worker-2")).acquire(run_id, "worker-b")
     assert replacement.status == 200, replacement
@@ -214,13 +213,13 @@ def test_a_sigkilled_worker_s_sessions_are_closed_by_the_reaper_and_a_new_worker
     assert replacement.body["checkpoint"]["state"] == {"done": 6}
     types = [e.type for e in assert_chain_intact(run_id)]
     assert types.count("RESOURCE_RELEASED") == 2 and types.index("INSTANCE_REAPING") < types.index("INSTANCE_RELEASED")
-    assert_lifespan_invariants(sandbox)
+    assert_lifespan_invariants(sandbox_driver)
 
 
 # --- deployment: drain -> checkpoint -> resources released -> instance Released ------------
 
 
-def test_a_deployment_drain_checkpoints_releases_everything_and_leaves_nothing_active(acme, sandbox):
+def test_a_deployment_drain_checkpoints_releases_everything_and_leaves_nothing_active(acme, sandbox_driver):
     runs = [leased_run(acme.worker, owner="worker-a") for _ in range(2)]
     held = {run.pk: [attach(acme.worker, run, token, f"drain-{run.pk}-{n}") for n in (1, 2)] for run, token in runs}
 
@@ -242,7 +241,7 @@ def test_a_deployment_drain_checkpoints_releases_everything_and_leaves_nothing_a
     for run, _ in runs:
         checkpointed = Event.objects.get(run=run, type="PROGRESS_CHECKPOINTED")
         assert checkpointed.fields["instance_state"] == "CHECKPOINTED"
-    assert_lifespan_invariants(sandbox)
+    assert_lifespan_invariants(sandbox_driver)
 
 
 # --- 16 processes for the last slot of a quota ---------------------------------------------
@@ -293,7 +292,7 @@ def test_sixteen_processes_racing_for_the_last_instance_slot_get_exactly_the_quo
     assert LeaseGrant.objects.filter(tenant=acme.tenant, state__in=["RUNNING", "IDLE"]).count() == 3
 
 
-def test_sixteen_processes_racing_for_the_last_resource_of_a_run_get_exactly_the_quota(acme, sandbox):
+def test_sixteen_processes_racing_for_the_last_resource_of_a_run_get_exactly_the_quota(acme, sandbox_driver):
     policy_change(
         tenant=acme.tenant,
         document={"quotas": {"resources_per_run": {"browser_session": 4}}},
@@ -308,7 +307,7 @@ def test_sixteen_processes_racing_for_the_last_resource_of_a_run_get_exactly_the
 
     assert Counter(results) == Counter({"granted": 1, "DENY_QUOTA resources_per_run.browser_session": 15}), results
     assert RunResource.objects.filter(run=run).count() == 4
-    assert_lifespan_invariants(sandbox)
+    assert_lifespan_invariants(sandbox_driver)
 
 
 # --- reapers: two at once, and one killed mid-pass ----------------------------------------
@@ -328,19 +327,19 @@ def reap_once(batch_size: int) -> dict:
     return {"released": result.released, "failed": result.failed}
 
 
-def test_two_reapers_at_once_close_each_resource_once(acme, sandbox):
+def test_two_reapers_at_once_close_each_resource_once(acme, sandbox_driver):
     resources = requested_resources(acme.worker, 60)
 
     results = spawned("reap_once", [(7,), (7,)])
 
     assert sum(r["released"] for r in results) == 60 and all(r["failed"] == 0 for r in results), results
-    calls = Counter(line.split()[1] for line in sandbox.calls())
+    calls = Counter(line.split()[1] for line in sandbox_driver.calls())
     assert calls == Counter({r.handle: 1 for r in resources})  # each driver call made exactly once
     assert not RunResource.objects.exclude(state="RELEASED").exists()
-    assert_lifespan_invariants(sandbox)
+    assert_lifespan_invariants(sandbox_driver)
 
 
-def test_a_reaper_killed_mid_pass_loses_and_duplicates_nothing(acme, sandbox, settings):
+def test_a_reaper_killed_mid_pass_loses_and_duplicates_nothing(acme, sandbox_driver, settings):
     resources = requested_resources(acme.worker, 6, handle="slow-{n}?hang=30")
     env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
     proc = subprocess.Popen(
@@ -355,7 +354,7 @@ def test_a_reaper_killed_mid_pass_loses_and_duplicates_nothing(acme, sandbox, se
         while RunResource.objects.filter(state="RELEASING").count() < 3:  # claimed, calling the driver
             assert time.monotonic() < deadline, "the reaper never claimed"
             time.sleep(0.1)
-        while len(sandbox.calls()) < 3:
+        while len(sandbox_driver.calls()) < 3:
             assert time.monotonic() < deadline
             time.sleep(0.1)
         os.kill(proc.pid, signal.SIGKILL)
@@ -378,10 +377,10 @@ def test_a_reaper_killed_mid_pass_loses_and_duplicates_nothing(acme, sandbox, se
     assert not RunResource.objects.exclude(state="RELEASED").exists()
     for resource in resources:
         assert Event.objects.filter(type="RESOURCE_RELEASED", fields__resource_id=str(resource.pk)).count() == 1
-    assert_lifespan_invariants(sandbox)
+    assert_lifespan_invariants(sandbox_driver)
 
 
-def test_the_reaper_asks_past_runs_busy_elsewhere_for_their_overdue_resources(acme, sandbox):
+def test_the_reaper_asks_past_runs_busy_elsewhere_for_their_overdue_resources(acme, sandbox_driver):
     """Copies at once (``reap_resources --processes 2``) split the first step too: when every
     run of a batch of overdue resources is locked by the other copy, this one reads on without
     those runs instead of ending the step. Here another connection holds the run whose two
@@ -408,4 +407,4 @@ def test_the_reaper_asks_past_runs_busy_elsewhere_for_their_overdue_resources(ac
     }
     result = resources_reap(batch_size=1)  # the next pass takes the held run's
     assert (result.requested, result.released) == (2, 2), result
-    assert_lifespan_invariants(sandbox)
+    assert_lifespan_invariants(sandbox_driver)

@@ -8,15 +8,10 @@ from django.utils import timezone
 
 from approvals.models import ReconciliationCase
 from ledger.models import Event, LeaseGrant, Operation, Run, RunLease
-from tests.conftest import run_concurrently
-from tests.helpers import assert_chain_intact
+from tests.factories import expire
+from tests.helpers import assert_chain_intact, run_concurrently
 
 THREADS = 16
-
-
-def expire_lease(run_id: str) -> None:
-    """The test's clock: move the lease's expiry into the past."""
-    RunLease.objects.filter(run_id=run_id).update(expires_at=timezone.now() - timedelta(seconds=1))
 
 
 def test_many_workers_taking_over_an_expired_lease_exactly_one_wins(api_for, acme):
@@ -26,7 +21,7 @@ def test_many_workers_taking_over_an_expired_lease_exactly_one_wins(api_for, acm
     op_id = first.intend(run_id, 1, "charge:1").body["operation_id"]
     first.authorize(op_id, 1)
     first.dispatch(op_id, 1)
-    expire_lease(run_id)
+    expire(run_id)
 
     clients = [api_for(acme) for _ in range(THREADS)]
     results = run_concurrently(lambda i: clients[i].acquire(run_id, f"contender-{i}"), THREADS)
@@ -87,7 +82,7 @@ def test_stale_and_current_tokens_writing_at_once_only_current_writes_land(api_f
     owner = api_for(acme)
     run_id = owner.create_run()
     owner.acquire(run_id, "worker-a")
-    expire_lease(run_id)
+    expire(run_id)
     assert owner.acquire(run_id, "worker-b").body["fencing_token"] == 2
     clients = [api_for(acme) for _ in range(THREADS)]
 

@@ -12,8 +12,8 @@ from approvals.models import ReconciliationCase
 from ledger.models import Event, Operation
 from ledger.services.core.intent import Intent
 from ledger.services.fence import operations, outcomes
+from tests.factories import leased_run
 from tests.helpers import SPAWN, assert_chain_intact, spawned
-from tests.ledger.factories import leased_run
 
 PROCESSES = 16
 

@@ -7,83 +7,23 @@ import json
 from datetime import timedelta
 
 import pytest
-import requests
 from django.utils import timezone
 
 from approvals.models import CaseStatus, ReconciliationCase
 from approvals.selectors import case_queue
 from approvals.services.cases import case_claim, case_resolve
 from approvals.services.lookups import cases_look_up
-from console.simulation.provider import SandboxProvider
 from ledger.errors import StaleToken, WrongPhase
 from ledger.models import Event, Operation
-from ledger.services.core.intent import Intent
-from ledger.services.fence import leases, operations, outcomes
+from ledger.services.fence import leases, outcomes
 from ledger.services.fence.leases import leases_reap
 from ledger.services.fence.retry import operation_retry_decision
-from tests.helpers import assert_chain_intact
-from tests.ledger.factories import expire, leased_run
+from tests.factories import dispatched_operation, dispatched_payment, expire, leased_run, unknown_payment
+from tests.helpers import assert_chain_intact, sandbox_charge
 
 pytestmark = pytest.mark.django_db
 
 RECONCILER = "sandbox-payments"
-
-
-@pytest.fixture
-def sandbox(settings):
-    provider = SandboxProvider().start()
-    config = {**settings.FENCELINE["RECONCILERS"][RECONCILER], "base_url": provider.url}
-    settings.FENCELINE = {
-        **settings.FENCELINE,
-        "RECONCILERS": {RECONCILER: config},
-        "RECONCILE_AFTER_S": 0,
-        "RECONCILE_BACKOFF_BASE_S": 5,
-        "RECONCILE_MAX_ATTEMPTS": 3,
-    }
-    yield provider
-    provider.stop()
-
-
-def charge(provider, key: str, fault: str = "") -> dict | None:
-    """The worker's call to the provider; None when the answer was lost."""
-    try:
-        answer = requests.post(
-            provider.url + "/v1/charges",
-            headers={"Idempotency-Key": key, **({"Sandbox-Fault": fault} if fault else {})},
-            json={"amount_cents": 1200, "customer": "c:1"},
-            timeout=5,
-        )
-    except requests.ConnectionError:
-        return None
-    return answer.json()
-
-
-def dispatched(worker, key: str, effect_class: str = "NON_RETRYABLE"):
-    run, token = leased_run(worker)
-    op, _ = operations.operation_intend(
-        worker=worker,
-        run_id=run.pk,
-        fencing_token=token,
-        intent=Intent(
-            tool="payments",
-            action="charge",
-            resource="customer:1",
-            effect_class=effect_class,
-            idempotency_key=key,
-            provider=RECONCILER,
-            estimated_cost_cents=1200,
-        ),
-    )
-    operations.operation_authorize(worker=worker, operation_id=op.pk, fencing_token=token)
-    operations.operation_dispatch(worker=worker, operation_id=op.pk, fencing_token=token)
-    return run, token, op
-
-
-def unknown(worker, key: str, **kwargs):
-    run, token, op = dispatched(worker, key, **kwargs)
-    outcomes.operation_report_outcome(worker=worker, operation_id=op.pk, fencing_token=token, outcome="UNKNOWN")
-    case = ReconciliationCase.objects.get(operation=op)
-    return run, op, case
 
 
 def due(case) -> None:
@@ -96,7 +36,7 @@ def lookups_of(run):
 
 
 def test_an_unknown_with_a_reconciler_waits_for_the_lookup_before_people_see_it(acme, sandbox):
-    _run, op, case = unknown(acme.worker, "pay-queue")
+    _run, op, case = unknown_payment(acme.worker, "pay-queue")
 
     assert op.reconciler == RECONCILER  # the provider's reconciler, chosen at intent
     assert case.status == CaseStatus.LOOKUP and case.reconciler == RECONCILER
@@ -107,8 +47,8 @@ def test_an_unknown_with_a_reconciler_waits_for_the_lookup_before_people_see_it(
 
 
 def test_a_lost_response_is_looked_up_by_key_and_reconciled_with_the_providers_id(acme, sandbox):
-    run, _, op = dispatched(acme.worker, "pay-lost-answer")
-    assert charge(sandbox, "pay-lost-answer", fault="drop") is None  # made, but the answer never came
+    run, _, op = dispatched_payment(acme.worker, "pay-lost-answer")
+    assert sandbox_charge(sandbox, "pay-lost-answer", fault="drop") is None  # made, but the answer never came
     expire(run)
     leases_reap()  # the worker is gone: DISPATCHED -> UNKNOWN
     case = ReconciliationCase.objects.get(operation=op)
@@ -137,8 +77,8 @@ def test_a_lost_response_is_looked_up_by_key_and_reconciled_with_the_providers_i
 
 
 def test_a_charge_never_made_is_reconciled_as_not_happened_and_the_retry_follows_the_class(acme, sandbox):
-    _, never, _ = unknown(acme.worker, "pay-never", effect_class="NON_RETRYABLE")
-    _, idempotent, _ = unknown(acme.worker, "pay-never-idem", effect_class="IDEMPOTENT")
+    _, never, _ = unknown_payment(acme.worker, "pay-never", effect_class="NON_RETRYABLE")
+    _, idempotent, _ = unknown_payment(acme.worker, "pay-never-idem", effect_class="IDEMPOTENT")
 
     result = cases_look_up()
 
@@ -151,8 +91,8 @@ def test_a_charge_never_made_is_reconciled_as_not_happened_and_the_retry_follows
 
 
 def test_pending_is_looked_up_again_after_a_backoff_and_then_settles(acme, sandbox):
-    run, _op, case = unknown(acme.worker, "pay-pending")
-    charge(sandbox, "pay-pending")
+    run, _op, case = unknown_payment(acme.worker, "pay-pending")
+    sandbox_charge(sandbox, "pay-pending")
     sandbox.lookup_mode = "pending"
 
     assert cases_look_up().later == 1
@@ -171,8 +111,8 @@ def test_pending_is_looked_up_again_after_a_backoff_and_then_settles(acme, sandb
 
 
 def test_cannot_tell_hands_the_case_to_people_with_the_lookup_history(acme, sandbox):
-    run, op, case = unknown(acme.worker, "pay-cannot-tell")
-    charge(sandbox, "pay-cannot-tell")
+    run, op, case = unknown_payment(acme.worker, "pay-cannot-tell")
+    sandbox_charge(sandbox, "pay-cannot-tell")
     sandbox.lookup_mode = "cannot_tell"
 
     assert cases_look_up().to_people == 1
@@ -188,7 +128,7 @@ def test_cannot_tell_hands_the_case_to_people_with_the_lookup_history(acme, sand
 
 
 def test_a_provider_that_is_down_is_retried_with_backoff_then_handed_to_people(acme, sandbox):
-    run, op, case = unknown(acme.worker, "pay-down")
+    run, op, case = unknown_payment(acme.worker, "pay-down")
     sandbox.lookup_mode = "down"
     waits = []
     for _ in range(3):
@@ -208,8 +148,8 @@ def test_a_provider_that_is_down_is_retried_with_backoff_then_handed_to_people(a
 
 
 def test_a_lost_record_is_found_by_the_request_id_the_fenced_worker_reported(acme, sandbox):
-    run, token, op = dispatched(acme.worker, "pay-forgotten")
-    made = charge(sandbox, "pay-forgotten")
+    run, token, op = dispatched_payment(acme.worker, "pay-forgotten")
+    made = sandbox_charge(sandbox, "pay-forgotten")
     sandbox.lose("pay-forgotten")  # the provider no longer finds the key
     expire(run)
     leases.lease_acquire(worker=acme.worker, run_id=run.pk, owner_id="owner-b", ttl_s=30)  # takeover: UNKNOWN
@@ -233,8 +173,8 @@ def test_a_lost_record_is_found_by_the_request_id_the_fenced_worker_reported(acm
 def test_a_lost_record_past_the_key_retention_is_not_taken_for_did_not_happen(acme, sandbox, settings):
     config = {**settings.FENCELINE["RECONCILERS"][RECONCILER], "key_retention_s": 1}
     settings.FENCELINE = {**settings.FENCELINE, "RECONCILERS": {RECONCILER: config}}
-    _, op, case = unknown(acme.worker, "pay-old-key")
-    charge(sandbox, "pay-old-key")
+    _, op, case = unknown_payment(acme.worker, "pay-old-key")
+    sandbox_charge(sandbox, "pay-old-key")
     sandbox.lose("pay-old-key")
     Operation.objects.filter(pk=op.pk).update(dispatched_at=timezone.now() - timedelta(seconds=10))
 
@@ -245,7 +185,7 @@ def test_a_lost_record_past_the_key_retention_is_not_taken_for_did_not_happen(ac
 
 
 def test_a_person_who_claims_the_case_first_stops_the_lookups(acme, sandbox):
-    _, _op, case = unknown(acme.worker, "pay-claimed")
+    _, _op, case = unknown_payment(acme.worker, "pay-claimed")
     case_claim(case_id=case.pk, user=_superuser())
 
     assert cases_look_up().claimed == 0
@@ -254,8 +194,8 @@ def test_a_person_who_claims_the_case_first_stops_the_lookups(acme, sandbox):
 
 
 def test_a_person_resolving_during_the_lookup_wins_and_the_answer_is_dropped(acme, sandbox, monkeypatch):
-    run, _op, case = unknown(acme.worker, "pay-race")
-    charge(sandbox, "pay-race")
+    run, _op, case = unknown_payment(acme.worker, "pay-race")
+    sandbox_charge(sandbox, "pay-race")
     from approvals.services import lookups
 
     settle = lookups._settle
@@ -277,14 +217,7 @@ def test_a_person_resolving_during_the_lookup_wins_and_the_answer_is_dropped(acm
 
 def test_an_operation_without_a_reconciler_goes_straight_to_people(acme, sandbox):
     run, token = leased_run(acme.worker)
-    op, _ = operations.operation_intend(
-        worker=acme.worker,
-        run_id=run.pk,
-        fencing_token=token,
-        intent=Intent(tool="email", action="send", resource="r", effect_class="NON_RETRYABLE", idempotency_key="e1"),
-    )
-    operations.operation_authorize(worker=acme.worker, operation_id=op.pk, fencing_token=token)
-    operations.operation_dispatch(worker=acme.worker, operation_id=op.pk, fencing_token=token)
+    op = dispatched_operation(acme.worker, run, token, "e1")  # an email: no provider, no reconciler
     outcomes.operation_report_outcome(worker=acme.worker, operation_id=op.pk, fencing_token=token, outcome="UNKNOWN")
 
     case = ReconciliationCase.objects.get(operation=op)
@@ -296,7 +229,7 @@ def test_an_answer_carrying_a_credential_is_not_kept_and_the_case_goes_to_people
     from ledger.services.reconciliation.protocol import Lookup, Verdict
 
     canary = "AKIA" + "IOSFODNN7EXAMPLE"  # an AWS access key id: the secret boundary refuses it
-    run, op, case = unknown(acme.worker, "pay-hostile")
+    run, op, case = unknown_payment(acme.worker, "pay-hostile")
     case = ReconciliationCase.objects.select_related("operation").get(pk=case.pk)
     hostile = Lookup(Verdict.HAPPENED, asked="GET /v1/charges?idempotency_key=pay-hostile", provider_request_id=canary)
 

@@ -19,8 +19,7 @@ from ledger.policy import RUNTIME_AUDIT_RULES
 from ledger.services.authority.policy import policy_change
 from ledger.services.fence.leases import leases_reap
 from ledger.services.fleet.lifecycle import workers_drain_enforce
-
-READY = {d: {"ok": True, "evidence": {}} for d in ("runtime", "state", "credentials", "outbound_delivery", "admission")}
+from tests.factories import READY
 
 
 def readiness(**failed: dict) -> dict:

@@ -18,38 +18,9 @@ from django.db import connection
 
 import console.views.dashboard
 from ledger.services.fence import notes
-from tests.helpers import database_fingerprint
+from tests.helpers import database_fingerprint, tables_containing
 
 # --- where a canary could end up ----------------------------------------------------------
-
-
-def _tables(cursor) -> list[str]:
-    return sorted(connection.introspection.table_names(cursor))
-
-
-def tables_containing(canary: str) -> list[str]:
-    """Every table with a row whose text form (all columns: text, varchar, json, ...) or
-    one of whose bytea columns contains ``canary``, case-insensitively."""
-    hits = []
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT table_name, column_name FROM information_schema.columns "
-            "WHERE table_schema = current_schema() AND data_type = 'bytea'"
-        )
-        binary = {}
-        for table, column in cursor.fetchall():
-            binary.setdefault(table, []).append(column)
-        for table in _tables(cursor):
-            name = connection.ops.quote_name(table)
-            conditions = ["strpos(lower(t::text), lower(%s)) > 0"]
-            params = [canary]
-            for column in binary.get(table, []):
-                conditions.append(f"position(convert_to(%s, 'UTF8') in t.{connection.ops.quote_name(column)}) > 0")
-                params.append(canary)
-            cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {name} AS t WHERE {' OR '.join(conditions)})", params)  # noqa: S608 - table names from introspection
-            if cursor.fetchone()[0]:
-                hits.append(table)
-    return hits
 
 
 def text_columns() -> set[tuple[str, str]]:
@@ -127,8 +98,7 @@ class Leased:
 @pytest.fixture
 def leased(api_for, acme, logs):
     client = api_for(acme)
-    run_id = client.create_run()
-    assert client.acquire(run_id, "worker-a").status == 200
+    run_id = client.leased_run()
     op_id = client.intend(run_id, 1, "send-report-1").body["operation_id"]
     assert client.authorize(op_id, 1).status == 200
     assert client.dispatch(op_id, 1).body == {"phase": "DISPATCHED"}
@@ -305,7 +275,7 @@ def test_an_exception_carrying_the_canary_is_a_bare_500(leased, logs, monkeypatc
     assert_nowhere(canary, r, logs)  # ... and never the message
 
 
-def test_a_console_crash_logs_the_traceback_without_its_message(live_server, logs, monkeypatch):
+def test_a_console_crash_logs_the_traceback_without_its_message(live_server, logs, monkeypatch, viewer):
     import requests
 
     canary = "CANARY_CRASH_71aa"
@@ -314,11 +284,10 @@ def test_a_console_crash_logs_the_traceback_without_its_message(live_server, log
         raise ValueError(f"template context had {canary}")
 
     from django.conf import settings
-    from django.contrib.auth import get_user_model
     from django.test import Client
 
     browser = Client()  # a signed-in user: the dashboard is behind login_required
-    browser.force_login(get_user_model().objects.create_user(username="crash-viewer"))
+    browser.force_login(viewer)
     session = browser.cookies[settings.SESSION_COOKIE_NAME].value
     monkeypatch.setattr(console.views.dashboard, "render", crash)
     before = database_fingerprint()

@@ -15,7 +15,7 @@ from fenceline_client import client as fl
 from ledger.models import AdminAction, RunLease, Worker
 from ledger.services.authority.policy import policy_change
 from ledger.services.fleet.stale_tokens import worker_stale_rejected
-from tests.conftest import run_concurrently
+from tests.helpers import run_concurrently
 
 LIMIT = {"max_rejections": 5, "window_s": 60}
 

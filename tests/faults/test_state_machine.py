@@ -44,10 +44,8 @@ from ledger.services.core.intent import Intent
 from ledger.services.fence.leases import lease_acquire, lease_release, lease_renew, leases_reap
 from ledger.services.fence.operations import operation_authorize, operation_dispatch, operation_intend
 from ledger.services.fence.outcomes import operation_report_outcome
-from ledger.services.fence.runs import run_create
-from ledger.services.fleet.workers import worker_create
-from ledger.services.tenancy.tenants import tenant_ensure
 from ledger.states import CaseReason, EffectClass, LeaseEnd, Outcome, Phase, can_move
+from tests.factories import make_worker, new_run
 
 TTL_S = 600  # long enough that only the test's clock (back-dating) expires a lease
 RUN_COUNT = 2
@@ -161,11 +159,11 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
         self._atomic.__enter__()
         try:
             slug = f"sm-{uuid.uuid4().hex[:12]}"
-            self.tenant, _ = tenant_ensure(slug=slug)
-            self.workers = [worker_create(tenant=self.tenant, name=f"worker-{i}")[0] for i in range(2)]
+            self.workers = [make_worker(slug, f"worker-{i}").worker for i in range(2)]
+            self.tenant = self.workers[0].tenant
             self.runs: list[RunModel] = []
             for _ in range(RUN_COUNT):
-                run, _ = run_create(worker=self.workers[0], schema_version=1)
+                run = new_run(self.workers[0])
                 self.runs.append(RunModel(run_id=run.pk, events=[("RUN_CREATED",)]))
         except BaseException:
             self.teardown()

@@ -11,7 +11,6 @@ import logging
 import sys
 import threading
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.db import connections
@@ -21,56 +20,14 @@ from django.utils import timezone
 from approvals.services.notifications import notifications_scan
 from ledger.models import WebhookDelivery, Worker
 from ledger.models.notifications import DeliveryStatus
-from ledger.services.fleet.lifecycle import worker_quarantine
 from ledger.services.fleet.workers import worker_create
 from ledger.services.notifications import delivery as delivery_module
 from ledger.services.notifications.delivery import deliveries_send
-from ledger.services.notifications.endpoints import endpoint_create, endpoint_rotate_secret
-from tests.faults.test_secret_boundary_canaries import tables_containing
+from ledger.services.notifications.endpoints import endpoint_rotate_secret
+from tests.factories import active_leases, webhook_endpoint, worker_in
+from tests.helpers import Sink, tables_containing
 
 # --- a local endpoint ---------------------------------------------------------------------
-
-
-class Sink:
-    """An HTTP server on 127.0.0.1 that records every request and answers with the next of
-    ``answers`` (the last one repeats). With a ``gate``, each handler blocks until it is set."""
-
-    def __init__(self, answers=(200,), gate: threading.Event | None = None):
-        self.answers = list(answers)
-        self.gate = gate
-        self.requests: list[dict] = []
-        self.arrived = threading.Event()
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                sink.requests.append({"path": self.path, "headers": dict(self.headers.items()), "body": body})
-                sink.arrived.set()
-                if sink.gate is not None:
-                    sink.gate.wait(120)
-                status = sink.answers.pop(0) if len(sink.answers) > 1 else sink.answers[0]
-                self.send_response(status)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
-
-    def close(self) -> None:
-        if self.gate is not None:
-            self.gate.set()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -93,18 +50,6 @@ def verified(secret: str, request: dict) -> bool:
     return hmac.compare_digest(parts["v1"], expected)
 
 
-def quarantined_worker(tenant, name: str = "w-quarantined") -> Worker:
-    worker, _ = worker_create(tenant=tenant, name=name)
-    worker_quarantine(worker_id=worker.pk, reason="stale writes past the limit", name="alice")
-    return worker
-
-
-def endpoint_to(tenant, target: str, kinds=("quarantine",), name: str = "ops"):
-    return endpoint_create(
-        tenant=tenant, name=name, target=target, kinds=list(kinds), reason="page the on-call", created_by="alice"
-    )
-
-
 def later(hours: int):
     """The test's clock: every pass runs well after the previous attempt's backoff."""
     return timezone.now() + timedelta(hours=hours)
@@ -115,8 +60,8 @@ def later(hours: int):
 
 def test_delivery_is_retried_on_500_with_growing_backoff_then_delivered(acme, sinks):
     sink = sinks(500, 503, 200)
-    endpoint_to(acme.tenant, sink.url())
-    quarantined_worker(acme.tenant)
+    webhook_endpoint(acme.tenant, sink.url())
+    worker_in(acme.tenant, "QUARANTINED", "w-quarantined")
     assert notifications_scan().created == 1
 
     first = deliveries_send()
@@ -147,8 +92,8 @@ def test_delivery_is_retried_on_500_with_growing_backoff_then_delivered(acme, si
 def test_delivery_gives_up_after_its_budget(acme, sinks, settings, monkeypatch):
     monkeypatch.setitem(settings.FENCELINE, "WEBHOOK_MAX_ATTEMPTS", 6)
     sink = sinks(500)
-    endpoint_to(acme.tenant, sink.url())
-    quarantined_worker(acme.tenant)
+    webhook_endpoint(acme.tenant, sink.url())
+    worker_in(acme.tenant, "QUARANTINED", "w-quarantined")
     notifications_scan()
     for hour in range(1, 10):
         deliveries_send(now=later(hour))
@@ -170,8 +115,8 @@ def test_delivery_gives_up_after_its_budget(acme, sinks, settings, monkeypatch):
 )
 def test_a_4xx_gives_up_at_once_but_429_is_retried(acme, sinks, code, status, requests_made):
     sink = sinks(code)
-    endpoint_to(acme.tenant, sink.url())
-    quarantined_worker(acme.tenant)
+    webhook_endpoint(acme.tenant, sink.url())
+    worker_in(acme.tenant, "QUARANTINED", "w-quarantined")
     notifications_scan()
     deliveries_send()
     row = WebhookDelivery.objects.get()
@@ -183,8 +128,8 @@ def test_an_endpoint_that_refuses_connections_is_retried_as_connection(acme, sin
     sink = sinks(200)
     url = sink.url()
     sink.close()  # nothing listens there any more
-    endpoint_to(acme.tenant, url)
-    quarantined_worker(acme.tenant)
+    webhook_endpoint(acme.tenant, url)
+    worker_in(acme.tenant, "QUARANTINED", "w-quarantined")
     notifications_scan()
     deliveries_send()
     row = WebhookDelivery.objects.get()
@@ -198,9 +143,9 @@ def test_an_endpoint_that_refuses_connections_is_retried_as_connection(acme, sin
 
 def test_every_body_is_signed_with_the_endpoint_secret_and_rotation_changes_it(acme, sinks):
     sink = sinks(200)
-    created = endpoint_to(acme.tenant, sink.url(), kinds=["quarantine", "breaker_change"])
-    quarantined_worker(acme.tenant, "w-1")
-    quarantined_worker(acme.tenant, "w-2")
+    created = webhook_endpoint(acme.tenant, sink.url(), kinds=["quarantine", "breaker_change"])
+    worker_in(acme.tenant, "QUARANTINED", "w-1")
+    worker_in(acme.tenant, "QUARANTINED", "w-2")
     notifications_scan()
     deliveries_send()
     assert len(sink.requests) == 2
@@ -220,7 +165,7 @@ def test_every_body_is_signed_with_the_endpoint_secret_and_rotation_changes_it(a
         tenant=acme.tenant, endpoint_id=created.endpoint.pk, reason="rotate after a leak drill", changed_by="alice"
     )
     assert rotated.secret != created.secret
-    quarantined_worker(acme.tenant, "w-3")
+    worker_in(acme.tenant, "QUARANTINED", "w-3")
     notifications_scan()
     deliveries_send()
     assert verified(rotated.secret, sink.requests[-1])
@@ -234,8 +179,6 @@ LEGACY = "LEGACYreason4b8d2e6a"
 
 
 def test_no_secret_reaches_the_database_the_request_or_a_log_line(acme, sinks, settings, monkeypatch):
-    from tests.console.admin_fixtures import active_leases
-
     sink = sinks(200)
     # A Slack-style target: the secret is in the URL's path, so only its reference is stored.
     monkeypatch.setitem(settings.FENCELINE, "WEBHOOK_TARGETS", {"ops-slack": sink.url(f"/services/T0/B0/{CANARY}")})
@@ -249,9 +192,11 @@ def test_no_secret_reaches_the_database_the_request_or_a_log_line(acme, sinks, s
     old_level = root.level
     root.setLevel(logging.DEBUG)
     try:
-        created = endpoint_to(acme.tenant, "ref:ops-slack", kinds=["quarantine", "cleanup_alert", "approval_pending"])
+        created = webhook_endpoint(
+            acme.tenant, "ref:ops-slack", kinds=["quarantine", "cleanup_alert", "approval_pending"]
+        )
         active_leases(acme, 2)  # credential leases exist while the conditions are scanned
-        quarantined_worker(acme.tenant)
+        worker_in(acme.tenant, "QUARANTINED", "w-quarantined")
         # A legacy row whose stored reason holds a credential: its body is refused, never sent.
         leaky, _ = worker_create(tenant=acme.tenant, name="w-leaky")
         Worker.objects.filter(pk=leaky.pk).update(status="QUARANTINED", status_reason=f"password={LEGACY}")
@@ -328,8 +273,8 @@ def test_a_hanging_endpoint_does_not_slow_a_fenced_call(acme, sinks, settings, m
     monkeypatch.setitem(settings.FENCELINE, "WEBHOOK_TIMEOUT_S", 120)  # longer than the test
     gate = threading.Event()
     sink = sinks(200, gate=gate)
-    endpoint_to(acme.tenant, sink.url())
-    quarantined_worker(acme.tenant)
+    webhook_endpoint(acme.tenant, sink.url())
+    worker_in(acme.tenant, "QUARANTINED", "w-quarantined")
     notifications_scan()
 
     outcome: dict = {}
@@ -360,7 +305,7 @@ def test_the_fenced_path_never_runs_notification_code(acme, sinks):
     """Every Python call made while the fenced calls run is watched: none is in
     ledger/services/notifications/ (so no endpoint, however slow, can be on that path)."""
     sink = sinks(200)
-    endpoint_to(acme.tenant, sink.url(), kinds=["quarantine", "approval_pending", "breaker_change"])
+    webhook_endpoint(acme.tenant, sink.url(), kinds=["quarantine", "approval_pending", "breaker_change"])
     package = delivery_module.__file__.rsplit("/", 1)[0]
     seen: list[str] = []
 

@@ -6,8 +6,7 @@ the worker no longer ACCEPTING."""
 
 from ledger.models import Event, RunLease, Worker
 from ledger.services.fleet.lifecycle import worker_quarantine
-from tests.conftest import run_concurrently
-from tests.helpers import assert_chain_intact
+from tests.helpers import assert_chain_intact, run_concurrently
 
 THREADS = 12
 

@@ -10,6 +10,7 @@ import pytest
 
 from ledger import tasks
 from ledger.services.fence.leases import ReapResult
+from tests.factories import leased_run
 
 pytestmark = pytest.mark.django_db
 
@@ -33,8 +34,6 @@ def json_lines(data: bytes, logger: str) -> list[dict]:
 
 
 def test_each_request_is_one_json_line_with_the_ids_operators_filter_on(client, acme, printed):
-    from tests.ledger.factories import leased_run
-
     run, token = leased_run(acme.worker)
     answer = client.post(
         f"/api/v1/runs/{run.pk}/lease/renew",

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import embedded_database, spawned
+from tests.factories import make_worker, new_run
+from tests.helpers import embedded_database, metric_value, parse_metrics, spawned
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,21 +61,6 @@ NAMES = {
 }
 
 
-def parse(text: str) -> dict[str, dict[tuple, float]]:
-    """{family: {((label, value), ...) + (sample suffix,): value}}."""
-    families: dict[str, dict[tuple, float]] = {}
-    for family in text_string_to_metric_families(text):
-        samples = families.setdefault(family.name, {})
-        for sample in family.samples:
-            suffix = sample.name[len(family.name) :]
-            samples[(*sorted(sample.labels.items()), suffix)] = sample.value
-    return families
-
-
-def value(families, name: str, suffix: str = "", **labels) -> float:
-    return families[name].get((*sorted(labels.items()), suffix), 0.0)
-
-
 def manage(env: dict, *args: str) -> str:
     done = subprocess.run(
         [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
@@ -88,7 +73,7 @@ def test_every_metric_exists_after_the_demo_seed_with_the_value_its_rows_give(tm
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     env |= {"FENCELINE_STATE_DIR": str(tmp_path), "FENCELINE_LOG_FORMAT": "plain"}
     manage(env, "demo", "--no-serve")
-    families = parse(manage(env, "metrics"))
+    families = parse_metrics(manage(env, "metrics"))
     assert set(families) >= NAMES, sorted(NAMES - set(families))
 
     with embedded_database(tmp_path) as db:
@@ -104,45 +89,47 @@ def test_every_metric_exists_after_the_demo_seed_with_the_value_its_rows_give(tm
             )
             # Accepted: up to the run's head (the demo's forged event past the head was never accepted).
             events = one(f"SELECT COUNT(*) FROM ledger_event e {of_tenant} AND e.seq <= r.last_seq", slug)  # noqa: S608
-            assert value(families, "audit_events_accepted", "_total", tenant=slug) == events, slug
+            assert metric_value(families, "audit_events_accepted", "_total", tenant=slug) == events, slug
             stale = one(f"SELECT COUNT(*) FROM ledger_event e {of_tenant} AND e.type = 'STALE_TOKEN_REJECTED'", slug)  # noqa: S608
-            assert value(families, "fenceline_stale_token_rejections", "_total", tenant=slug) == stale, slug
+            assert metric_value(families, "fenceline_stale_token_rejections", "_total", tenant=slug) == stale, slug
             unknown = one(
                 "SELECT COUNT(*) FROM ledger_operation o JOIN ledger_tenant t ON o.tenant_id = t.id"
                 " WHERE t.slug = %s AND o.phase = 'UNKNOWN'",
                 slug,
             )
-            assert value(families, "audit_unknown_outcomes", tenant=slug) == unknown, slug
+            assert metric_value(families, "audit_unknown_outcomes", tenant=slug) == unknown, slug
             in_flight = one(
                 "SELECT COUNT(*) FROM ledger_operation o JOIN ledger_tenant t ON o.tenant_id = t.id"
                 " WHERE t.slug = %s AND o.phase IN ('AUTHORIZED', 'DISPATCHED')",
                 slug,
             )
-            assert value(families, "fenceline_active_operations", tenant=slug) == in_flight, slug
-        demo_events = value(families, "audit_events_accepted", "_total", tenant="demo")
+            assert metric_value(families, "fenceline_active_operations", tenant=slug) == in_flight, slug
+        demo_events = metric_value(families, "audit_events_accepted", "_total", tenant="demo")
         assert demo_events > 50
-        assert value(families, "fenceline_stale_token_rejections", "_total", tenant="demo") >= 1
+        assert metric_value(families, "fenceline_stale_token_rejections", "_total", tenant="demo") >= 1
 
         cases = "FROM approvals_reconciliationcase c JOIN ledger_tenant t ON c.tenant_id = t.id WHERE t.slug = 'demo'"
         for status in ("LOOKUP", "OPEN", "CLAIMED", "ESCALATED"):
             expected = one(f"SELECT COUNT(*) {cases} AND c.status = %s", status)
-            assert value(families, "unknown_outcomes", tenant="demo", status=status) == expected, status
+            assert metric_value(families, "unknown_outcomes", tenant="demo", status=status) == expected, status
         by_reconciler = one(f"SELECT COUNT(*) {cases} AND c.status = 'RESOLVED' AND c.resolved_by LIKE 'reconciler:%'")
         by_people = one(f"SELECT COUNT(*) {cases} AND c.status = 'RESOLVED' AND c.resolved_by NOT LIKE 'reconciler:%'")
         assert by_reconciler == 1  # the demo's lost answer, found at the sandbox provider
-        assert value(families, "reconciliations", "_total", tenant="demo", source="reconciler") == by_reconciler
-        assert value(families, "reconciliations", "_total", tenant="demo", source="person") == by_people
+        assert metric_value(families, "reconciliations", "_total", tenant="demo", source="reconciler") == by_reconciler
+        assert metric_value(families, "reconciliations", "_total", tenant="demo", source="person") == by_people
         settled = by_reconciler + by_people
-        assert value(families, "unknown_outcome_duration_seconds", "_count", tenant="demo") == settled
-        assert value(families, "unknown_outcome_duration_seconds", "_bucket", tenant="demo", le="+Inf") == settled
+        assert metric_value(families, "unknown_outcome_duration_seconds", "_count", tenant="demo") == settled
+        assert (
+            metric_value(families, "unknown_outcome_duration_seconds", "_bucket", tenant="demo", le="+Inf") == settled
+        )
 
         approvals = "FROM approvals_approvalrequest a JOIN ledger_tenant t ON a.tenant_id = t.id WHERE t.slug = 'demo'"
         for (kind,) in db.execute(f"SELECT DISTINCT kind {approvals}"):
             expected = one(f"SELECT COUNT(*) {approvals} AND a.kind = %s", kind)
-            assert value(families, "approval_interruptions", "_total", tenant="demo", kind=kind) == expected
+            assert metric_value(families, "approval_interruptions", "_total", tenant="demo", kind=kind) == expected
 
         for slug, state in db.execute("SELECT slug, breaker_state FROM ledger_tenant"):
-            assert value(families, "fenceline_breaker_state", tenant=slug, state=state) == 1.0
+            assert metric_value(families, "fenceline_breaker_state", tenant=slug, state=state) == 1.0
             assert sum(v for k, v in families["fenceline_breaker_state"].items() if ("tenant", slug) in k) == 1.0
         assert "DEGRADED" in {state for (state,) in db.execute("SELECT breaker_state FROM ledger_tenant")}
 
@@ -150,8 +137,8 @@ def test_every_metric_exists_after_the_demo_seed_with_the_value_its_rows_give(tm
             "SELECT t.slug, w.status, COUNT(*) FROM ledger_worker w JOIN ledger_tenant t ON w.tenant_id = t.id"
             " GROUP BY t.slug, w.status"
         ):
-            assert value(families, "fenceline_workers", tenant=slug, status=status) == n
-        assert value(families, "fenceline_workers", tenant="demo", status="QUARANTINED") >= 1
+            assert metric_value(families, "fenceline_workers", tenant=slug, status=status) == n
+        assert metric_value(families, "fenceline_workers", tenant="demo", status="QUARANTINED") >= 1
 
         open_alerts = one("SELECT COUNT(*) FROM ledger_resourcealert WHERE cleared_at IS NULL")
         assert open_alerts >= 1
@@ -211,12 +198,8 @@ def _worker_calls(token: str, run_id: str, owner: str, key: str) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_process_counters_are_summed_across_two_processes(tmp_path, monkeypatch):
-    from tests.conftest import make_worker
-
     identity = make_worker("metrics-two", "worker-1")
-    from ledger.services.fence.runs import run_create
-
-    runs = [str(run_create(worker=identity.worker, schema_version=1)[0].pk) for _ in range(2)]
+    runs = [str(new_run(identity.worker).pk) for _ in range(2)]
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))  # the children write here
     children = [
         spawned("tests.ops.test_metrics", "_worker_calls", identity.token, run_id, f"owner-{i}", f"key-{i}")
@@ -229,18 +212,18 @@ def test_process_counters_are_summed_across_two_processes(tmp_path, monkeypatch)
 
     from ledger.observability.metrics import scrape
 
-    families = parse(scrape().decode())
+    families = parse_metrics(scrape().decode())
     tenant = "metrics-two"
-    assert value(families, "fenceline_lease_acquisitions", "_total", tenant=tenant, kind="new") == 2
-    assert value(families, "fenceline_lease_renewals", "_total", tenant=tenant) == 2 * RENEWALS
-    assert value(families, "duplicate_rejections", "_total", tenant=tenant, kind="replay") == 2
-    assert value(families, "duplicate_rejections", "_total", tenant=tenant, kind="mismatch") == 2
-    assert value(families, "retry_by_effect_class", "_total", tenant=tenant, effect_class="IDEMPOTENT") == 2
+    assert metric_value(families, "fenceline_lease_acquisitions", "_total", tenant=tenant, kind="new") == 2
+    assert metric_value(families, "fenceline_lease_renewals", "_total", tenant=tenant) == 2 * RENEWALS
+    assert metric_value(families, "duplicate_rejections", "_total", tenant=tenant, kind="replay") == 2
+    assert metric_value(families, "duplicate_rejections", "_total", tenant=tenant, kind="mismatch") == 2
+    assert metric_value(families, "retry_by_effect_class", "_total", tenant=tenant, effect_class="IDEMPOTENT") == 2
     # Stale writes are counted in the database, on the run, in the refusal's transaction.
-    assert value(families, "fenceline_stale_token_rejections", "_total", tenant=tenant) == 2 * STALE
+    assert metric_value(families, "fenceline_stale_token_rejections", "_total", tenant=tenant) == 2 * STALE
     renew_route = "api/v1/runs/<run_id>/lease/renew"
     assert (
-        value(
+        metric_value(
             families, "fenceline_http_request_duration_seconds", "_count", route=renew_route, method="POST", code="200"
         )
         == 2 * RENEWALS

@@ -12,15 +12,14 @@ from ledger.observability.health import job_allowed_s
 from ledger.observability.metrics import scrape
 from ledger.services.fence.notes import event_append
 from ledger.tasks import count_run_totals_task
-from tests.conftest import make_worker
-from tests.ledger.factories import leased_run
-from tests.ops.test_metrics import parse, value
+from tests.factories import leased_run
+from tests.helpers import metric_value, parse_metrics
 
 pytestmark = pytest.mark.django_db
 
 
 def scraped(name: str, tenant: str, suffix: str = "") -> float:
-    return value(parse(scrape().decode()), name, suffix, tenant=tenant)
+    return metric_value(parse_metrics(scrape().decode()), name, suffix, tenant=tenant)
 
 
 def accepted(tenant) -> int:
@@ -54,11 +53,10 @@ def test_a_scrape_counts_itself_once_the_job_is_not_fresh(acme):
     assert scraped("fenceline_run_totals_age_seconds", "acme") == 0  # counted by this scrape
 
 
-def test_the_job_counts_each_tenant_s_runs(acme):
-    globex = make_worker("globex", "g-1")
+def test_the_job_counts_each_tenant_s_runs(acme, outsider):
     leased_run(acme.worker)
-    leased_run(globex.worker)
-    leased_run(globex.worker)
+    leased_run(outsider.worker)
+    leased_run(outsider.worker)
     count_run_totals_task.apply().get()
     assert dict(RunTotals.objects.values_list("tenant__slug", "active")) == {"acme": 1, "globex": 2}
     assert scraped("fenceline_active_runs", "globex") == 2

@@ -373,9 +373,11 @@ def test_credentials_the_old_rules_missed(text, kind):
     | st.uuids().map(lambda u: u.hex)
     | st.binary(min_size=16, max_size=16).map(bytes.hex)
     | st.binary(min_size=32, max_size=32).map(lambda b: "sha256:" + hashlib.sha256(b).hexdigest())
-    | st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2999, 12, 31), timezones=st.just(UTC)).map(
-        format_time
-    )
+    | st.datetimes(
+        min_value=datetime(2000, 1, 1),  # noqa: DTZ001 - hypothesis takes naive bounds; timezones= makes values aware
+        max_value=datetime(2999, 12, 31),  # noqa: DTZ001
+        timezones=st.just(UTC),
+    ).map(format_time)
 )
 def test_the_forms_fenceline_writes_its_own_values_in_never_meet_a_rule(value):
     """credential_kind skips ids, request ids, chain hashes and event times without running

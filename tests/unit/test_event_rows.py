@@ -12,7 +12,7 @@ from fenceline_client.evidence_verifier import row_document
 from ledger.chain import event_document
 from ledger.models import Event
 from ledger.services.evidence.verification import CHUNK_ROWS, event_rows
-from ledger.services.fence.runs import run_create
+from tests.factories import new_run
 
 TIMES = [
     datetime(2026, 12, 5, 13, 0, 0, tzinfo=UTC),  # no microseconds
@@ -34,8 +34,7 @@ FIELDS = [
 
 @pytest.fixture
 def run(acme):
-    run, _ = run_create(worker=acme.worker, schema_version=1)
-    return run
+    return new_run(acme.worker)
 
 
 def stored(run, entries: list[tuple[datetime, dict]]) -> list[Event]:

@@ -3,8 +3,8 @@ the documents the rows stand for, for every tamper case, whatever the batches; a
 in the rows as ``verify_chain`` does, so that what the in-app verifier learns on the way
 (and an exception it raises) is the same.
 
-Pure Python, no database: the rows are made from the reference chain of
-``test_evidence_verifier``.
+Pure Python, no database: the rows are made from the reference chain
+(tests/unit/reference_chain.py) and its tamper cases (tests/unit/tamper_cases.py).
 """
 
 import copy
@@ -15,7 +15,7 @@ import json
 import pytest
 
 from fenceline_client import evidence_verifier as ev
-from tests.unit.test_evidence_verifier import (
+from tests.unit.reference_chain import (
     CHAIN,
     CHECKPOINTS,
     EVENT_KEYS,
@@ -23,11 +23,11 @@ from tests.unit.test_evidence_verifier import (
     HEAD,
     KEYS,
     RUN,
-    TAMPER_CASES,
     build,
     checkpoints_for,
     make_event,
 )
+from tests.unit.tamper_cases import TAMPER_CASES
 
 BATCH_SIZES = (1, 2, 3, 5, 1000)
 

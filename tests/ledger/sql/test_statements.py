@@ -31,8 +31,7 @@ from ledger.services.evidence.append import HEAD_FIELDS, build_event
 from ledger.sql import chain, costs, credentials, evidence, fence, lifespan, reads, rows, upgrades
 from ledger.sql.connection import numbered
 from ledger.states import ReservationState
-from tests.ledger.factories import expire, intended_operation, leased_run
-from tests.ledger.test_costs import planned_op, set_policy
+from tests.factories import expire, intended_operation, leased_run, planned_op, set_cost_policy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -209,7 +208,7 @@ def test_events_and_heads_of_many_runs_go_as_arrays_in_one_statement_each(acme):
 
 
 def test_a_charge_reserves_in_one_statement_and_takes_nothing_it_was_not_granted(acme):
-    set_policy(acme.tenant, run=100)
+    set_cost_policy(acme.tenant, run=100)
     run, token = leased_run(acme.worker)
     op = planned_op(acme, run, token, "k-charge", estimate=60)
     policy = {"cost_window_s": 3600, "reservation_ttl_s": 60}
