@@ -20,6 +20,7 @@ from typing import Any
 from fenceline_client.evidence_verifier import (
     GENESIS_HASH,
     HASH_PREFIX,
+    ROW_COLUMNS,
     VERIFIER_VERSION,
     EventSigner,
     canonical_bytes,
@@ -31,20 +32,9 @@ from fenceline_client.evidence_verifier import (
     hash_bytes,
 )
 
-# The stored columns of an event that its document is made of (run_id aside).
-EVENT_COLUMNS = (
-    "seq",
-    "event_id",
-    "type",
-    "schema_version",
-    "actor",
-    "occurred_at",
-    "fields",
-    "prev_hash",
-    "hash",
-    "mac_key_id",
-    "mac",
-)
+# The stored columns of an event that its document is made of (run_id aside): the
+# standalone verifier's row, defined there once.
+EVENT_COLUMNS = ROW_COLUMNS
 
 
 def event_document(event: Any, run_id: object = None) -> dict[str, Any]:

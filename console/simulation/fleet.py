@@ -186,6 +186,17 @@ class Slot:
     restart_at: float = 0.0
     resume_at: float = 0.0  # when a SIGSTOPped process gets its SIGCONT
     retired: bool = False  # quarantined or told to stop: the supervisor leaves it down
+    log: Path | None = None  # the process's output, from ``log_from`` on
+    log_from: int = 0
+
+    def booted(self) -> bool:
+        """Whether the current process has reported its boot (and so handles SIGTERM by
+        draining): until then a signal would meet an interpreter still importing."""
+        if self.log is None:
+            return False
+        with self.log.open("rb") as output:
+            output.seek(self.log_from)
+            return b"BOOTED" in output.read()
 
 
 class Fleet:
@@ -260,7 +271,9 @@ class Fleet:
         command = [sys.executable, "-m", "fenceline_client.simulated_worker", "--ttl", str(self.options.ttl)]
         command += ["--steps", str(self.options.steps)] + (["--bad-config"] if slot.bad_config else [])
         command += ["--old-build"] if slot.old_build else []
-        log = (self.logs / f"{slot.name}.log").open("a")
+        slot.log = self.logs / f"{slot.name}.log"
+        log = slot.log.open("a")
+        slot.log_from = log.tell()
         slot.process = subprocess.Popen(  # noqa: S603 - our own module, no shell
             command,
             env={**env, "FENCELINE_TOKEN": slot.token},
@@ -287,7 +300,8 @@ class Fleet:
                 self.spawn(slot, env)
 
     def healthy(self) -> list[Slot]:
-        return [s for s in self.slots if s.process is not None and not s.bad_config and not s.resume_at]
+        """The workers chaos may strike: running, booted, not crash-looping, not paused."""
+        return [s for s in self.slots if s.process is not None and not s.bad_config and not s.resume_at and s.booted()]
 
     def strike(self, kind: str, now: float) -> None:
         """One chaos event on the healthy worker that was struck least recently."""
