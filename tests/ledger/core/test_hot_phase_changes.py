@@ -14,6 +14,7 @@ import re
 import pytest
 from django.db import connection
 
+from ledger.services.fence import operations
 from tests.factories import confirm, dispatched_operation, intended_operation, leased_run
 
 OPERATIONS = 8
@@ -137,13 +138,47 @@ def test_the_uncertain_filter_walks_its_partial_index_in_page_order(acme):
 RUN_OPERATIONS = 4
 
 
+def page_of(run) -> int:
+    """The heap page holding the version of ``run`` that this transaction sees."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT (ctid::text::point)[0]::int FROM ledger_run WHERE id = %s", [run.pk])
+        return cursor.fetchone()[0]
+
+
+def head_updates_of(run, step) -> tuple[int, int, bool]:
+    """(head updates, of which HOT, whether the row moved to another page) while ``step`` runs."""
+    page, before = page_of(run), updates_so_far("ledger_run")
+    step()
+    after = updates_so_far("ledger_run")
+    return after[0] - before[0], after[1] - before[1], page_of(run) != page
+
+
 def test_a_runs_transitions_update_its_head_without_touching_its_indexes(acme):
+    """Every head update of the run happens in this test's one transaction, so none of its old
+    versions can be pruned: once the page is full (other tests' runs share it), PostgreSQL puts
+    the next version on another page, and that update cannot be HOT whatever the indexes are.
+    So each transition is read on its own: one that was not HOT must have moved the row; one
+    that kept it on its page and was still not HOT wrote index entries, which this test forbids."""
     run, token = leased_run(acme.worker)
-    op = dispatched_operation(acme.worker, run, token, "warm", effect_class="IDEMPOTENT")
-    confirm(acme.worker, op, token)
-    updated, hot = updates_while_operating(acme.worker, run, token, "ledger_run", RUN_OPERATIONS)
-    assert updated >= 4 * RUN_OPERATIONS  # intend, authorize, dispatch, outcome: the head each time
-    assert hot == updated, f"{updated - hot} of {updated} head updates were not HOT"
+    warm = dispatched_operation(acme.worker, run, token, "warm", effect_class="IDEMPOTENT")
+    confirm(acme.worker, warm, token)
+    worker = acme.worker
+    for n in range(RUN_OPERATIONS):
+        op = intended_operation(worker, run, token, f"hot-{n}", "IDEMPOTENT")
+        steps = {
+            "intend": lambda n=n: intended_operation(worker, run, token, f"hot-next-{n}", "IDEMPOTENT"),
+            "authorize": lambda op=op: operations.operation_authorize(
+                worker=worker, operation_id=op.pk, fencing_token=token
+            ),
+            "dispatch": lambda op=op: operations.operation_dispatch(
+                worker=worker, operation_id=op.pk, fencing_token=token
+            ),
+            "outcome": lambda op=op: confirm(worker, op, token),
+        }
+        for name, step in steps.items():
+            step_updated, step_hot, moved = head_updates_of(run, step)
+            assert step_updated >= 1, f"{name} did not update the run's head"
+            assert step_hot == step_updated or moved, f"{name}: {step_updated - step_hot} head updates in place not HOT"
 
 
 def test_no_index_of_the_runs_table_reads_the_head_a_transition_writes(db):
