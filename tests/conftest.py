@@ -9,6 +9,9 @@ operator, a user with no role, a superuser) builds them with tests/factories.py.
 
 import json
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import requests
@@ -226,3 +229,15 @@ def leased(api_for, acme):
     """A run of acme's worker whose lease it holds (token 1, owner "worker-a"), over HTTP."""
     client = api_for(acme)
     return client, client.leased_run()
+
+
+@pytest.fixture
+def state_dir():
+    """A state directory for an embedded PostgreSQL (FENCELINE_STATE_DIR). Not under pytest's
+    tmp_path: run as root, the embedded server runs as its own system user, which must
+    traverse the path, and pytest keeps its temporary root private (mode 0700), resetting
+    it whenever a session starts."""
+    path = Path(tempfile.mkdtemp(prefix="fenceline-state-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

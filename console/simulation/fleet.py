@@ -303,15 +303,16 @@ class Fleet:
         """The workers chaos may strike: running, booted, not crash-looping, not paused."""
         return [s for s in self.slots if s.process is not None and not s.bad_config and not s.resume_at and s.booted()]
 
-    def strike(self, kind: str, now: float) -> None:
-        """One chaos event on the healthy worker that was struck least recently."""
+    def strike(self, kind: str, now: float) -> bool:
+        """One chaos event on the healthy worker that was struck least recently; False when
+        no worker is healthy now (the event waits for one)."""
         targets = self.healthy()
         if not targets:
-            return
+            return False
         slot = targets[self.chaos[kind] % len(targets)]
         process = slot.process
         if process is None:
-            return
+            return False
         if kind == "paused":  # a long GC pause or a frozen VM: the lease expires under it
             process.send_signal(signal.SIGSTOP)
             slot.resume_at = now + self.options.ttl + 2
@@ -320,6 +321,7 @@ class Fleet:
         else:
             process.send_signal(signal.SIGTERM)  # the orchestrator's stop: drain, then exit 0
         self.chaos[kind] += 1
+        return True
 
     def chaos_plan(self) -> list[tuple[float, str]]:
         """First one of each, at fixed times, then random events every few seconds."""
@@ -385,8 +387,8 @@ class Fleet:
             last_shown = 0.0
             while (elapsed := time.monotonic() - started) < self.options.seconds:
                 self.supervise(env, elapsed)
-                while plan and plan[0][0] <= elapsed:
-                    self.strike(plan.pop(0)[1], elapsed)
+                while plan and plan[0][0] <= elapsed and self.strike(plan[0][1], elapsed):
+                    plan.pop(0)  # an event that found no healthy worker waits for one
                 self.top_up_runs()
                 self.jobs()
                 if elapsed - last_shown >= 1:

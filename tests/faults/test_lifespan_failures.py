@@ -299,7 +299,7 @@ def test_sixteen_processes_racing_for_the_last_resource_of_a_run_get_exactly_the
         reason="four browsers",
         changed_by="admin",
     )
-    run, token = leased_run(acme.worker)
+    run, token = leased_run(acme.worker, ttl_s=600)  # sixteen spawned interpreters start slowly on two busy cores
     for n in range(3):
         attach(acme.worker, run, token, f"early-{n}")
 

@@ -29,8 +29,8 @@ def running(state_dir: Path) -> bool:
     return (state_dir / "postgres" / "postmaster.pid").exists()
 
 
-def test_a_command_starts_the_embedded_server_and_stops_it_when_it_exits(tmp_path):
-    env = embedded_env(tmp_path)
+def test_a_command_starts_the_embedded_server_and_stops_it_when_it_exits(state_dir):
+    env = embedded_env(state_dir)
     done = manage(
         env,
         "shell",
@@ -39,14 +39,14 @@ def test_a_command_starts_the_embedded_server_and_stops_it_when_it_exits(tmp_pat
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.split()[-1]) >= 180000  # the wheel's PostgreSQL 18, not the machine's
-    assert (tmp_path / "postgres" / "PG_VERSION").exists()
-    assert not running(tmp_path)
+    assert (state_dir / "postgres" / "PG_VERSION").exists()
+    assert not running(state_dir)
     # Nothing listens on TCP: the socket lives in the data directory.
-    assert list((tmp_path / "postgres").glob(".s.PGSQL.*")) == []  # removed as it stopped
+    assert list((state_dir / "postgres").glob(".s.PGSQL.*")) == []  # removed as it stopped
 
 
-def test_a_process_killed_outright_does_not_keep_the_server_up(tmp_path):
-    env = embedded_env(tmp_path)
+def test_a_process_killed_outright_does_not_keep_the_server_up(state_dir):
+    env = embedded_env(state_dir)
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -65,27 +65,27 @@ def test_a_process_killed_outright_does_not_keep_the_server_up(tmp_path):
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "up"
-        assert running(tmp_path)
+        assert running(state_dir)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait(10)
-    assert running(tmp_path)  # nobody stopped it: the holder died without a word
+    assert running(state_dir)  # nobody stopped it: the holder died without a word
     # The next process forgets the dead one, and stops the server as the last live user.
     done = manage(env, "showmigrations", "--plan")
     assert done.returncode == 0, done.stderr[-2000:]
     deadline = time.monotonic() + 10
-    while running(tmp_path) and time.monotonic() < deadline:
+    while running(state_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not running(tmp_path)
+    assert not running(state_dir)
 
 
 @pytest.mark.parametrize("url", ["sqlite:///tmp/fenceline.sqlite3", "mysql://root@127.0.0.1/fenceline"])
-def test_a_database_url_that_is_not_postgresql_stops_start_up_naming_it(tmp_path, url):
-    env = embedded_env(tmp_path) | {"DATABASE_URL": url}
+def test_a_database_url_that_is_not_postgresql_stops_start_up_naming_it(state_dir, url):
+    env = embedded_env(state_dir) | {"DATABASE_URL": url}
     done = manage(env, "check")
     assert done.returncode != 0
     assert "DATABASE_URL must point at PostgreSQL" in done.stderr
-    assert not (tmp_path / "postgres").exists()
+    assert not (state_dir / "postgres").exists()
 
 
 def holder(env: dict[str, str], seconds: int) -> subprocess.Popen[str]:
@@ -105,20 +105,20 @@ def holder(env: dict[str, str], seconds: int) -> subprocess.Popen[str]:
     return process
 
 
-def test_the_last_live_user_stops_the_server_though_another_was_killed_outright(tmp_path):
-    env = embedded_env(tmp_path)
+def test_the_last_live_user_stops_the_server_though_another_was_killed_outright(state_dir):
+    env = embedded_env(state_dir)
     killed, last = holder(env, 600), holder(env, 3)
     killed.send_signal(signal.SIGKILL)
     killed.wait(10)
     assert last.wait(30) == 0
     deadline = time.monotonic() + 10
-    while running(tmp_path) and time.monotonic() < deadline:
+    while running(state_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not running(tmp_path)
+    assert not running(state_dir)
 
 
-def test_the_demo_stopped_by_sigterm_stops_its_jobs_and_the_database(tmp_path):
-    env = embedded_env(tmp_path)
+def test_the_demo_stopped_by_sigterm_stops_its_jobs_and_the_database(state_dir):
+    env = embedded_env(state_dir)
     port = 18000 + os.getpid() % 1000
     demo = subprocess.Popen(
         [sys.executable, "manage.py", "demo", f"127.0.0.1:{port}"],
@@ -135,7 +135,7 @@ def test_the_demo_stopped_by_sigterm_stops_its_jobs_and_the_database(tmp_path):
                 break
         else:
             raise AssertionError("the demo never came up")
-        jobs = subprocess.run(["pgrep", "-f", f"celery.*{tmp_path}"], capture_output=True, text=True).stdout.split()
+        jobs = subprocess.run(["pgrep", "-f", f"celery.*{state_dir}"], capture_output=True, text=True).stdout.split()
         assert jobs, "the demo starts its background jobs"
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(30) == 0
@@ -143,9 +143,9 @@ def test_the_demo_stopped_by_sigterm_stops_its_jobs_and_the_database(tmp_path):
         if demo.poll() is None:
             demo.kill()
     deadline = time.monotonic() + 20
-    while (running(tmp_path) or subprocess.run(["pgrep", "-f", f"celery.*{tmp_path}"]).returncode == 0) and (
+    while (running(state_dir) or subprocess.run(["pgrep", "-f", f"celery.*{state_dir}"]).returncode == 0) and (
         time.monotonic() < deadline
     ):
         time.sleep(0.2)
-    assert subprocess.run(["pgrep", "-f", f"celery.*{tmp_path}"]).returncode == 1  # no job left behind
-    assert not running(tmp_path)
+    assert subprocess.run(["pgrep", "-f", f"celery.*{state_dir}"]).returncode == 1  # no job left behind
+    assert not running(state_dir)

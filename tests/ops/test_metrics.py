@@ -69,14 +69,14 @@ def manage(env: dict, *args: str) -> str:
     return done.stdout
 
 
-def test_every_metric_exists_after_the_demo_seed_with_the_value_its_rows_give(tmp_path):
+def test_every_metric_exists_after_the_demo_seed_with_the_value_its_rows_give(state_dir):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
-    env |= {"FENCELINE_STATE_DIR": str(tmp_path), "FENCELINE_LOG_FORMAT": "plain"}
+    env |= {"FENCELINE_STATE_DIR": str(state_dir), "FENCELINE_LOG_FORMAT": "plain"}
     manage(env, "demo", "--no-serve")
     families = parse_metrics(manage(env, "metrics"))
     assert set(families) >= NAMES, sorted(NAMES - set(families))
 
-    with embedded_database(tmp_path) as db:
+    with embedded_database(state_dir) as db:
 
         def one(sql: str, *params) -> float:
             return float(db.execute(sql, params or None).fetchone()[0] or 0)
