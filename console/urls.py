@@ -80,6 +80,7 @@ urlpatterns = [
     path(
         "tenants/<slug:slug>/webhooks/<uuid:endpoint_id>/rotate", webhooks.webhook_rotate, name="tenant-webhook-rotate"
     ),
+    path("accounts/login/", site.SignIn.as_view(), name="login"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
 ]
