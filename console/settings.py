@@ -378,9 +378,11 @@ FENCELINE: dict[str, Any] = {
     "JOB_STALE_AFTER_INTERVALS": env_int("FENCELINE_JOB_STALE_AFTER_INTERVALS", 3, minimum=1),
     "JOB_STALE_GRACE_S": env_int("FENCELINE_JOB_STALE_GRACE_S", 30, minimum=0),
     "READYZ_SCHEMA_CHECK_S": env_int("FENCELINE_READYZ_SCHEMA_CHECK_S", 300, minimum=0),
-    # /metrics: the scrape token (Authorization: Bearer ...; or its _FILE). Without one, only
-    # these client addresses may scrape.
+    # /metrics: the scrape tokens (Authorization: Bearer ...; or their _FILE): the tenant token
+    # sees each tenant's series, the other only totals over the tenants. Without either, only
+    # these client addresses may scrape (totals), and nobody behind a declared proxy.
     "METRICS_TOKEN": env("FENCELINE_METRICS_TOKEN") or "",
+    "METRICS_TENANT_TOKEN": env("FENCELINE_METRICS_TENANT_TOKEN") or "",
     "METRICS_ALLOW": [
         a.strip() for a in (env("FENCELINE_METRICS_ALLOW", "127.0.0.1,::1") or "").split(",") if a.strip()
     ],
