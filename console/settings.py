@@ -405,6 +405,12 @@ FENCELINE: dict[str, Any] = {
 FENCELINE["WEBHOOK_KEYS"] = _hmac_keys("FENCELINE_WEBHOOK_KEYS", b"fenceline webhook key")
 FENCELINE["WEBHOOK_SIGNING_KEY_ID"] = _signing_key_id("FENCELINE_WEBHOOK_SIGNING_KEY_ID", FENCELINE["WEBHOOK_KEYS"])
 FENCELINE["WEBHOOK_TARGETS"] = env_json_object("FENCELINE_WEBHOOK_TARGETS")
+# A webhook goes only to public addresses, except to the hosts named here (comma-separated,
+# "host" for any port or "host:port", "[v6]:port"), which may also be plain http: a receiver
+# on the private network, FENCELINE_WEBHOOK_ALLOWED_HOSTS=alerts.internal:8443,10.0.0.7.
+FENCELINE["WEBHOOK_ALLOWED_HOSTS"] = frozenset(
+    h.strip().lower() for h in (env("FENCELINE_WEBHOOK_ALLOWED_HOSTS") or "").split(",") if h.strip()
+)
 # The console's address, for the links in a notification (blank: the links are paths).
 FENCELINE["CONSOLE_URL"] = (env("FENCELINE_CONSOLE_URL") or "").rstrip("/")
 FENCELINE["NOTIFY_SCAN_INTERVAL_S"] = env_int("FENCELINE_NOTIFY_SCAN_INTERVAL_S", 30, minimum=1)
