@@ -1,8 +1,8 @@
 """The console's own answers that no domain owns: a refused form (Django's CSRF check), the
-sign-in page (Django's, with ``next`` judged as every console view judges it) and the icon a
+sign-in and sign-out (Django's, with ``next`` judged as every console view judges it) and the icon a
 browser asks for at ``/favicon.ico``."""
 
-from django.contrib.auth.views import LoginView
+from django.contrib.auth.views import LoginView, LogoutView, RedirectURLMixin
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.templatetags.static import static
@@ -27,8 +27,17 @@ def favicon(request: HttpRequest) -> HttpResponse:
     return HttpResponseRedirect(static("favicon.svg"))
 
 
-class SignIn(LoginView):
-    """Django's sign-in page; after it, ``next`` only when it is a path on this site."""
+class SameOriginNext(RedirectURLMixin):
+    """Django's auth views follow ``next`` only when it is a path on this site (``next_url``),
+    else their default page."""
 
     def get_redirect_url(self, request: HttpRequest | None = None) -> str:
-        return next_url(request or self.request, "")
+        return next_url(request or self.request, "")  # type: ignore[attr-defined]  # the view's request
+
+
+class SignIn(SameOriginNext, LoginView):
+    """Django's sign-in page."""
+
+
+class SignOut(SameOriginNext, LogoutView):
+    """Django's sign-out (a POST)."""

@@ -1,4 +1,4 @@
-"""``next`` after an action or a sign-in: a path on this site is followed; anything else —
+"""``next`` after an action, a sign-in or a sign-out: a path on this site is followed; anything else —
 another site, a scheme-relative or backslashed host, a script URL, an encoded variant — goes
 to the page's default, and never a 500 after the action committed (console.views.common.next_url)."""
 
@@ -88,3 +88,10 @@ def test_signing_in_with_a_path_on_this_site_goes_there(acme):
         reverse("login"), {"username": "vera", "password": "correct horse battery", "next": "/runs/?status=ACTIVE"}
     )
     assert answer.status_code == 302 and answer["Location"] == "/runs/?status=ACTIVE"
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_signing_out_with_a_hostile_next_lands_on_the_sign_in_page(acme, admin, hostile):
+    browser = Browser(admin)
+    answer = browser.post(reverse("logout"), {"next": hostile})
+    assert answer.status_code == 302 and answer["Location"] == "/accounts/login/"
