@@ -56,7 +56,8 @@ def host_allowed(host: str, port: int) -> bool:
     """The operator named ``host`` (any port) or ``host:port`` in WEBHOOK_ALLOWED_HOSTS."""
     allowed = settings.FENCELINE["WEBHOOK_ALLOWED_HOSTS"]
     host = host.lower()
-    return not allowed.isdisjoint({host, f"{host}:{port}", f"[{host}]", f"[{host}]:{port}"})
+    named = {host, f"[{host}]", f"[{host}]:{port}"} if ":" in host else {host, f"{host}:{port}"}
+    return not allowed.isdisjoint(named)
 
 
 def host_addresses(host: str, port: int) -> list[IPAddress]:

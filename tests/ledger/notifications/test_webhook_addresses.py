@@ -254,3 +254,11 @@ def test_a_redirect_from_an_allowed_receiver_to_an_internal_one_is_a_failed_deli
         assert redirector.hits == 1
     finally:
         redirector.close()
+
+
+def test_an_ipv6_host_is_named_in_brackets_with_its_port(acme, settings):
+    allow(settings, "[::1]:8080")
+    assert webhook_endpoint(acme.tenant, "http://[::1]:8080/hook", name="v6").endpoint.pk
+    assert refused_at_configuration(acme.tenant, "http://[::1]:8081/hook").extra["fields"][0]["field"] == "target"
+    allow(settings, "::1:8080")  # an IPv6 address, not ::1 with a port
+    assert refused_at_configuration(acme.tenant, "http://[::1]:8080/hook").extra["fields"][0]["field"] == "target"
