@@ -262,3 +262,11 @@ def test_an_ipv6_host_is_named_in_brackets_with_its_port(acme, settings):
     assert refused_at_configuration(acme.tenant, "http://[::1]:8081/hook").extra["fields"][0]["field"] == "target"
     allow(settings, "::1:8080")  # an IPv6 address, not ::1 with a port
     assert refused_at_configuration(acme.tenant, "http://[::1]:8080/hook").extra["fields"][0]["field"] == "target"
+
+
+def test_a_name_that_does_not_resolve_at_send_is_retried_as_a_connection_failure(acme, nothing_allowed):
+    """Through requests-hardened's session (the host is not allowed by name): no address, no
+    connection — retried like any unreachable receiver, not given up as refused."""
+    delivery = due_delivery(acme.tenant, "https://hooks.example.invalid/in")
+    deliveries_send()
+    assert record(delivery) == (DeliveryStatus.PENDING, 1, None, "connection")
