@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
 
 from console.postgresql import embedded
 
@@ -147,6 +148,8 @@ MIDDLEWARE = [
     # Then a URL carrying a credential is refused before anything routes or logs it.
     "console.middleware.URLBoundaryMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Content-Security-Policy on every response (SECURE_CSP below).
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -232,6 +235,27 @@ if BEHIND_TLS_PROXY:
     SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
     SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 31536000)
+    # The console's host and its own subdomains; preloading is a decision about the whole
+    # registered domain, so it is the operator's (check --deploy reports W021 until then).
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
+# Every page's scripts, styles, images and fetches come from this origin only: no inline script
+# or style, no eval (htmx is configured without it: templates/base.html), no framing, forms post
+# only here. The API's docs page (Swagger UI, from the ninja package's static files) is
+# covered too.
+SECURE_CSP = {
+    "default-src": [CSP.NONE],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF, "data:"],
+    "font-src": [CSP.SELF],
+    "connect-src": [CSP.SELF],
+    "manifest-src": [CSP.SELF],
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "object-src": [CSP.NONE],
+}
 # Origins allowed to post the console's forms when they differ from its host (comma-separated,
 # with their scheme: https://console.example).
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in (env("DJANGO_CSRF_TRUSTED_ORIGINS", "") or "").split(",") if o.strip()]
@@ -378,9 +402,11 @@ FENCELINE: dict[str, Any] = {
     "JOB_STALE_AFTER_INTERVALS": env_int("FENCELINE_JOB_STALE_AFTER_INTERVALS", 3, minimum=1),
     "JOB_STALE_GRACE_S": env_int("FENCELINE_JOB_STALE_GRACE_S", 30, minimum=0),
     "READYZ_SCHEMA_CHECK_S": env_int("FENCELINE_READYZ_SCHEMA_CHECK_S", 300, minimum=0),
-    # /metrics: the scrape token (Authorization: Bearer ...; or its _FILE). Without one, only
-    # these client addresses may scrape.
+    # /metrics: the scrape tokens (Authorization: Bearer ...; or their _FILE): the tenant token
+    # sees each tenant's series, the other only totals over the tenants. Without either, only
+    # these client addresses may scrape (totals), and nobody behind a declared proxy.
     "METRICS_TOKEN": env("FENCELINE_METRICS_TOKEN") or "",
+    "METRICS_TENANT_TOKEN": env("FENCELINE_METRICS_TENANT_TOKEN") or "",
     "METRICS_ALLOW": [
         a.strip() for a in (env("FENCELINE_METRICS_ALLOW", "127.0.0.1,::1") or "").split(",") if a.strip()
     ],
@@ -403,6 +429,12 @@ FENCELINE: dict[str, Any] = {
 FENCELINE["WEBHOOK_KEYS"] = _hmac_keys("FENCELINE_WEBHOOK_KEYS", b"fenceline webhook key")
 FENCELINE["WEBHOOK_SIGNING_KEY_ID"] = _signing_key_id("FENCELINE_WEBHOOK_SIGNING_KEY_ID", FENCELINE["WEBHOOK_KEYS"])
 FENCELINE["WEBHOOK_TARGETS"] = env_json_object("FENCELINE_WEBHOOK_TARGETS")
+# A webhook goes only to public addresses, except to the hosts named here (comma-separated,
+# "host" for any port or "host:port", "[v6]:port"), which may also be plain http: a receiver
+# on the private network, FENCELINE_WEBHOOK_ALLOWED_HOSTS=alerts.internal:8443,10.0.0.7.
+FENCELINE["WEBHOOK_ALLOWED_HOSTS"] = frozenset(
+    h.strip().lower() for h in (env("FENCELINE_WEBHOOK_ALLOWED_HOSTS") or "").split(",") if h.strip()
+)
 # The console's address, for the links in a notification (blank: the links are paths).
 FENCELINE["CONSOLE_URL"] = (env("FENCELINE_CONSOLE_URL") or "").rstrip("/")
 FENCELINE["NOTIFY_SCAN_INTERVAL_S"] = env_int("FENCELINE_NOTIFY_SCAN_INTERVAL_S", 30, minimum=1)

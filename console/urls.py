@@ -80,6 +80,8 @@ urlpatterns = [
     path(
         "tenants/<slug:slug>/webhooks/<uuid:endpoint_id>/rotate", webhooks.webhook_rotate, name="tenant-webhook-rotate"
     ),
+    path("accounts/login/", site.SignIn.as_view(), name="login"),
+    path("accounts/logout/", site.SignOut.as_view(), name="logout"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
 ]

@@ -52,6 +52,15 @@ def _tasks_run_in_process():
 
 
 @pytest.fixture(autouse=True)
+def _webhook_sinks_on_loopback_allowed(settings):
+    """The tests' webhook receivers (tests.helpers.Sink, the sandbox provider) listen on
+    127.0.0.1, which a deployment refuses as a webhook target: the test settings name it in
+    WEBHOOK_ALLOWED_HOSTS as an operator would name an internal receiver. The SSRF tests
+    (tests/ledger/notifications/test_webhook_addresses.py) narrow or empty it."""
+    settings.FENCELINE = {**settings.FENCELINE, "WEBHOOK_ALLOWED_HOSTS": frozenset({"127.0.0.1"})}
+
+
+@pytest.fixture(autouse=True)
 def _schema_phases_read_fresh():
     """Each test reads the schema changes' phases from its own database, not a process cache
     left by the test before (ledger/services/upgrades/changes.py)."""

@@ -7,6 +7,7 @@ form's own errors are bad input too and answer like ``InvalidInput``."""
 import uuid
 from collections.abc import Callable, Collection
 from typing import Any
+from urllib.parse import unquote
 
 from django import forms
 from django.contrib import messages
@@ -14,6 +15,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django_htmx.middleware import HtmxDetails
 
 from approvals.models import ApprovalRequest, ReconciliationCase
@@ -69,6 +71,27 @@ def refused_field(exc: DomainError) -> str:
     fields = exc.extra.get("fields")
     first = fields[0] if isinstance(fields, list) and fields else None
     return str(first.get("field", "")) if isinstance(first, dict) else ""
+
+
+def _same_origin_path(url: str) -> bool:
+    """``url`` is a path on this site: it starts with one ``/``, names no scheme or host,
+    and holds no backslash, control character or space, as written or percent-decoded."""
+    for form in (url, unquote(url)):
+        if not form.startswith("/") or form.startswith("//") or "\\" in form:
+            return False
+        if any(ch.isspace() or not ch.isprintable() for ch in form):
+            return False
+        if not url_has_allowed_host_and_scheme(form, allowed_hosts=None):
+            return False
+    return True
+
+
+def next_url(request: HttpRequest, default: str) -> str:
+    """Where ``next`` (posted, else in the query string) sends the user after an action: a
+    same-origin path, or ``default`` for anything else (another site, ``//host``,
+    ``javascript:``, an encoded variant) — so a committed action always redirects."""
+    url = request.POST.get("next") or request.GET.get("next") or ""
+    return url if len(url) <= 2000 and _same_origin_path(url) else default
 
 
 def done(request: HttpRequest, message: str, to: str, *, error: bool = False) -> HttpResponse:

@@ -1,6 +1,7 @@
 """What a load balancer, an orchestrator and Prometheus ask: ``/healthz`` (the process
 answers), ``/readyz`` (each domain of the control plane, 503 naming the failing one) and
-``/metrics`` (Prometheus text; a scrape token, or an allowed client address)."""
+``/metrics`` (Prometheus text; a scrape token, or an allowed client address when no proxy is
+declared; per-tenant series only for the tenant scrape token, totals for the others)."""
 
 import hmac
 
@@ -31,17 +32,31 @@ def readyz(request: HttpRequest) -> JsonResponse:
     return JsonResponse(body, status=503 if failing else 200)
 
 
-def _scrape_refusal(request: HttpRequest) -> HttpResponse | None:
-    token = settings.FENCELINE["METRICS_TOKEN"]
-    if token:
-        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode()):
-            return None
+def _bearer(request: HttpRequest, token: str) -> bool:
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    return (
+        bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode())
+    )
+
+
+def _scrape_scope(request: HttpRequest) -> bool | HttpResponse:
+    """Whether this scraper sees per-tenant series (True) or only totals (False), or the
+    refusal. Behind a declared proxy every client may look like the proxy's own address, so
+    there a token is required even when none is configured (then nobody may scrape)."""
+    fl = settings.FENCELINE
+    if _bearer(request, fl["METRICS_TENANT_TOKEN"]):
+        return True
+    if _bearer(request, fl["METRICS_TOKEN"]):
+        return False
+    if fl["METRICS_TENANT_TOKEN"] or fl["METRICS_TOKEN"]:
         refused = JsonResponse({"error": "UNAUTHENTICATED", "detail": "a scrape token is required"}, status=401)
         refused["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return refused
-    if request.META.get("REMOTE_ADDR") in settings.FENCELINE["METRICS_ALLOW"]:
-        return None
+    if settings.SECURE_PROXY_SSL_HEADER is not None or settings.USE_X_FORWARDED_HOST:
+        detail = "behind a proxy (FENCELINE_BEHIND_TLS_PROXY) /metrics needs FENCELINE_METRICS_TOKEN"
+        return JsonResponse({"error": "FORBIDDEN", "detail": detail}, status=403)
+    if request.META.get("REMOTE_ADDR") in fl["METRICS_ALLOW"]:
+        return False
     detail = "set FENCELINE_METRICS_TOKEN, or scrape from an address in FENCELINE_METRICS_ALLOW"
     return JsonResponse({"error": "FORBIDDEN", "detail": detail}, status=403)
 
@@ -49,7 +64,7 @@ def _scrape_refusal(request: HttpRequest) -> HttpResponse | None:
 @require_GET
 @never_cache
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    refused = _scrape_refusal(request)
-    if refused is not None:
-        return refused
-    return HttpResponse(metrics.scrape(), content_type=metrics.CONTENT_TYPE)
+    scope = _scrape_scope(request)
+    if isinstance(scope, HttpResponse):
+        return scope
+    return HttpResponse(metrics.scrape(per_tenant=scope), content_type=metrics.CONTENT_TYPE)

@@ -13,7 +13,7 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET, require_POST
 
-from console.views.common import BAD_INPUT, HtmxHttpRequest, done, form_errors
+from console.views.common import BAD_INPUT, HtmxHttpRequest, done, form_errors, next_url
 from ledger import admin_selectors
 from ledger.errors import DomainError
 from ledger.models import RunResource
@@ -79,4 +79,4 @@ def resource_act(request: HtmxHttpRequest, resource_id: UUID) -> HttpResponse:
         if action == "mark_released"
         else f"The reaper calls the driver for {changed.kind} {changed.handle} on its next pass."
     )
-    return done(request, message, request.POST.get("next") or "/resources/")
+    return done(request, message, next_url(request, "/resources/"))

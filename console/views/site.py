@@ -1,10 +1,14 @@
-"""The console's own answers that no domain owns: a refused form (Django's CSRF check) and
-the icon a browser asks for at ``/favicon.ico``."""
+"""The console's own answers that no domain owns: a refused form (Django's CSRF check), the
+sign-in and sign-out (Django's, with ``next`` judged as every console view judges it) and the icon a
+browser asks for at ``/favicon.ico``."""
 
+from django.contrib.auth.views import LoginView, LogoutView, RedirectURLMixin
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.templatetags.static import static
 from django.views.decorators.http import require_GET
+
+from console.views.common import next_url
 
 EXPIRED = "This page's form has expired (you signed out, or the console restarted with a new key). Nothing was changed: reload the page and try again."
 
@@ -21,3 +25,19 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
 @require_GET
 def favicon(request: HttpRequest) -> HttpResponse:
     return HttpResponseRedirect(static("favicon.svg"))
+
+
+class SameOriginNext(RedirectURLMixin):
+    """Django's auth views follow ``next`` only when it is a path on this site (``next_url``),
+    else their default page."""
+
+    def get_redirect_url(self, request: HttpRequest | None = None) -> str:
+        return next_url(request or self.request, "")  # type: ignore[attr-defined]  # the view's request
+
+
+class SignIn(SameOriginNext, LoginView):
+    """Django's sign-in page."""
+
+
+class SignOut(SameOriginNext, LogoutView):
+    """Django's sign-out (a POST)."""

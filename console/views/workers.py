@@ -13,7 +13,7 @@ from django.template.defaultfilters import pluralize
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals import selectors as approvals_selectors
-from console.views.common import BAD_INPUT, HtmxHttpRequest, done, form_errors
+from console.views.common import BAD_INPUT, HtmxHttpRequest, done, form_errors, next_url
 from ledger import admin_selectors
 from ledger.errors import DomainError
 from ledger.roles import ADMINISTER, VIEW, can, tenants_for
@@ -117,7 +117,7 @@ def worker_act(request: HtmxHttpRequest, worker_id: int) -> HttpResponse:
         )
     elif action == "drain":
         message += f" It may finish its {held} run{pluralize(held)} until {changed.worker.drain_deadline:%H:%M:%S} UTC."
-    return done(request, message, request.POST.get("next") or "/workers/")
+    return done(request, message, next_url(request, "/workers/"))
 
 
 @require_POST

@@ -16,7 +16,9 @@ Two sources, so that every replica answers the same and nothing is lost when a p
   compose file), every process of the host writes its values there and a scrape sums them.
 
 Labels stay bounded: tenant, job, state, kind, effect class, route, method, status code —
-never a run, operation or worker id.
+never a run, operation or worker id. A scrape without the right to see tenants
+(``scrape(per_tenant=False)``) gets each family folded over the ``tenant`` label: summed, and
+for the ages (a gauge named ``..._seconds`` or ``..._age_...``) the oldest.
 """
 
 import os
@@ -72,8 +74,44 @@ class _ThisProcess(Collector):
         yield from REGISTRY.collect()
 
 
-def scrape() -> bytes:
-    """The text exposition of every metric: the database's and the processes'."""
+def _fold(family: Metric, sample_name: str, a: float, b: float) -> float:
+    """Two tenants' values of one series as one: the first creation time, the oldest age,
+    else the sum."""
+    if sample_name.endswith("_created"):
+        return min(a, b)
+    if family.type == "gauge" and ("seconds" in family.name or "_age_" in family.name):
+        return max(a, b)
+    return a + b
+
+
+def _folded(family: Metric) -> Metric:
+    """``family`` with its ``tenant`` label folded away (summed; an age: the largest)."""
+    if not any("tenant" in sample.labels for sample in family.samples):
+        return family
+    values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for sample in family.samples:
+        key = (sample.name, tuple(sorted((k, v) for k, v in sample.labels.items() if k != "tenant")))
+        values[key] = _fold(family, sample.name, values[key], sample.value) if key in values else sample.value
+    folded = Metric(family.name, family.documentation, family.type, family.unit)
+    for (name, labels), value in values.items():
+        folded.add_sample(name, dict(labels), value)
+    return folded
+
+
+class _TenantTotals(Collector):
+    """A registry's families with every per-tenant series folded into totals."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            yield _folded(family)
+
+
+def scrape(*, per_tenant: bool = True) -> bytes:
+    """The text exposition of every metric: the database's and the processes'; without
+    ``per_tenant``, totals over the tenants (no tenant's slug in it)."""
     registry = CollectorRegistry(auto_describe=False)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
@@ -81,4 +119,4 @@ def scrape() -> bytes:
         registry.register(_ThisProcess())
     for collector in _collectors.values():
         registry.register(collector)
-    return generate_latest(registry)
+    return generate_latest(registry if per_tenant else _TenantTotals(registry))

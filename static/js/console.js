@@ -5,8 +5,11 @@
  *   page's search or filter, c claims, r resolves, a approves, d denies (the reason field
  *   focused, nothing sent before Enter), Escape closes, ? shows the keys;
  * - copy buttons: [data-copy] copies its value;
- * - live regions (htmx polling) pause while a form inside them is being filled in:
- *   their hx-trigger condition asks window.fencelineBusy(element).
+ * - live regions (htmx polling) pause while a form inside them is being filled in: a poll of
+ *   an element with data-poll-pause-busy="<selector>" is cancelled (htmx:confirm) while that
+ *   region is busy, and with data-poll-pause-present="<selector>" while that exists;
+ * - [data-back] links go back in the history (their href is the fallback).
+ * Nothing here or in htmx evaluates strings (the pages' CSP allows no eval, no inline script).
  */
 (function () {
   "use strict";
@@ -42,7 +45,7 @@
 
   /* A live region is busy while someone works in it: a form field has focus or holds text,
      a disclosure is open, or a row is selected. Polling waits until it is not. */
-  window.fencelineBusy = function (el) {
+  function busy(el) {
     if (!el) return false;
     if (el.querySelector("details[open], input[type=checkbox]:checked")) return true;
     var active = document.activeElement;
@@ -51,7 +54,17 @@
       return f.value && f.value.trim() !== "";
     });
     return typed;
-  };
+  }
+
+  document.addEventListener("htmx:confirm", function (event) {
+    var elt = event.detail.elt;
+    if (!elt || !elt.getAttribute) return;
+    var region = elt.getAttribute("data-poll-pause-busy");
+    var present = elt.getAttribute("data-poll-pause-present");
+    if ((region && busy(document.querySelector(region))) || (present && document.querySelector(present))) {
+      event.preventDefault();
+    }
+  });
 
   function rows() {
     return Array.prototype.slice.call(document.querySelectorAll("[data-row]"));
@@ -154,6 +167,14 @@
       default: handled = false;
     }
     if (handled) event.preventDefault();
+  });
+
+  document.addEventListener("click", function (event) {
+    var back = event.target.closest ? event.target.closest("a[data-back]") : null;
+    if (back && window.history.length > 1) {
+      event.preventDefault();
+      window.history.back();
+    }
   });
 
   document.addEventListener("click", function (event) {

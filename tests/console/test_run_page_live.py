@@ -41,7 +41,7 @@ def test_a_poll_swaps_the_indicators_lease_and_operations_and_counts_the_new_eve
 def test_the_page_polls_only_while_nobody_works_in_it(viewer_client, acme):
     run, _ = leased_run(acme.worker)
     page = viewer_client.get(reverse("run_detail", args=[run.pk])).content.decode()
-    assert "every 5s [!fencelineBusy(" in page
+    assert 'hx-trigger="every 5s" data-poll-pause-busy="#main"' in page
 
 
 def test_every_event_shows_its_fields_and_the_legend_explains_unsealed(viewer_client, acme):

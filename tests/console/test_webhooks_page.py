@@ -120,7 +120,7 @@ def test_creating_shows_the_secret_once_uncached_and_records_the_decision(acme, 
         ({"kinds": ["everything"]}, "kinds"),
         ({"unknown_after_min": "0"}, "unknown after min"),
         ({"target": "ftp://example.com/x"}, "target"),
-        ({"target": "http://example.com/x"}, "target"),  # http only to this machine
+        ({"target": "http://example.com/x"}, "target"),  # http only to a host the operator allows
         ({"target": "https://user:pw@example.com/x"}, "target"),
         ({"target": "https://example.com/x?token=abcdef123456"}, "target"),  # a credential in the URL
         ({"target": "ref:not-configured"}, "target"),

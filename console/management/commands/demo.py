@@ -2,6 +2,7 @@
 (``console/demo/``), then serve the console and API with the background jobs (a Celery worker
 with beat) and the sandbox payments provider (``console/simulation/provider.py``)."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -102,6 +103,10 @@ class Command(BaseCommand):
                 HttpReconciler("sandbox-payments", {**config, "base_url": sandbox.url}),
                 provider="sandbox-payments",
             )
+        # Its webhook sink is on loopback, which a webhook may reach only when named: the demo
+        # names it, as an operator names an internal receiver (FENCELINE_WEBHOOK_ALLOWED_HOSTS).
+        allowed = settings.FENCELINE["WEBHOOK_ALLOWED_HOSTS"] | {urlsplit(sandbox.url).netloc}
+        settings.FENCELINE["WEBHOOK_ALLOWED_HOSTS"] = allowed
         self.stdout.write(
             f"sandbox payments provider at {sandbox.url} (reconciler sandbox-payments looks charges up there)"
         )
@@ -130,6 +135,10 @@ class Command(BaseCommand):
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env={
+                **os.environ,
+                "FENCELINE_WEBHOOK_ALLOWED_HOSTS": ",".join(sorted(settings.FENCELINE["WEBHOOK_ALLOWED_HOSTS"])),
+            },
         )
 
 

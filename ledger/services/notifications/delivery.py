@@ -7,10 +7,12 @@ timeout, then record each answer with a conditional UPDATE on the claim:
 | 2xx                                      | DELIVERED                                          |
 | 5xx, 408, 429, timeout, connection       | again after base x 2^(n-1) s (capped, jittered);   |
 | target or signing key not configured     | GAVE_UP once WEBHOOK_MAX_ATTEMPTS are spent        |
-| any other 3xx / 4xx                      | GAVE_UP at once                                    |
+| any other 3xx / 4xx (a redirect included)| GAVE_UP at once                                    |
+| a host that is not public ("refused_address", addresses.py) | GAVE_UP at once, nothing sent |
 
 Recorded per attempt: the status code and a short error class ("timeout", "http_500"),
-never the response (it is not even read) nor an exception's message. Two passes at once
+never the response (it is not even read) nor an exception's message. A refused address is
+refused before any connection, so the record says nothing of what answers there. Two passes at once
 claim different deliveries; a pass that dies leaves its claim to lapse, after which another
 pass sends the delivery again (at least once: receivers dedupe on Fenceline-Webhook-Id)."""
 
@@ -32,7 +34,14 @@ from django.utils import timezone
 
 from ledger.models import WebhookDelivery
 from ledger.models.notifications import DeliveryStatus
-from ledger.services.notifications.targets import SigningKeyMissing, signature, signing_secret, target_url
+from ledger.services.notifications.addresses import REFUSED, AddressRefused, ConnectRefused, host_check, session_for
+from ledger.services.notifications.targets import (
+    SigningKeyMissing,
+    signature,
+    signing_secret,
+    target_url,
+    url_parts,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -114,23 +123,34 @@ def _prepare(delivery: WebhookDelivery) -> Prepared:
     return Prepared(delivery, url, secret, "")
 
 
-def _post(prepared: Prepared) -> Attempt:
-    """One HTTP request (no database here: it runs in a pool thread)."""
-    if prepared.error or prepared.url is None or prepared.secret is None:
-        return Attempt(None, prepared.error or "target_unset", retry=prepared.error != "disabled")
+def _send(prepared: Prepared, url: str, secret: str) -> requests.Response:
+    """POST the delivery to ``url`` (a host checked again now, then connected to as
+    ``session_for`` says), never following a redirect; the answer's body is left unread."""
+    scheme, host, port = url_parts(url) or ("", "", 0)
+    host_check(scheme, host, port)
     body = body_bytes(prepared.delivery.body)
     timestamp = int(time.time())
     headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
         "Fenceline-Webhook-Id": str(prepared.delivery.pk),
-        "Fenceline-Signature": signature(prepared.secret, body, timestamp),
+        "Fenceline-Signature": signature(secret, body, timestamp),
     }
     timeout = settings.FENCELINE["WEBHOOK_TIMEOUT_S"]
-    try:
-        response = requests.post(
-            prepared.url, data=body, headers=headers, timeout=(timeout, timeout), allow_redirects=False, stream=True
+    with session_for(host, port) as session:
+        return session.post(
+            url, data=body, headers=headers, timeout=(timeout, timeout), allow_redirects=False, stream=True
         )
+
+
+def _post(prepared: Prepared) -> Attempt:
+    """One HTTP request (no database here: it runs in a pool thread)."""
+    if prepared.error or prepared.url is None or prepared.secret is None:
+        return Attempt(None, prepared.error or "target_unset", retry=prepared.error != "disabled")
+    try:
+        response = _send(prepared, prepared.url, prepared.secret)
+    except (AddressRefused, ConnectRefused):
+        return Attempt(None, REFUSED, retry=False)
     except requests.Timeout:
         return Attempt(None, "timeout", retry=True)
     except requests.ConnectionError:

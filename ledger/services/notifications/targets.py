@@ -1,6 +1,7 @@
 """Where a webhook goes and how it is signed, without storing a secret (invariant 6).
 
-* A target is an https URL that passes the secret boundary (http only to this machine), or
+* A target is an https URL that passes the secret boundary, at a public address
+  (``addresses.py``: a host the operator allows by name may be anything, http included), or
   ``ref:<name>``: a URL kept in ``settings.FENCELINE["WEBHOOK_TARGETS"]`` because it carries
   its secret in the path (a Slack webhook), resolved only when a delivery is sent.
 * An endpoint's signing secret is ``whsec_`` + hex HMAC-SHA256(WEBHOOK_KEYS[key_id],
@@ -17,24 +18,25 @@ from django.conf import settings
 
 from ledger.boundary import credential_kind
 from ledger.errors import InvalidInput
+from ledger.services.notifications.addresses import AddressRefused, host_allowed, host_check
 
 REF_PREFIX = "ref:"
 MAX_TARGET_LENGTH = 500
-LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 _REF_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-def _url_allowed(url: str) -> bool:
-    """An absolute https URL (http to this machine only), without user info or fragment."""
+def url_parts(url: str) -> tuple[str, str, int] | None:
+    """Scheme, host and port of an absolute http(s) URL without user info or fragment, or None."""
     try:
         parts = urlsplit(url)
         hostname = parts.hostname
-        parts.port  # noqa: B018 - a malformed port raises here
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme, 0)
     except ValueError:
-        return False
+        return None
     if not hostname or parts.username is not None or parts.password is not None or parts.fragment:
-        return False
-    return parts.scheme == "https" or (parts.scheme == "http" and hostname in LOCAL_HOSTS)
+        return None
+    return (parts.scheme, hostname, port) if parts.scheme in _DEFAULT_PORTS else None
 
 
 def target_check(target: object) -> str:
@@ -56,10 +58,20 @@ def target_check(target: object) -> str:
             "the URL carries a credential: keep it in FENCELINE_WEBHOOK_TARGETS and name it ref:<name>",
             field="target",
         )
-    if not _url_allowed(target):
+    where = url_parts(target)
+    if where is None or (where[0] == "http" and not host_allowed(*where[1:])):
         raise InvalidInput(
-            "the target is an https URL without user info (http only to 127.0.0.1 or localhost)", field="target"
+            "the target is an https URL without user info (http only to a host in FENCELINE_WEBHOOK_ALLOWED_HOSTS)",
+            field="target",
         )
+    try:
+        host_check(*where)
+    except AddressRefused:
+        raise InvalidInput(
+            "the target's host is not a public address (loopback, private, link-local, multicast or reserved); "
+            "an operator may allow a host by name in FENCELINE_WEBHOOK_ALLOWED_HOSTS",
+            field="target",
+        ) from None
     return target
 
 
@@ -69,7 +81,7 @@ def target_url(target: str) -> str | None:
         url = settings.FENCELINE["WEBHOOK_TARGETS"].get(target.removeprefix(REF_PREFIX))
     else:
         url = target
-    return url if isinstance(url, str) and _url_allowed(url) else None
+    return url if isinstance(url, str) and url_parts(url) is not None else None
 
 
 def target_label(target: str) -> str:
