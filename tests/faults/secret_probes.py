@@ -49,7 +49,9 @@ def slack(c: str) -> str:
 
 
 def percent_times(text: str, times: int) -> str:
-    for _ in range(times):
+    """Every byte as %XX, then the result percent-encoded again ``times - 1`` times."""
+    text = "".join(f"%{byte:02X}" for byte in text.encode())
+    for _ in range(times - 1):
         text = quote(text, safe="")
     return text
 
@@ -170,6 +172,17 @@ def resource(w: Worker, provider: str, handle: str) -> tuple[int, dict]:
     return w.post(f"/runs/{run_id}/resources", body)
 
 
+def url_path(w: Worker, a: str, b: str | None) -> tuple[int, dict]:
+    r = w.client.get("/api/v1/runs/" + quote(a, safe=""))
+    return r.status_code, {}
+
+
+def url_query(w: Worker, a: str, b: str | None) -> tuple[int, dict]:
+    query = f"q={quote(a, safe='')}" + (f"&r={quote(b, safe='')}" if b else "")
+    r = w.client.get("/api/v1/runs/" + str(uuid.uuid4()) + "?" + query)
+    return r.status_code, {}
+
+
 def event(w: Worker, fields: dict, type: str = "NOTE") -> tuple[int, dict]:
     return w.post(f"/runs/{w.run()}/events", {"fencing_token": 1, "type": type, "fields": fields})
 
@@ -231,6 +244,9 @@ FIELDS: dict[str, tuple[Send, bool]] = {
     "boot.readiness evidence": (lambda w, a, b: boot(w, evidence=a, host=b or "h"), True),
     "resource.provider": (lambda w, a, b: resource(w, a, b or "handle-1"), True),
     "resource.handle": (lambda w, a, b: resource(w, b or "prov", a), True),
+    # not stored, but printed by a log line if anything is: the path of a 404, a query string
+    "url.path": (url_path, False),
+    "url.query": (url_query, True),
 }
 FRESH_WORKER = {"drain.reason", "boot.host", "boot.code_version", "boot.config_hash", "boot.error.message"}
 FRESH_WORKER |= {"boot.readiness evidence"}

@@ -46,6 +46,8 @@ def test_every_probed_field_stores_ordinary_text(new_worker, printed_logs):
     worker = new_worker()
     markers = {}
     for name, (send, _) in sp.FIELDS.items():
+        if name.startswith("url."):
+            continue
         marker = f"marker-{sp.core()[2:14].lower()}"
         w = new_worker() if name in sp.FRESH_WORKER else worker
         status, body = send(w, marker, None)
