@@ -75,9 +75,9 @@ DISGUISES: dict[str, Callable[[str], str | tuple[str, str]]] = {
     "percent-encoded 4 times": lambda c: percent_times(stripe(c), 4),
     "HTML character references": lambda c: "".join(f"&#{ord(ch)};" for ch in "sk_live_") + c,
     "base64 of the key": lambda c: base64.b64encode(stripe(c).encode()).decode(),
-    "urlsafe base64 of a note with the key": lambda c: base64.urlsafe_b64encode(f"use {stripe(c)} now".encode())
-    .decode()
-    .rstrip("="),
+    "urlsafe base64 of a note with the key": lambda c: (
+        base64.urlsafe_b64encode(f"use {stripe(c)} now".encode()).decode().rstrip("=")
+    ),
     "hex of the key": lambda c: stripe(c).encode().hex(),
     "base64 of base64 of the key": lambda c: base64.b64encode(base64.b64encode(stripe(c).encode())).decode(),
     "Basic <base64 user:pass>": lambda c: "Basic " + base64.b64encode(f"deploy:{c}".encode()).decode(),
@@ -235,7 +235,7 @@ FIELDS: dict[str, tuple[Send, bool]] = {
     ),
     "event.fields value": (lambda w, a, b: event(w, {"memo": a, "detail": b or "d"}), True),
     "event.fields nested value": (lambda w, a, b: event(w, {"steps": [{"note": a}, {"note": b or "d"}]}), True),
-    "event.fields key": (lambda w, a, b: event(w, {a: 1, "memo": b or "d"}), True),
+    "event.fields key": (lambda w, a, b: event(w, {a: 1, b or "memo": 2}), True),
     "drain.reason": (drain, False),
     "boot.host": (lambda w, a, b: boot(w, host=a, code_version=b or "1.0"), True),
     "boot.code_version": (lambda w, a, b: boot(w, code_version=a, host=b or "h"), True),
@@ -314,13 +314,11 @@ def found(needles: list[str], haystack: str) -> bool:
     return any(n.lower() in haystack for n in needles if len(n) >= 8)
 
 
-def send_probes(
-    new_worker: Callable[[], Worker], per_class: int, disguises: list[str] | None = None
-) -> list[Probe]:
+def send_probes(new_worker: Callable[[], Worker], per_class: int, disguises: list[str] | None = None) -> list[Probe]:
     """``per_class`` probes of every disguise (or of ``disguises``) in every field that takes it."""
     probes: list[Probe] = []
     shared = new_worker()
-    for name in disguises or list(DISGUISES) + ["event type"]:
+    for name in disguises or [*DISGUISES, "event type"]:
         for field_name, (send, two_fields) in FIELDS.items() if name != "event type" else ():
             if name == SPLIT and not two_fields:
                 continue
@@ -366,4 +364,7 @@ def render(table: dict[str, Tally]) -> str:
         total.logged += row.logged
         total.fields_stored |= row.fields_stored
     lines.append(f"{'total':52} {total.sent:5} {total.stored:7} {total.logged:7}  {len(total.fields_stored)}")
+    lines.extend(
+        f"  {name} stored in: {', '.join(sorted(row.fields_stored))}" for name, row in table.items() if row.stored
+    )
     return "\n".join(lines)
