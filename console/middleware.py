@@ -79,15 +79,19 @@ class URLBoundaryMiddleware:
         if refused is None:
             return self.get_response(request)
         part, rule = refused
-        where = f"the {part.removeprefix('url.')} of the URL" if part.startswith("url.") else f"the form field {part}"
+        url = part.startswith("url.")
+        where = f"the {part.removeprefix('url.')} of the URL" if url else f"the form field {part.removeprefix('form.')}"
         detail = f"A credential-like value in {where} ({rule})"
-        log.warning("refused %s %s: credential-like value in the %s (withheld)", request.method, part, rule)
+        log.warning("refused %s %s: a credential-like value (%s; withheld)", request.method, part, rule)
         response: HttpResponse
         if request.path.startswith(API_PREFIX):
             body = {"error": "FORBIDDEN_FIELD", "detail": detail, "path": part, "rule": "credential-like value"}
             response = JsonResponse(body, status=422)
         else:
-            response = render(request, "refused.html", {"detail": detail}, status=422)
+            # A form's field is named as the console's forms name theirs (errors, error_field).
+            field = part.removeprefix("form.") if part.startswith("form.") else ""
+            context = {"detail": detail, "errors": [detail] if field else [], "error_field": field}
+            response = render(request, "refused.html", context, status=422)
         response._has_been_logged = True  # type: ignore[attr-defined]  # django.request would print the path
         return response
 

@@ -26,27 +26,32 @@ Two kinds of rule, each kept in one list below:
   same document, so ``{"args": {"authorization": ...}}`` is reported at
   ``args.authorization``: the more specific reason wins.
 
-* **Credential-like values** (``VALUE_RULES``), searched anywhere inside every string,
-  keys included: bearer tokens, ``Authorization:``/``Cookie:`` header lines, PEM blocks,
-  JWTs, URLs with a password, ``password=...``-style assignments, and the prefixes of
-  well-known keys (AWS, GitHub, Slack, OpenAI/Anthropic, Stripe, Google, GitLab) and of
-  Fenceline's own worker tokens (``flw_``) and webhook signing secrets (``whsec_``).
+* **Credential-like values**, searched anywhere inside every string, keys included, by the
+  detectors of ``ledger/boundary/rules.py``: its own rules (``VALUE_RULES``: scheme words
+  and header lines such as ``Bearer``, ``Basic <base64>``, ``Token <hex>`` and a bare
+  ``Authorization:`` value, PEM blocks, JWTs, URLs with a password, ``password=...``
+  assignments, the prefixes of well-known keys and of Fenceline's own tokens) where they are
+  broader, and detect-secrets' maintained plugins for every other known format and for
+  high-entropy base64 (``KNOWN_FORMATS``).
 
-* **Known credential formats and high-entropy strings**, from detect-secrets' maintained
-  plugins (``KNOWN_FORMATS``: every regex detector but the public-IP one; base64 runs of 32+
-  characters with ``+`` or ``/`` above its entropy limit: a bare AWS secret key).
+Every key and value is judged in its **normal form** (``ledger/boundary/normal.py``,
+:func:`normalised`), one for every detector: decoded until nothing changes (percent-encoding,
+HTML references, backslash escapes; 8 rounds at most, else refused), NFKC, without any
+character that renders as nothing (by Unicode property), and with letters of other scripts
+folded to the Latin letters they are confusable with (Unicode TR39: ``\u0440\u0430ssword``,
+with a Cyrillic er and a, reads ``password``); every base64 or hex run in it that decodes to
+text is judged too, three layers deep. A value a person would read as a credential is refused
+however it is spelled; the stored value is the one that was sent.
 
-Every key and value is judged in its **normal form** (:func:`normalised`): percent-decoded
-(up to three times), NFKC (fullwidth letters become ASCII), without zero-width and control
-characters, and non-Latin letters replaced by the Latin letters they are confusable with
-(``\\u0440\\u0430ssword``, with a Cyrillic er and a, reads ``password``). A value a person would read as a credential
-is refused however it is spelled; the stored value is the one that was sent.
+**A request's texts together** (:func:`check_request`, :func:`check_texts`): a credential
+split across two fields passes each alone, so the strings of one request are also judged in
+pairs and joined; the API's body parser and the console's form middleware run it.
 
 The rules fail closed: an innocent ``{"error": "timeout"}`` or "the bearer of this note"
 is refused too, and the worker renames the field (``error_code``) or rewords the text.
 
-Without Django (``ledger.errors`` too), so the rules can be read, reused (for instance by the
-log filter and the URL middleware) and tested on their own.
+Without Django (``ledger.errors`` too), so the rules can be read, reused (the log filter and
+the URL and form middleware use the same normal form and detectors) and tested on their own.
 """
 
 import functools
@@ -56,7 +61,7 @@ from collections.abc import Iterator, Sequence
 from detect_secrets.plugins.keyword import DENYLIST as KEYWORD_DENYLIST
 
 from ledger.boundary.normal import MAX_TEXT, normal_forms, normalised
-from ledger.boundary.rules import KNOWN_FORMATS, VALUE_RULES, detect
+from ledger.boundary.rules import KNOWN_FORMATS, VALUE_RULES, detect, triggered
 from ledger.errors import ForbiddenField
 
 __all__ = [
@@ -355,10 +360,12 @@ def check_fields(value: object, *, root: str = "") -> None:
 
 # --- a request's texts together -------------------------------------------------------------
 # A credential split across fields (``{"a": "sk_live_4eC39H", "b": "qLyjWDarjtT1zdp7dc"}``)
-# passes each field alone, so the texts of one request are judged together too: each ordered
-# pair of its strings when it has at most PAIRED_TEXTS of them (every endpoint's own fields),
-# each two neighbours in either order, and all of them joined in order and in reverse.
-PAIRED_TEXTS = 8
+# passes each field alone, so the texts of one request are judged together too: all of them
+# joined in order and in reverse (a split between neighbours, whatever the detector), and,
+# when a request has at most PAIRED_TEXTS strings, each string that holds the start of a
+# credential the value rules know (a trigger: ``sk_live_``, ``xox``, ``Bearer`` ...) joined
+# with each other string (a split between fields apart, in either order).
+PAIRED_TEXTS = 32
 Texts = Sequence[tuple[str, str]]
 
 
@@ -387,22 +394,22 @@ def _split_refusal(texts: Texts, order: Sequence[int], kind: str) -> ForbiddenFi
     return _refuse(to, "credential-like value", detail)
 
 
-def _orders(count: int, *, pairs: bool) -> Iterator[Sequence[int]]:
-    indexes = list(range(count))
-    if pairs and count <= PAIRED_TEXTS:
-        yield from ((a, b) for a in indexes for b in indexes if a != b)
-    else:
-        yield from ((a, a + 1) for a in indexes[:-1])
-        yield from ((a + 1, a) for a in indexes[:-1])
+def _orders(texts: Texts, *, pairs: bool) -> Iterator[Sequence[int]]:
+    indexes = list(range(len(texts)))
+    if pairs and len(texts) <= PAIRED_TEXTS:
+        starts = [index for index, (_, text) in enumerate(texts) if triggered(normalised(text))]
+        # the fields after it first, nearest first: the refusal names the likeliest second half
+        yield from ((a, b) for a in starts for b in indexes[a + 1 :] + indexes[:a][::-1])
     yield indexes
-    yield indexes[::-1]
+    if pairs:
+        yield indexes[::-1]
 
 
 def _check_together(texts: Texts, *, pairs: bool) -> None:
     texts = [(path, text) for path, text in texts if text]
     if len(texts) < 2:
         return
-    for order in _orders(len(texts), pairs=pairs):
+    for order in _orders(texts, pairs=pairs):
         kind = _joined_kind(texts, order)
         if kind is not None:
             raise _split_refusal(texts, order, kind)

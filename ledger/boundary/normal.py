@@ -79,7 +79,7 @@ def _round(text: str) -> str:
 
 def settle(text: str) -> tuple[str, bool]:
     """(the normal form of ``text`` without its layers, whether it settled in MAX_ROUNDS)."""
-    for _ in range(MAX_ROUNDS):
+    for _ in range(MAX_ROUNDS + 1):  # MAX_ROUNDS that change it, and one that shows it settled
         following = _round(text)
         if following == text:
             return text, True
@@ -93,7 +93,9 @@ def _as_text(data: bytes) -> str | None:
     for end in range(len(data), max(len(data) - 4, 0), -1):
         try:
             text = data[:end].decode("utf-8")
-        except UnicodeDecodeError:
+        except UnicodeDecodeError as error:
+            if error.start < end - 3:  # not a character cut short at the end: not text
+                return None
             continue
         visible = _INVISIBLE.sub("", text).replace("\t", "").replace("\n", "").replace("\r", "")
         return text if len(visible) >= MIN_LAYER_TEXT and visible.isprintable() else None
@@ -124,7 +126,10 @@ def layers(text: str) -> list[str]:
         if decoded is not None:
             found.append(decoded)
     for match in _BASE64_RUN.finditer(text):
-        decoded = _base64_text(match.group())
+        run = match.group()
+        if run.islower() or run.isupper():  # base64 of text has both cases; a word or a name
+            continue
+        decoded = _base64_text(run)
         if decoded is not None:
             found.append(decoded)
     return found

@@ -123,6 +123,11 @@ def _high_entropy(text: str) -> bool:
     )
 
 
+def triggered(form: str) -> bool:
+    """Whether ``form`` holds a trigger of the value rules (the start of a credential they know)."""
+    return _TRIGGER.search(form.lower()) is not None
+
+
 def detect(form: str) -> str | None:
     """The name of the first detector that finds a credential in ``form`` (a normal form)."""
     lowered = form.lower()
