@@ -452,4 +452,6 @@ def check_request(value: object, *, root: str = "") -> None:
     order (a key can hold half of a credential). The API's body parser runs it on every body."""
     texts = request_texts(value, root=root)
     check_texts([(path, text) for path, text, is_key in texts if not is_key])
-    _check_together([(path, text) for path, text, _ in texts], pairs=False)
+    # The keys of the caller's own objects (fields, state, evidence), not a schema's names.
+    if any(is_key and "." in path for path, _, is_key in texts):
+        _check_together([(path, text) for path, text, is_key in texts if not is_key or "." in path], pairs=False)
