@@ -387,9 +387,15 @@ def _narrowed(texts: Texts, order: Sequence[int]) -> tuple[int, int]:
     return order[start], order[low]
 
 
+def _masked(path: str, parts: str) -> str:
+    """``path`` with any segment that is part of the split credential (a key can be) as ``*``."""
+    return ".".join("*" if segment.lower() in parts else segment for segment in path.split("."))
+
+
 def _split_refusal(texts: Texts, order: Sequence[int], kind: str) -> ForbiddenField:
     first, last = _narrowed(texts, order) if len(order) > 2 else (order[0], order[-1])
-    where, to = texts[first][0], texts[last][0]
+    parts = (texts[first][1] + texts[last][1]).lower()
+    where, to = _masked(texts[first][0], parts), _masked(texts[last][0], parts)
     detail = f"credential-like value split across {where} and {to} ({kind.replace('_', ' ')})"
     return _refuse(to, "credential-like value", detail)
 
@@ -448,10 +454,12 @@ def request_texts(value: object, *, root: str = "") -> list[tuple[str, str, bool
 
 def check_request(value: object, *, root: str = "") -> None:
     """Every key and string of a request's document through the value rules, alone and
-    together: its strings by :func:`check_texts`, then its keys and strings in document
-    order (a key can hold half of a credential). The API's body parser runs it on every body."""
+    together: its strings by :func:`check_texts`, then, when it has objects of the caller's own
+    below the top level (event fields, checkpoint state), their keys and the strings joined in
+    document order (a key can hold half of a credential). The API's body parser runs it on
+    every body."""
     texts = request_texts(value, root=root)
     check_texts([(path, text) for path, text, is_key in texts if not is_key])
     # The keys of the caller's own objects (fields, state, evidence), not a schema's names.
     if any(is_key and "." in path for path, _, is_key in texts):
-        _check_together([(path, text) for path, text, is_key in texts if not is_key or "." in path], pairs=False)
+        _check_together([(path, text) for path, text, is_key in texts if not is_key or "." in path], pairs=True)

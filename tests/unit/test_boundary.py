@@ -534,3 +534,13 @@ def test_ordinary_requests_pass_together(document):
     from ledger.boundary import check_request
 
     check_request(document)
+
+
+def test_a_key_split_across_two_keys_is_refused_without_naming_either():
+    from ledger.boundary import check_request
+
+    with pytest.raises(ForbiddenField) as caught:
+        check_request({"fencing_token": 1, "type": "NOTE", "fields": {KEY[:12]: 1, KEY[12:22]: 2}})
+    assert caught.value.path == "fields.*"
+    assert_not_echoed(caught.value, KEY[8:12])
+    assert_not_echoed(caught.value, KEY[12:22])
