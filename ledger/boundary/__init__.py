@@ -388,8 +388,9 @@ def _narrowed(texts: Texts, order: Sequence[int]) -> tuple[int, int]:
 
 
 def _masked(path: str, parts: str) -> str:
-    """``path`` with any segment that is part of the split credential (a key can be) as ``*``."""
-    return ".".join("*" if segment.lower() in parts else segment for segment in path.split("."))
+    """``path`` with any segment of 4+ characters that is part of the split credential (a key
+    can be) as ``*``."""
+    return ".".join("*" if len(segment) >= 4 and segment.lower() in parts else segment for segment in path.split("."))
 
 
 def _split_refusal(texts: Texts, order: Sequence[int], kind: str) -> ForbiddenField:
