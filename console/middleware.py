@@ -1,11 +1,15 @@
-"""URLs pass the secret boundary before anything else sees them (invariant 6).
+"""URLs and console forms pass the secret boundary before anything else sees them (invariant 6).
 
 A path or query string that carries a credential-like value (``ledger.boundary``, judged in
-its normal form: percent-decoded, NFKC, without zero-width characters) is refused with 422
-before routing, authentication or any log line: Django's "Not Found: <path>" and its
-request-status lines never get to print it. The refusal names the part of the URL and the
-rule, never the value; the API answers with its JSON error body, the console with a short
-page. The log line it writes has no path.
+its normal form: ``ledger/boundary/normal.py``) is refused with 422 before routing,
+authentication or any log line: Django's "Not Found: <path>" and its request-status lines
+never get to print it. So is a console form (any POST outside the API) whose fields carry one,
+alone or split across two fields (``ledger.boundary.check_texts``), before any view stores it;
+password fields (the sign-in form's, a new user's) are credentials by design and never stored
+as sent, so they are not judged. The refusal names the part of the request and the rule,
+never the value; the API answers with its JSON error body, the console with a short page. The
+log line it writes has no path. (The API's JSON bodies are judged by its body parser,
+``ledger/api/body.py``.)
 """
 
 import json
@@ -13,10 +17,12 @@ import logging
 import time
 from collections.abc import Callable
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
-from ledger.boundary import credential_kind
+from ledger.boundary import check_texts, credential_kind
+from ledger.errors import ForbiddenField
 from ledger.observability import logs, metrics
 
 log = logging.getLogger("fenceline.boundary")
@@ -31,7 +37,35 @@ def url_refusal(request: HttpRequest) -> tuple[str, str] | None:
         kind = credential_kind(text, remember=False) if text else None
         if kind is not None:
             return part, kind.replace("_", " ")
+    # The query's values together: a credential split across two parameters.
+    return _texts_refusal([("url.query", value) for _, values in request.GET.lists() for value in values])
+
+
+def _texts_refusal(texts: list[tuple[str, str]]) -> tuple[str, str] | None:
+    try:
+        check_texts(texts)
+    except ForbiddenField as refused:
+        return refused.path, "credential-like value"
     return None
+
+
+NOT_JUDGED = ("password", "csrfmiddlewaretoken")  # field names containing these
+
+
+def form_refusal(request: HttpRequest) -> tuple[str, str] | None:
+    """(part, rule) of a console form whose fields carry a credential-like value, or None."""
+    if request.method != "POST" or request.path.startswith(API_PREFIX):
+        return None
+    try:
+        fields = [
+            (f"form.{name}", value)
+            for name, values in request.POST.lists()
+            if not any(word in name.lower() for word in NOT_JUDGED)
+            for value in values
+        ]
+    except RequestDataTooBig:
+        return None  # the view answers that
+    return _texts_refusal(fields)
 
 
 class URLBoundaryMiddleware:
@@ -41,16 +75,23 @@ class URLBoundaryMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         refused = url_refusal(request)
         if refused is None:
+            refused = form_refusal(request)
+        if refused is None:
             return self.get_response(request)
         part, rule = refused
-        detail = f"A credential-like value in the {part.removeprefix('url.')} of the URL ({rule})"
-        log.warning("refused %s %s: credential-like value in the %s (withheld)", request.method, part, rule)
+        url = part.startswith("url.")
+        where = f"the {part.removeprefix('url.')} of the URL" if url else f"the form field {part.removeprefix('form.')}"
+        detail = f"A credential-like value in {where} ({rule})"
+        log.warning("refused %s %s: a credential-like value (%s; withheld)", request.method, part, rule)
         response: HttpResponse
         if request.path.startswith(API_PREFIX):
             body = {"error": "FORBIDDEN_FIELD", "detail": detail, "path": part, "rule": "credential-like value"}
             response = JsonResponse(body, status=422)
         else:
-            response = render(request, "refused.html", {"detail": detail}, status=422)
+            # A form's field is named as the console's forms name theirs (errors, error_field).
+            field = part.removeprefix("form.") if part.startswith("form.") else ""
+            context = {"detail": detail, "errors": [detail] if field else [], "error_field": field}
+            response = render(request, "refused.html", context, status=422)
         response._has_been_logged = True  # type: ignore[attr-defined]  # django.request would print the path
         return response
 

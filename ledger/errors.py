@@ -144,7 +144,7 @@ class CredentialsNotReady(NotReady):
 
 class ForbiddenField(DomainError):
     """A forbidden key or a credential-like value crossed the secret boundary
-    (``ledger/boundary.py``). Names the path and the rule, never the value."""
+    (``ledger/boundary/``). Names the path and the rule, never the value."""
 
     code = "FORBIDDEN_FIELD"
     status = 422

@@ -8,7 +8,9 @@ messages, and a log message that repeats an exception's text (Django's
 
 The filter changes the record itself, so every handler that sees the record after it
 prints the same scrubbed text. :class:`WithholdCredentials` then replaces any line that still
-carries a credential-like value (the rules of ``ledger.boundary``).
+carries a credential-like value: the rules of ``ledger.boundary``, through the same normal form
+the API and the console judge requests in (decoded, NFKC, invisible characters out, confusables
+folded, base64/hex layers decoded: ``ledger/boundary/normal.py``).
 """
 
 import logging

@@ -7,6 +7,10 @@
   ``-0.0``, floats of 1e16 and more), in any field at any depth: 422 VALIDATION_ERROR
   naming the field. This runs before the schemas, for every body of every endpoint, so a
   new field cannot bring back a 500.
+* Any key or string that looks like a credential, alone or together with the body's other
+  strings (a key split across two fields): 422 FORBIDDEN_FIELD naming the field
+  (``ledger.boundary.check_request``). Every field of every endpoint passes the secret
+  boundary here, whatever its service checks after.
 
 Ninja wraps whatever the parser raises in a 400 ``HttpError``; ``ledger/api/errors.py``
 answers with the domain error behind it.
@@ -18,7 +22,7 @@ from typing import Any
 from django.http import HttpRequest
 from ninja.parser import Parser
 
-from ledger.boundary import path_segment
+from ledger.boundary import check_request, path_segment
 from ledger.errors import InvalidInput, MalformedJSON
 from ledger.storable import storage_problem
 
@@ -52,6 +56,7 @@ def parse_json_object(raw: bytes | str) -> dict[str, Any]:
     if problem is not None:
         field, reason = problem
         raise InvalidInput(f"{field}: {reason}", field=field)
+    check_request(data)
     return data
 
 

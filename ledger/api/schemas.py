@@ -51,14 +51,14 @@ STORABLE_JSON = {
 
 EVENT_FIELDS = {
     "type": "object",
-    "description": "At most 16 KB as compact JSON; no credential-like key or value (ledger/boundary.py).",
+    "description": "At most 16 KB as compact JSON; no credential-like key or value (ledger/boundary/).",
     "propertyNames": {"pattern": NO_NUL},
     "additionalProperties": {"$ref": STORABLE_JSON_REF},
 }
 
 CHECKPOINT_STATE = {
     **EVENT_FIELDS,
-    "description": "At most 64 KB as compact JSON; no credential-like key or value (ledger/boundary.py).",
+    "description": "At most 64 KB as compact JSON; no credential-like key or value (ledger/boundary/).",
 }
 # Request properties described by hand: pydantic cannot write a recursive schema for dict[str, Any].
 STORABLE_OBJECT_PROPERTIES = {("EventIn", "fields"): EVENT_FIELDS, ("CheckpointIn", "state"): CHECKPOINT_STATE}
@@ -454,7 +454,7 @@ class RetryDecisionOut(Schema):
 class EventIn(In):
     fencing_token: Token
     type: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=WORKER_EVENT_TYPE.pattern)]
-    # At most 16 KB as compact JSON; storable (ledger/storable.py); no credential (ledger/boundary.py).
+    # At most 16 KB as compact JSON; storable (ledger/storable.py); no credential (ledger/boundary/).
     # The published schema says so: EVENT_FIELDS (set by ledger.api.FencelineAPI).
     fields: dict[str, Any]
 

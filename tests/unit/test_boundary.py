@@ -389,3 +389,158 @@ def test_the_forms_fenceline_writes_its_own_values_in_never_meet_a_rule(value):
 
 def test_a_credential_next_to_an_id_is_still_refused():
     assert credential_kind(f"api_key={uuid.uuid4()}") == "secret_assignment"
+
+
+# --- the normal form: one for every detector (issue 35) --------------------------------------
+
+KEY = "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc"
+
+
+def _percent(text: str, times: int) -> str:
+    from urllib.parse import quote
+
+    text = "".join(f"%{byte:02X}" for byte in text.encode())
+    for _ in range(times - 1):
+        text = quote(text, safe="")
+    return text
+
+
+@pytest.mark.parametrize(
+    "disguised",
+    [
+        pytest.param("s\u043a_live_4eC39HqLyjWDarjtT1zdp7dc", id="Cyrillic ka"),
+        pytest.param("\u0455k_\u04cfive_4eC39HqLyjWDarjtT1zdp7dc", id="Cyrillic dze and palochka"),
+        pytest.param("\u034f".join(KEY), id="combining grapheme joiner"),
+        pytest.param("\u3164".join(KEY), id="Hangul filler"),
+        pytest.param("\ufe0f\u0336".join(KEY), id="variation selector and overlay"),
+        pytest.param("\U000e0041".join(KEY), id="tag characters"),
+        pytest.param(_percent(KEY, 4), id="percent-encoded 4 times"),
+        pytest.param(_percent(KEY, 8), id="percent-encoded 8 times"),
+        pytest.param("".join(f"&#x{ord(c):x};" for c in KEY), id="HTML references"),
+        pytest.param("".join(f"\\u{ord(c):04x}" for c in KEY), id="backslash escapes"),
+        pytest.param(__import__("base64").b64encode(KEY.encode()).decode(), id="base64"),
+        pytest.param(KEY.encode().hex(), id="hex"),
+        pytest.param(
+            __import__("base64").b64encode(__import__("base64").b64encode(KEY.encode()).hex().encode()).decode(),
+            id="base64 of hex of base64",
+        ),
+        pytest.param("note " + __import__("base64").urlsafe_b64encode(KEY.encode()).decode().rstrip("="), id="urlsafe"),
+    ],
+)
+def test_a_disguised_key_reads_as_the_key(disguised):
+    assert credential_kind(disguised, remember=False) is not None
+
+
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        ("Basic ZGVwbG95Omh1bnRlcjI=", "basic_credentials"),  # deploy:hunter2
+        ("Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b", "token_scheme"),
+        ("Authorization: 9944b09199c62bcf", "authorization_value"),
+        ("authorization=QzabcdefghijKLMNOPqrstuv", "authorization_value"),
+    ],
+)
+def test_scheme_rules(text, kind):
+    assert credential_kind(text, remember=False) == kind
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Basic setup of the basic plan",
+        "basic auth is off",
+        "the fencing token 12",
+        "token 3f2b8c1e-9d4a-4e5f-8a6b-7c8d9e0f1a2b was revoked",
+        "authorization: approved by alice",
+        "authorization: pending-security-review",
+        "sha256:" + hashlib.sha256(b"x").hexdigest(),
+        hashlib.sha256(b"y").hexdigest(),
+        "\u041f\u0440\u0438\u0432\u0435\u0442, \u043c\u0438\u0440 \u2014 \u03ba\u03b1\u03bb\u03b7\u03bc\u03ad\u03c1\u03b1",
+        "\u0928\u092e\u0938\u094d\u0924\u0947 \u0926\u0941\u0928\u093f\u092f\u093e",
+        "100% done; 50%25 of the way, a&b, C:\\path\\to\\file",
+        "internationalization and localization",
+        "ZG9uZQ== is base64 for a short word",
+        "https://example.com/a%20b?page=2&q=%E2%9C%93",
+    ],
+)
+def test_ordinary_text_passes_the_normal_form(text):
+    assert credential_kind(text, remember=False) is None
+
+
+def test_a_text_still_changing_after_the_last_round_is_refused():
+    assert credential_kind(_percent("hello there", 9), remember=False) == "encoded_too_deeply"
+    assert credential_kind(_percent("hello there", 8), remember=False) is None
+
+
+def test_a_text_longer_than_the_limit_is_refused_unjudged():
+    from ledger.boundary.normal import MAX_TEXT
+
+    assert credential_kind("a" * (MAX_TEXT + 1), remember=False) == "too_long_to_judge"
+
+
+def test_layers_stop_at_their_depth():
+    import base64
+
+    text = KEY
+    for _ in range(4):
+        text = base64.b64encode(text.encode()).decode()
+    assert credential_kind(text, remember=False) is None  # a fourth layer is not decoded
+    assert credential_kind(base64.b64decode(text).decode(), remember=False) is not None
+
+
+def test_a_key_split_across_two_fields_is_refused_at_the_second():
+    from ledger.boundary import check_request
+
+    with pytest.raises(ForbiddenField) as caught:
+        check_request({"tool": "email", "a": KEY[:8], "resource": "mailto:ops@example.com", "b": KEY[8:]})
+    assert caught.value.path == "b"
+    assert "a and b" in caught.value.detail
+    assert_not_echoed(caught.value, KEY[8:16])
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {
+            "fencing_token": 1,
+            "tool": "email",
+            "action": "send",
+            "resource": "mailto:ops@example.com",
+            "idempotency_key": "send-report-1",
+            "effect_class": "NON_RETRYABLE",
+            "args_digest": "sha256:" + "ab" * 32,
+        },
+        {
+            "fencing_token": 1,
+            "type": "NOTE",
+            "fields": {
+                "memo": "100% done",
+                "digest": "sha256:" + "0" * 64,
+                "id": str(uuid.uuid4()),
+                "name": "Zo\u00eb",
+                "url": "https://example.com/a%20b?page=2",
+            },
+        },
+        {"owner_id": "worker-a", "ttl_s": 30, "tool": "browser"},
+        {
+            "boot_id": uuid.uuid4().hex,
+            "config_hash": hashlib.sha256(b"c").hexdigest(),
+            "code_version": "1.4.2",
+            "host": "ip-10-0-0-12",
+        },
+    ],
+)
+def test_ordinary_requests_pass_together(document):
+    from ledger.boundary import check_request
+
+    check_request(document)
+
+
+def test_a_key_split_across_two_keys_is_refused_without_naming_either():
+    from ledger.boundary import check_request
+
+    with pytest.raises(ForbiddenField) as caught:
+        check_request({"fencing_token": 1, "type": "NOTE", "fields": {KEY[:12]: 1, KEY[12:22]: 2}})
+    assert caught.value.path == "fields.*"
+    assert_not_echoed(caught.value, KEY[8:12])
+    assert_not_echoed(caught.value, KEY[12:22])

@@ -502,4 +502,5 @@ def validate_worker_event(type: str, fields: dict[str, Any]) -> dict[str, Any]:
         raise InvalidInput(
             "type must be NOTE or start with 'x.' followed by lowercase letters, digits, _ . -", field="type"
         )
+    check_text(type, path="type")  # it is stored in the chain for good
     return checked_document(fields, field="fields", max_bytes=MAX_WORKER_FIELDS_BYTES)

@@ -26,41 +26,60 @@ Two kinds of rule, each kept in one list below:
   same document, so ``{"args": {"authorization": ...}}`` is reported at
   ``args.authorization``: the more specific reason wins.
 
-* **Credential-like values** (``VALUE_RULES``), searched anywhere inside every string,
-  keys included: bearer tokens, ``Authorization:``/``Cookie:`` header lines, PEM blocks,
-  JWTs, URLs with a password, ``password=...``-style assignments, and the prefixes of
-  well-known keys (AWS, GitHub, Slack, OpenAI/Anthropic, Stripe, Google, GitLab) and of
-  Fenceline's own worker tokens (``flw_``) and webhook signing secrets (``whsec_``).
+* **Credential-like values**, searched anywhere inside every string, keys included, by the
+  detectors of ``ledger/boundary/rules.py``: its own rules (``VALUE_RULES``: scheme words
+  and header lines such as ``Bearer``, ``Basic <base64>``, ``Token <hex>`` and a bare
+  ``Authorization:`` value, PEM blocks, JWTs, URLs with a password, ``password=...``
+  assignments, the prefixes of well-known keys and of Fenceline's own tokens) where they are
+  broader, and detect-secrets' maintained plugins for every other known format and for
+  high-entropy base64 (``KNOWN_FORMATS``).
 
-* **Known credential formats and high-entropy strings**, from detect-secrets' maintained
-  plugins (``KNOWN_FORMATS``: every regex detector but the public-IP one; base64 runs of 32+
-  characters with ``+`` or ``/`` above its entropy limit: a bare AWS secret key).
+Every key and value is judged in its **normal form** (``ledger/boundary/normal.py``,
+:func:`normalised`), one for every detector: decoded until nothing changes (percent-encoding,
+HTML references, backslash escapes; 8 rounds at most, else refused), NFKC, without any
+character that renders as nothing (by Unicode property), and with letters of other scripts
+folded to the Latin letters they are confusable with (Unicode TR39: ``\u0440\u0430ssword``,
+with a Cyrillic er and a, reads ``password``); every base64 or hex run in it that decodes to
+text is judged too, three layers deep. A value a person would read as a credential is refused
+however it is spelled; the stored value is the one that was sent.
 
-Every key and value is judged in its **normal form** (:func:`normalised`): percent-decoded
-(up to three times), NFKC (fullwidth letters become ASCII), without zero-width and control
-characters, and non-Latin letters replaced by the Latin letters they are confusable with
-(``\\u0440\\u0430ssword``, with a Cyrillic er and a, reads ``password``). A value a person would read as a credential
-is refused however it is spelled; the stored value is the one that was sent.
+**A request's texts together** (:func:`check_request`, :func:`check_texts`): a credential
+split across two fields passes each alone, so the strings of one request are also judged in
+pairs and joined; the API's body parser and the console's form middleware run it.
 
 The rules fail closed: an innocent ``{"error": "timeout"}`` or "the bearer of this note"
 is refused too, and the worker renames the field (``error_code``) or rewords the text.
 
-Without Django (``ledger.errors`` too), so the rules can be read, reused (for instance by the
-log filter and the URL middleware) and tested on their own.
+Without Django (``ledger.errors`` too), so the rules can be read, reused (the log filter and
+the URL and form middleware use the same normal form and detectors) and tested on their own.
 """
 
 import functools
 import re
-import unicodedata
-from urllib.parse import unquote
+from collections.abc import Iterator, Sequence
 
-from confusable_homoglyphs import confusables
-from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
-from detect_secrets.plugins.base import RegexBasedDetector
-from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
 from detect_secrets.plugins.keyword import DENYLIST as KEYWORD_DENYLIST
 
+from ledger.boundary.normal import MAX_TEXT, normal_forms, normalised
+from ledger.boundary.rules import KNOWN_FORMATS, VALUE_RULES, detect, triggered
 from ledger.errors import ForbiddenField
+
+__all__ = [
+    "CREDENTIAL",
+    "FENCING_TOKEN",
+    "KNOWN_FORMATS",
+    "RAW_PAYLOAD",
+    "VALUE_RULES",
+    "check_fields",
+    "check_request",
+    "check_text",
+    "check_texts",
+    "classify_key",
+    "credential_kind",
+    "key_words",
+    "normalised",
+    "path_segment",
+]
 
 # --- forbidden keys ---------------------------------------------------------------------
 # Every name is written with "_" between words; keys are compared in the same form and in
@@ -176,71 +195,6 @@ CREDENTIAL = "credential"
 RAW_PAYLOAD = "raw payload"
 FENCING_TOKEN = "fencing token"  # noqa: S105 - the name of a rule, not a secret
 
-# --- credential-like values -------------------------------------------------------------
-# (name, triggers, pattern): a value (or key) is refused when a pattern matches anywhere in
-# it. The patterns are only tried on text that contains one of the triggers (lowercased),
-# which keeps the common case, text without any trigger, to one quick search.
-# Prefixes must start a word ("task-..." is not "sk-..."); patterns whose body could scan a
-# long run and then fail start only at the beginning of that run, so no text makes the
-# search quadratic.
-_EDGE = r"(?<![A-Za-z0-9])"
-_RUN_START = r"(?<![A-Za-z0-9_-])"
-VALUE_RULES = (
-    ("bearer_token", ("bearer",), r"(?i:\bbearer\s+[A-Za-z0-9\-._~+/]+=*)"),
-    (
-        "authorization_header",
-        ("authorization",),
-        r"(?i:\bauthorization\s*[:=]\s*(?:basic|token|digest|negotiate|aws4-hmac-sha256)\s+\S)",
-    ),
-    ("cookie_header", ("cookie",), r"(?i:\b(?:set-)?cookie\s*:\s*[^\s=;:]+=)"),
-    ("pem_block", ("-----begin",), r"(?i:-----BEGIN [^\r\n-]{1,64}-----)"),
-    ("jwt", ("eyj",), _RUN_START + r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
-    ("url_password", ("://",), r"(?i:\b[a-z][a-z0-9+.\-]{0,30}://[^\s/?#@:]{0,256}:[^\s/?#@]{1,256}@)"),
-    (
-        "secret_assignment",
-        ("pass", "pwd", "secret", "key", "token", "auth", "credential"),
-        r"(?i:" + _EDGE + r"(?:password|passwd|pwd|pass|passphrase|secret|client[_-]?secret|api[_-]?key"
-        r"|access[_-]?key|secret[_-]?key|private[_-]?key|[a-z]*[_-]?token|auth|credentials?)"
-        r"[\"']?\s*[:=]\s*[\"']?[^\s\"',;&]{3,})",
-    ),
-    ("aws_access_key", ("akia", "asia"), _EDGE + r"(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
-    (
-        "github_token",
-        ("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
-        _EDGE + r"(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})",
-    ),
-    ("slack_token", ("xox",), _EDGE + r"xox[abeprs]-[A-Za-z0-9-]{10,}"),
-    ("openai_key", ("sk-",), _RUN_START + r"sk-(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{20,}"),
-    ("stripe_key", ("_live_", "_test_"), _EDGE + r"(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"),
-    ("google_api_key", ("aiza",), _EDGE + r"AIza[0-9A-Za-z_-]{30,}"),
-    ("gitlab_token", ("glpat-",), _EDGE + r"glpat-[A-Za-z0-9_-]{16,}"),
-    ("fenceline_worker_token", ("flw_",), _EDGE + r"flw_[A-Za-z0-9_-]{20,}"),
-    ("fenceline_webhook_secret", ("whsec_",), _EDGE + r"whsec_[A-Za-z0-9_-]{20,}"),
-)
-# detect-secrets' regex detectors, as one search (the public-IP detector is not a credential).
-_DETECTORS: list[type] = list(get_mapping_from_secret_type_to_class().values())
-KNOWN_FORMATS: tuple[re.Pattern[str], ...] = tuple(
-    pattern
-    for detector in _DETECTORS
-    if issubclass(detector, RegexBasedDetector) and detector.__name__ != "IPPublicDetector"
-    for pattern in detector().denylist
-)
-
-
-def _scoped(pattern: re.Pattern[str]) -> str:
-    flags = "".join(letter for flag, letter in ((re.I, "i"), (re.X, "x")) if pattern.flags & flag)
-    return f"(?{flags}:{pattern.pattern})" if flags else f"(?:{pattern.pattern})"
-
-
-_KNOWN_FORMAT = re.compile("|".join(_scoped(pattern) for pattern in KNOWN_FORMATS))
-KNOWN_FORMAT_MIN_LENGTH = 10  # the shortest credential any of them matches
-# Base64 runs with "+" or "/" (hex digests, UUIDs and base64url ids are never refused this way).
-_BASE64_RUN = re.compile(r"[A-Za-z0-9+/]{32,}={0,2}")
-_ENTROPY = Base64HighEntropyString(limit=4.5)
-
-_TRIGGER = re.compile("|".join(re.escape(trigger) for _, triggers, _ in VALUE_RULES for trigger in triggers))
-_VALUE_PATTERN = re.compile("|".join(f"(?P<{name}>{pattern})" for name, _, pattern in VALUE_RULES))
-
 _CAMEL_ACRONYM = re.compile(r"([A-Z]+)([A-Z][a-z])")  # APIKey -> API_Key
 _CAMEL_WORD = re.compile(r"([a-z0-9])([A-Z])")  # apiKey -> api_Key
 _SEPARATORS = re.compile(r"[^a-z0-9]+")
@@ -283,48 +237,6 @@ def classify_key(key: str) -> str | None:
     return None
 
 
-_ZERO_WIDTH_OR_CONTROL = frozenset({"Cf", "Cc"})
-_KEEP = frozenset("\t\n\r")
-
-
-@functools.lru_cache(maxsize=4096)
-def _latin(char: str) -> str:
-    """The Latin letter(s) ``char`` is confusable with, or ``char``."""
-    found = confusables.is_confusable(char, greedy=True, preferred_aliases=["latin"])
-    for entry in found or ():
-        for glyph in entry["homoglyphs"]:
-            latin = glyph["c"]
-            if isinstance(latin, str) and latin.isascii():
-                return latin
-    return char
-
-
-def normalised(text: str) -> str:
-    """``text`` as the rules judge it: percent-decoded (three times at most), NFKC, without
-    zero-width and control characters (tab and newlines kept), confusables made Latin."""
-    for _ in range(3):
-        if "%" not in text:
-            break
-        decoded = unquote(text)
-        if decoded == text:
-            break
-        text = decoded
-    if text.isascii() and text.isprintable():
-        return text
-    text = unicodedata.normalize("NFKC", text)
-    text = "".join(char for char in text if char in _KEEP or unicodedata.category(char) not in _ZERO_WIDTH_OR_CONTROL)
-    if not text.isascii():
-        text = "".join(char if char.isascii() else _latin(char) for char in text)
-    return text
-
-
-def _high_entropy(text: str) -> bool:
-    return any(
-        ("+" in run or "/" in run) and _ENTROPY.calculate_shannon_entropy(run) > _ENTROPY.entropy_limit
-        for run in _BASE64_RUN.findall(text)
-    )
-
-
 def credential_kind(text: str, *, remember: bool = True) -> str | None:
     """The name of the first value rule that matches anywhere in ``text`` (judged in its
     normal form), or None. Short values (tool names, resources, owners) come again and again:
@@ -355,16 +267,15 @@ _SYSTEM_FORM = re.compile(
 
 
 def _kind(text: str) -> str | None:
-    text = normalised(text)
-    if _TRIGGER.search(text.lower()) is not None:
-        match = _VALUE_PATTERN.search(text)
-        if match:
-            return match.lastgroup
-    if len(text) >= KNOWN_FORMAT_MIN_LENGTH:
-        if _KNOWN_FORMAT.search(text):
-            return "known_credential_format"
-        if len(text) >= 32 and _high_entropy(text):
-            return "high_entropy_string"
+    if len(text) > MAX_TEXT:
+        return "too_long_to_judge"
+    forms, settled = normal_forms(text)
+    if not settled:
+        return "encoded_too_deeply"
+    for form in forms:
+        kind = detect(form)
+        if kind is not None:
+            return kind
     return None
 
 
@@ -445,3 +356,111 @@ def check_fields(value: object, *, root: str = "") -> None:
             check_text(str(item), path=path or "(top level)")
     if raw_payload is not None:
         raise _refuse(raw_payload[0], "forbidden key", raw_payload[1])
+
+
+# --- a request's texts together -------------------------------------------------------------
+# A credential split across fields (``{"a": "sk_live_4eC39H", "b": "qLyjWDarjtT1zdp7dc"}``)
+# passes each field alone, so the texts of one request are judged together too: all of them
+# joined in order and in reverse (a split between neighbours, whatever the detector), and,
+# when a request has at most PAIRED_TEXTS strings, each string that holds the start of a
+# credential the value rules know (a trigger: ``sk_live_``, ``xox``, ``Bearer`` ...) joined
+# with each other string (a split between fields apart, in either order).
+PAIRED_TEXTS = 32
+Texts = Sequence[tuple[str, str]]
+
+
+def _joined_kind(texts: Texts, order: Sequence[int]) -> str | None:
+    return credential_kind("".join(texts[index][1] for index in order), remember=False)
+
+
+def _narrowed(texts: Texts, order: Sequence[int]) -> tuple[int, int]:
+    """The first and last index of the shortest run of ``order`` whose join still looks like
+    a credential (a binary search from each end: a few judgments, however many texts)."""
+    low, high = 0, len(order) - 1
+    while low < high:  # the latest start that still hits
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if _joined_kind(texts, order[middle:]) else (low, middle - 1)
+    start, low, high = low, low, len(order) - 1
+    while low < high:  # the earliest end that still hits
+        middle = (low + high) // 2
+        low, high = (low, middle) if _joined_kind(texts, order[start : middle + 1]) else (middle + 1, high)
+    return order[start], order[low]
+
+
+def _masked(path: str, parts: str) -> str:
+    """``path`` with any segment of 4+ characters that is part of the split credential (a key
+    can be) as ``*``."""
+    return ".".join("*" if len(segment) >= 4 and segment.lower() in parts else segment for segment in path.split("."))
+
+
+def _split_refusal(texts: Texts, order: Sequence[int], kind: str) -> ForbiddenField:
+    first, last = _narrowed(texts, order) if len(order) > 2 else (order[0], order[-1])
+    parts = (texts[first][1] + texts[last][1]).lower()
+    where, to = _masked(texts[first][0], parts), _masked(texts[last][0], parts)
+    detail = f"credential-like value split across {where} and {to} ({kind.replace('_', ' ')})"
+    return _refuse(to, "credential-like value", detail)
+
+
+def _orders(texts: Texts, *, pairs: bool) -> Iterator[Sequence[int]]:
+    indexes = list(range(len(texts)))
+    if pairs and len(texts) <= PAIRED_TEXTS:
+        starts = [index for index, (_, text) in enumerate(texts) if triggered(normalised(text))]
+        # the fields after it first, nearest first: the refusal names the likeliest second half
+        yield from ((a, b) for a in starts for b in indexes[a + 1 :] + indexes[:a][::-1])
+    yield indexes
+    if pairs:
+        yield indexes[::-1]
+
+
+def _check_together(texts: Texts, *, pairs: bool) -> None:
+    texts = [(path, text) for path, text in texts if text]
+    if len(texts) < 2:
+        return
+    for order in _orders(texts, pairs=pairs):
+        kind = _joined_kind(texts, order)
+        if kind is not None:
+            raise _split_refusal(texts, order, kind)
+
+
+def check_texts(texts: Texts) -> None:
+    """Refuse the first (path, text) that looks like a credential, then the texts together."""
+    for path, text in texts:
+        check_text(text, path=path)
+    _check_together(texts, pairs=True)
+
+
+def request_texts(value: object, *, root: str = "") -> list[tuple[str, str, bool]]:
+    """Every key and string of a JSON document as (path, text, whether it is a key), in
+    document order; a credential-like key is refused on the way (its path ends in ``*``)."""
+    texts: list[tuple[str, str, bool]] = []
+    stack: list[tuple[str, object, bool]] = [(root, value, False)]
+    while stack:
+        path, item, is_key = stack.pop()
+        if isinstance(item, dict):
+            children: list[tuple[str, object, bool]] = []
+            for key, child in item.items():
+                key = key if isinstance(key, str) else str(key)
+                if _key_rules(key)[0] is not None:
+                    where = _join(path, "*")
+                    raise _refuse(where, "credential-like value", f"credential-like value in a key at {where}")
+                child_path = _join(path, key if _NAME_LIKE.fullmatch(key) else "*")
+                children.extend(((child_path, key, True), (child_path, child, False)))
+            stack.extend(reversed(children))
+        elif isinstance(item, list | tuple):
+            stack.extend(reversed([(_join(path, str(index)), child, False) for index, child in enumerate(item)]))
+        elif isinstance(item, str):
+            texts.append((path or "(top level)", item, is_key))
+    return texts
+
+
+def check_request(value: object, *, root: str = "") -> None:
+    """Every key and string of a request's document through the value rules, alone and
+    together: its strings by :func:`check_texts`, then, when it has objects of the caller's own
+    below the top level (event fields, checkpoint state), their keys and the strings joined in
+    document order (a key can hold half of a credential). The API's body parser runs it on
+    every body."""
+    texts = request_texts(value, root=root)
+    check_texts([(path, text) for path, text, is_key in texts if not is_key])
+    # The keys of the caller's own objects (fields, state, evidence), not a schema's names.
+    if any(is_key and "." in path for path, _, is_key in texts):
+        _check_together([(path, text) for path, text, is_key in texts if not is_key or "." in path], pairs=True)
