@@ -15,7 +15,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from ledger.boundary import path_segment
-from ledger.errors import DomainError, LeaseLost, MalformedJSON, PayloadTooLarge, StaleToken
+from ledger.errors import DomainError, LeaseLost, MalformedJSON, PayloadTooLarge, StaleToken, TooManyRequests
 from ledger.services.fleet.stale_tokens import worker_stale_rejected
 
 log = logging.getLogger("fenceline.api")
@@ -40,7 +40,10 @@ def install(api: NinjaAPI) -> None:
         worker = getattr(request, "worker", None)
         if isinstance(exc, (StaleToken, LeaseLost)) and worker is not None:
             worker_stale_rejected(worker=worker)  # past the policy's limit: quarantined, told to stop
-        return api.create_response(request, exc.body(), status=exc.status)
+        response = api.create_response(request, exc.body(), status=exc.status)
+        if isinstance(exc, TooManyRequests):
+            response["Retry-After"] = str(exc.retry_after_s)
+        return response
 
     @api.exception_handler(ValidationError)
     def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
