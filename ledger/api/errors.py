@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, UnreadablePostError
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
@@ -69,6 +69,11 @@ def install(api: NinjaAPI) -> None:
     def on_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         return on_domain_error(request, PayloadTooLarge(f"the request body is larger than {limit} bytes"))
+
+    @api.exception_handler(UnreadablePostError)
+    def on_body_not_received(request: HttpRequest, exc: UnreadablePostError) -> HttpResponse:
+        # The client stopped sending its body (console/serving.py bounds each read).
+        return on_domain_error(request, MalformedJSON("the request body was not received in full"))
 
     @api.exception_handler(Exception)
     def on_unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:

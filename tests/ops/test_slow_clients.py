@@ -7,6 +7,7 @@ for 30 s and then were killed; the stalled sockets closed within a minute): not 
 assertions. tests/bench/slow_clients.py measures the same at K = 4, 16, 64."""
 
 import os
+import socket
 import time
 
 import pytest
@@ -64,3 +65,22 @@ def test_four_stalled_connections_do_not_stop_healthz_nor_kill_workers(server, k
     finally:
         for connection in stalled:
             connection.close()
+
+
+def test_an_api_body_that_stops_arriving_is_refused_not_taken_for_the_whole(server, transactional_db):
+    from ledger.models import Run
+    from tests.factories import make_worker
+
+    token = make_worker("slow", "slow-worker").token
+    head = (
+        f"POST /api/v1/runs HTTP/1.1\r\nHost: {server.addr}\r\nAuthorization: Bearer {token}\r\n"
+        'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"schema_version": 1'
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as client:
+        client.sendall(head.encode())
+        answer = b""
+        while chunk := client.recv(4096):  # the server closes the connection after answering
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b'"MALFORMED_JSON"' in answer and b"not received in full" in answer
+    assert not Run.objects.exists()
