@@ -70,5 +70,6 @@ EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=10s --start-period=30s --retries=3 \
     CMD ["python", "-m", "console.healthcheck", "http://127.0.0.1:8000/readyz"]
 
-# --no-control-socket: no gunicorn.ctl management socket (and no write to a home it lacks).
-CMD ["gunicorn", "console.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "4", "--worker-class", "sync", "--no-control-socket"]
+# The server's settings are console/gunicorn_conf.py (threaded workers, bounded client I/O, no
+# gunicorn.ctl management socket), as docs/production.md and make serve start it.
+CMD ["gunicorn", "-c", "python:console.gunicorn_conf", "console.wsgi:application", "--bind", "0.0.0.0:8000"]

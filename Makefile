@@ -1,6 +1,8 @@
 # The two commands of README.md:
 #   make demo   the console and API with a seeded tenant and worker, on the embedded default
 #   make test   the whole test suite (PostgreSQL at 127.0.0.1:5432, Redis at 127.0.0.1:6379)
+# make serve: the production server exactly as docs/production.md starts it (gunicorn with
+# console/gunicorn_conf.py), on SERVE_ADDR; the settings come from the environment as there
 # make lint: ruff (lint and format), mypy, the import contracts (lint-imports, pyproject.toml) and no
 # missing migration; CI runs it before the tests
 # Benchmarks (docs/performance.md): make bench, make bench-all, make bench-ledger, make bench-console, make bench-reapers,
@@ -13,12 +15,18 @@ DATABASE_URL_SCALE ?= postgres://postgres@127.0.0.1:5432/fl_scale
 PYTEST_WORKERS ?= 2
 # Where make demo serves; empty is 127.0.0.1:8000 (DEMO_ADDR=8010 or DEMO_ADDR=0.0.0.0:8000).
 DEMO_ADDR ?=
+# Where make serve listens (host:port).
+SERVE_ADDR ?= 127.0.0.1:8000
 
-.PHONY: demo simulate test lint bench bench-all bench-ledger bench-console bench-reapers bench-reconcilers bench-contention bench-backfill
+.PHONY: demo serve simulate test lint bench bench-all bench-ledger bench-console bench-reapers bench-reconcilers bench-contention bench-backfill
 
 demo:
 	@.ci/bootstrap
 	.venv/bin/python manage.py demo $(DEMO_ADDR)
+
+serve:
+	@.ci/bootstrap
+	exec .venv/bin/gunicorn -c python:console.gunicorn_conf console.wsgi:application --bind $(SERVE_ADDR)
 
 simulate:
 	@.ci/bootstrap

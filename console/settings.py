@@ -15,6 +15,7 @@ import hmac
 import json
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -136,6 +137,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "guardian",
+    # failed console sign-ins, per user and per address (AXES_* below)
+    "axes",
     "ninja",
     "ledger",
     "approvals",
@@ -158,6 +161,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes requires: a locked-out sign-in answers its 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 # Request bodies larger than this are refused before they are read (413 PAYLOAD_TOO_LARGE in
@@ -263,6 +268,8 @@ CSRF_TRUSTED_ORIGINS = [o.strip() for o in (env("DJANGO_CSRF_TRUSTED_ORIGINS", "
 # --- auth -----------------------------------------------------------------------------
 
 AUTHENTICATION_BACKENDS = [
+    # First: refuses a sign-in (any backend's) while its user or address is locked out.
+    "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
@@ -272,6 +279,22 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
+# Console sign-ins (the login page and the admin's) are throttled by django-axes: past
+# AXES_FAILURE_LIMIT failures for one username, or from one client address, further attempts
+# (the right password included) answer 429 with Retry-After and a page saying when to try
+# again, until AXES_COOLOFF_TIME has passed since the last failure. Attempts are counted in
+# PostgreSQL (axes' database handler), so every process and host shares them.
+AXES_FAILURE_LIMIT = env_int("FENCELINE_LOGIN_FAILURE_LIMIT", 10, minimum=1)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("FENCELINE_LOGIN_LOCKOUT_S", 900, minimum=1))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # either one locks
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "ledger.api.auth.client_address"
+AXES_LOCKOUT_CALLABLE = "console.views.site.sign_in_locked_out"
+AXES_HTTP_RESPONSE_CODE = 429
+# No log line per failure (the typed username may be a mistyped password); no row per
+# successful sign-in.
+AXES_VERBOSE = False
+AXES_DISABLE_ACCESS_LOG = True
 GUARDIAN_RAISE_403 = False
 GUARDIAN_RENDER_403 = False
 
@@ -418,6 +441,10 @@ FENCELINE: dict[str, Any] = {
     "UPGRADE_PHASE_CACHE_S": env_int("FENCELINE_UPGRADE_PHASE_CACHE_S", 2, minimum=0),
     "BACKFILL_BATCH": env_int("FENCELINE_BACKFILL_BATCH", 5000, minimum=1),
     "BACKFILL_LOCK_S": env_int("FENCELINE_BACKFILL_LOCK_S", 60, minimum=5),
+    # Failed worker tokens per client address (ledger/services/fleet/token_failures.py): past
+    # this many within the window, that address's failed attempts answer 429 until it ends.
+    "TOKEN_FAILURE_LIMIT": env_int("FENCELINE_TOKEN_FAILURE_LIMIT", 50, minimum=1),
+    "TOKEN_FAILURE_WINDOW_S": env_int("FENCELINE_TOKEN_FAILURE_WINDOW_S", 300, minimum=1),
 }
 
 # --- notifications ---------------------------------------------------------------------

@@ -54,6 +54,18 @@ class PayloadTooLarge(DomainError):
     status = 413
 
 
+class TooManyRequests(DomainError):
+    """Throttled: too many failed attempts from the caller's address; ``retry_after_s`` (also
+    the ``Retry-After`` header) says when the window ends."""
+
+    code = "TOO_MANY_REQUESTS"
+    status = 429
+
+    def __init__(self, detail: str, *, retry_after_s: int) -> None:
+        super().__init__(detail, retry_after_s=retry_after_s)
+        self.retry_after_s = retry_after_s
+
+
 class Forbidden(DomainError):
     """A person's role on the object's tenant does not allow this action (the console
     checks first; the service checks again)."""

@@ -56,6 +56,7 @@ from ledger.api.schemas import (
     RunCreatedOut,
     RunCreateIn,
     RunOut,
+    ThrottledError,
     TokenIn,
     WorkerOut,
 )
@@ -129,11 +130,12 @@ api = FencelineAPI(
 errors.install(api)
 
 E = Error
-# Every endpoint answers 401 without a valid worker token, and 422 for a URL that carries a
+# Every endpoint answers 401 without a valid worker token (429 past too many failed tokens from
+# one address, ledger/services/fleet/token_failures.py), and 422 for a URL that carries a
 # credential-like value (console/middleware.py). A body is refused with 400 (not one
 # unambiguous JSON object), 413 (over DATA_UPLOAD_MAX_MEMORY_SIZE) or 422 (naming the field).
-READ = {401: E, 422: InvalidOut}
-BODY = {400: E, 401: E, 413: E, 422: InvalidOut}
+READ = {401: E, 422: InvalidOut, 429: ThrottledError}
+BODY = {400: E, 401: E, 413: E, 422: InvalidOut, 429: ThrottledError}
 
 
 def _run_out(run: Run) -> Body:

@@ -10,12 +10,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, UnreadablePostError
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from ledger.boundary import path_segment
-from ledger.errors import DomainError, LeaseLost, MalformedJSON, PayloadTooLarge, StaleToken
+from ledger.errors import DomainError, LeaseLost, MalformedJSON, PayloadTooLarge, StaleToken, TooManyRequests
 from ledger.services.fleet.stale_tokens import worker_stale_rejected
 
 log = logging.getLogger("fenceline.api")
@@ -40,7 +40,10 @@ def install(api: NinjaAPI) -> None:
         worker = getattr(request, "worker", None)
         if isinstance(exc, (StaleToken, LeaseLost)) and worker is not None:
             worker_stale_rejected(worker=worker)  # past the policy's limit: quarantined, told to stop
-        return api.create_response(request, exc.body(), status=exc.status)
+        response = api.create_response(request, exc.body(), status=exc.status)
+        if isinstance(exc, TooManyRequests):
+            response["Retry-After"] = str(exc.retry_after_s)
+        return response
 
     @api.exception_handler(ValidationError)
     def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
@@ -66,6 +69,11 @@ def install(api: NinjaAPI) -> None:
     def on_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         return on_domain_error(request, PayloadTooLarge(f"the request body is larger than {limit} bytes"))
+
+    @api.exception_handler(UnreadablePostError)
+    def on_body_not_received(request: HttpRequest, exc: UnreadablePostError) -> HttpResponse:
+        # The client stopped sending its body (console/serving.py bounds each read).
+        return on_domain_error(request, MalformedJSON("the request body was not received in full"))
 
     @api.exception_handler(Exception)
     def on_unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:

@@ -108,6 +108,10 @@ class Error(Schema):
     detail: str
 
 
+class ThrottledError(Error):
+    retry_after_s: int
+
+
 class LeaseLostError(Error):
     reason: str
 

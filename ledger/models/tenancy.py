@@ -173,3 +173,13 @@ class AdminAction(Versioned):
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "-occurred_at"], name="adminaction_recent")]
+
+
+class TokenFailureWindow(Versioned):
+    """Failed worker-token authentications from one client address in the current window
+    (``ledger/services/fleet/token_failures.py``): one row per address, shared by every
+    process, counted by one upsert (``ledger/sql/throttle.py``)."""
+
+    address = models.CharField(primary_key=True, max_length=45)  # an IPv4 or IPv6 address, as text
+    window_started_at = models.DateTimeField()
+    failures = models.PositiveIntegerField(default=0)

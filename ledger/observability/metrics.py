@@ -50,6 +50,12 @@ RETRY_BY_EFFECT_CLASS = Counter(
     "retry_by_effect_class", "New attempts started after FAILED or did-not-happen, by side-effect class",
     ["tenant", "effect_class"],
 )  # fmt: skip
+THROTTLED = Counter(
+    "fenceline_throttled_requests",
+    "Requests answered 429 by a throttle: console_login (django-axes, per user and per address) "
+    "or worker_token (failed worker tokens per address)",
+    ["kind"],
+)
 REQUEST_SECONDS = Histogram(
     "fenceline_http_request_duration_seconds",
     "Server time per request, by route pattern (never the path itself), method and status code",

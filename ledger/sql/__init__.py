@@ -13,5 +13,6 @@ with values and get rows, instances or counts back; they build no SQL themselves
 - ``fence``: the fence's locking statement and the sweeps' locked runs;
 - ``chain``: a transition's commit (its held-back updates, its events and the run head);
 - ``costs``: a dispatch's charges and a reservation's settlement;
+- ``throttle``: failed worker tokens counted per client address in a window;
 - ``lifespan``, ``credentials``, ``upgrades``, ``evidence``, ``reads``: the rest, by domain.
 """

@@ -58,6 +58,7 @@ NAMES = {
     "fenceline_job_last_duration_seconds",
     "fenceline_job_items",
     "fenceline_http_request_duration_seconds",
+    "fenceline_throttled_requests",
 }
 
 
