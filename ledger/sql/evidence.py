@@ -6,12 +6,14 @@ import itertools
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from datetime import datetime
 from functools import cache
 from typing import Any
 
 from django.db import connection, transaction
 
-from ledger.models import Event
+from ledger.models import DiagnosticPayload, Event
+from ledger.sql.connection import execute
 
 type Rows = list[Sequence[Any]]
 
@@ -68,3 +70,55 @@ def _fetched_ahead(fetch: Callable[[], Rows]) -> Generator[Rows]:
         while batch := pending.result():
             pending = pool.submit(fetch)
             yield batch
+
+
+# --- the diagnostic plane ---------------------------------------------------------------
+
+
+@cache
+def _payload_rows_sql() -> str:
+    qn = connection.ops.quote_name
+    events, payloads = qn(Event._meta.db_table), qn(DiagnosticPayload._meta.db_table)
+    return (
+        f"SELECT e.seq, e.fields::text, p.id IS NOT NULL, p.body::text, p.removed_at "
+        f"FROM {events} e LEFT JOIN {payloads} p ON p.run_id = e.run_id AND p.seq = e.seq "
+        f"WHERE e.run_id = %s AND e.seq <= %s AND e.schema_version = %s ORDER BY e.seq"
+    )
+
+
+def payload_rows(*, run_id: object, upto: int, version: int, batch: int) -> Iterator[Rows]:
+    """The events of ``run_id`` at or below seq ``upto`` of schema version ``version`` with
+    what the diagnostic plane keeps for each: (seq, fields as JSON text, whether a payload
+    row exists, its body as JSON text or NULL, when retention removed it or NULL), in
+    batches of ``batch`` rows from a server-side cursor."""
+    with transaction.atomic():
+        connection.ensure_connection()
+        with connection.connection.cursor(name=f"fenceline_payloads_{next(_cursor_names)}") as cursor:
+            cursor.execute(_payload_rows_sql(), [run_id, upto, version])
+            while rows := cursor.fetchmany(batch):
+                yield rows
+
+
+@cache
+def _due_where() -> str:
+    return "tenant_id = %s AND klass = %s AND removed_at IS NULL AND created_at < %s"
+
+
+def payloads_due_count(*, tenant_id: int, klass: str, cutoff: datetime) -> int:
+    """How many kept payloads of the tenant and class were created before ``cutoff``."""
+    table = connection.ops.quote_name(DiagnosticPayload._meta.db_table)
+    row = execute(f"SELECT count(*) FROM {table} WHERE {_due_where()}", [tenant_id, klass, cutoff]).fetchone()
+    return int(row[0])
+
+
+def payloads_remove(*, tenant_id: int, klass: str, cutoff: datetime, now: datetime, batch: int) -> int:
+    """Remove the bytes of at most ``batch`` kept payloads of the tenant and class created
+    before ``cutoff``, oldest first (rows another removal holds are skipped): their body
+    becomes NULL and ``removed_at`` ``now``; the rows stay as the marker of the removal.
+    How many were removed."""
+    table = connection.ops.quote_name(DiagnosticPayload._meta.db_table)
+    sql = (
+        f"WITH due AS (SELECT id FROM {table} WHERE {_due_where()} ORDER BY created_at LIMIT %s "
+        f"FOR UPDATE SKIP LOCKED) UPDATE {table} p SET body = NULL, removed_at = %s FROM due WHERE p.id = due.id"
+    )
+    return execute(sql, [tenant_id, klass, cutoff, batch, now]).rowcount
