@@ -291,7 +291,13 @@ def _hmac_keys(name: str, label: bytes) -> dict[str, bytes]:
     return keys
 
 
-_RETENTION_DEFAULTS = {"event_payload": 30, "bundle": 90, "user_content": 30}
+_RETENTION_DEFAULTS = {
+    "event_payload": 30,
+    "user_content": 30,
+    "checkpoint_state": 30,
+    "boot_evidence": 30,
+    "bundle": 90,
+}
 
 
 def _retention_days() -> dict[str, int]:

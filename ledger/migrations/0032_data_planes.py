@@ -1,6 +1,7 @@
 # The data planes (docs/evidence.md): the diagnostic plane's payloads, kept beside the chain
-# that commits to their digests, and each tenant's retention per class and user-content
-# opt-in. The events' index for the verifier's pass over them is 0033 (built concurrently).
+# that commits to their digests; each tenant's retention per class and user-content opt-in;
+# the markers of what retention removed from checkpoint states and boot evidence. The
+# events' index for the verifier's pass over payloads is 0033 (built concurrently).
 
 import django.db.models.deletion
 from django.db import migrations, models
@@ -28,6 +29,11 @@ class Migration(migrations.Migration):
             ],
         ),
         migrations.AddField(
+            model_name='progresscheckpoint',
+            name='state_removed_at',
+            field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.AddField(
             model_name='tenant',
             name='retention_days',
             field=models.JSONField(blank=True, db_default={}, default=dict),
@@ -36,6 +42,11 @@ class Migration(migrations.Migration):
             model_name='tenant',
             name='user_content_opt_in',
             field=models.BooleanField(db_default=False, default=False),
+        ),
+        migrations.AddField(
+            model_name='workerboot',
+            name='evidence_removed_at',
+            field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
             model_name='diagnosticpayload',

@@ -114,6 +114,9 @@ class WorkerBoot(Versioned):
     # quarantines), and how many effects the worker had left in doubt (DISPATCHED or UNKNOWN).
     error = models.JSONField(null=True, blank=True)
     unknown_left = models.PositiveIntegerField(default=0)
+    # When retention removed this superseded boot's evidence (the diagnostic plane, class
+    # boot_evidence): each domain's evidence is then {} and the error keeps only its kind.
+    evidence_removed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-reported_at"]

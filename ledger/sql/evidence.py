@@ -6,14 +6,12 @@ import itertools
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import datetime
 from functools import cache
 from typing import Any
 
 from django.db import connection, transaction
 
 from ledger.models import DiagnosticPayload, Event
-from ledger.sql.connection import execute
 
 type Rows = list[Sequence[Any]]
 
@@ -97,28 +95,3 @@ def payload_rows(*, run_id: object, upto: int, version: int, batch: int) -> Iter
             cursor.execute(_payload_rows_sql(), [run_id, upto, version])
             while rows := cursor.fetchmany(batch):
                 yield rows
-
-
-@cache
-def _due_where() -> str:
-    return "tenant_id = %s AND klass = %s AND removed_at IS NULL AND created_at < %s"
-
-
-def payloads_due_count(*, tenant_id: int, klass: str, cutoff: datetime) -> int:
-    """How many kept payloads of the tenant and class were created before ``cutoff``."""
-    table = connection.ops.quote_name(DiagnosticPayload._meta.db_table)
-    row = execute(f"SELECT count(*) FROM {table} WHERE {_due_where()}", [tenant_id, klass, cutoff]).fetchone()
-    return int(row[0])
-
-
-def payloads_remove(*, tenant_id: int, klass: str, cutoff: datetime, now: datetime, batch: int) -> int:
-    """Remove the bytes of at most ``batch`` kept payloads of the tenant and class created
-    before ``cutoff``, oldest first (rows another removal holds are skipped): their body
-    becomes NULL and ``removed_at`` ``now``; the rows stay as the marker of the removal.
-    How many were removed."""
-    table = connection.ops.quote_name(DiagnosticPayload._meta.db_table)
-    sql = (
-        f"WITH due AS (SELECT id FROM {table} WHERE {_due_where()} ORDER BY created_at LIMIT %s "
-        f"FOR UPDATE SKIP LOCKED) UPDATE {table} p SET body = NULL, removed_at = %s FROM due WHERE p.id = due.id"
-    )
-    return execute(sql, [tenant_id, klass, cutoff, batch, now]).rowcount

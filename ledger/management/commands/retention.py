@@ -5,7 +5,7 @@ from ledger.services.evidence.retention import Due, retention_apply
 
 class Command(BaseCommand):
     help = (
-        "Remove the bytes of diagnostic payloads past their tenant's retention for their class "
+        "Remove what the diagnostic plane kept past its tenant's retention for its class "
         "(docs/operations.md); the chains, which commit to the payloads' digests, keep verifying."
     )
 
@@ -27,6 +27,6 @@ class Command(BaseCommand):
                 f"{due.tenant} {due.klass}: {due.count:,} {verb} (created before {due.cutoff:%Y-%m-%d %H:%M} UTC)"
             )
         if dry_run:
-            self.stdout.write(f"dry run: {sum(d.count for d in result.due):,} payloads due, none removed")
+            self.stdout.write(f"dry run: {sum(d.count for d in result.due):,} items due, none removed")
         else:
-            self.stdout.write(f"removed {result.removed:,} payloads by retention")
+            self.stdout.write(f"removed {result.removed:,} items by retention")

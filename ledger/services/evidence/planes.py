@@ -2,12 +2,13 @@
 
 * control: the chain (``ledger.services.evidence.append``), kept for good.
 * diagnostic: what an event carries beyond its control fields — a worker event's
-  ``payload``, a quarantine's diagnostic bundle — kept in :class:`DiagnosticPayload` rows,
+  ``payload`` — kept in :class:`DiagnosticPayload` rows,
   raw payloads allowed (the control plane's boundary refuses them), credentials never,
   readable by the tenant's operators and admins (not its viewers), removed past the
   tenant's retention for its class (``ledger.services.evidence.retention``). The event
   commits to the payload by digest (event schema version 2), so a removal leaves every chain
-  verifying.
+  verifying. The plane's other classes stay where they are kept and are removed there:
+  superseded checkpoint states, superseded boots' evidence, quarantine bundles.
 * user content: refused unless the tenant opted in (``Tenant.user_content_opt_in``); then
   kept as a diagnostic payload of class ``user_content``, encrypted with AES-256-GCM under
   FENCELINE["USER_CONTENT_KEYS"] (the digest is of the stored, encrypted form, so any
@@ -37,10 +38,17 @@ from ledger.models import DiagnosticPayload, Event, Run, Tenant
 from ledger.services.evidence.append import ChainBatch, checked_document
 
 EVENT_PAYLOAD = "event_payload"
-BUNDLE = "bundle"
 USER_CONTENT = "user_content"
-# The classes of the diagnostic plane, each with its own retention (FENCELINE["RETENTION_DAYS"]).
-PAYLOAD_CLASSES = (EVENT_PAYLOAD, BUNDLE, USER_CONTENT)
+CHECKPOINT_STATE = "checkpoint_state"
+BOOT_EVIDENCE = "boot_evidence"
+BUNDLE = "bundle"
+# The classes of DiagnosticPayload rows (the chain commits to each by digest).
+PAYLOAD_CLASSES = (EVENT_PAYLOAD, USER_CONTENT)
+# Every class of the diagnostic plane, each with its own retention per tenant
+# (FENCELINE["RETENTION_DAYS"], Tenant.retention_days): the payloads; a superseded progress
+# checkpoint's state (the chain keeps its digest); a superseded boot's readiness evidence
+# and error message; a quarantine decision's diagnostic bundle.
+RETENTION_CLASSES = (*PAYLOAD_CLASSES, CHECKPOINT_STATE, BOOT_EVIDENCE, BUNDLE)
 # What a worker may send as an event's payload_class.
 WORKER_PAYLOAD_CLASSES = (EVENT_PAYLOAD, USER_CONTENT)
 MAX_PAYLOAD_BYTES = 64 * 1024
@@ -148,8 +156,8 @@ def tenant_retention_set(*, tenant: Tenant, days: dict[str, object], user_conten
     """Set the tenant's retention per class (whole days, 0 to 36,500) and, if given, whether
     it accepts user content."""
     for klass, value in days.items():
-        if klass not in PAYLOAD_CLASSES:
-            raise InvalidInput(f"retention class must be one of {', '.join(PAYLOAD_CLASSES)}", field="retention_days")
+        if klass not in RETENTION_CLASSES:
+            raise InvalidInput(f"retention class must be one of {', '.join(RETENTION_CLASSES)}", field="retention_days")
         if type(value) is not int or not 0 <= value <= 36_500:
             raise InvalidInput(f"retention_days.{klass} must be whole days, 0 to 36500", field="retention_days")
     tenant.retention_days = {**tenant.retention_days, **days}

@@ -20,13 +20,16 @@ from django.db import connection
 from django.utils import timezone
 
 from fenceline_client import evidence_verifier as ev
-from ledger.models import Checkpoint, DiagnosticPayload, Event, Run
+from ledger.errors import InvalidInput
+from ledger.models import AdminAction, Checkpoint, DiagnosticPayload, Event, ProgressCheckpoint, Run, WorkerBoot
 from ledger.services.evidence.export import chain_export
 from ledger.services.evidence.planes import tenant_retention_set
 from ledger.services.evidence.retention import retention_apply
 from ledger.services.evidence.verification import run_verify
 from ledger.services.fence.notes import event_append
-from tests.factories import leased_run, make_worker
+from ledger.services.fleet.boots import quarantine_with_bundle
+from ledger.services.lifespan.checkpoints import checkpoint_save
+from tests.factories import READY, booted, leased_run, make_worker
 from tests.helpers import logged_in, run_concurrently, tables_containing
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "chain_v1_golden.json"
@@ -232,7 +235,7 @@ def test_the_command_shows_what_is_due_and_the_beat_job_removes_it(acme, keys, s
     assert task.apply().get() == {"removed": 3}
     out = __import__("io").StringIO()
     call_command("retention", stdout=out)
-    assert "removed 0 payloads by retention" in out.getvalue()
+    assert "removed 0 items by retention" in out.getvalue()
 
 
 def test_after_retention_every_chain_verifies_and_says_payload_removed_by_retention(acme, keys, tmp_path):
@@ -374,3 +377,73 @@ def test_a_viewer_reads_no_diagnostic_payload(acme, viewer, operator, admin, key
         export = b"".join(logged_in(user).get(f"/runs/{run.pk}/chain.json").streaming_content).decode()
         assert CANARY in export
     assert logged_in(operator).get(f"/runs/{run.pk}/events/1/payload").status_code == 404
+
+
+# --- the plane's other classes: checkpoint state, boot evidence, bundles ----------------------
+
+
+def test_retention_empties_superseded_checkpoint_states_and_the_chain_keeps_their_digest(acme, keys):
+    run, token = leased_run(acme.worker)
+    old = checkpoint_save(worker=acme.worker, run_id=run.pk, fencing_token=token, position="p1", state={"n": CANARY})
+    latest = checkpoint_save(worker=acme.worker, run_id=run.pk, fencing_token=token, position="p2", state={"n": 2})
+    ProgressCheckpoint.objects.filter(pk__in=[old.pk, latest.pk]).update(created_at=timezone.now() - timedelta(days=31))
+    assert retention_apply().removed == 1
+    old.refresh_from_db()
+    latest.refresh_from_db()
+    assert (old.state, old.state_removed_at is not None, old.digest.startswith("sha256:")) == ({}, True, True)
+    assert (latest.state, latest.state_removed_at) == ({"n": 2}, None)  # what the next owner resumes from
+    assert tables_containing(CANARY) == []
+    recorded = Event.objects.get(run=run, type="PROGRESS_CHECKPOINTED", fields__seq=old.seq)
+    assert recorded.fields["digest"] == old.digest
+    assert run_verify(run_id=run.pk).finding is None
+
+
+def test_retention_empties_superseded_boots_evidence_and_a_viewer_never_sees_it(acme, viewer, operator, keys):
+    failing = {**READY, "runtime": {"ok": False, "evidence": {"probe": f"{CANARY} probe"}}}
+    at = timezone.now().isoformat()
+    first = booted(acme.worker, readiness=failing, error={"kind": "crash", "message": f"{CANARY} crash", "at": at}).boot
+    later = {**READY, "runtime": {"ok": False, "evidence": {"probe": "later probe"}}}
+    second = booted(acme.worker, readiness=later, error={"kind": "crash", "message": "second crash", "at": at}).boot
+    page = logged_in(viewer).get(f"/workers/{acme.worker.pk}/").content.decode()
+    assert CANARY not in page and "second crash" not in page and "crash" in page
+    assert f"{CANARY} crash" in logged_in(operator).get(f"/workers/{acme.worker.pk}/").content.decode()
+
+    for boot, days in ((first, 32), (second, 31)):
+        WorkerBoot.objects.filter(pk=boot.pk).update(reported_at=timezone.now() - timedelta(days=days))
+    assert retention_apply().removed == 1
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.readiness["runtime"] == {"ok": False, "evidence": {}} and first.error.keys() == {"kind", "at"}
+    assert first.evidence_removed_at is not None and second.evidence_removed_at is None
+    assert second.error["message"] == "second crash"  # the worker's latest boot stays whole
+    assert tables_containing(CANARY) == []
+
+
+def test_retention_removes_a_quarantine_bundle_and_a_viewer_never_sees_it(acme, viewer, operator, keys):
+    now = timezone.now()
+    quarantine_with_bundle(
+        acme.worker, actor="system:test", reason="restart budget", now=now, evidence={"note": CANARY}
+    )
+    action = AdminAction.objects.get(action="worker.quarantine")
+    assert action.fields["diagnostic_bundle"]["note"] == CANARY
+    assert "Diagnostic bundle" not in logged_in(viewer).get(f"/workers/{acme.worker.pk}/").content.decode()
+    assert "Diagnostic bundle" in logged_in(operator).get(f"/workers/{acme.worker.pk}/").content.decode()
+
+    AdminAction.objects.filter(pk=action.pk).update(occurred_at=now - timedelta(days=89))
+    assert retention_apply(dry_run=True).due == []  # bundles are kept 90 days by default
+    tenant_retention_set(tenant=acme.tenant, days={"bundle": 60})
+    assert retention_apply().removed == 1
+    action.refresh_from_db()
+    assert "diagnostic_bundle" not in action.fields and action.fields["diagnostic_bundle_removed_at"].endswith("Z")
+    assert (action.reason, action.actor) == ("restart budget", "system:test")  # the decision stays
+    assert tables_containing(CANARY) == []
+    assert retention_apply().removed == 0
+
+
+def test_retention_settings_are_checked(acme):
+    with pytest.raises(InvalidInput):
+        tenant_retention_set(tenant=acme.tenant, days={"secrets": 1})
+    with pytest.raises(InvalidInput):
+        tenant_retention_set(tenant=acme.tenant, days={"bundle": -1})
+    with pytest.raises(InvalidInput):
+        tenant_retention_set(tenant=acme.tenant, days={"bundle": "7"})
