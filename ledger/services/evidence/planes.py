@@ -152,23 +152,6 @@ def retention_days(tenant: Tenant, klass: str) -> int:
     return days
 
 
-def tenant_retention_set(*, tenant: Tenant, days: dict[str, object], user_content: bool | None = None) -> Tenant:
-    """Set the tenant's retention per class (whole days, 0 to 36,500) and, if given, whether
-    it accepts user content."""
-    for klass, value in days.items():
-        if klass not in RETENTION_CLASSES:
-            raise InvalidInput(f"retention class must be one of {', '.join(RETENTION_CLASSES)}", field="retention_days")
-        if type(value) is not int or not 0 <= value <= 36_500:
-            raise InvalidInput(f"retention_days.{klass} must be whole days, 0 to 36500", field="retention_days")
-    tenant.retention_days = {**tenant.retention_days, **days}
-    changed = ["retention_days"]
-    if user_content is not None:
-        tenant.user_content_opt_in = user_content
-        changed.append("user_content_opt_in")
-    tenant.save(update_fields=changed)
-    return tenant
-
-
 def removal_cutoff(tenant: Tenant, klass: str, now: datetime) -> datetime:
     """Payloads of ``klass`` of ``tenant`` created before this moment are past their retention."""
     return now - timedelta(days=retention_days(tenant, klass))

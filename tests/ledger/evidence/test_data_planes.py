@@ -20,15 +20,15 @@ from django.db import connection
 from django.utils import timezone
 
 from fenceline_client import evidence_verifier as ev
-from ledger.errors import InvalidInput
+from ledger.errors import Forbidden, InvalidInput
 from ledger.models import AdminAction, Checkpoint, DiagnosticPayload, Event, ProgressCheckpoint, Run, WorkerBoot
 from ledger.services.evidence.export import chain_export
-from ledger.services.evidence.planes import tenant_retention_set
 from ledger.services.evidence.retention import retention_apply
 from ledger.services.evidence.verification import run_verify
 from ledger.services.fence.notes import event_append
 from ledger.services.fleet.boots import quarantine_with_bundle
 from ledger.services.lifespan.checkpoints import checkpoint_save
+from ledger.services.tenancy.tenants import tenant_planes_set
 from tests.factories import READY, booted, leased_run, make_worker
 from tests.helpers import logged_in, run_concurrently, tables_containing
 
@@ -81,6 +81,12 @@ def noted(identity, run, token, payload, *, klass="event_payload", fields=None):
         payload=payload,
         payload_class=klass,
     )
+
+
+def planes(tenant, days, user_content=None):
+    """The tenant's planes set by a person (``tenant``, the instance the test holds, refreshed)."""
+    tenant_planes_set(tenant=tenant.slug, days=days, user_content=user_content, reason="test", name="ada")
+    tenant.refresh_from_db()
 
 
 def aged(run, seq, days):
@@ -191,7 +197,7 @@ def test_the_payload_is_bounded_and_reserved_and_through_the_boundary(api_for, a
 
 def test_retention_removes_only_payloads_past_their_tenants_retention_for_their_class(acme, keys):
     globex = make_worker("globex", "g-1")
-    tenant_retention_set(tenant=acme.tenant, days={"event_payload": 7}, user_content=True)
+    planes(acme.tenant, {"event_payload": 7}, user_content=True)
     run_a, token_a = leased_run(acme.worker)
     run_g, token_g = leased_run(globex.worker)
     old_a = noted(acme, run_a, token_a, {"n": "old acme"}).seq
@@ -213,7 +219,7 @@ def test_retention_removes_only_payloads_past_their_tenants_retention_for_their_
     assert retention_apply().removed == 0  # idempotent
 
     # globex's default (30 days) and acme's user content (30 days) come due later.
-    tenant_retention_set(tenant=globex.tenant, days={"event_payload": 9})
+    planes(globex.tenant, {"event_payload": 9})
     assert retention_apply().removed == 1
     assert DiagnosticPayload.objects.get(run=run_g, seq=old_g).body is None
     assert DiagnosticPayload.objects.get(run=run_a, seq=content_a).body is not None
@@ -348,7 +354,7 @@ def test_user_content_is_refused_unless_the_tenant_opted_in_then_kept_encrypted(
     assert refused.status == 422 and [p["field"] for p in refused.body["fields"]] == ["payload_class"], refused
     assert tables_containing(CANARY) == []
 
-    tenant_retention_set(tenant=acme.tenant, days={}, user_content=True)
+    planes(acme.tenant, {}, user_content=True)
     r = client.post(f"/runs/{run_id}/events", {**body, "payload_class": "user_content"})
     assert r.status == 201, r
     assert tables_containing(CANARY) == []  # encrypted at rest
@@ -431,7 +437,7 @@ def test_retention_removes_a_quarantine_bundle_and_a_viewer_never_sees_it(acme, 
 
     AdminAction.objects.filter(pk=action.pk).update(occurred_at=now - timedelta(days=89))
     assert retention_apply(dry_run=True).due == []  # bundles are kept 90 days by default
-    tenant_retention_set(tenant=acme.tenant, days={"bundle": 60})
+    planes(acme.tenant, {"bundle": 60})
     assert retention_apply().removed == 1
     action.refresh_from_db()
     assert "diagnostic_bundle" not in action.fields and action.fields["diagnostic_bundle_removed_at"].endswith("Z")
@@ -440,10 +446,31 @@ def test_retention_removes_a_quarantine_bundle_and_a_viewer_never_sees_it(acme, 
     assert retention_apply().removed == 0
 
 
-def test_retention_settings_are_checked(acme):
-    with pytest.raises(InvalidInput):
-        tenant_retention_set(tenant=acme.tenant, days={"secrets": 1})
-    with pytest.raises(InvalidInput):
-        tenant_retention_set(tenant=acme.tenant, days={"bundle": -1})
-    with pytest.raises(InvalidInput):
-        tenant_retention_set(tenant=acme.tenant, days={"bundle": "7"})
+def test_retention_settings_are_a_persons_checked_decision(acme, viewer):
+    for days in ({"secrets": 1}, {"bundle": -1}, {"bundle": "7"}, {"bundle": 36_501}):
+        with pytest.raises(InvalidInput):
+            planes(acme.tenant, days)
+    with pytest.raises(Forbidden):
+        tenant_planes_set(tenant="acme", days={"bundle": 1}, reason="x", user=viewer)
+    out = __import__("io").StringIO()
+    call_command(
+        "retention",
+        "--tenant",
+        "acme",
+        "--days",
+        "bundle=7",
+        "--user-content",
+        "yes",
+        "--by",
+        "ada",
+        "--reason",
+        "GDPR",
+        stdout=out,
+    )
+    assert "acme: retention {'bundle': 7}; accepts user content" in out.getvalue()
+    decision = AdminAction.objects.get(action="tenant.planes")
+    assert (decision.actor, decision.reason, decision.fields) == (
+        "ada",
+        "GDPR",
+        {"retention_days": {"bundle": 7}, "user_content_opt_in": True},
+    )
