@@ -20,7 +20,7 @@ VIEW = "ledger.view_tenant"
 OPERATE = "ledger.operate_tenant"
 APPROVE = "ledger.approve_tenant"
 ADMINISTER = "ledger.administer_tenant"
-# The diagnostic plane (docs/evidence.md, Data planes): event payloads beyond the control
+# The diagnostic plane (docs/architecture.md, Data planes): event payloads beyond the control
 # fields and diagnostic bundles are the operators' and admins' to read, not the viewers'.
 DIAGNOSTICS = OPERATE
 

@@ -65,7 +65,7 @@ EVENT_PAYLOAD = {
     "description": (
         "The event's diagnostic payload, kept beside the chain (which commits to its digest) for the "
         "tenant's retention of its payload_class; at most 64 KB as compact JSON; no credential-like key "
-        "or value (ledger/boundary.py). docs/evidence.md, Data planes."
+        "or value (ledger/boundary.py). docs/architecture.md, Data planes."
     ),
 }
 # Request properties described by hand: pydantic cannot write a recursive schema for dict[str, Any].

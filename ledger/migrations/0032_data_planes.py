@@ -1,4 +1,4 @@
-# The data planes (docs/evidence.md): the diagnostic plane's payloads, kept beside the chain
+# The data planes (docs/architecture.md, Data planes): the diagnostic plane's payloads, kept beside the chain
 # that commits to their digests; each tenant's retention per class and user-content opt-in;
 # the markers of what retention removed from checkpoint states and boot evidence. The
 # events' index for the verifier's pass over payloads is 0033 (built concurrently).

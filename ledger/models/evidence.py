@@ -73,7 +73,7 @@ class Checkpoint(Versioned):
 
 
 class DiagnosticPayload(Versioned):
-    """The diagnostic plane (docs/evidence.md "Data planes"): what an event carries beyond
+    """The diagnostic plane (docs/architecture.md "Data planes"): what an event carries beyond
     its control fields, kept beside the chain. The event's fields hold only
     ``{"payload": {"digest", "class"}}`` (event schema version 2), the digest being
     ``"sha256:" + hex SHA-256`` of the canonical JSON of ``body``, so that retention

@@ -25,7 +25,7 @@ class Tenant(Versioned):
     # no authorize or dispatch (409 EFFECTS_HELD) until a person allows effects again.
     effects_held = models.BooleanField(default=False)
     effects_held_reason = models.CharField(max_length=500, blank=True, default="")
-    # The data planes (docs/evidence.md): days a diagnostic payload of each class is kept,
+    # The data planes (docs/architecture.md, Data planes): days a diagnostic payload of each class is kept,
     # {class: days}, over FENCELINE["RETENTION_DAYS"]; and whether the tenant accepts user
     # content (refused otherwise; stored encrypted when accepted).
     retention_days = models.JSONField(default=dict, db_default={}, blank=True)

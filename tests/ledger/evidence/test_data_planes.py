@@ -1,4 +1,4 @@
-"""The data planes (docs/evidence.md, "Data planes"): a diagnostic payload is kept beside the
+"""The data planes (docs/architecture.md, "Data planes"): a diagnostic payload is kept beside the
 chain, which commits to its digest (event schema version 2); retention removes the payloads
 past their tenant's retention for their class, and every chain still verifies — the server's
 verifier and the standalone one on an export both say "payload removed by retention", while a
