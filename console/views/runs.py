@@ -164,6 +164,7 @@ def _detail_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[st
         "badges": badges(run),
         "can_cancel": run.status == RunStatus.ACTIVE and can(request.user, run.tenant, OPERATE),
         "can_verify": can(request.user, run.tenant, OPERATE),
+        "can_read_payloads": can(request.user, run.tenant, DIAGNOSTICS),
         "checkpoint_every": settings.FENCELINE["CHECKPOINT_EVERY"],
         "events": events,
         "after": after,

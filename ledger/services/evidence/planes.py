@@ -98,7 +98,8 @@ def checked_payload(tenant: Tenant, fields: dict[str, Any], payload: object, kla
         raise InvalidInput(f"payload_class must be one of {', '.join(WORKER_PAYLOAD_CLASSES)}", field="payload_class")
     if klass == USER_CONTENT and not tenant.user_content_opt_in:
         raise InvalidInput(
-            "this tenant does not accept user content (an admin may opt in: docs/architecture.md)", field="payload_class"
+            "this tenant does not accept user content (an admin may opt in: docs/architecture.md)",
+            field="payload_class",
         )
     for reserved in (PAYLOAD_DIGEST, PAYLOAD_CLASS):
         if reserved in fields:

@@ -171,6 +171,19 @@ def test_a_payload_is_kept_beside_the_chain_which_commits_to_its_digest(api_for,
     assert run_verify(run_id=run_id).finding is None
 
 
+def test_the_worker_client_sends_a_payload(live_server, acme, keys):
+    import fenceline_client as fl
+
+    worker = fl.Client(live_server.url, acme.token)
+    run_id = worker.create_run()
+    with worker.lease(run_id) as lease:
+        appended = lease.event("x.fetch", {"step": 1}, payload={"response": {"status": 503, "body": "busy"}})
+        lease.release()
+    kept = DiagnosticPayload.objects.get(run_id=run_id, seq=appended["seq"])
+    assert (kept.klass, kept.body) == ("event_payload", {"response": {"status": 503, "body": "busy"}})
+    assert Event.objects.get(run_id=run_id, seq=appended["seq"]).fields["payload_digest"] == kept.digest
+
+
 def test_the_payload_is_bounded_and_reserved_and_through_the_boundary(api_for, acme):
     client = api_for(acme)
     run_id = client.leased_run()
@@ -377,6 +390,9 @@ def test_a_viewer_reads_no_diagnostic_payload(acme, viewer, operator, admin, key
     report = standalone(tmp_path, text)
     assert report["finding"] is None and report["payloads_withheld"] == 1
 
+    link = f'href="/runs/{run.pk}/events/{seq}/payload"'
+    assert link not in logged_in(viewer).get(f"/runs/{run.pk}/").content.decode()
+    assert link in logged_in(operator).get(f"/runs/{run.pk}/").content.decode()
     for user in (operator, admin):
         page = logged_in(user).get(f"/runs/{run.pk}/events/{seq}/payload")
         assert page.status_code == 200 and page.json()["payload"] == {"trace": CANARY}
