@@ -31,7 +31,7 @@ from ledger.storable import storage_problem
 from ledger.versioning import CURRENT_SCHEMA_VERSION
 
 
-def json_safe(fields: dict[str, Any]) -> dict[str, Any]:
+def json_safe(fields: dict[str, Any], *, root: str = "fields") -> dict[str, Any]:
     """The fields as JSON: ids and times as the strings they are stored as. Refuses, naming
     the field, what the database would not store byte for byte (``ledger.storable``): an
     accepted event's stored form always hashes to its recorded hash."""
@@ -41,8 +41,8 @@ def json_safe(fields: dict[str, Any]) -> dict[str, Any]:
         try:
             fields = json.loads(json.dumps(fields, allow_nan=False, default=_encode))
         except ValueError:
-            raise InvalidInput("fields: numbers must be finite", field="fields") from None
-    problem = storage_problem(fields, root="fields", segment=path_segment)
+            raise InvalidInput(f"{root}: numbers must be finite", field=root) from None
+    problem = storage_problem(fields, root=root, segment=path_segment)
     if problem is not None:
         raise InvalidInput(f"{problem[0]}: {problem[1]}", field=problem[0])
     return fields
@@ -513,7 +513,7 @@ def checked_document(value: object, *, field: str, max_bytes: int, raw_payloads:
     ``response``) are what is kept; any credential is still refused."""
     if not isinstance(value, dict):
         raise InvalidInput(f"{field} must be a JSON object", field=field)
-    document = json_safe(value)
+    document = json_safe(value, root=field)
     if len(json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()) > max_bytes:
         raise InvalidInput(f"{field} must be at most {max_bytes} bytes as JSON", field=field)
     try:

@@ -23,6 +23,7 @@ from fenceline_client import evidence_verifier as ev
 from ledger.errors import Forbidden, InvalidInput
 from ledger.models import AdminAction, Checkpoint, DiagnosticPayload, Event, ProgressCheckpoint, Run, WorkerBoot
 from ledger.services.evidence.export import chain_export
+from ledger.services.evidence.planes import RETENTION_CLASSES
 from ledger.services.evidence.retention import retention_apply
 from ledger.services.evidence.verification import run_verify
 from ledger.services.fence.notes import event_append
@@ -196,6 +197,7 @@ def test_the_payload_is_bounded_and_reserved_and_through_the_boundary(api_for, a
         return [problem["field"] for problem in r.body["fields"]]
 
     assert field(append(payload={"blob": "x" * (65 * 1024)})) == ["payload"]
+    assert field(append(payload={"n": 1e16})) == ["payload.n"]  # not stored byte for byte
     assert field(append(payload={"a": 1}, fields={"payload_digest": "x"})) == ["fields.payload_digest"]
     refused = append(payload={"stdout": "ok", "nested": {"note": "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"}})
     assert refused.status == 422 and refused.body["path"] == "payload.nested.note", refused
@@ -267,6 +269,10 @@ def test_after_retention_every_chain_verifies_and_says_payload_removed_by_retent
     report = run_verify(run_id=run.pk)
     assert report.finding is None and report.status in ("VERIFIED", "UNSEALED")
     assert (report.payloads_checked, report.payloads_removed, report.payloads_removed_seqs) == (1, 1, [gone])
+
+    out = __import__("io").StringIO()
+    call_command("verify_ledger", "--run", str(run.pk), stdout=out)
+    assert f"1 payload removed by retention (seq {gone})" in out.getvalue()
 
     document = json.loads(exported(run))
     by_seq = {e["seq"]: e for e in document["events"]}
@@ -462,7 +468,8 @@ def test_retention_removes_a_quarantine_bundle_and_a_viewer_never_sees_it(acme, 
     assert retention_apply().removed == 0
 
 
-def test_retention_settings_are_a_persons_checked_decision(acme, viewer):
+def test_retention_settings_are_a_persons_checked_decision(acme, viewer, settings):
+    assert set(settings.FENCELINE["RETENTION_DAYS"]) == set(RETENTION_CLASSES)  # a default for every class
     for days in ({"secrets": 1}, {"bundle": -1}, {"bundle": "7"}, {"bundle": 36_501}):
         with pytest.raises(InvalidInput):
             planes(acme.tenant, days)
