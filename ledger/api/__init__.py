@@ -515,7 +515,7 @@ def retry_decision(request: WorkerRequest, operation_id: str) -> Body:
 
 @api.post(
     "/runs/{run_id}/events",
-    response={201: EventAppendedOut, **BODY, 404: E, 409: E},
+    response={201: EventAppendedOut, **BODY, 403: InvalidOut, 404: E, 409: E},
     tags=["events"],
 )
 def append_event(request: WorkerRequest, run_id: str, body: EventIn) -> Status[Body]:

@@ -33,7 +33,7 @@ from fenceline_client.evidence_verifier import (
     canonical_json,
     payload_digest,
 )
-from ledger.errors import InvalidInput
+from ledger.errors import InvalidInput, UserContentRefused
 from ledger.models import DiagnosticPayload, Event, Run, Tenant
 from ledger.services.evidence.append import ChainBatch, checked_document
 
@@ -97,7 +97,7 @@ def checked_payload(tenant: Tenant, fields: dict[str, Any], payload: object, kla
     if klass not in WORKER_PAYLOAD_CLASSES:
         raise InvalidInput(f"payload_class must be one of {', '.join(WORKER_PAYLOAD_CLASSES)}", field="payload_class")
     if klass == USER_CONTENT and not tenant.user_content_opt_in:
-        raise InvalidInput(
+        raise UserContentRefused(
             "this tenant does not accept user content (an admin may opt in: docs/architecture.md)",
             field="payload_class",
         )

@@ -370,7 +370,8 @@ def test_user_content_is_refused_unless_the_tenant_opted_in_then_kept_encrypted(
     run_id = client.leased_run()
     body = {"fencing_token": 1, "type": "x.reply", "fields": {}, "payload": {"text": f"user wrote {CANARY}"}}
     refused = client.post(f"/runs/{run_id}/events", {**body, "payload_class": "user_content"})
-    assert refused.status == 422 and [p["field"] for p in refused.body["fields"]] == ["payload_class"], refused
+    assert (refused.status, refused.body["error"]) == (403, "USER_CONTENT_REFUSED"), refused
+    assert [p["field"] for p in refused.body["fields"]] == ["payload_class"], refused
     assert tables_containing(CANARY) == []
 
     planes(acme.tenant, {}, user_content=True)
