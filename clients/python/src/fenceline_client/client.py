@@ -188,6 +188,12 @@ class EffectsHeld(FencelineError):
     code = "EFFECTS_HELD"
 
 
+class UserContentRefused(FencelineError):
+    """An event payload of class user_content for a tenant that has not opted in to keep it."""
+
+    code = "USER_CONTENT_REFUSED"
+
+
 class Denied(FencelineError):
     """An authority check refused: ``decision`` is the DENY_* code (``budget`` / ``quota`` name what)."""
 
@@ -252,6 +258,7 @@ ERRORS: dict[str, type[FencelineError]] = {
         StateConflict,
         EffectsHeld,
         UpgradeRefused,
+        UserContentRefused,
     )
 }
 
