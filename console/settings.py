@@ -338,6 +338,31 @@ def _hmac_keys(name: str, label: bytes) -> dict[str, bytes]:
     return keys
 
 
+_RETENTION_DEFAULTS = {
+    "event_payload": 30,
+    "user_content": 30,
+    "checkpoint_state": 30,
+    "boot_evidence": 30,
+    "bundle": 90,
+}
+
+
+def _retention_days() -> dict[str, int]:
+    """FENCELINE_RETENTION_DAYS: a JSON object {class: whole days} over the defaults."""
+    raw = env("FENCELINE_RETENTION_DAYS")
+    try:
+        given = json.loads(raw) if raw else {}
+    except ValueError:
+        given = None
+    if not isinstance(given, dict) or not all(
+        k in _RETENTION_DEFAULTS and type(v) is int and v >= 0 for k, v in given.items()
+    ):
+        raise ImproperlyConfigured(
+            f"FENCELINE_RETENTION_DAYS must be a JSON object of whole days by class ({', '.join(_RETENTION_DEFAULTS)})"
+        )
+    return {**_RETENTION_DEFAULTS, **given}
+
+
 def _signing_key_id(name: str, keys: dict[str, bytes]) -> str:
     """NAME (or NAME_FILE): the key id new signatures use, by default the last one listed.
     The other keys stay to verify what was signed before a rotation."""
@@ -354,6 +379,9 @@ _CHECKPOINT_KEYS = _hmac_keys("FENCELINE_CHECKPOINT_KEYS", b"fenceline checkpoin
 _SIGNING_KEY_ID = _signing_key_id("FENCELINE_CHECKPOINT_SIGNING_KEY_ID", _CHECKPOINT_KEYS)
 _EVENT_KEYS = _hmac_keys("FENCELINE_EVENT_KEYS", b"fenceline event key")
 _EVENT_SIGNING_KEY_ID = _signing_key_id("FENCELINE_EVENT_SIGNING_KEY_ID", _EVENT_KEYS)
+# User content (a tenant that opted in): AES-256-GCM under the SHA-256 of one of these keys
+# (ledger/services/evidence/planes.py); old ones stay to read what they sealed.
+_USER_CONTENT_KEYS = _hmac_keys("FENCELINE_USER_CONTENT_KEYS", b"fenceline user content key")
 
 FENCELINE: dict[str, Any] = {
     # Checkpoint keys by id (old ones stay to verify old checkpoints) and the one that signs.
@@ -364,6 +392,13 @@ FENCELINE: dict[str, Any] = {
     "EVENT_SIGNING_KEY_ID": _EVENT_SIGNING_KEY_ID,
     # The verifier seals a checkpoint every this many events (and at a run's completion).
     "CHECKPOINT_EVERY": env_int("FENCELINE_CHECKPOINT_EVERY", 1000, minimum=1),
+    "USER_CONTENT_KEYS": _USER_CONTENT_KEYS,
+    "USER_CONTENT_KEY_ID": _signing_key_id("FENCELINE_USER_CONTENT_KEY_ID", _USER_CONTENT_KEYS),
+    # The diagnostic plane: days a payload of each class is kept unless its tenant says
+    # otherwise (Tenant.retention_days); FENCELINE_RETENTION_DAYS='{"event_payload": 7}'.
+    "RETENTION_DAYS": _retention_days(),
+    "RETENTION_INTERVAL_S": env_int("FENCELINE_RETENTION_INTERVAL_S", 3600, minimum=1),
+    "RETENTION_BATCH_SIZE": env_int("FENCELINE_RETENTION_BATCH_SIZE", 1000, minimum=1),
     # The periodic jobs: how often beat runs each one, and how much one transaction of it
     # takes at most. Each is also a management command (docs/operations.md).
     "REAPER_INTERVAL_S": env_int("FENCELINE_REAPER_INTERVAL_S", 5, minimum=1),
@@ -517,6 +552,8 @@ CELERY_BEAT_SCHEDULE = {
     # Closes what runs left behind through each kind's driver, independently of any worker.
     "reap-resources": _every("ledger.tasks.reap_resources_task", "RESOURCE_REAPER_INTERVAL_S"),
     "verify-ledger": _every("ledger.tasks.verify_ledger_task", "VERIFIER_INTERVAL_S"),
+    # Diagnostic payloads past their tenant's retention for their class lose their bytes.
+    "apply-retention": _every("ledger.tasks.retention_task", "RETENTION_INTERVAL_S"),
     # What each tenant's runs add up to, for /metrics (a scrape then reads a row per tenant).
     "count-run-totals": _every("ledger.tasks.count_run_totals_task", "RUN_TOTALS_INTERVAL_S"),
     "expire-approvals": _every("approvals.tasks.expire_approvals_task", "APPROVAL_EXPIRY_INTERVAL_S"),

@@ -154,6 +154,14 @@ class CredentialsNotReady(NotReady):
     code = "CREDENTIALS_NOT_READY"
 
 
+class UserContentRefused(DomainError):
+    """User content (an event payload of class user_content) for a tenant that has not
+    opted in to keep it (docs/architecture.md, "Data planes"); names ``payload_class``."""
+
+    code = "USER_CONTENT_REFUSED"
+    status = 403
+
+
 class ForbiddenField(DomainError):
     """A forbidden key or a credential-like value crossed the secret boundary
     (``ledger/boundary/``). Names the path and the rule, never the value."""

@@ -3,6 +3,7 @@
 | action                                   | viewer | operator | approver | admin |
 |------------------------------------------|--------|----------|----------|-------|
 | view runs, events, indicators            | yes    | yes      | yes      | yes   |
+| read diagnostic payloads (data planes)   |        | yes      |          | yes   |
 | claim / resolve reconciliation cases     |        | yes      |          | yes   |
 | approve / deny approval requests         |        |          | yes      | yes   |
 | revoke / rotate credentials, policy      |        |          |          | yes   |
@@ -19,6 +20,9 @@ VIEW = "ledger.view_tenant"
 OPERATE = "ledger.operate_tenant"
 APPROVE = "ledger.approve_tenant"
 ADMINISTER = "ledger.administer_tenant"
+# The diagnostic plane (docs/architecture.md, Data planes): event payloads beyond the control
+# fields and diagnostic bundles are the operators' and admins' to read, not the viewers'.
+DIAGNOSTICS = OPERATE
 
 ROLES: dict[str, tuple[str, ...]] = {
     "viewer": (VIEW,),

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
@@ -22,6 +23,7 @@ from ledger.models import (
     CapabilityBudget,
     CostWindow,
     CredentialLease,
+    DiagnosticPayload,
     Event,
     LeaseGrant,
     Operation,
@@ -33,9 +35,10 @@ from ledger.models import (
     Worker,
 )
 from ledger.pagination import keyset_page
-from ledger.roles import tenants_for
+from ledger.roles import DIAGNOSTICS, can, tenants_for
 from ledger.services.core.handoff import UnknownTime
 from ledger.services.evidence.append import phase_count_field
+from ledger.services.evidence.planes import opened
 from ledger.services.fleet.workers import token_digest
 from ledger.sql import rows as sql_rows
 from ledger.sql.reads import CappedCount
@@ -493,4 +496,25 @@ def worker_liveness(*, worker: Worker, unknown: UnknownTime, now: datetime) -> d
         "leases_valid": valid,
         "leases_lost": lost,
         **unknown,
+    }
+
+
+def diagnostic_payload(*, user: User | AnonymousUser, run: Run, seq: int) -> dict[str, Any]:
+    """The diagnostic payload the event at ``seq`` of ``run`` commits to, as sent (user
+    content decrypted), for a user who may see the run's tenant's diagnostic plane
+    (``ledger.roles.DIAGNOSTICS``): {"seq", "class", "digest", "created_at", "payload"},
+    ``payload`` None once retention removed it (``removed_at`` then says when). NotFound
+    when the event commits to none; PermissionDenied for a role that may not see it."""
+    if not can(user, run.tenant, DIAGNOSTICS):
+        raise PermissionDenied("your role on this tenant does not allow reading diagnostic payloads")
+    kept = DiagnosticPayload.objects.filter(run=run, seq=seq).first()
+    if kept is None:
+        raise NotFound("this event has no diagnostic payload")
+    return {
+        "seq": kept.seq,
+        "class": kept.klass,
+        "digest": kept.digest,
+        "created_at": kept.created_at,
+        "removed_at": kept.removed_at,
+        "payload": None if kept.body is None else opened(run.pk, kept.klass, kept.body),
     }

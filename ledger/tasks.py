@@ -18,6 +18,7 @@ from django.db import InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from ledger.services.authority.reservations import reservations_expire
+from ledger.services.evidence.retention import retention_apply
 from ledger.services.evidence.verification import ledger_verify
 from ledger.services.fence.ending import runs_enforce_limits
 from ledger.services.fence.leases import leases_reap
@@ -155,6 +156,12 @@ def verify_ledger_task(run_id: str | None = None) -> dict[str, int]:
     """Verify runs whose chain moved (bounded batch), or one run; seals checkpoints."""
     result = ledger_verify(run_ids=[run_id] if run_id else None)
     return {"runs": result.runs, "events": result.events, "broken": result.broken}
+
+
+@job()
+def retention_task() -> dict[str, int]:
+    """Diagnostic payloads past their tenant's retention lose their bytes (bounded batches, SKIP LOCKED)."""
+    return {"removed": retention_apply().removed}
 
 
 @job()

@@ -17,7 +17,12 @@ KNOWN_SCHEMA_VERSIONS = frozenset({1})
 # Records with more than one version this build reads. An operation's version follows the
 # phase of the operation.provider_ref change (ledger/services/upgrades/provider_ref.py): this
 # build reads 1 and 2 during its window; any other version is refused, as before.
-RECORD_VERSIONS: dict[str, frozenset[int]] = {"ledger.Operation": frozenset({1, 2})}
+# An event's version 2 (fenceline_client.evidence_verifier.PAYLOAD_VERSION) commits to a
+# diagnostic payload by its digest; version 1 events are hashed as they always were.
+RECORD_VERSIONS: dict[str, frozenset[int]] = {
+    "ledger.Operation": frozenset({1, 2}),
+    "ledger.Event": frozenset({1, 2}),
+}
 
 
 def known_for(label: str) -> frozenset[int]:

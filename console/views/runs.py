@@ -9,7 +9,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -19,9 +19,9 @@ from approvals import selectors as approvals_selectors
 from console.views.common import BAD_INPUT, HtmxHttpRequest, chosen, done, form_errors
 from ledger import selectors
 from ledger.actors import user_actor
-from ledger.errors import DomainError
+from ledger.errors import DomainError, NotFound
 from ledger.models import Run
-from ledger.roles import OPERATE, can, tenants_for
+from ledger.roles import DIAGNOSTICS, OPERATE, can, tenants_for
 from ledger.services.core.decisions import acting_name
 from ledger.services.evidence.export import chain_export
 from ledger.services.evidence.verification import run_verify
@@ -164,6 +164,7 @@ def _detail_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[st
         "badges": badges(run),
         "can_cancel": run.status == RunStatus.ACTIVE and can(request.user, run.tenant, OPERATE),
         "can_verify": can(request.user, run.tenant, OPERATE),
+        "can_read_payloads": can(request.user, run.tenant, DIAGNOSTICS),
         "checkpoint_every": settings.FENCELINE["CHECKPOINT_EVERY"],
         "events": events,
         "after": after,
@@ -204,9 +205,22 @@ def run_detail(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
 def run_export(request: HtmxHttpRequest, run_id: UUID) -> StreamingHttpResponse:
     """The run's chain as the worker API exports it, to check with the standalone verifier."""
     run = _visible_run(request, run_id)
-    response = StreamingHttpResponse(chain_export(run), content_type="application/json")
+    readable = can(request.user, run.tenant, DIAGNOSTICS)  # a viewer's export withholds the payloads
+    response = StreamingHttpResponse(chain_export(run, payloads=readable), content_type="application/json")
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-chain.json"'
     return response
+
+
+@login_required
+def event_payload(request: HtmxHttpRequest, run_id: UUID, seq: int) -> JsonResponse:
+    """The diagnostic payload the event at ``seq`` commits to by digest, as JSON: for the
+    tenant's operators and admins only (403 for a viewer; 404 when there is none)."""
+    run = _visible_run(request, run_id)
+    try:
+        kept = selectors.diagnostic_payload(user=request.user, run=run, seq=seq)
+    except NotFound as exc:
+        raise Http404(str(exc)) from None
+    return JsonResponse(kept, json_dumps_params={"ensure_ascii": False})
 
 
 @require_POST

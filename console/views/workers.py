@@ -16,7 +16,7 @@ from approvals import selectors as approvals_selectors
 from console.views.common import BAD_INPUT, HtmxHttpRequest, done, form_errors, next_url
 from ledger import admin_selectors
 from ledger.errors import DomainError
-from ledger.roles import ADMINISTER, VIEW, can, tenants_for
+from ledger.roles import ADMINISTER, DIAGNOSTICS, VIEW, can, tenants_for
 from ledger.services.fleet.lifecycle import (
     DEFAULT_DRAIN_S,
     MAX_DRAIN_S,
@@ -87,6 +87,11 @@ def worker_detail(request: HtmxHttpRequest, worker_id: int) -> HttpResponse:
         "liveness": approvals_selectors.worker_liveness(worker=worker),
         **admin_selectors.worker_detail_parts(worker=worker),
     }
+    # The diagnostic plane (ledger.roles.DIAGNOSTICS): a quarantine's bundle and the boots'
+    # error messages are for the tenant's operators and admins, not its viewers.
+    context["show_diagnostics"] = can(request.user, worker.tenant, DIAGNOSTICS)
+    if not context["show_diagnostics"]:
+        context["bundle"] = None
     return render(request, DETAIL_TEMPLATE, context)
 
 

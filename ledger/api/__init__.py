@@ -517,13 +517,21 @@ def retry_decision(request: WorkerRequest, operation_id: str) -> Body:
 
 @api.post(
     "/runs/{run_id}/events",
-    response={201: EventAppendedOut, **BODY, 404: E, 409: E},
+    response={201: EventAppendedOut, **BODY, 403: InvalidOut, 404: E, 409: E},
     tags=["events"],
 )
 def append_event(request: WorkerRequest, run_id: str, body: EventIn) -> Status[Body]:
-    """Append a NOTE or an ``x.``-prefixed event (fields: a JSON object of at most 16 KB)."""
+    """Append a NOTE or an ``x.``-prefixed event (fields: a JSON object of at most 16 KB, kept
+    in the chain for good; payload: an optional JSON object of at most 64 KB, kept in the
+    diagnostic plane for the tenant's retention, the chain committing to its digest)."""
     event = notes.event_append(
-        worker=request.worker, run_id=run_id, fencing_token=body.fencing_token, type=body.type, fields=body.fields
+        worker=request.worker,
+        run_id=run_id,
+        fencing_token=body.fencing_token,
+        type=body.type,
+        fields=body.fields,
+        payload=body.payload,
+        payload_class=body.payload_class,
     )
     return Status(201, {"seq": event.seq, "hash": event.hash})
 

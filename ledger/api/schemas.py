@@ -60,8 +60,20 @@ CHECKPOINT_STATE = {
     **EVENT_FIELDS,
     "description": "At most 64 KB as compact JSON; no credential-like key or value (ledger/boundary/).",
 }
+EVENT_PAYLOAD = {
+    **EVENT_FIELDS,
+    "description": (
+        "The event's diagnostic payload, kept beside the chain (which commits to its digest) for the "
+        "tenant's retention of its payload_class; at most 64 KB as compact JSON; no credential-like key "
+        "or value (ledger/boundary.py). docs/architecture.md, Data planes."
+    ),
+}
 # Request properties described by hand: pydantic cannot write a recursive schema for dict[str, Any].
-STORABLE_OBJECT_PROPERTIES = {("EventIn", "fields"): EVENT_FIELDS, ("CheckpointIn", "state"): CHECKPOINT_STATE}
+STORABLE_OBJECT_PROPERTIES = {
+    ("EventIn", "fields"): EVENT_FIELDS,
+    ("EventIn", "payload"): EVENT_PAYLOAD,
+    ("CheckpointIn", "state"): CHECKPOINT_STATE,
+}
 
 
 def _no_nul_in_strings(schema: dict[str, Any]) -> None:
@@ -461,6 +473,10 @@ class EventIn(In):
     # At most 16 KB as compact JSON; storable (ledger/storable.py); no credential (ledger/boundary/).
     # The published schema says so: EVENT_FIELDS (set by ledger.api.FencelineAPI).
     fields: dict[str, Any]
+    # The diagnostic plane (ledger/services/evidence/planes.py): EVENT_PAYLOAD.
+    payload: dict[str, Any] | None = None
+    # user_content: refused unless the tenant opted in; then stored encrypted.
+    payload_class: Literal["event_payload", "user_content"] = "event_payload"
 
 
 class EventAppendedOut(Schema):
@@ -560,6 +576,10 @@ class ExportedEventOut(Schema):
     # {run_id, seq, hash, key_id}; both empty on events written before MACs existed.
     mac_key_id: str
     mac: str
+    # Schema version 2 only, outside the canonical form: the diagnostic payload its fields
+    # commit to by digest, or that retention removed it ({"by": "retention", "at"}).
+    payload: dict[str, Any] | None = None
+    payload_removed: dict[str, Any] | None = None
 
 
 class ExportedCheckpointOut(Schema):

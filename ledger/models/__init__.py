@@ -9,7 +9,7 @@ from ledger.models.authority import (
     Credential,
     CredentialLease,
 )
-from ledger.models.evidence import Checkpoint, Event
+from ledger.models.evidence import Checkpoint, DiagnosticPayload, Event
 from ledger.models.jobs import JobHeartbeat, RunTotals
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
 from ledger.models.notifications import WebhookDelivery, WebhookEndpoint
@@ -40,6 +40,7 @@ __all__ = [
     "CostWindow",
     "Credential",
     "CredentialLease",
+    "DiagnosticPayload",
     "Event",
     "JobHeartbeat",
     "LeaseGrant",

@@ -44,6 +44,8 @@ class Event(Versioned):
                 condition=Q(type="STALE_TOKEN_REJECTED"),
                 name="event_stale_recent",
             ),
+            # The verifier's pass over the payloads a chain commits to by digest.
+            models.Index(fields=["run", "seq"], condition=Q(schema_version=2), name="event_payload_refs"),
         ]
 
     def __str__(self) -> str:
@@ -68,3 +70,45 @@ class Checkpoint(Versioned):
             models.CheckConstraint(condition=Q(seq__gte=1), name="checkpoint_seq_positive"),
         ]
         ordering = ["run", "seq"]
+
+
+class DiagnosticPayload(Versioned):
+    """The diagnostic plane (docs/architecture.md "Data planes"): what an event carries beyond
+    its control fields, kept beside the chain. The event's fields hold only
+    ``{"payload": {"digest", "class"}}`` (event schema version 2), the digest being
+    ``"sha256:" + hex SHA-256`` of the canonical JSON of ``body``, so that retention
+    (``manage.py retention``) can remove ``body`` past the tenant's retention for its class
+    and every chain still verifies. A removed payload keeps its row: ``body`` is NULL and
+    ``removed_at`` says when retention removed it; a payload whose row is gone, or whose
+    body no longer hashes to its digest, is a finding of the verifier."""
+
+    tenant = models.ForeignKey("ledger.Tenant", on_delete=models.PROTECT, related_name="+")
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="+", db_index=False)
+    seq = models.BigIntegerField()  # the seq of the event that commits to it
+    klass = models.CharField(max_length=32)  # ledger.services.evidence.planes.PAYLOAD_CLASSES
+    digest = models.CharField(max_length=71)
+    body = models.JSONField(null=True, blank=True)
+    size = models.PositiveIntegerField()  # bytes of the canonical JSON of body
+    created_at = models.DateTimeField()
+    removed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="diagnostic_payload_unique_seq_per_run"),
+            models.CheckConstraint(
+                condition=Q(body__isnull=True, removed_at__isnull=False)
+                | Q(body__isnull=False, removed_at__isnull=True),
+                name="diagnostic_payload_body_xor_removed",
+            ),
+        ]
+        # What retention reads: the kept payloads of one tenant and class, oldest first.
+        indexes = [
+            models.Index(
+                fields=["tenant", "klass", "created_at"],
+                condition=Q(removed_at__isnull=True),
+                name="diagnostic_payload_kept",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.klass}"

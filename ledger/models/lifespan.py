@@ -25,6 +25,9 @@ class ProgressCheckpoint(Versioned):
     fencing_token = models.BigIntegerField()
     owner_id = models.CharField(max_length=200)
     created_at = models.DateTimeField()
+    # When retention removed the state of this superseded checkpoint (the diagnostic plane,
+    # class checkpoint_state): ``state`` is then {}; the chain keeps its digest.
+    state_removed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -25,6 +25,11 @@ class Tenant(Versioned):
     # no authorize or dispatch (409 EFFECTS_HELD) until a person allows effects again.
     effects_held = models.BooleanField(default=False)
     effects_held_reason = models.CharField(max_length=500, blank=True, default="")
+    # The data planes (docs/architecture.md, Data planes): days a diagnostic payload of each class is kept,
+    # {class: days}, over FENCELINE["RETENTION_DAYS"]; and whether the tenant accepts user
+    # content (refused otherwise; stored encrypted when accepted).
+    retention_days = models.JSONField(default=dict, db_default={}, blank=True)
+    user_content_opt_in = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         permissions = [
@@ -109,6 +114,9 @@ class WorkerBoot(Versioned):
     # quarantines), and how many effects the worker had left in doubt (DISPATCHED or UNKNOWN).
     error = models.JSONField(null=True, blank=True)
     unknown_left = models.PositiveIntegerField(default=0)
+    # When retention removed this superseded boot's evidence (the diagnostic plane, class
+    # boot_evidence): each domain's evidence is then {} and the error keeps only its kind.
+    evidence_removed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-reported_at"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from ledger.models import Event
+from ledger.models import DiagnosticPayload, Event
 
 type Rows = list[Sequence[Any]]
 
@@ -68,3 +68,30 @@ def _fetched_ahead(fetch: Callable[[], Rows]) -> Generator[Rows]:
         while batch := pending.result():
             pending = pool.submit(fetch)
             yield batch
+
+
+# --- the diagnostic plane ---------------------------------------------------------------
+
+
+@cache
+def _payload_rows_sql() -> str:
+    qn = connection.ops.quote_name
+    events, payloads = qn(Event._meta.db_table), qn(DiagnosticPayload._meta.db_table)
+    return (
+        f"SELECT e.seq, e.fields::text, p.id IS NOT NULL, p.body::text, p.removed_at "
+        f"FROM {events} e LEFT JOIN {payloads} p ON p.run_id = e.run_id AND p.seq = e.seq "
+        f"WHERE e.run_id = %s AND e.seq <= %s AND e.schema_version = %s ORDER BY e.seq"
+    )
+
+
+def payload_rows(*, run_id: object, upto: int, version: int, batch: int) -> Iterator[Rows]:
+    """The events of ``run_id`` at or below seq ``upto`` of schema version ``version`` with
+    what the diagnostic plane keeps for each: (seq, fields as JSON text, whether a payload
+    row exists, its body as JSON text or NULL, when retention removed it or NULL), in
+    batches of ``batch`` rows from a server-side cursor."""
+    with transaction.atomic():
+        connection.ensure_connection()
+        with connection.connection.cursor(name=f"fenceline_payloads_{next(_cursor_names)}") as cursor:
+            cursor.execute(_payload_rows_sql(), [run_id, upto, version])
+            while rows := cursor.fetchmany(batch):
+                yield rows

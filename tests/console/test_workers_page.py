@@ -106,7 +106,7 @@ def boot(worker, n: int, **changes):
     return booted(worker, boot_id=f"b-{n}", config_hash=f"cfg-{n}", code_version="v1", pid=100 + n, **changes)
 
 
-def test_the_page_shows_paused_admission_the_boot_error_and_the_quarantine_bundle(acme, viewer):
+def test_the_page_shows_paused_admission_the_boot_error_and_the_quarantine_bundle(acme, viewer, operator):
     browser = Browser(viewer)
     page = reverse("worker_detail", args=[acme.worker.pk])
     boot(acme.worker, 1)
@@ -120,6 +120,10 @@ def test_the_page_shows_paused_admission_the_boot_error_and_the_quarantine_bundl
     error = {"kind": "migration", "message": "column runs.x is missing", "at": "2026-12-04T05:00:00+00:00"}
     assert boot(acme.worker, 3, readiness=failed, error=error).quarantined
     body = browser.get(page).content.decode()
+    # The bundle is the diagnostic plane: an operator's, not a viewer's.
+    assert "system:state-migration" in body and "column runs.x is missing" in body  # the decision's reason
+    assert "Diagnostic bundle" not in body
+    body = Browser(operator).get(page).content.decode()
     assert "system:state-migration" in body and "column runs.x is missing" in body
     assert "Diagnostic bundle: 3 boots kept" in body and "cfg-3" in body
     assert "none refused" in body and "limit 50 in 60 s" in body

@@ -237,6 +237,38 @@ def mac_stripped_from_a_signed_chain():
     return events, None, {}
 
 
+PAYLOAD = {"stderr": "timeout after 30 s", "attempt": 2}
+
+
+def with_payload(**beside):
+    """The reference chain with seq 13 an event of schema version 2 whose fields commit to
+    PAYLOAD by its digest (re-hashed, re-linked and re-signed from there, checkpoints to
+    match), exported with ``beside`` it: its payload, or the marker of its removal."""
+    events = copy.deepcopy(CHAIN)
+    event = events[12]
+    event["schema_version"] = ev.PAYLOAD_VERSION
+    event["fields"] = {
+        **event["fields"],
+        ev.PAYLOAD_DIGEST: ev.payload_digest(PAYLOAD),
+        ev.PAYLOAD_CLASS: "event_payload",
+    }
+    events = rechain(events, 13)
+    events[12].update(beside)
+    return events, checkpoints_for(events), {}
+
+
+def payload_rewritten():
+    return with_payload(payload={**PAYLOAD, "attempt": 1})
+
+
+def payload_gone_without_retention():
+    return with_payload()
+
+
+def payload_removed_by_someone_else():
+    return with_payload(payload_removed={"by": "admin", "at": "2026-12-03T00:00:00.000000Z"})
+
+
 TAMPER_CASES = {
     delete_one: ("gap", 7, 7),
     delete_run: ("gap", 7, 9),
@@ -269,3 +301,12 @@ TAMPER_CASES = {
     event_under_an_unknown_key_id: ("mac_unknown_key_id", 8, 8),
     rewritten_and_rehashed_without_the_event_key: ("mac_mismatch", 8, 8),
 }
+# Tampering with a payload kept beside the chain: what an export says beside its events.
+# Stored rows (verify_rows) hold no payload: the in-app verifier checks the payloads in a pass
+# of its own (tests/ledger/evidence/test_data_planes.py).
+PAYLOAD_TAMPER_CASES = {
+    payload_rewritten: ("payload_mismatch", 13, 13),
+    payload_gone_without_retention: ("payload_missing", 13, 13),
+    payload_removed_by_someone_else: ("payload_missing", 13, 13),
+}
+EXPORT_TAMPER_CASES = {**TAMPER_CASES, **PAYLOAD_TAMPER_CASES}

@@ -21,7 +21,9 @@ from tests.unit.reference_chain import (
     verify,
 )
 from tests.unit.tamper_cases import (
-    TAMPER_CASES,
+    EXPORT_TAMPER_CASES as TAMPER_CASES,
+)
+from tests.unit.tamper_cases import (
     chain_continues_past_head,
     delete_run,
     duplicate_event_id_rehashed,

@@ -58,8 +58,14 @@ def describe(report: Report) -> str:
         f = report.finding
         return f"BROKEN at seq {f.first_seq}..{f.last_seq}: {f.reason} ({f.detail}); last trusted checkpoint {report.last_trusted_checkpoint}"
     if report.status == "VERIFIED":
-        return f"VERIFIED to checkpoint {report.last_trusted_checkpoint} ({report.events_checked} events)"
-    return f"UNSEALED: head {report.head_seq}, last checkpoint {report.last_trusted_checkpoint}"
+        verdict = f"VERIFIED to checkpoint {report.last_trusted_checkpoint} ({report.events_checked} events)"
+    else:
+        verdict = f"UNSEALED: head {report.head_seq}, last checkpoint {report.last_trusted_checkpoint}"
+    if report.payloads_removed:
+        seqs = ", ".join(map(str, report.payloads_removed_seqs))
+        more = ", ..." if report.payloads_removed > len(report.payloads_removed_seqs) else ""
+        verdict += f"; {report.payloads_removed} payload removed by retention (seq {seqs}{more})"
+    return verdict
 
 
 def _is_uuid(value: str) -> bool:

@@ -19,9 +19,9 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models import Model
 
-from ledger.boundary import check_fields, check_text, path_segment
+from ledger.boundary import RAW_PAYLOAD, check_fields, check_text, classify_key, path_segment
 from ledger.chain import EventSigner, canonical_bytes, format_time, hash_bytes
-from ledger.errors import InvalidInput
+from ledger.errors import ForbiddenField, InvalidInput
 from ledger.ids import uuid7
 from ledger.models import Event, Run
 from ledger.sql import chain as sql_chain
@@ -31,7 +31,7 @@ from ledger.storable import storage_problem
 from ledger.versioning import CURRENT_SCHEMA_VERSION
 
 
-def json_safe(fields: dict[str, Any]) -> dict[str, Any]:
+def json_safe(fields: dict[str, Any], *, root: str = "fields") -> dict[str, Any]:
     """The fields as JSON: ids and times as the strings they are stored as. Refuses, naming
     the field, what the database would not store byte for byte (``ledger.storable``): an
     accepted event's stored form always hashes to its recorded hash."""
@@ -41,8 +41,8 @@ def json_safe(fields: dict[str, Any]) -> dict[str, Any]:
         try:
             fields = json.loads(json.dumps(fields, allow_nan=False, default=_encode))
         except ValueError:
-            raise InvalidInput("fields: numbers must be finite", field="fields") from None
-    problem = storage_problem(fields, root="fields", segment=path_segment)
+            raise InvalidInput(f"{root}: numbers must be finite", field=root) from None
+    problem = storage_problem(fields, root=root, segment=path_segment)
     if problem is not None:
         raise InvalidInput(f"{problem[0]}: {problem[1]}", field=problem[0])
     return fields
@@ -103,12 +103,23 @@ def event_signer() -> EventSigner:
     return signer
 
 
-def build_event(run: Run, *, type: str, actor: str, fields: dict[str, Any], occurred_at: datetime) -> Event:
-    """The next event of ``run``'s chain, with its MAC; advances the in-memory chain head."""
+def build_event(
+    run: Run,
+    *,
+    type: str,
+    actor: str,
+    fields: dict[str, Any],
+    occurred_at: datetime,
+    schema_version: int = CURRENT_SCHEMA_VERSION,
+) -> Event:
+    """The next event of ``run``'s chain, with its MAC; advances the in-memory chain head.
+    ``schema_version`` PAYLOAD_VERSION: the fields commit to a diagnostic payload by its
+    digest (``ledger.services.evidence.planes``)."""
     fields = json_safe(fields)
     check_fields(fields)  # the secret boundary (invariant 6), before anything is hashed or written
     check_text(actor, path="actor")
-    return _chained(run, type, actor, fields, occurred_at, format_time(occurred_at), event_signer())
+    signer = event_signer()
+    return _chained(run, type, actor, fields, occurred_at, format_time(occurred_at), signer, schema_version)
 
 
 def build_events(
@@ -132,7 +143,14 @@ def build_events(
 
 
 def _chained(
-    run: Run, type: str, actor: str, fields: Any, occurred_at: datetime, when: str, signer: EventSigner
+    run: Run,
+    type: str,
+    actor: str,
+    fields: Any,
+    occurred_at: datetime,
+    when: str,
+    signer: EventSigner,
+    version: int = CURRENT_SCHEMA_VERSION,
 ) -> Event:
     """The event after ``run``'s in-memory head (checked fields; ``when``: the time's
     canonical text), hashed, linked and signed; the head advances to it."""
@@ -145,7 +163,7 @@ def _chained(
             seq=seq,
             event_id=str(event_id),
             type=type,
-            schema_version=CURRENT_SCHEMA_VERSION,
+            schema_version=version,
             actor=actor,
             occurred_at=when,
             fields=fields,
@@ -166,7 +184,7 @@ def _chained(
         hash=digest,
         mac_key_id=signer.key_id,
         mac=signer.mac(run_id=run_id, seq=seq, hash=digest),
-        schema_version=CURRENT_SCHEMA_VERSION,
+        schema_version=version,
     )
     _EVENT_RUN.set_cached_value(event, run)
     run.last_seq = seq
@@ -246,8 +264,12 @@ class ChainBatch:
         self._deferred: list[_Deferred] = []
         self._guarding = False
 
-    def append(self, run: Run, type: str, *, actor: str, fields: dict[str, Any]) -> Event:
-        event = build_event(run, type=type, actor=actor, fields=fields, occurred_at=self.now)
+    def append(
+        self, run: Run, type: str, *, actor: str, fields: dict[str, Any], schema_version: int = CURRENT_SCHEMA_VERSION
+    ) -> Event:
+        event = build_event(
+            run, type=type, actor=actor, fields=fields, occurred_at=self.now, schema_version=schema_version
+        )
         if type not in NOT_PROGRESS:
             run.last_progress_at = self.now
         self.events.append(event)
@@ -483,17 +505,28 @@ WORKER_EVENT_TYPE = re.compile(r"^(NOTE|x\.[a-z0-9][a-z0-9_.\-]{0,62})$")
 MAX_WORKER_FIELDS_BYTES = 16 * 1024
 
 
-def checked_document(value: object, *, field: str, max_bytes: int) -> dict[str, Any]:
-    """A JSON object a worker sends to be kept (event fields, checkpoint state): storable as
-    sent, at most ``max_bytes`` as compact JSON, and through the secret boundary; else
-    InvalidInput or ForbiddenField naming the path under ``field``."""
+def checked_document(value: object, *, field: str, max_bytes: int, raw_payloads: bool = False) -> dict[str, Any]:
+    """A JSON object a worker sends to be kept (event fields, checkpoint state, a diagnostic
+    payload): storable as sent, at most ``max_bytes`` as compact JSON, and through the secret
+    boundary; else InvalidInput or ForbiddenField naming the path under ``field``.
+    ``raw_payloads``: the diagnostic plane, where keys that name a raw payload (``stderr``,
+    ``response``) are what is kept; any credential is still refused."""
     if not isinstance(value, dict):
         raise InvalidInput(f"{field} must be a JSON object", field=field)
-    document = json_safe(value)
+    document = json_safe(value, root=field)
     if len(json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()) > max_bytes:
         raise InvalidInput(f"{field} must be at most {max_bytes} bytes as JSON", field=field)
-    check_fields(document, root=field)
+    try:
+        check_fields(document, root=field)
+    except ForbiddenField as refusal:
+        # check_fields reports a raw-payload key only once the whole document held no credential.
+        if not raw_payloads or refusal.rule != "forbidden key" or not _raw_payload_key(refusal.path):
+            raise
     return document
+
+
+def _raw_payload_key(path: str) -> bool:
+    return classify_key(path.rsplit(".", 1)[-1]) == RAW_PAYLOAD
 
 
 def validate_worker_event(type: str, fields: dict[str, Any]) -> dict[str, Any]:

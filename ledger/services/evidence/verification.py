@@ -27,17 +27,21 @@ from django.db.models import F, Max, Q
 from django.utils import timezone
 
 from fenceline_client.evidence_verifier import (
+    PAYLOAD_VERSION,
+    REMOVED_BY_RETENTION,
     ROW_COLUMNS,
     VERIFIER_VERSION,
     Finding,
+    PayloadCheck,
     Report,
     checkpoint_mac,
+    format_time,
     verify_rows,
 )
 from ledger.models import Checkpoint, Event, Run
 from ledger.sql import evidence as sql_evidence
 from ledger.states import RUN_FINISHED
-from ledger.versioning import KNOWN_SCHEMA_VERSIONS, require_known
+from ledger.versioning import known_for, require_known
 
 PROGRESS_EVERY = 50_000
 # Rows per FETCH from the server-side cursor: the verifier holds two such batches at a time
@@ -47,6 +51,7 @@ CHUNK_ROWS = 10_000
 # Where a row holds what the observer looks at.
 _SEQ, _TYPE, _VERSION, _FIELDS, _HASH = map(ROW_COLUMNS.index, ("seq", "type", "schema_version", "fields", "hash"))
 _types, _versions = operator.itemgetter(_TYPE), operator.itemgetter(_VERSION)
+_EVENT_VERSIONS = known_for("ledger.Event")
 # The event types whose fields the authorization indicator follows.
 _WATCHED = frozenset(
     {
@@ -89,9 +94,9 @@ class _Observer:
         if not rows:
             return
         versions = set(map(_versions, rows))
-        if not versions <= KNOWN_SCHEMA_VERSIONS or any(type(version) is not int for version in versions):
+        if not versions <= _EVENT_VERSIONS or any(type(version) is not int for version in versions):
             for row in rows:  # the first row of an unknown version raises
-                require_known(row[_VERSION], f"event seq {row[_SEQ]}", stored=True)
+                require_known(row[_VERSION], f"event seq {row[_SEQ]}", stored=True, known=_EVENT_VERSIONS)
         seen, self.seen = self.seen, self.seen + len(rows)
         if self.on_events is not None:
             for count in range((seen // PROGRESS_EVERY + 1) * PROGRESS_EVERY, self.seen + 1, PROGRESS_EVERY):
@@ -237,6 +242,7 @@ def run_verify(*, run_id: uuid.UUID | str, seal: bool = True, on_events: Callabl
             event_keys=settings.FENCELINE["EVENT_KEYS"],
             observe=observer.see,
         )
+    report = _check_payloads(run.pk, head_seq, report)
     if report.finding is None:
         report = _check_beyond_head(run, report)
 
@@ -251,6 +257,22 @@ def run_verify(*, run_id: uuid.UUID | str, seal: bool = True, on_events: Callabl
 
     _record(run, report, observer, checkpoints, seal=seal)
     return report
+
+
+def _check_payloads(run_id: object, upto: int, report: Report) -> Report:
+    """The diagnostic payloads the chain commits to by digest (its version-2 events, at
+    or below ``upto``), each against what the diagnostic plane keeps: present and hashing to
+    its digest, or removed by retention (a marker row without bytes); anything else is the
+    report's finding (``PayloadCheck``)."""
+    check = PayloadCheck()
+    for rows in sql_evidence.payload_rows(run_id=run_id, upto=upto, version=PAYLOAD_VERSION, batch=CHUNK_ROWS):
+        for seq, fields, exists, body, removed_at in rows:
+            if exists and removed_at is None:
+                check.see(seq, _fields(fields), _fields(body))
+            else:
+                removed = None if removed_at is None else {"by": REMOVED_BY_RETENTION, "at": format_time(removed_at)}
+                check.see(seq, _fields(fields), removed=removed)
+    return check.conclude(report)
 
 
 def _check_beyond_head(run: Run, report: Report) -> Report:

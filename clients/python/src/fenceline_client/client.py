@@ -188,6 +188,12 @@ class EffectsHeld(FencelineError):
     code = "EFFECTS_HELD"
 
 
+class UserContentRefused(FencelineError):
+    """An event payload of class user_content for a tenant that has not opted in to keep it."""
+
+    code = "USER_CONTENT_REFUSED"
+
+
 class Denied(FencelineError):
     """An authority check refused: ``decision`` is the DENY_* code (``budget`` / ``quota`` name what)."""
 
@@ -252,6 +258,7 @@ ERRORS: dict[str, type[FencelineError]] = {
         StateConflict,
         EffectsHeld,
         UpgradeRefused,
+        UserContentRefused,
     )
 }
 
@@ -665,8 +672,21 @@ class Lease:
         self.checkpoint_state, self.checkpoint_position = state, position
         return saved
 
-    def event(self, type: str, fields: dict[str, Any]) -> dict[str, Any]:
-        return self.post(f"/runs/{self.run_id}/events", {"type": type, "fields": fields})
+    def event(
+        self,
+        type: str,
+        fields: dict[str, Any],
+        *,
+        payload: dict[str, Any] | None = None,
+        payload_class: str = "event_payload",
+    ) -> dict[str, Any]:
+        """Append an event: ``fields`` go into the chain for good; ``payload``, if given, into
+        the diagnostic plane for the tenant's retention (``payload_class`` "user_content" only
+        for a tenant that opted in), the chain committing to its digest."""
+        body: dict[str, Any] = {"type": type, "fields": fields}
+        if payload is not None:
+            body.update(payload=payload, payload_class=payload_class)
+        return self.post(f"/runs/{self.run_id}/events", body)
 
     def attach(self, kind: str, provider: str, handle: str, **limits: int) -> str:
         """Register a resource the run holds; returns its id (the reaper closes it later)."""

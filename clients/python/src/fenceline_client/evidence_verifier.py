@@ -38,6 +38,19 @@ mac = "hmac-sha256:" + hex(HMAC-SHA256(keys[key_id], canonical JSON of {run_id, 
 last_hash, verifier_version, key_id})), with the same JSON rules. Keys are looked up by
 id, so checkpoints signed before a key rotation keep verifying while the old key is kept.
 
+Payloads committed by digest (event schema version 2)
+----------------------------------------------------
+An event of schema_version 2 keeps its diagnostic payload beside the chain, not in it: its
+fields hold "payload_digest" = "sha256:" + hex(SHA-256(canonical JSON of the payload)) and
+"payload_class", and the hash covers that digest, not the payload's bytes.
+An export gives each such event, beside its canonical fields, one of: "payload" (the
+payload itself, checked against the digest: other bytes are tampering, reason
+payload_mismatch), "payload_removed" ({"by": "retention", "at": ...}: removed past its
+retention, which the chain allows: the report counts it and says "payload removed by
+retention"), or "payload_withheld" (true: the reader may not see diagnostic payloads; not
+checked). A version-2 event with none of them, or whose fields name no digest, is
+payload_missing. Version 1 events are hashed as they always were.
+
 What the verifier reports
 -------------------------
 ``verify_chain`` reads the events once, in the order stored (ascending seq), with one event
@@ -89,14 +102,19 @@ __all__ = [
     "HASH_PREFIX",
     "MACS_CHECKED",
     "MACS_NOT_CHECKED",
+    "PAYLOAD_CLASS",
+    "PAYLOAD_DIGEST",
+    "PAYLOAD_VERSION",
     "PHASE_TRANSITIONS",
     "REASONS",
+    "REMOVED_BY_RETENTION",
     "ROW_COLUMNS",
     "UNSEALED",
     "VERIFIED",
     "VERIFIER_VERSION",
     "Finding",
     "InputError",
+    "PayloadCheck",
     "Report",
     "canonical_bytes",
     "canonical_json",
@@ -107,6 +125,8 @@ __all__ = [
     "format_time",
     "hash_bytes",
     "main",
+    "payload_digest",
+    "payload_reference",
     "row_document",
     "verify_chain",
     "verify_rows",
@@ -288,6 +308,8 @@ FORK = "fork"
 MAC_MISSING = "mac_missing"
 MAC_UNKNOWN_KEY_ID = "mac_unknown_key_id"
 MAC_MISMATCH = "mac_mismatch"
+PAYLOAD_MISMATCH = "payload_mismatch"
+PAYLOAD_MISSING = "payload_missing"
 REASONS = (
     GAP,
     REORDER,
@@ -301,6 +323,8 @@ REASONS = (
     MAC_MISSING,
     MAC_UNKNOWN_KEY_ID,
     MAC_MISMATCH,
+    PAYLOAD_MISMATCH,
+    PAYLOAD_MISSING,
 )
 
 # Report.event_macs: whether the events' MACs were checked (event keys given) or not.
@@ -374,6 +398,12 @@ class Report:
     verifier_version: str = field(default=VERIFIER_VERSION)
     event_macs: str = MACS_CHECKED
     unsigned_events: int = 0
+    # Payloads of version-2 events: checked against their digest, removed by retention
+    # (the first REMOVED_SEQS_SHOWN of their seqs kept), withheld from the reader.
+    payloads_checked: int = 0
+    payloads_removed: int = 0
+    payloads_removed_seqs: list[int] = field(default_factory=list)
+    payloads_withheld: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -401,6 +431,15 @@ class Report:
             lines.append(f"event MACs: checked ({self.events_checked - self.unsigned_events} verified{legacy})")
         else:
             lines.append("event MACs: not checked (pass --event-keys to check them)")
+        if self.payloads_checked or self.payloads_removed or self.payloads_withheld:
+            lines.append(
+                f"payloads: {self.payloads_checked} checked against their digest, "
+                f"{self.payloads_removed} removed by retention, {self.payloads_withheld} withheld"
+            )
+        if self.payloads_removed:
+            seqs = ", ".join(map(str, self.payloads_removed_seqs))
+            more = ", ..." if self.payloads_removed > len(self.payloads_removed_seqs) else ""
+            lines.append(f"payload removed by retention: seq {seqs}{more} (the chain commits to their digests)")
         return "\n".join(lines)
 
 
@@ -870,8 +909,9 @@ def verify_chain(
     seq, checkpoints out of order, malformed arguments).
     """
     verifier = _Verifier(run_id, checkpoints, keys, expected_head, trusted, event_keys)
+    payloads = PayloadCheck()
     finding = None
-    stream = iter(events)
+    stream = payloads.watching(events)
     end = _End()
     current = next(stream, end)
     position = 1
@@ -884,7 +924,101 @@ def verify_chain(
         verifier.finish()
     except _Stop as stop:
         finding = stop.finding
-    return verifier.report(finding)
+    return payloads.conclude(verifier.report(finding))
+
+
+# --- payloads committed by digest ---------------------------------------------------------
+
+# The event schema version whose fields commit to a payload kept beside the chain.
+PAYLOAD_VERSION = 2
+# The fields of a version-2 event that name its payload.
+PAYLOAD_DIGEST = "payload_digest"
+PAYLOAD_CLASS = "payload_class"
+REMOVED_BY_RETENTION = "retention"
+REMOVED_SEQS_SHOWN = 20
+_ABSENT = object()
+
+
+def payload_digest(payload: object) -> str:
+    """What a version-2 event's fields commit to: the hash of the payload's canonical JSON."""
+    return hash_bytes(canonical_json(payload))
+
+
+def payload_reference(fields: object) -> str | None:
+    """The digest a version-2 event's fields commit its payload to (None: they name none)."""
+    digest = fields.get(PAYLOAD_DIGEST) if isinstance(fields, Mapping) else None
+    return digest if isinstance(digest, str) and digest.startswith(HASH_PREFIX) else None
+
+
+class PayloadCheck:
+    """The payloads of a chain's version-2 events, seen one event at a time: each present
+    payload must hash to the digest its event commits to; one removed by retention is
+    counted, not a finding. The first problem becomes the report's finding when the chain
+    itself holds up to its seq (``conclude``)."""
+
+    def __init__(self) -> None:
+        self.checked = self.removed = self.withheld = 0
+        self.removed_seqs: list[int] = []
+        self.finding: Finding | None = None
+
+    def see(
+        self, seq: int, fields: object, payload: object = _ABSENT, *, removed: object = None, withheld: bool = False
+    ) -> None:
+        """The version-2 event at ``seq`` with its ``fields``, and what is known of its
+        payload: the payload itself, the marker of its removal, or that it is withheld."""
+        if self.finding is not None:
+            return
+        digest = payload_reference(fields)
+        if digest is None:
+            self._problem(PAYLOAD_MISSING, seq, f"event {seq} is of schema version 2 but names no payload digest")
+        elif payload is not _ABSENT:
+            try:
+                actual: str | None = payload_digest(payload)
+            except (TypeError, ValueError):
+                actual = None
+            if actual != digest:
+                detail = f"the payload of event {seq} does not hash to the digest {digest} its event commits to"
+                self._problem(PAYLOAD_MISMATCH, seq, detail)
+            self.checked += 1
+        elif removed is not None:
+            if not isinstance(removed, Mapping) or removed.get("by") != REMOVED_BY_RETENTION:
+                self._problem(PAYLOAD_MISSING, seq, f"the payload of event {seq} was removed, but not by retention")
+            self.removed += 1
+            if len(self.removed_seqs) < REMOVED_SEQS_SHOWN:
+                self.removed_seqs.append(seq)
+        elif withheld:
+            self.withheld += 1
+        else:
+            self._problem(PAYLOAD_MISSING, seq, f"the payload of event {seq} is gone and was not removed by retention")
+
+    def _problem(self, reason: str, seq: int, detail: str) -> None:
+        self.finding = Finding(reason, seq, seq, detail)
+
+    def see_event(self, event: object) -> None:
+        """An exported event: its payload, ``payload_removed`` or ``payload_withheld``
+        beside its canonical fields (version-1 events are passed over)."""
+        if not isinstance(event, Mapping) or event.get("schema_version") != PAYLOAD_VERSION:
+            return
+        seq = event.get("seq")
+        if _int(seq):
+            removed, withheld = event.get("payload_removed"), event.get("payload_withheld") is True
+            self.see(seq, event.get("fields"), event.get("payload", _ABSENT), removed=removed, withheld=withheld)
+
+    def watching(self, events: Iterable[Any]) -> Iterator[Any]:
+        """``events`` as they are, each seen on its way through."""
+        for event in events:
+            self.see_event(event)
+            yield event
+
+    def conclude(self, report: Report) -> Report:
+        """``report`` with the payloads' counts, and their first problem as its finding when
+        the chain holds at that seq."""
+        report.payloads_checked, report.payloads_removed = self.checked, self.removed
+        report.payloads_removed_seqs, report.payloads_withheld = list(self.removed_seqs), self.withheld
+        finding = self.finding
+        if report.finding is None and finding is not None and finding.first_seq <= report.head_seq:
+            report.finding, report.status = finding, BROKEN
+        return report
 
 
 # --- stored rows ----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0031_operation_fencing_token'),
+        ('ledger', '0033_event_payload_refs'),
     ]
 
     operations = [
