@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
 from django.shortcuts import render
 
 from ledger.boundary import check_texts, credential_kind
@@ -65,6 +65,8 @@ def form_refusal(request: HttpRequest) -> tuple[str, str] | None:
         ]
     except RequestDataTooBig:
         return None  # the view answers that
+    except UnreadablePostError:
+        return None  # the body never arrived whole: nothing to judge, and the CSRF check refuses the form
     return _texts_refusal(fields)
 
 
