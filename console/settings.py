@@ -146,6 +146,8 @@ MIDDLEWARE = [
     "console.middleware.RequestObservationMiddleware",
     # Then a URL carrying a credential is refused before anything routes or logs it.
     "console.middleware.URLBoundaryMiddleware",
+    # A view that cannot reach the database answers 503 with Retry-After, not 500.
+    "console.middleware.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -230,7 +232,7 @@ if BEHIND_TLS_PROXY:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^readyz/jobs$", r"^metrics$"]
     SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 31536000)
 # Origins allowed to post the console's forms when they differ from its host (comma-separated,
 # with their scheme: https://console.example).
@@ -378,6 +380,11 @@ FENCELINE: dict[str, Any] = {
     "JOB_STALE_AFTER_INTERVALS": env_int("FENCELINE_JOB_STALE_AFTER_INTERVALS", 3, minimum=1),
     "JOB_STALE_GRACE_S": env_int("FENCELINE_JOB_STALE_GRACE_S", 30, minimum=0),
     "READYZ_SCHEMA_CHECK_S": env_int("FENCELINE_READYZ_SCHEMA_CHECK_S", 300, minimum=0),
+    # With the database unreachable the API and the console answer 503 with this Retry-After.
+    "OUTAGE_RETRY_AFTER_S": env_int("FENCELINE_OUTAGE_RETRY_AFTER_S", 5, minimum=1),
+    # The deepest nesting of objects and arrays a request body may have (the body itself is
+    # level 1); deeper is refused before anything walks it (ledger/api/body.py).
+    "JSON_MAX_DEPTH": env_int("FENCELINE_JSON_MAX_DEPTH", 64, minimum=2),
     # /metrics: the scrape token (Authorization: Bearer ...; or its _FILE). Without one, only
     # these client addresses may scrape.
     "METRICS_TOKEN": env("FENCELINE_METRICS_TOKEN") or "",
@@ -393,6 +400,11 @@ FENCELINE: dict[str, Any] = {
     "BACKFILL_BATCH": env_int("FENCELINE_BACKFILL_BATCH", 5000, minimum=1),
     "BACKFILL_LOCK_S": env_int("FENCELINE_BACKFILL_LOCK_S", 60, minimum=5),
 }
+
+# Deeper than this and Python's own recursion (the secret boundary's walk, pydantic) could
+# run out before the body is refused.
+if FENCELINE["JSON_MAX_DEPTH"] > 256:
+    raise ImproperlyConfigured(f"FENCELINE_JSON_MAX_DEPTH must be at most 256, got {FENCELINE['JSON_MAX_DEPTH']}")
 
 # --- notifications ---------------------------------------------------------------------
 # Webhooks (ledger/services/notifications/, docs/operations.md "Notifications (webhooks)").

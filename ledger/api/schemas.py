@@ -128,6 +128,7 @@ class InvalidOut(Error):
     fields: list[FieldProblem] | None = None
     path: str | None = None
     rule: str | None = None
+    limit: int | None = None  # the bound exceeded, e.g. JSON_MAX_DEPTH for a body nested too deep
 
 
 class RunCreateIn(In):
