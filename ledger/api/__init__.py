@@ -129,11 +129,13 @@ api = FencelineAPI(
 errors.install(api)
 
 E = Error
-# Every endpoint answers 401 without a valid worker token, and 422 for a URL that carries a
-# credential-like value (console/middleware.py). A body is refused with 400 (not one
-# unambiguous JSON object), 413 (over DATA_UPLOAD_MAX_MEMORY_SIZE) or 422 (naming the field).
-READ = {401: E, 422: InvalidOut}
-BODY = {400: E, 401: E, 413: E, 422: InvalidOut}
+# Every endpoint answers 401 without a valid worker token, 422 for a URL that carries a
+# credential-like value (console/middleware.py) and 503 DATABASE_UNAVAILABLE (with Retry-After)
+# while the database cannot be reached. A body is refused with 400 (empty, or not one
+# unambiguous JSON object), 413 (over DATA_UPLOAD_MAX_MEMORY_SIZE) or 422 (naming the field;
+# nested deeper than JSON_MAX_DEPTH).
+READ = {401: E, 422: InvalidOut, 503: E}
+BODY = {400: E, 401: E, 413: E, 422: InvalidOut, 503: E}
 
 
 def _run_out(run: Run) -> Body:

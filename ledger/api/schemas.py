@@ -60,8 +60,17 @@ CHECKPOINT_STATE = {
     **EVENT_FIELDS,
     "description": "At most 64 KB as compact JSON; no credential-like key or value (ledger/boundary.py).",
 }
+BOOT_EVIDENCE = {
+    **EVENT_FIELDS,
+    "description": "What the check saw: at most 4 KB as compact JSON; no credential-like key or value (ledger/boundary.py).",
+    "default": {},
+}
 # Request properties described by hand: pydantic cannot write a recursive schema for dict[str, Any].
-STORABLE_OBJECT_PROPERTIES = {("EventIn", "fields"): EVENT_FIELDS, ("CheckpointIn", "state"): CHECKPOINT_STATE}
+STORABLE_OBJECT_PROPERTIES = {
+    ("EventIn", "fields"): EVENT_FIELDS,
+    ("CheckpointIn", "state"): CHECKPOINT_STATE,
+    ("DomainReadiness", "evidence"): BOOT_EVIDENCE,
+}
 
 
 def _no_nul_in_strings(schema: dict[str, Any]) -> None:
@@ -327,7 +336,10 @@ class WorkerOut(Schema):
 class ResourceIn(In):
     fencing_token: Token
     kind: Annotated[ResourceKind, Field(strict=False)]  # one of the values; nothing is coerced into one
-    provider: Annotated[StrictStr, Field(min_length=1, max_length=length(RunResource, "provider"))]
+    provider: Annotated[
+        StrictStr,
+        Field(min_length=1, max_length=length(RunResource, "provider"), pattern=resources.PROVIDER.pattern),
+    ]
     handle: Annotated[StrictStr, Field(min_length=1, max_length=resources.MAX_HANDLE_LENGTH)]
     # Lifetime (default and cap: the policy's quotas.resource_max_age_s) and idle deadline
     # (closed once the run made no progress for this long); both at most the cap.
