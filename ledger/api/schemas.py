@@ -191,8 +191,18 @@ class RunOut(Schema):
     liveness: dict[str, Any]
 
 
+# A person's or a worker's reason is stored stripped and may not be blank
+# (ledger/services/core/decisions.py): at least one character that is neither NUL nor
+# whitespace as Python's str.strip() sees it (which counts U+0085 and U+001C-U+001F).
+_PY_SPACE = "".join(f"\\u{ord(c):04x}" for c in map(chr, range(0x10000)) if c.isspace())
+Reason = Annotated[
+    StrictStr,
+    Field(min_length=1, max_length=MAX_REASON_LENGTH, pattern=f"^[^\\u0000]*[^\\u0000{_PY_SPACE}][^\\u0000]*$"),
+]
+
+
 class CancelIn(In):
-    reason: Annotated[StrictStr, Field(min_length=1, max_length=MAX_REASON_LENGTH)]
+    reason: Reason
 
 
 class CancelledOut(Schema):
@@ -258,7 +268,7 @@ class LeaseRenewedOut(Schema):
 
 class DrainIn(In):
     deadline_s: Annotated[StrictInt, Field(ge=1, le=7 * 86400), WHOLE]
-    reason: Annotated[StrictStr, Field(min_length=1, max_length=MAX_REASON_LENGTH)] | None = None
+    reason: Reason | None = None
 
 
 class DomainReadiness(In):
@@ -298,7 +308,27 @@ class BootError(In):
     ]
 
 
+# The one rule of a boot report that spans two fields (ledger/services/fleet/boots.py), in
+# JSON Schema's words so that the published schema says it too.
+MIGRATION_LEAVES_STATE_NOT_READY = {
+    "if": {
+        "properties": {
+            "error": {"type": "object", "properties": {"kind": {"const": "migration"}}, "required": ["kind"]}
+        },
+        "required": ["error"],
+    },
+    "then": {"properties": {"readiness": {"properties": {"state": {"properties": {"ok": {"const": False}}}}}}},
+}
+
+
+def _boot_schema(schema: dict[str, Any]) -> None:
+    _no_nul_in_strings(schema)
+    schema.update(MIGRATION_LEAVES_STATE_NOT_READY)
+
+
 class BootIn(In):
+    model_config = ConfigDict(json_schema_extra=_boot_schema)
+
     boot_id: Annotated[StrictStr, Field(min_length=1, max_length=64)]
     config_hash: Annotated[StrictStr, Field(min_length=1, max_length=100)]
     code_version: Annotated[StrictStr, Field(min_length=1, max_length=100)]
