@@ -12,10 +12,12 @@ import psycopg
 import pytest
 import requests
 from django.conf import settings
-from django.db import connection
+from django.db import OperationalError, connection, transaction
+from django.db.utils import ConnectionHandler
 from django.utils import timezone
 
 from ledger.models import JobHeartbeat
+from ledger.observability import health
 from tests.factories import make_worker, user_with
 from tests.served import CuttableProxy, free_port, served
 
@@ -167,3 +169,18 @@ def test_the_broker_down_leaves_the_api_serving_readyz_degraded_and_the_jobs_pat
         jobs = requests.get(server.url + "/readyz/jobs", timeout=30)
         assert jobs.status_code == 503 and jobs.json()["failing"] == ["broker"]
         assert str(nobody) not in ready.text + jobs.text
+
+
+def test_a_refused_connection_is_an_outage_and_a_statement_timeout_is_not():
+    away = ConnectionHandler({"default": {**connection.settings_dict, "PORT": str(free_port())}})
+    with pytest.raises(OperationalError) as refused:
+        away["default"].ensure_connection()
+    assert health.database_unreachable(refused.value)
+    away["default"].close()
+
+    # A statement that fails on a live server is the server answering: not an outage (a 500).
+    with pytest.raises(OperationalError) as timed_out, transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL statement_timeout = 1")
+        cursor.execute("SELECT pg_sleep(1)")
+    assert isinstance(timed_out.value.__cause__, psycopg.errors.QueryCanceled)
+    assert not health.database_unreachable(timed_out.value)
