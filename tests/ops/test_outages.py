@@ -179,8 +179,9 @@ def test_a_refused_connection_is_an_outage_and_a_statement_timeout_is_not():
     away["default"].close()
 
     # A statement that fails on a live server is the server answering: not an outage (a 500).
-    with pytest.raises(OperationalError) as timed_out, transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL statement_timeout = 1")
-        cursor.execute("SELECT pg_sleep(1)")
+        with pytest.raises(OperationalError) as timed_out:
+            cursor.execute("SELECT pg_sleep(1)")
     assert isinstance(timed_out.value.__cause__, psycopg.errors.QueryCanceled)
     assert not health.database_unreachable(timed_out.value)
