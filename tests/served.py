@@ -2,9 +2,9 @@
 against the test database through a TCP path the test can cut (a database that goes away and
 comes back), with the environment a test gives it (a broker nobody answers, say).
 
-gunicorn reads the project's own configuration as it does in production (run from the checkout);
-the command line adds only the address, the number of workers and no control socket (several
-servers may run on one machine)."""
+gunicorn runs from the checkout, so it reads the project's ``gunicorn.conf.py`` there, if there is
+one, as production does; the command line adds only the address, the number of workers and no
+control socket (several servers may run on one machine)."""
 
 import os
 import selectors

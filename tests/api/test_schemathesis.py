@@ -8,8 +8,8 @@ together on 2 cores:
 
 * the deterministic phases (examples and coverage: every schema's boundary values, valid and
   invalid, for every operation), seeded;
-* the random phases for a fixed time: fuzzing, then the stateful phase (sequences that follow
-  the schema's links: a run created, then leased, its operations intended ...) with a worker of
+* the random phases for a fixed time: fuzzing, then the stateful phase (sequences of calls,
+  with the links the schema declares from each id to the calls that take it) with a worker of
   its own that the run never drains, stops or boots (``STATEFUL_EXCLUDED``): once it has,
   every new run answers 409 and no sequence gets past its first step. Those three calls are
   fuzzed with the rest.
