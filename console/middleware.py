@@ -17,13 +17,15 @@ import logging
 import time
 from collections.abc import Callable
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
 from django.shortcuts import render
+from django.template.loader import render_to_string
 
 from ledger.boundary import check_texts, credential_kind
 from ledger.errors import ForbiddenField
-from ledger.observability import logs, metrics
+from ledger.observability import health, logs, metrics
 
 log = logging.getLogger("fenceline.boundary")
 
@@ -145,4 +147,31 @@ class RequestObservationMiddleware:
             "operation": str(kwargs.get("operation_id", ""))[:64],
         }
         request_log.info("%s %s %s", request.method, route, response.status_code, extra=fields)
+        return response
+
+
+outage_log = logging.getLogger("fenceline.outage")
+
+
+class DatabaseUnavailableMiddleware:
+    """A console page whose view cannot reach the database answers a plain 503 page with
+    ``Retry-After`` (rendered without the request: the layout reads the user, which needs the
+    database). The worker API answers its own JSON body (ledger/api/errors.py)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not health.database_unreachable(exception):
+            return None
+        outage_log.warning(
+            "database unreachable (%s) in %s", type(exception.__cause__ or exception).__name__, request.method
+        )
+        retry_after_s = settings.FENCELINE["OUTAGE_RETRY_AFTER_S"]
+        page = render_to_string("503.html", {"retry_after_s": retry_after_s})
+        response = HttpResponse(page, status=503)
+        response["Retry-After"] = str(retry_after_s)
         return response

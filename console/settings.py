@@ -150,6 +150,8 @@ MIDDLEWARE = [
     "console.middleware.RequestObservationMiddleware",
     # Then a URL carrying a credential is refused before anything routes or logs it.
     "console.middleware.URLBoundaryMiddleware",
+    # A view that cannot reach the database answers 503 with Retry-After, not 500.
+    "console.middleware.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Content-Security-Policy on every response (SECURE_CSP below).
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
@@ -238,7 +240,7 @@ if BEHIND_TLS_PROXY:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^readyz/jobs$", r"^metrics$"]
     SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 31536000)
     # The console's host and its own subdomains; preloading is a decision about the whole
     # registered domain, so it is the operator's (check --deploy reports W021 until then).
@@ -460,6 +462,11 @@ FENCELINE: dict[str, Any] = {
     "JOB_STALE_AFTER_INTERVALS": env_int("FENCELINE_JOB_STALE_AFTER_INTERVALS", 3, minimum=1),
     "JOB_STALE_GRACE_S": env_int("FENCELINE_JOB_STALE_GRACE_S", 30, minimum=0),
     "READYZ_SCHEMA_CHECK_S": env_int("FENCELINE_READYZ_SCHEMA_CHECK_S", 300, minimum=0),
+    # With the database unreachable the API and the console answer 503 with this Retry-After.
+    "OUTAGE_RETRY_AFTER_S": env_int("FENCELINE_OUTAGE_RETRY_AFTER_S", 5, minimum=1),
+    # The deepest nesting of objects and arrays a request body may have (the body itself is
+    # level 1); deeper is refused before anything walks it (ledger/api/body.py).
+    "JSON_MAX_DEPTH": env_int("FENCELINE_JSON_MAX_DEPTH", 64, minimum=2),
     # /metrics: the scrape tokens (Authorization: Bearer ...; or their _FILE): the tenant token
     # sees each tenant's series, the other only totals over the tenants. Without either, only
     # these client addresses may scrape (totals), and nobody behind a declared proxy.
@@ -481,6 +488,11 @@ FENCELINE: dict[str, Any] = {
     "TOKEN_FAILURE_LIMIT": env_int("FENCELINE_TOKEN_FAILURE_LIMIT", 50, minimum=1),
     "TOKEN_FAILURE_WINDOW_S": env_int("FENCELINE_TOKEN_FAILURE_WINDOW_S", 300, minimum=1),
 }
+
+# Deeper than this and Python's own recursion (the secret boundary's walk, pydantic) could
+# run out before the body is refused.
+if FENCELINE["JSON_MAX_DEPTH"] > 256:
+    raise ImproperlyConfigured(f"FENCELINE_JSON_MAX_DEPTH must be at most 256, got {FENCELINE['JSON_MAX_DEPTH']}")
 
 # --- notifications ---------------------------------------------------------------------
 # Webhooks (ledger/services/notifications/, docs/operations.md "Notifications (webhooks)").

@@ -29,6 +29,7 @@ urlpatterns = [
     path("", dashboard.home, name="home"),
     path("healthz", probes.healthz, name="healthz"),
     path("readyz", probes.readyz, name="readyz"),
+    path("readyz/jobs", probes.readyz_jobs, name="readyz-jobs"),
     path("metrics", probes.metrics_view, name="metrics"),
     path("favicon.ico", site.favicon, name="favicon"),
     path("runs/", runs.run_list, name="runs"),

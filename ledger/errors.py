@@ -66,6 +66,14 @@ class TooManyRequests(DomainError):
         self.retry_after_s = retry_after_s
 
 
+class DatabaseUnavailable(DomainError):
+    """The database cannot be reached (refused, restarting, shut down by its administrator,
+    out of connections): the call was not decided; send it again after ``Retry-After``."""
+
+    code = "DATABASE_UNAVAILABLE"
+    status = 503
+
+
 class Forbidden(DomainError):
     """A person's role on the object's tenant does not allow this action (the console
     checks first; the service checks again)."""

@@ -1,7 +1,9 @@
 """What a load balancer, an orchestrator and Prometheus ask: ``/healthz`` (the process
-answers), ``/readyz`` (each domain of the control plane, 503 naming the failing one) and
-``/metrics`` (Prometheus text; a scrape token, or an allowed client address when no proxy is
-declared; per-tenant series only for the tenant scrape token, totals for the others)."""
+answers), ``/readyz`` (each domain of the control plane: 503 naming a failing one the API
+needs, 200 "degraded" naming one that only delays background work), ``/readyz/jobs`` (503 when
+background work is held up: the broker, a stale job) and ``/metrics`` (Prometheus text; a
+scrape token, or an allowed client address when no proxy is declared; per-tenant series only
+for the tenant scrape token, totals for the others)."""
 
 import hmac
 
@@ -19,16 +21,29 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
+def _checks(checks: list[health.Check]) -> dict[str, dict[str, object]]:
+    return {c.domain: {"ok": c.ok, **({"reason": c.reason} if c.reason else {}), **c.detail} for c in checks}
+
+
 @require_GET
 @never_cache
 def readyz(request: HttpRequest) -> JsonResponse:
+    """503 only for what stops the API; the broker and the jobs read "degraded" with 200."""
     checks = health.readiness()
+    failing = [c.domain for c in checks if not c.ok and c.domain in health.SERVING]
+    degraded = [c.domain for c in checks if not c.ok and c.domain in health.BACKGROUND]
+    status = "not_ready" if failing else "degraded" if degraded else "ready"
+    body = {"status": status, "failing": failing, "degraded": degraded, "checks": _checks(checks)}
+    return JsonResponse(body, status=503 if failing else 200)
+
+
+@require_GET
+@never_cache
+def readyz_jobs(request: HttpRequest) -> JsonResponse:
+    """503 when background work is held up (the broker, a stale job): for job monitoring."""
+    checks = health.background_readiness()
     failing = [c.domain for c in checks if not c.ok]
-    body = {
-        "status": "not_ready" if failing else "ready",
-        "failing": failing,
-        "checks": {c.domain: {"ok": c.ok, **({"reason": c.reason} if c.reason else {}), **c.detail} for c in checks},
-    }
+    body = {"status": "not_ready" if failing else "ready", "failing": failing, "checks": _checks(checks)}
     return JsonResponse(body, status=503 if failing else 200)
 
 

@@ -90,6 +90,37 @@ no credential required, no cost limit.
 type Body = dict[str, object]
 
 
+# The ids one answer gives and other calls take in their path: OpenAPI links say so, and a
+# client generator or schemathesis' stateful phase follows them (create a run, then lease it).
+LINKED_IDS = ("run_id", "operation_id", "resource_id", "approval_id")
+
+
+def _link_ids(document: OpenAPISchema) -> None:
+    """Every successful answer that carries one of LINKED_IDS links to each call whose path
+    takes it (``$response.body#/run_id`` -> ``/runs/{run_id}/...``)."""
+    components = document["components"]["schemas"]
+    takers = {
+        name: [(op["operationId"], path) for path, ops in document["paths"].items() for op in ops.values()]
+        for name in LINKED_IDS
+    }
+    for ops in document["paths"].values():
+        for op in ops.values():
+            for status, answer in op["responses"].items():
+                ref = answer.get("content", {}).get("application/json", {}).get("schema", {}).get("$ref", "")
+                properties = components.get(ref.rsplit("/", 1)[-1], {}).get("properties", {})
+                if not 200 <= int(status) < 300 or not properties:
+                    continue
+                links = {
+                    f"{target}.{name}": {"operationId": target, "parameters": {name: f"$response.body#/{name}"}}
+                    for name in LINKED_IDS
+                    if name in properties
+                    for target, path in takers[name]
+                    if "{" + name + "}" in path
+                }
+                if links:
+                    answer["links"] = links
+
+
 class FencelineAPI(NinjaAPI):
     def get_openapi_schema(
         self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None
@@ -101,6 +132,7 @@ class FencelineAPI(NinjaAPI):
         components["StorableJSON"] = STORABLE_JSON
         for (component, name), schema in STORABLE_OBJECT_PROPERTIES.items():
             components[component]["properties"][name] = schema
+        _link_ids(document)
         return document
 
     def create_response(
@@ -131,11 +163,13 @@ errors.install(api)
 
 E = Error
 # Every endpoint answers 401 without a valid worker token (429 past too many failed tokens from
-# one address, ledger/services/fleet/token_failures.py), and 422 for a URL that carries a
-# credential-like value (console/middleware.py). A body is refused with 400 (not one
-# unambiguous JSON object), 413 (over DATA_UPLOAD_MAX_MEMORY_SIZE) or 422 (naming the field).
-READ = {401: E, 422: InvalidOut, 429: ThrottledError}
-BODY = {400: E, 401: E, 413: E, 422: InvalidOut, 429: ThrottledError}
+# one address, ledger/services/fleet/token_failures.py), 422 for a URL that carries a
+# credential-like value (console/middleware.py) and 503 DATABASE_UNAVAILABLE (with Retry-After)
+# while the database cannot be reached. A body is refused with 400 (empty, or not one
+# unambiguous JSON object), 413 (over DATA_UPLOAD_MAX_MEMORY_SIZE) or 422 (naming the field;
+# nested deeper than JSON_MAX_DEPTH).
+READ = {401: E, 422: InvalidOut, 429: ThrottledError, 503: E}
+BODY = {400: E, 401: E, 413: E, 422: InvalidOut, 429: ThrottledError, 503: E}
 
 
 def _run_out(run: Run) -> Body:

@@ -1,4 +1,5 @@
-"""Every refusal of the worker API is {"error": CODE, "detail": "..."} with a 4xx status.
+"""Every refusal of the worker API is {"error": CODE, "detail": "..."} with a 4xx status, or
+503 DATABASE_UNAVAILABLE with ``Retry-After`` while the database cannot be reached.
 
 A domain error (``ledger.errors``) carries its own code and status; this module only
 writes it out. Messages never echo what the caller sent: validation errors name the field
@@ -10,12 +11,22 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, UnreadablePostError
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from ledger.boundary import path_segment
-from ledger.errors import DomainError, LeaseLost, MalformedJSON, PayloadTooLarge, StaleToken, TooManyRequests
+from ledger.errors import (
+    DatabaseUnavailable,
+    DomainError,
+    LeaseLost,
+    MalformedJSON,
+    PayloadTooLarge,
+    StaleToken,
+    TooManyRequests,
+)
+from ledger.observability.health import database_unreachable
 from ledger.services.fleet.stale_tokens import worker_stale_rejected
 
 log = logging.getLogger("fenceline.api")
@@ -34,6 +45,12 @@ def _field_path(error: dict[str, Any]) -> str:
     return ".".join(path_segment(str(p)) for p in loc) or "body"
 
 
+def _body_missing(request: HttpRequest, exc: ValidationError) -> bool:
+    """An empty body where the endpoint takes one: ninja does not hand it to the parser and
+    reports the body's fields missing; it is malformed JSON (an empty text is not JSON)."""
+    return not request.body and any(tuple(err.get("loc", ()))[:1] == ("body",) for err in exc.errors)
+
+
 def install(api: NinjaAPI) -> None:
     @api.exception_handler(DomainError)
     def on_domain_error(request: HttpRequest, exc: DomainError) -> HttpResponse:
@@ -47,6 +64,8 @@ def install(api: NinjaAPI) -> None:
 
     @api.exception_handler(ValidationError)
     def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+        if _body_missing(request, exc):
+            return on_domain_error(request, MalformedJSON("the request body is empty; it must be a JSON object"))
         problems = [{"field": _field_path(err), "problem": err.get("msg", "invalid")} for err in exc.errors]
         summary = "; ".join(f"{p['field']}: {p['problem']}" for p in problems[:5])
         return refusal(api, request, 422, "VALIDATION_ERROR", summary or "invalid request", fields=problems)
@@ -74,9 +93,29 @@ def install(api: NinjaAPI) -> None:
     def on_body_not_received(request: HttpRequest, exc: UnreadablePostError) -> HttpResponse:
         # The client stopped sending its body (console/serving.py bounds each read).
         return on_domain_error(request, MalformedJSON("the request body was not received in full"))
+    @api.exception_handler(OperationalError)
+    @api.exception_handler(InterfaceError)
+    def on_database_error(request: HttpRequest, exc: Exception) -> HttpResponse:
+        return _database_error(api, request, exc)
 
     @api.exception_handler(Exception)
     def on_unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
-        # The exception's message may carry input; log only its type.
-        log.error("unhandled %s in %s %s", type(exc).__name__, request.method, request.path)
-        return refusal(api, request, 500, "INTERNAL", "internal error")
+        return _unexpected(api, request, exc)
+
+
+def _database_error(api: NinjaAPI, request: HttpRequest, exc: Exception) -> HttpResponse:
+    """503 DATABASE_UNAVAILABLE with Retry-After when the database is away (not the request
+    wrong, not the server broken); any other database error is unexpected."""
+    if not database_unreachable(exc):
+        return _unexpected(api, request, exc)
+    log.warning("database unreachable (%s) in %s %s", type(exc.__cause__ or exc).__name__, request.method, request.path)
+    error = DatabaseUnavailable("the database cannot be reached: send the call again after Retry-After seconds")
+    response = api.create_response(request, error.body(), status=error.status)
+    response["Retry-After"] = str(settings.FENCELINE["OUTAGE_RETRY_AFTER_S"])
+    return response
+
+
+def _unexpected(api: NinjaAPI, request: HttpRequest, exc: Exception) -> HttpResponse:
+    # The exception's message may carry input; log only its type.
+    log.error("unhandled %s in %s %s", type(exc).__name__, request.method, request.path)
+    return refusal(api, request, 500, "INTERNAL", "internal error")

@@ -68,11 +68,17 @@ EVENT_PAYLOAD = {
         "or value (ledger/boundary.py). docs/architecture.md, Data planes."
     ),
 }
+BOOT_EVIDENCE = {
+    **EVENT_FIELDS,
+    "description": "What the check saw: at most 4 KB as compact JSON; no credential-like key or value (ledger/boundary.py).",
+    "default": {},
+}
 # Request properties described by hand: pydantic cannot write a recursive schema for dict[str, Any].
 STORABLE_OBJECT_PROPERTIES = {
     ("EventIn", "fields"): EVENT_FIELDS,
     ("EventIn", "payload"): EVENT_PAYLOAD,
     ("CheckpointIn", "state"): CHECKPOINT_STATE,
+    ("DomainReadiness", "evidence"): BOOT_EVIDENCE,
 }
 
 
@@ -144,6 +150,7 @@ class InvalidOut(Error):
     fields: list[FieldProblem] | None = None
     path: str | None = None
     rule: str | None = None
+    limit: int | None = None  # the bound exceeded, e.g. JSON_MAX_DEPTH for a body nested too deep
 
 
 class RunCreateIn(In):
@@ -197,8 +204,18 @@ class RunOut(Schema):
     liveness: dict[str, Any]
 
 
+# A person's or a worker's reason is stored stripped and may not be blank
+# (ledger/services/core/decisions.py): at least one character that is neither NUL nor
+# whitespace as Python's str.strip() sees it (which counts U+0085 and U+001C-U+001F).
+_PY_SPACE = "".join(f"\\u{ord(c):04x}" for c in map(chr, range(0x10000)) if c.isspace())
+Reason = Annotated[
+    StrictStr,
+    Field(min_length=1, max_length=MAX_REASON_LENGTH, pattern=f"^[^\\u0000]*[^\\u0000{_PY_SPACE}][^\\u0000]*$"),
+]
+
+
 class CancelIn(In):
-    reason: Annotated[StrictStr, Field(min_length=1, max_length=MAX_REASON_LENGTH)]
+    reason: Reason
 
 
 class CancelledOut(Schema):
@@ -264,7 +281,7 @@ class LeaseRenewedOut(Schema):
 
 class DrainIn(In):
     deadline_s: Annotated[StrictInt, Field(ge=1, le=7 * 86400), WHOLE]
-    reason: Annotated[StrictStr, Field(min_length=1, max_length=MAX_REASON_LENGTH)] | None = None
+    reason: Reason | None = None
 
 
 class DomainReadiness(In):
@@ -304,7 +321,27 @@ class BootError(In):
     ]
 
 
+# The one rule of a boot report that spans two fields (ledger/services/fleet/boots.py), in
+# JSON Schema's words so that the published schema says it too.
+MIGRATION_LEAVES_STATE_NOT_READY = {
+    "if": {
+        "properties": {
+            "error": {"type": "object", "properties": {"kind": {"const": "migration"}}, "required": ["kind"]}
+        },
+        "required": ["error"],
+    },
+    "then": {"properties": {"readiness": {"properties": {"state": {"properties": {"ok": {"const": False}}}}}}},
+}
+
+
+def _boot_schema(schema: dict[str, Any]) -> None:
+    _no_nul_in_strings(schema)
+    schema.update(MIGRATION_LEAVES_STATE_NOT_READY)
+
+
 class BootIn(In):
+    model_config = ConfigDict(json_schema_extra=_boot_schema)
+
     boot_id: Annotated[StrictStr, Field(min_length=1, max_length=64)]
     config_hash: Annotated[StrictStr, Field(min_length=1, max_length=100)]
     code_version: Annotated[StrictStr, Field(min_length=1, max_length=100)]
@@ -342,7 +379,10 @@ class WorkerOut(Schema):
 class ResourceIn(In):
     fencing_token: Token
     kind: Annotated[ResourceKind, Field(strict=False)]  # one of the values; nothing is coerced into one
-    provider: Annotated[StrictStr, Field(min_length=1, max_length=length(RunResource, "provider"))]
+    provider: Annotated[
+        StrictStr,
+        Field(min_length=1, max_length=length(RunResource, "provider"), pattern=resources.PROVIDER.pattern),
+    ]
     handle: Annotated[StrictStr, Field(min_length=1, max_length=resources.MAX_HANDLE_LENGTH)]
     # Lifetime (default and cap: the policy's quotas.resource_max_age_s) and idle deadline
     # (closed once the run made no progress for this long); both at most the cap.

@@ -1,32 +1,53 @@
-"""Health and readiness of the control plane.
+"""Health and readiness of the control plane, and what counts as the database being away.
 
-``/healthz`` says only that the process answers. ``/readyz`` checks each domain the control
-plane needs and names the one that fails, with a reason that carries nothing secret (no URL,
-no host, no exception message):
+``/healthz`` says only that the process answers. ``/readyz`` checks each domain and names the
+one that fails, with a reason that carries nothing secret (no URL, no host, no exception
+message). Domains that stop the API (``SERVING``) fail it; domains that only delay background
+work (``BACKGROUND``) are reported as degraded, and ``/readyz/jobs`` fails on them:
 
 - ``database``: reachable, and every migration applied;
-- ``broker``: Celery's broker accepts a connection;
-- ``jobs``: every periodic job of the beat schedule finished within
-  ``JOB_STALE_AFTER_INTERVALS`` of its interval (its heartbeat, ledger/models/jobs.py);
 - ``evidence_keys``: the checkpoint and event MAC keys are configured and the signing ids among them;
 - ``schema``: no stored record carries a schema_version this build cannot read (checked at
-  most every ``READYZ_SCHEMA_CHECK_S`` per process: it reads every versioned table).
+  most every ``READYZ_SCHEMA_CHECK_S`` per process: it reads every versioned table);
+- ``broker`` (background): Celery's broker accepts a connection;
+- ``jobs`` (background): every periodic job of the beat schedule finished within
+  ``JOB_STALE_AFTER_INTERVALS`` of its interval (its heartbeat, ledger/models/jobs.py).
 """
 
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from celery import current_app
 from django.apps import apps
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.db.migrations.loader import MigrationLoader
 from django.utils import timezone
 
 from ledger.models import JobHeartbeat
 from ledger.sql import reads as sql_reads
 from ledger.versioning import Versioned, known_for
+
+# SQLSTATEs of a server that is not there to answer: class 08 (connection exception), an
+# administrator's or a crash's shutdown, a server starting up or shutting down, no free slot.
+_AWAY_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
+def database_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot be reached (connection refused or lost, the
+    server restarting or shut down), as opposed to a statement that failed on a live server
+    (a timeout, a constraint, a serialization failure: not an outage)."""
+    if not isinstance(exc, (OperationalError, InterfaceError)):
+        return False
+    cause = exc.__cause__
+    if isinstance(cause, psycopg.InterfaceError):
+        return True  # the connection is closed
+    if isinstance(cause, psycopg.OperationalError):
+        state = cause.sqlstate
+        return state is None or state.startswith("08") or state in _AWAY_STATES
+    return isinstance(exc, InterfaceError)  # Django's own "connection already closed"
 
 
 @dataclass
@@ -164,9 +185,21 @@ def check_schema() -> Check:
     return result
 
 
+# Without these the API cannot answer (``/readyz`` fails); without those only background work
+# waits (``/readyz`` reports them degraded, ``/readyz/jobs`` fails).
+SERVING = ("database", "evidence_keys", "schema")
+BACKGROUND = ("broker", "jobs")
+
+
 def readiness() -> list[Check]:
+    """Every domain, the serving ones first."""
     database = check_database()
     if not database.ok and database.reason.startswith("not reachable"):  # nothing else can be read
-        return [database, check_broker(), Check("jobs", False, "database not reachable"), check_evidence_keys(),
-                Check("schema", False, "database not reachable")]  # fmt: skip
-    return [database, check_broker(), check_jobs(), check_evidence_keys(), check_schema()]
+        return [database, check_evidence_keys(), Check("schema", False, "database not reachable"), check_broker(),
+                Check("jobs", False, "database not reachable")]  # fmt: skip
+    return [database, check_evidence_keys(), check_schema(), check_broker(), check_jobs()]
+
+
+def background_readiness() -> list[Check]:
+    """The domains background work needs: the broker and the jobs' freshness."""
+    return [check_broker(), check_jobs()]

@@ -1,5 +1,7 @@
-"""/healthz, /readyz and who may scrape /metrics: the readiness of each domain fails on its
-own, with the domain named and nothing secret in the answer; /healthz stays up throughout."""
+"""/healthz, /readyz, /readyz/jobs and who may scrape /metrics: the readiness of each domain
+fails on its own, with the domain named and nothing secret in the answer; what only delays
+background work (broker, jobs) leaves /readyz at 200 "degraded" and fails /readyz/jobs;
+/healthz stays up throughout."""
 
 from datetime import timedelta
 
@@ -32,16 +34,23 @@ def test_ready_when_every_domain_holds(client):
     answer = client.get("/readyz")
     assert answer.status_code == 200, answer.json()["checks"]["schema"]
     body = answer.json()
-    assert body["status"] == "ready" and body["failing"] == []
+    assert body["status"] == "ready" and body["failing"] == [] and body["degraded"] == []
     assert set(body["checks"]) == {"database", "broker", "jobs", "evidence_keys", "schema"}
+    jobs = client.get("/readyz/jobs")
+    assert jobs.status_code == 200 and jobs.json()["status"] == "ready"
+    assert set(jobs.json()["checks"]) == {"broker", "jobs"}
 
 
-def test_a_job_that_never_finished_or_is_stale_fails_the_jobs_domain(client):
+def test_a_job_that_never_finished_or_is_stale_degrades_readyz_and_fails_the_jobs_path(client):
     all_jobs_fresh()
     JobHeartbeat.objects.filter(name="verify-ledger").delete()
-    body = client.get("/readyz").json()
-    assert body["failing"] == ["jobs"]
+    answer = client.get("/readyz")
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["status"] == "degraded" and body["failing"] == [] and body["degraded"] == ["jobs"]
     assert body["checks"]["jobs"]["verify-ledger"] == "never finished"
+    jobs = client.get("/readyz/jobs")
+    assert jobs.status_code == 503 and jobs.json()["failing"] == ["jobs"]
 
     interval = settings.CELERY_BEAT_SCHEDULE["reap-leases"]["schedule"]
     allowed = interval * settings.FENCELINE["JOB_STALE_AFTER_INTERVALS"] + settings.FENCELINE["JOB_STALE_GRACE_S"]
@@ -51,24 +60,28 @@ def test_a_job_that_never_finished_or_is_stale_fails_the_jobs_domain(client):
         last_failed_at=timezone.now(),
         last_error="OperationalError",
     )
-    answer = client.get("/readyz")
+    assert client.get("/readyz").status_code == 200
+    answer = client.get("/readyz/jobs")
     assert answer.status_code == 503
     reason = answer.json()["checks"]["jobs"]["reap-leases"]
     assert "failing with OperationalError" in reason
     assert client.get("/healthz").status_code == 200
 
 
-def test_the_broker_down_fails_the_broker_domain_without_naming_its_url(client, settings):
+def test_the_broker_down_degrades_readyz_and_fails_the_jobs_path_without_naming_its_url(client, settings):
     all_jobs_fresh()
     # Nothing listens on port 1; the URL carries a password that must not be echoed.
     settings.CELERY_BROKER_URL = f"redis://:{CANARY_BROKER_PASSWORD}@127.0.0.1:1/0"
     answer = client.get("/readyz")
-    assert answer.status_code == 503
+    assert answer.status_code == 200
     body = answer.json()
-    assert body["failing"] == ["broker"]
+    assert body["status"] == "degraded" and body["failing"] == [] and body["degraded"] == ["broker"]
     assert body["checks"]["broker"]["reason"].startswith("not reachable (")
-    assert CANARY_BROKER_PASSWORD not in answer.content.decode()
-    assert "127.0.0.1:1" not in answer.content.decode()
+    jobs = client.get("/readyz/jobs")
+    assert jobs.status_code == 503 and jobs.json()["failing"] == ["broker"]
+    for text in (answer.content.decode(), jobs.content.decode()):
+        assert CANARY_BROKER_PASSWORD not in text
+        assert "127.0.0.1:1" not in text
     assert client.get("/healthz").json() == {"status": "ok"}
 
 

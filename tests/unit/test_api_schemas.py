@@ -70,3 +70,40 @@ def test_every_request_field_is_bounded():
 )
 def test_integer_bounds_come_from_the_column_type(model, name, expected):
     assert integer_range(model, name) == expected
+
+
+def test_the_published_reason_pattern_refuses_exactly_the_reasons_the_services_refuse():
+    import re
+
+    from ledger.errors import InvalidInput
+    from ledger.services.core.decisions import decision_reason
+
+    components = api.get_openapi_schema()["components"]["schemas"]
+    pattern = components["CancelIn"]["properties"]["reason"]["pattern"]
+    assert components["DrainIn"]["properties"]["reason"]["anyOf"][0]["pattern"] == pattern
+    published = re.compile(pattern)
+    for code in range(0x10000):
+        if 0xD800 <= code <= 0xDFFF:
+            continue  # not storable: refused by the body parser first
+        text = chr(code) * 2
+        try:
+            decision_reason(text)
+            accepted = True
+        except InvalidInput:
+            accepted = False
+        assert bool(published.search(text)) == accepted or "\x00" in text, hex(code)
+
+
+def test_every_answer_that_carries_an_id_links_to_the_calls_that_take_it():
+    document = api.get_openapi_schema()
+    created = document["paths"]["/api/v1/runs"]["post"]["responses"][201]["links"]
+    lease = created["ledger_api_acquire_lease.run_id"]
+    assert lease == {"operationId": "ledger_api_acquire_lease", "parameters": {"run_id": "$response.body#/run_id"}}
+    intent = document["paths"]["/api/v1/runs/{run_id}/operations"]["post"]["responses"][201]["links"]
+    assert "ledger_api_authorize_operation.operation_id" in intent
+    operation_ids = {op["operationId"] for ops in document["paths"].values() for op in ops.values()}
+    for ops in document["paths"].values():
+        for op in ops.values():
+            for answer in op["responses"].values():
+                for link in answer.get("links", {}).values():
+                    assert link["operationId"] in operation_ids
