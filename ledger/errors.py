@@ -16,6 +16,8 @@ import uuid
 class DomainError(Exception):
     code = "ERROR"
     status = 400
+    # Seconds after which the call may be sent again (the answer's Retry-After header), or None.
+    retry_after_s: int | None = None
 
     def __init__(self, detail: str, *, field: str | None = None, **extra: object) -> None:
         super().__init__(detail)
@@ -72,6 +74,10 @@ class DatabaseUnavailable(DomainError):
 
     code = "DATABASE_UNAVAILABLE"
     status = 503
+
+    def __init__(self, detail: str, *, retry_after_s: int) -> None:
+        super().__init__(detail)
+        self.retry_after_s = retry_after_s
 
 
 class Forbidden(DomainError):

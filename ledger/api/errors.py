@@ -7,6 +7,7 @@ and the rule, not the value.
 """
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -24,7 +25,6 @@ from ledger.errors import (
     MalformedJSON,
     PayloadTooLarge,
     StaleToken,
-    TooManyRequests,
 )
 from ledger.observability.health import database_unreachable
 from ledger.services.fleet.stale_tokens import worker_stale_rejected
@@ -58,7 +58,7 @@ def install(api: NinjaAPI) -> None:
         if isinstance(exc, (StaleToken, LeaseLost)) and worker is not None:
             worker_stale_rejected(worker=worker)  # past the policy's limit: quarantined, told to stop
         response = api.create_response(request, exc.body(), status=exc.status)
-        if isinstance(exc, TooManyRequests):
+        if exc.retry_after_s is not None:
             response["Retry-After"] = str(exc.retry_after_s)
         return response
 
@@ -74,45 +74,51 @@ def install(api: NinjaAPI) -> None:
     def on_unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
         return refusal(api, request, 401, "UNAUTHORIZED", "a valid worker bearer token is required")
 
-    @api.exception_handler(HttpError)
-    def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
-        # Ninja wraps what the body parser (ledger/api/body.py) raises in a 400 HttpError.
-        cause = exc.__cause__
-        if isinstance(cause, DomainError):
-            return on_domain_error(request, cause)
-        if exc.status_code == 400 and cause is not None:
-            return on_domain_error(request, MalformedJSON("the request body must be a JSON object"))
-        return refusal(api, request, exc.status_code, "HTTP_ERROR", str(exc.message))
-
-    @api.exception_handler(RequestDataTooBig)
-    def on_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        return on_domain_error(request, PayloadTooLarge(f"the request body is larger than {limit} bytes"))
-
-    @api.exception_handler(UnreadablePostError)
-    def on_body_not_received(request: HttpRequest, exc: UnreadablePostError) -> HttpResponse:
-        # The client stopped sending its body (console/serving.py bounds each read).
-        return on_domain_error(request, MalformedJSON("the request body was not received in full"))
     @api.exception_handler(OperationalError)
     @api.exception_handler(InterfaceError)
     def on_database_error(request: HttpRequest, exc: Exception) -> HttpResponse:
-        return _database_error(api, request, exc)
+        if not database_unreachable(exc):
+            return _unexpected(api, request, exc)
+        return on_domain_error(request, _database_unavailable(request, exc))
 
     @api.exception_handler(Exception)
     def on_unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
         return _unexpected(api, request, exc)
 
+    _install_body_errors(api, on_domain_error)
 
-def _database_error(api: NinjaAPI, request: HttpRequest, exc: Exception) -> HttpResponse:
-    """503 DATABASE_UNAVAILABLE with Retry-After when the database is away (not the request
-    wrong, not the server broken); any other database error is unexpected."""
-    if not database_unreachable(exc):
-        return _unexpected(api, request, exc)
+
+def _install_body_errors(api: NinjaAPI, answer: Callable[[HttpRequest, DomainError], HttpResponse]) -> None:
+    """A body the API cannot take as it arrived: malformed, too large, cut short."""
+
+    @api.exception_handler(HttpError)
+    def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+        # Ninja wraps what the body parser (ledger/api/body.py) raises in a 400 HttpError.
+        cause = exc.__cause__
+        if isinstance(cause, DomainError):
+            return answer(request, cause)
+        if exc.status_code == 400 and cause is not None:
+            return answer(request, MalformedJSON("the request body must be a JSON object"))
+        return refusal(api, request, exc.status_code, "HTTP_ERROR", str(exc.message))
+
+    @api.exception_handler(RequestDataTooBig)
+    def on_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return answer(request, PayloadTooLarge(f"the request body is larger than {limit} bytes"))
+
+    @api.exception_handler(UnreadablePostError)
+    def on_body_not_received(request: HttpRequest, exc: UnreadablePostError) -> HttpResponse:
+        # The client stopped sending its body (console/serving.py bounds each read).
+        return answer(request, MalformedJSON("the request body was not received in full"))
+
+
+def _database_unavailable(request: HttpRequest, exc: Exception) -> DatabaseUnavailable:
+    """The database is away (not the request wrong, not the server broken): 503 with Retry-After."""
     log.warning("database unreachable (%s) in %s %s", type(exc.__cause__ or exc).__name__, request.method, request.path)
-    error = DatabaseUnavailable("the database cannot be reached: send the call again after Retry-After seconds")
-    response = api.create_response(request, error.body(), status=error.status)
-    response["Retry-After"] = str(settings.FENCELINE["OUTAGE_RETRY_AFTER_S"])
-    return response
+    return DatabaseUnavailable(
+        "the database cannot be reached: send the call again after Retry-After seconds",
+        retry_after_s=settings.FENCELINE["OUTAGE_RETRY_AFTER_S"],
+    )
 
 
 def _unexpected(api: NinjaAPI, request: HttpRequest, exc: Exception) -> HttpResponse:
