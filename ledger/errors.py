@@ -80,6 +80,14 @@ class DatabaseUnavailable(DomainError):
         self.retry_after_s = retry_after_s
 
 
+class KeyUnavailable(DomainError):
+    """A kept value is sealed under a key this server no longer holds (a user-content key
+    removed from FENCELINE_USER_CONTENT_KEYS): nothing is wrong with the request."""
+
+    code = "KEY_UNAVAILABLE"
+    status = 503
+
+
 class Forbidden(DomainError):
     """A person's role on the object's tenant does not allow this action (the console
     checks first; the service checks again)."""

@@ -19,7 +19,7 @@ from approvals import selectors as approvals_selectors
 from console.views.common import BAD_INPUT, HtmxHttpRequest, chosen, done, form_errors
 from ledger import selectors
 from ledger.actors import user_actor
-from ledger.errors import DomainError, NotFound
+from ledger.errors import DomainError, KeyUnavailable, NotFound
 from ledger.models import Run
 from ledger.roles import DIAGNOSTICS, OPERATE, can, tenants_for
 from ledger.services.core.decisions import acting_name
@@ -220,6 +220,8 @@ def event_payload(request: HtmxHttpRequest, run_id: UUID, seq: int) -> JsonRespo
         kept = selectors.diagnostic_payload(user=request.user, run=run, seq=seq)
     except NotFound as exc:
         raise Http404(str(exc)) from None
+    except KeyUnavailable as exc:
+        return JsonResponse(exc.body(), status=exc.status)
     return JsonResponse(kept, json_dumps_params={"ensure_ascii": False})
 
 

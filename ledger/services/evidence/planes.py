@@ -33,7 +33,7 @@ from fenceline_client.evidence_verifier import (
     canonical_json,
     payload_digest,
 )
-from ledger.errors import InvalidInput, UserContentRefused
+from ledger.errors import InvalidInput, KeyUnavailable, UserContentRefused
 from ledger.models import DiagnosticPayload, Event, Run, Tenant
 from ledger.services.evidence.append import ChainBatch, checked_document
 
@@ -136,7 +136,11 @@ def opened(run_id: object, klass: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cipher(key_id: str) -> AESGCM:
-    secret = settings.FENCELINE["USER_CONTENT_KEYS"][key_id]
+    secret = settings.FENCELINE["USER_CONTENT_KEYS"].get(key_id)
+    if secret is None:
+        raise KeyUnavailable(
+            f"sealed under user-content key {key_id!r}, which this server does not hold (FENCELINE_USER_CONTENT_KEYS)"
+        )
     return AESGCM(hashlib.sha256(secret).digest())
 
 

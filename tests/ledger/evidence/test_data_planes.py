@@ -385,6 +385,28 @@ def test_user_content_is_refused_unless_the_tenant_opted_in_then_kept_encrypted(
     assert standalone(tmp_path, client.get(f"/runs/{run_id}/events").body)["finding"] is None
 
 
+def test_user_content_sealed_under_a_key_the_server_no_longer_holds_answers_503_naming_it(
+    api_for, acme, operator, keys, settings
+):
+    client = api_for(acme)
+    run_id = client.leased_run()
+    planes(acme.tenant, {}, user_content=True)
+    body = {
+        "fencing_token": 1,
+        "type": "x.reply",
+        "fields": {},
+        "payload": {"text": "hello"},
+        "payload_class": "user_content",
+    }
+    seq = client.post(f"/runs/{run_id}/events", body).body["seq"]
+    sealed_under = DiagnosticPayload.objects.get(run_id=run_id, seq=seq).body["key_id"]
+
+    settings.FENCELINE = {**settings.FENCELINE, "USER_CONTENT_KEYS": {"another": b"k" * 32}}
+    page = logged_in(operator).get(f"/runs/{run_id}/events/{seq}/payload")
+    assert page.status_code == 503 and page.json()["error"] == "KEY_UNAVAILABLE"
+    assert repr(sealed_under) in page.json()["detail"]
+
+
 def test_a_viewer_reads_no_diagnostic_payload(acme, viewer, operator, admin, keys, tmp_path):
     run, token = leased_run(acme.worker)
     seq = noted(acme, run, token, {"trace": CANARY}).seq
