@@ -65,12 +65,12 @@ EVENT_PAYLOAD = {
     "description": (
         "The event's diagnostic payload, kept beside the chain (which commits to its digest) for the "
         "tenant's retention of its payload_class; at most 64 KB as compact JSON; no credential-like key "
-        "or value (ledger/boundary.py). docs/architecture.md, Data planes."
+        "or value (ledger/boundary/). docs/architecture.md, Data planes."
     ),
 }
 BOOT_EVIDENCE = {
     **EVENT_FIELDS,
-    "description": "What the check saw: at most 4 KB as compact JSON; no credential-like key or value (ledger/boundary.py).",
+    "description": "What the check saw: at most 4 KB as compact JSON; no credential-like key or value (ledger/boundary/).",
     "default": {},
 }
 # Request properties described by hand: pydantic cannot write a recursive schema for dict[str, Any].

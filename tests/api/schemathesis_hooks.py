@@ -3,7 +3,7 @@
 One kind of "schema-valid request rejected" is not a mismatch: 422 FORBIDDEN_FIELD, the secret
 boundary refusing a generated key or value that reads as a credential ("pWd" inside a random
 key is a password's key). The schema states that rule in words ("no credential-like key or
-value", ledger/boundary.py) but cannot in JSON Schema: the boundary judges normal forms,
+value", ledger/boundary/) but cannot in JSON Schema: the boundary judges normal forms,
 confusable letters and the words of a key. Those failures, and only those, are dropped; each
 is counted in ``boundary-refusals.txt`` beside the run so the test can report how many. Every
 other failure, of every check, fails the run."""
