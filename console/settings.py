@@ -394,6 +394,10 @@ FENCELINE: dict[str, Any] = {
     "EVENT_SIGNING_KEY_ID": _EVENT_SIGNING_KEY_ID,
     # The verifier seals a checkpoint every this many events (and at a run's completion).
     "CHECKPOINT_EVERY": env_int("FENCELINE_CHECKPOINT_EVERY", 1000, minimum=1),
+    # A directory kept apart from the database and its backups where the verifier also keeps
+    # every checkpoint it seals, so that a restore cannot hide a rollback (ROLLED_BACK;
+    # docs/operations.md "Checkpoints kept outside the database"). Unset: not kept outside.
+    "EXTERNAL_CHECKPOINTS": env("FENCELINE_EXTERNAL_CHECKPOINTS", "") or "",
     "USER_CONTENT_KEYS": _USER_CONTENT_KEYS,
     "USER_CONTENT_KEY_ID": _signing_key_id("FENCELINE_USER_CONTENT_KEY_ID", _USER_CONTENT_KEYS),
     # The diagnostic plane: days a payload of each class is kept unless its tenant says

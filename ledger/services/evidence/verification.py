@@ -39,6 +39,12 @@ from fenceline_client.evidence_verifier import (
     verify_rows,
 )
 from ledger.models import Checkpoint, Event, Run
+from ledger.services.evidence.checkpoint_store import (
+    ROLLED_BACK,
+    ExternalCheckpoint,
+    configured_store,
+    rollback_of,
+)
 from ledger.sql import evidence as sql_evidence
 from ledger.states import RUN_FINISHED
 from ledger.versioning import known_for, require_known
@@ -185,29 +191,33 @@ def _checkpoints(run: Run) -> list[dict[str, Any]]:
 
 
 def _seal(run: Run, points: list[tuple[int, str]]) -> None:
+    """Seal checkpoints at ``points``; with an external store configured, keep them there
+    too, once they committed here (the store is never ahead of what the database committed)."""
     key_id = settings.FENCELINE["CHECKPOINT_SIGNING_KEY_ID"]
     key = settings.FENCELINE["CHECKPOINT_KEYS"][key_id]
-    Checkpoint.objects.bulk_create(
-        [
-            Checkpoint(
-                run=run,
-                seq=seq,
-                last_hash=last_hash,
-                verifier_version=VERIFIER_VERSION,
-                key_id=key_id,
-                mac=checkpoint_mac(
-                    key,
-                    run_id=str(run.pk),
-                    seq=seq,
-                    last_hash=last_hash,
-                    verifier_version=VERIFIER_VERSION,
-                    key_id=key_id,
-                ),
-            )
-            for seq, last_hash in points
-        ],
-        ignore_conflicts=True,  # a concurrent verifier sealed the same point: same content
-    )
+    sealed = [
+        Checkpoint(
+            run=run,
+            seq=seq,
+            last_hash=last_hash,
+            verifier_version=VERIFIER_VERSION,
+            key_id=key_id,
+            mac=checkpoint_mac(
+                key, run_id=str(run.pk), seq=seq, last_hash=last_hash, verifier_version=VERIFIER_VERSION, key_id=key_id
+            ),
+        )
+        for seq, last_hash in points
+    ]
+    # ignore_conflicts: a concurrent verifier sealed the same point: same content
+    Checkpoint.objects.bulk_create(sealed, ignore_conflicts=True)
+    store = configured_store()
+    if store is not None:
+        sealed_at = format_time(timezone.now())
+        kept = [
+            ExternalCheckpoint(str(run.pk), cp.seq, cp.last_hash, sealed_at, cp.verifier_version, cp.key_id, cp.mac)
+            for cp in sealed
+        ]
+        transaction.on_commit(lambda: store.record(kept))
 
 
 VERIFY_TASK = "ledger.tasks.verify_ledger_task"
@@ -245,6 +255,8 @@ def run_verify(*, run_id: uuid.UUID | str, seal: bool = True, on_events: Callabl
     report = _check_payloads(run.pk, head_seq, report)
     if report.finding is None:
         report = _check_beyond_head(run, report)
+    if report.finding is None:
+        report = _check_rolled_back(run, report)
 
     if seal and report.finding is None:
         points = list(observer.sealable)
@@ -287,6 +299,18 @@ def _check_beyond_head(run: Run, report: Report) -> Report:
             last_seq=highest,
             detail=f"events {head + 1}..{highest} lie beyond the run's recorded head {head}",
         )
+        report.status = "BROKEN"
+    return report
+
+
+def _check_rolled_back(run: Run, report: Report) -> Report:
+    """The run against the last checkpoint kept outside the database (when a store is
+    configured): a head behind it, or another hash at its seq, is the finding ROLLED_BACK
+    (integrity BROKEN, reason rolled_back), and nothing is sealed over it."""
+    store = configured_store()
+    found = None if store is None else rollback_of(str(run.pk), store=store)
+    if found is not None:
+        report.finding = Finding(reason=ROLLED_BACK, first_seq=found.first_seq, last_seq=found.seq, detail=found.detail)
         report.status = "BROKEN"
     return report
 

@@ -31,6 +31,7 @@ from ledger.errors import NotFound
 from ledger.models import Backfill, BackupManifest, Run, SchemaChange, Tenant
 from ledger.roles import ADMINISTER
 from ledger.services.core.decisions import acting_name, admin_action_record, decision_reason
+from ledger.services.evidence.checkpoint_store import rollback_check
 from ledger.services.evidence.verification import ledger_verify
 from ledger.states import UpgradePhase
 from ledger.versioning import Versioned, known_for
@@ -89,6 +90,7 @@ class RestoreReport:
     runs_verified: int = 0
     events_verified: int = 0
     broken_runs: list[str] = field(default_factory=list)
+    rolled_back: list[str] = field(default_factory=list)  # runs behind the checkpoints kept outside
     held_tenants: list[str] = field(default_factory=list)
 
     @property
@@ -116,6 +118,7 @@ def restore_check(
         return report  # nothing below can be read reliably before then
     _compare_versions(report)
     _verify_chains(report, progress)
+    _check_rollbacks(report)
     if report.broken_runs:
         report.problems.append(f"{len(report.broken_runs)} run chains are BROKEN (see the runs list, integrity BROKEN)")
     if hold:
@@ -185,6 +188,16 @@ def _verify_chains(report: RestoreReport, progress: Callable[[int, int], None] |
         _verify(chunk, report)
     if progress:
         progress(report.runs_verified, total)
+
+
+def _check_rollbacks(report: RestoreReport) -> None:
+    """Every run against the last checkpoint kept outside the database
+    (``FENCELINE["EXTERNAL_CHECKPOINTS"]``): each ROLLED_BACK run is a problem of its own,
+    named with the seq the store knows, and not counted again among the BROKEN."""
+    for found in rollback_check():
+        report.rolled_back.append(found.run_id)
+        report.problems.append(f"run {found.run_id} ROLLED_BACK at seq {found.seq}: {found.detail}")
+    report.broken_runs = [run_id for run_id in report.broken_runs if run_id not in report.rolled_back]
 
 
 def _verify(run_ids: list[uuid.UUID], report: RestoreReport) -> None:
