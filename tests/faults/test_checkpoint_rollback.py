@@ -163,13 +163,17 @@ def test_a_crash_mid_write_leaves_the_store_as_it_was(store_dir):
         timeout=120,
     )
     assert crashed.returncode == 9, crashed.stderr
-    [temp] = [p for p in store_dir.iterdir() if p.name.endswith(".tmp")]
+    [temp] = list(store_dir.rglob("*.tmp"))
     assert '"seq": 6' in temp.read_text()  # the new file was written whole, never renamed
-    # A torn temp file from another crash, cut mid-line, is ignored as well.
-    (store_dir / f".{run_id}.jsonl.torn.tmp").write_text('{"run_id": "' + run_id + '", "seq": 9, "la')
+    # A torn temp file from another crash, cut mid-line, is ignored as well, as is a stray
+    # file beside the runs' folders.
+    (store_dir / run_id / f".{9:020d}.json.torn.tmp").write_text('{"run_id": "' + run_id + '", "seq": 9, "la')
+    (store_dir / "notes.txt").write_text("not a run")
     assert store.last(run_id) == first
     assert list(store.runs()) == [run_id]
     second = ExternalCheckpoint(run_id, 6, "sha256:" + "6" * 64, "2026-12-06T00:00:06.000000Z", "1", "k", "m")
-    store.record([second, first])  # a seq already kept is kept as it was
+    changed = ExternalCheckpoint(run_id, 3, "sha256:" + "f" * 64, "2026-12-06T00:00:07.000000Z", "1", "k", "m")
+    store.record([second, changed])  # a seq already kept is kept as it was
     assert store.last(run_id) == second
-    assert (store_dir / f"{run_id}.jsonl").read_text().count("\n") == 2
+    assert sorted(p.name for p in (store_dir / run_id).glob("*.json")) == [f"{3:020d}.json", f"{6:020d}.json"]
+    assert '"sha256:333' in (store_dir / run_id / f"{3:020d}.json").read_text()

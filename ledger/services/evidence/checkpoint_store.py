@@ -9,15 +9,15 @@ recorded there (run, seq, head hash, sealed_at, with the checkpoint's MAC), and
 behind the last checkpoint kept outside, whose event at that seq hashes differently (a
 rewritten chain), or that the database no longer holds, is ROLLED_BACK at that seq.
 
-``CheckpointStore`` is the interface; ``DirectoryCheckpointStore`` keeps one append-only
-JSON-lines file per run, each write a whole new file (temp file, fsync, rename, fsync of the
-directory), so a crash mid-write leaves the previous file intact and at most a stray temp
-file, which readers ignore. Another place (an object store) is another implementation of
-the same three methods, chosen in ``configured_store``."""
+``CheckpointStore`` is the interface; ``DirectoryCheckpointStore`` keeps one file per
+checkpoint in a folder per run, each written whole beside its place (temp file, fsync, rename,
+fsync of the folder) and never written again, so a crash mid-write leaves what was kept intact
+and at most a stray temp file, which readers ignore. Another place (an object store, whose puts
+are whole objects) is another implementation of the same three methods, chosen in ``configured_store``."""
 
-import fcntl
 import json
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
@@ -30,7 +30,7 @@ from django.conf import settings
 
 from ledger.models import Event, Run
 
-SUFFIX = ".jsonl"
+SUFFIX = ".json"
 ROLLED_BACK = "rolled_back"  # the verifier's finding reason (integrity BROKEN names it)
 
 
@@ -61,44 +61,37 @@ class CheckpointStore(Protocol):
 
 
 class DirectoryCheckpointStore:
-    """One ``<run id>.jsonl`` per run under ``root``, each line an ``ExternalCheckpoint``."""
+    """``root/<run id>/<seq, 20 digits>.json`` per checkpoint, each an ``ExternalCheckpoint``:
+    a file once renamed into place is never written again, so a seal costs the same however
+    long the run, and concurrent verifiers need no lock (they seal the same content)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def _path(self, run_id: str) -> Path:
-        return self.root / f"{uuid.UUID(run_id)}{SUFFIX}"  # a run id, never a path
-
-    def _read(self, run_id: str) -> list[ExternalCheckpoint]:
-        try:
-            text = self._path(run_id).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return []
-        return [ExternalCheckpoint(**json.loads(line)) for line in text.splitlines() if line]
+    def _dir(self, run_id: str) -> Path:
+        return self.root / str(uuid.UUID(run_id))  # a run id, never a path
 
     def record(self, checkpoints: Sequence[ExternalCheckpoint]) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        by_run: dict[str, list[ExternalCheckpoint]] = {}
+        touched: set[Path] = set()
         for checkpoint in checkpoints:
-            by_run.setdefault(checkpoint.run_id, []).append(checkpoint)
-        with open(self.root / ".lock", "a") as lock:  # one writer at a time (verifiers run in parallel)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            for run_id, new in by_run.items():
-                kept = self._read(run_id)
-                top = kept[-1].seq if kept else 0
-                added = sorted((c for c in new if c.seq > top), key=lambda c: c.seq)
-                if added:
-                    self._replace(self._path(run_id), [*kept, *added])
-            self._sync_directory()
+            folder = self._dir(checkpoint.run_id)
+            if not folder.is_dir():
+                folder.mkdir(parents=True, exist_ok=True)
+                touched.add(folder.parent)
+            path = folder / f"{checkpoint.seq:020d}{SUFFIX}"
+            if not path.exists():  # a seq already kept is kept as it was
+                self._write(path, checkpoint)
+                touched.add(folder)
+        for folder in sorted(touched, key=lambda p: len(p.parts), reverse=True):
+            _sync_directory(folder)  # the renames (and new run folders) are durable
 
-    def _replace(self, path: Path, entries: list[ExternalCheckpoint]) -> None:
-        """Write the whole file anew beside it and rename it into place: readers see the old
-        file or the new one, never a part."""
-        text = "".join(json.dumps(asdict(e), sort_keys=True) + "\n" for e in entries)
-        fd, temp = tempfile.mkstemp(dir=self.root, prefix=f".{path.name}.", suffix=".tmp")
+    def _write(self, path: Path, checkpoint: ExternalCheckpoint) -> None:
+        """Write the file beside its place and rename it there: readers see it whole or not
+        at all; a crash leaves at most a ``.*.tmp`` file, which they ignore."""
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(text)
+                out.write(json.dumps(asdict(checkpoint), sort_keys=True) + "\n")
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(temp, path)
@@ -106,24 +99,34 @@ class DirectoryCheckpointStore:
             Path(temp).unlink(missing_ok=True)
             raise
 
-    def _sync_directory(self) -> None:
-        fd = os.open(self.root, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the renames are durable
-        finally:
-            os.close(fd)
-
     def last(self, run_id: str) -> ExternalCheckpoint | None:
-        kept = self._read(run_id)
-        return kept[-1] if kept else None
+        try:
+            names = [e.name for e in os.scandir(self._dir(run_id)) if _KEPT.fullmatch(e.name)]
+        except FileNotFoundError:
+            return None
+        if not names:
+            return None
+        text = (self._dir(run_id) / max(names)).read_text(encoding="utf-8")
+        return ExternalCheckpoint(**json.loads(text))
 
     def runs(self) -> Iterator[str]:
         if not self.root.is_dir():
             return
-        for path in sorted(self.root.glob(f"*{SUFFIX}")):
-            name = path.name.removesuffix(SUFFIX)
-            with suppress(ValueError):  # a run's file, not a temp file or another one
-                yield str(uuid.UUID(name))
+        for entry in sorted(os.scandir(self.root), key=lambda e: e.name):
+            with suppress(ValueError):  # a run's folder, nothing else
+                if entry.is_dir():
+                    yield str(uuid.UUID(entry.name))
+
+
+_KEPT = re.compile(r"[0-9]{20}" + re.escape(SUFFIX))
+
+
+def _sync_directory(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def configured_store() -> CheckpointStore | None:
