@@ -112,7 +112,7 @@ def test_a_restored_backup_behind_the_external_checkpoints_is_rolled_back(acme, 
         _pg("dropdb", "--if-exists", restored)
 
 
-def test_without_a_rollback_restore_check_finds_none(acme, store_dir):
+def test_without_a_rollback_restore_check_finds_none(acme, store_dir, tmp_path):
     run, token = leased_run(acme.worker, ttl_s=600)
     _append(acme.worker, run, token, 7)
     report = restore_check(by="olga", hold=False)
@@ -121,6 +121,23 @@ def test_without_a_rollback_restore_check_finds_none(acme, store_dir):
     assert DirectoryCheckpointStore(store_dir).last(str(run.pk)).seq == 9
     assert Checkpoint.objects.filter(run=run).count() == 3
     assert run_indicators(Run.objects.get(pk=run.pk))["integrity"]["value"] == "VERIFIED"
+    # A backup taken after the last seal restores to no finding either.
+    source = connection.settings_dict["NAME"]
+    dump = tmp_path / "fenceline.dump"
+    assert _manage(source, "backup", "--output", str(dump)).returncode == 0
+    restored = f"{source}_whole"
+    _pg("dropdb", "--if-exists", restored)
+    assert _pg("createdb", "-T", "template0", restored).returncode == 0
+    try:
+        loaded = _pg("pg_restore", "--no-owner", "-d", restored, str(dump))
+        assert loaded.returncode == 0, loaded.stderr
+        check = _manage(restored, "restore_check", "--by", "olga", FENCELINE_EXTERNAL_CHECKPOINTS=str(store_dir))
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert "ROLLED_BACK" not in check.stdout
+        assert "restore check: OK" in check.stdout
+    finally:
+        connections.close_all()
+        _pg("dropdb", "--if-exists", restored)
 
 
 def test_a_rewritten_chain_is_rolled_back_at_the_seq_whose_hash_differs(acme, store_dir):
