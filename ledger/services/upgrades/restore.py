@@ -90,6 +90,7 @@ class RestoreReport:
     events_verified: int = 0
     broken_runs: list[str] = field(default_factory=list)
     held_tenants: list[str] = field(default_factory=list)
+    pending_migrations: list[str] = field(default_factory=list)  # the check stopped before them
 
     @property
     def ok(self) -> bool:
@@ -108,7 +109,7 @@ def restore_check(
     """Check a restored database (see the module); hold effects on the tenants checked."""
     report = RestoreReport()
     _compare_manifest(report)
-    pending = _unapplied()
+    pending = report.pending_migrations = _unapplied()
     if pending:
         report.problems.append(
             f"this build has migrations the database lacks (run manage.py migrate): {', '.join(pending)}"
