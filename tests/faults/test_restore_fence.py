@@ -54,9 +54,9 @@ def _takeover(acme, run, owner):
 def _restore_in_place(database, dump):
     """pg_restore the dump over ``database`` (every connection to it closed first)."""
     connections.close_all()
+    options = ["--no-owner", "--clean", "--if-exists", "--single-transaction"]
     loaded = subprocess.run(
-        ["pg_restore", "-h", "127.0.0.1", "-U", "postgres", "--no-owner", "--clean", "--if-exists"]
-        + ["--single-transaction", "-d", database, str(dump)],
+        ["pg_restore", "-h", "127.0.0.1", "-U", "postgres", *options, "-d", database, str(dump)],
         capture_output=True,
         text=True,
     )
