@@ -102,3 +102,20 @@ def test_fence_restore_with_the_clock_behind_moves_past_the_fence_and_names_the_
     expire(run)
     taken = leases.lease_acquire(worker=acme.worker, run_id=run.pk, owner_id="owner-z", ttl_s=60)
     assert taken.fencing_token == token_floor(ahead + 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_over_http_the_token_after_a_restore_is_an_integer_the_worker_echoes(api_for, acme):
+    client = api_for(acme)
+    run_id = client.create_run()
+    restored = fence_restore(by="olga")
+    taken = client.acquire(run_id, "worker-a", ttl_s=60)
+    assert taken.status == 200 and taken.body["fencing_token"] == token_floor(restored.generation)
+    token = taken.body["fencing_token"]
+    assert type(token) is int and token <= FENCING_TOKEN_MAX
+    renewed = client.post(f"/runs/{run_id}/lease/renew", {"owner_id": "worker-a", "fencing_token": token, "ttl_s": 60})
+    assert renewed.status == 200, renewed
+    stale = client.post(
+        f"/runs/{run_id}/lease/renew", {"owner_id": "worker-a", "fencing_token": token - 1, "ttl_s": 60}
+    )
+    assert stale.status == 409, stale
