@@ -7,10 +7,11 @@ dispatched operation UNKNOWN and a case, and the run's chain records the restore
 verifies."""
 
 import subprocess
+import threading
 import time
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 from approvals.models import ReconciliationCase
 from ledger.errors import Denied, DomainError
@@ -22,8 +23,10 @@ from ledger.services.core.intent import Intent
 from ledger.services.evidence.verification import ledger_verify
 from ledger.services.fence import leases, operations
 from ledger.services.fence.generation import token_floor
+from ledger.services.fence.restore import fence_restore
 from ledger.services.upgrades.restore import effects_allow
 from tests.factories import credential_lease, expire, new_run
+from tests.faults.test_fence_reads_under_the_lock import wait_until_blocked_on_a_lock
 from tests.faults.test_migration_restore import _manage
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -132,3 +135,43 @@ def test_after_a_restore_no_token_is_issued_again_and_what_was_live_is_ended(acm
     verified = ledger_verify(run_ids=[run.pk])
     assert (verified.runs, verified.broken) == (1, 0)
     assert Run.objects.get(pk=run.pk).broken_reason == ""
+
+
+def test_a_restore_waits_for_an_acquisition_in_progress_and_ends_its_lease(acme):
+    FenceGeneration.objects.get_or_create(pk=1)  # as migration 0035 left it (a transaction test's flush drops it)
+    run = new_run(acme.worker)
+    granted, release = threading.Event(), threading.Event()
+    issued: dict = {}
+
+    def acquire_and_wait():
+        """An acquisition whose transaction is still open when the restore starts."""
+        try:
+            with transaction.atomic():
+                lease = leases.lease_acquire(worker=acme.worker, run_id=run.pk, owner_id="owner-a", ttl_s=600)
+                issued["token"] = lease.fencing_token
+                granted.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    def restore():
+        try:
+            issued["restore"] = fence_restore(by="olga")
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=acquire_and_wait)
+    holder.start()
+    assert granted.wait(10)
+    restoring = threading.Thread(target=restore)
+    restoring.start()
+    wait_until_blocked_on_a_lock()  # the restore waits for the acquisition's share of the generation
+    release.set()
+    holder.join(10)
+    restoring.join(10)
+    restored = issued["restore"]
+    assert (issued["token"], restored.leases_ended) == (1, 1)  # committed under generation 0, then ended
+    lease = Run.objects.get(pk=run.pk).lease
+    assert (lease.owner_id, lease.end_reason) == (None, "REVOKED")
+    again = leases.lease_acquire(worker=acme.worker, run_id=run.pk, owner_id="owner-b", ttl_s=600)
+    assert again.fencing_token == token_floor(restored.generation)
