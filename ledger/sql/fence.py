@@ -1,5 +1,6 @@
 """The fence's statements: the one read that locks a run with its lease (and, by operation,
-reads what the write needs), and the sweeps' locked runs.
+reads what the write needs), the sweeps' locked runs, and the fence's generation, read
+key-shared by every lease acquisition (``fence_generation_shared``).
 
 Only the lease and the run rows are locked (``FOR UPDATE OF``). By operation, the operation,
 its credential lease, the credential's version, the cost reservation of the current attempt
