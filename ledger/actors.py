@@ -17,6 +17,7 @@ SYSTEM_LIMITS = "system:run-limits"
 SYSTEM_RESOURCE_REAPER = "system:resource-reaper"
 SYSTEM_APPROVAL_EXPIRY = "system:approval-expiry"
 SYSTEM_RESERVATION_EXPIRY = "system:reservation-expiry"
+SYSTEM_RESTORE = "system:restore"
 
 
 class Named(Protocol):

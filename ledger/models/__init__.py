@@ -13,7 +13,7 @@ from ledger.models.evidence import Checkpoint, DiagnosticPayload, Event
 from ledger.models.jobs import JobHeartbeat, RunTotals
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
 from ledger.models.notifications import WebhookDelivery, WebhookEndpoint
-from ledger.models.runs import RUN_IN_FLIGHT, RUN_UNCERTAIN, LeaseGrant, Operation, Run, RunLease
+from ledger.models.runs import RUN_IN_FLIGHT, RUN_UNCERTAIN, FenceGeneration, LeaseGrant, Operation, Run, RunLease
 from ledger.models.tenancy import (
     RESTART_EPISODE_BEGINS,
     AdminAction,
@@ -42,6 +42,7 @@ __all__ = [
     "CredentialLease",
     "DiagnosticPayload",
     "Event",
+    "FenceGeneration",
     "JobHeartbeat",
     "LeaseGrant",
     "Operation",

@@ -21,6 +21,14 @@ from ledger.states import (
 )
 from ledger.versioning import Versioned
 
+# A fencing token is an integer a JavaScript client holds exactly: at most 2**53 - 1. It is
+# issued as the fence's generation (ledger/services/fence/generation.py) shifted left by
+# FENCE_GENERATION_SHIFT bits, or the run's previous token + 1 when that is larger.
+FENCING_TOKEN_MAX = 2**53 - 1
+FENCE_GENERATION_SHIFT = 20
+FENCE_GENERATION_MAX = FENCING_TOKEN_MAX >> FENCE_GENERATION_SHIFT  # 2**33 - 1: Unix seconds until 2242
+
+
 # A run with an operation waiting for approval, authorized or dispatched (its counters are
 # kept with every transition, under the run's lock): where a tenant's active operations are
 # counted, now that the operations table has no index on the phase. Over index
@@ -184,6 +192,7 @@ class RunLease(Versioned):
     class Meta:
         constraints = [
             models.CheckConstraint(condition=Q(fencing_token__gte=0), name="lease_token_non_negative"),
+            models.CheckConstraint(condition=Q(fencing_token__lte=FENCING_TOKEN_MAX), name="lease_token_js_safe"),
             models.CheckConstraint(
                 condition=Q(owner_id__isnull=True) | Q(expires_at__isnull=False, fencing_token__gte=1),
                 name="lease_owned_has_expiry_and_token",
@@ -196,6 +205,29 @@ class RunLease(Versioned):
                 fields=["worker", "expires_at"], condition=Q(owner_id__isnull=False), name="lease_held_worker"
             ),
         ]
+
+
+class FenceGeneration(models.Model):
+    """The fence's generation: every token issued from now on is at least ``generation``
+    shifted left by ``FENCE_GENERATION_SHIFT`` bits. A restore (``manage.py restore_check``)
+    moves it to the Unix second it ran at, past anything the database rolled back could
+    have issued. One row (id 1); a database without it is at generation 0."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    generation = models.BigIntegerField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    started_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(id=1), name="fence_generation_one_row"),
+            models.CheckConstraint(
+                condition=Q(generation__gte=0, generation__lte=FENCE_GENERATION_MAX), name="fence_generation_in_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"fence generation {self.generation}"
 
 
 class LeaseGrant(Versioned):
@@ -223,6 +255,7 @@ class LeaseGrant(Versioned):
         constraints = [
             models.UniqueConstraint(fields=["run", "fencing_token"], name="grant_unique_token_per_run"),
             models.CheckConstraint(condition=Q(fencing_token__gte=1), name="grant_token_positive"),
+            models.CheckConstraint(condition=Q(fencing_token__lte=FENCING_TOKEN_MAX), name="grant_token_js_safe"),
             models.CheckConstraint(condition=Q(state__in=InstanceState.values), name="grant_state_valid"),
         ]
         ordering = ["run", "fencing_token"]

@@ -1,5 +1,6 @@
 """The fence's statements: the one read that locks a run with its lease (and, by operation,
-reads what the write needs), and the sweeps' locked runs.
+reads what the write needs), the sweeps' locked runs, and the fence's generation, read
+key-shared by every lease acquisition (``fence_generation_shared``).
 
 Only the lease and the run rows are locked (``FOR UPDATE OF``). By operation, the operation,
 its credential lease, the credential's version, the cost reservation of the current attempt
@@ -22,6 +23,7 @@ from ledger.models import (
     CostReservation,
     Credential,
     CredentialLease,
+    FenceGeneration,
     Operation,
     Run,
     RunLease,
@@ -158,3 +160,18 @@ def runs_by_id(
     (in id order when waited for); busy ones left out with ``skip_locked``."""
     ids = list(run_ids)
     return execute(_sweep_sql(False, skip_locked, run_columns), [ids, len(ids) if limit is None else limit]).fetchall()
+
+
+@cache
+def _generation_sql() -> str:
+    qn = connection.ops.quote_name
+    table, generation, key = qn(FenceGeneration._meta.db_table), qn(column(FenceGeneration, "generation")), qn("id")
+    return f"SELECT {generation} FROM {table} WHERE {key} = 1 FOR KEY SHARE"
+
+
+def fence_generation_shared() -> int:
+    """The fence's generation (0 when it has no row), the row locked ``FOR KEY SHARE`` until
+    the transaction ends: a restore moving it (``FOR UPDATE``) waits for the acquisitions
+    that read it, and acquisitions that come after wait for the restore."""
+    row = execute(_generation_sql(), []).fetchone()
+    return 0 if row is None else int(row[0])

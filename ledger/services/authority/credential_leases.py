@@ -319,11 +319,12 @@ def credential_leases_revoke(
     return _revoke(leases, tenant=tenant, revoked_by=revoked_by, reason=reason)
 
 
-def credential_leases_end_with_run(*, run: Run, batch: ChainBatch, actor: str) -> int:
+def credential_leases_end_with_run(*, run: Run, batch: ChainBatch, actor: str, reason: str = "run ended") -> int:
     """A run that ends revokes its active credential leases (article flow 5: after the
-    terminal status, before the resources), one CREDENTIAL_LEASE_REVOKED event each. The
-    run is locked by the caller; an expired lease is left as it is: its expiry never waited
-    for anything."""
+    terminal status, before the resources), one CREDENTIAL_LEASE_REVOKED event each; so
+    does a restore (``reason`` "restore"), for every lease alive in the restored database.
+    The run is locked by the caller; an expired lease is left as it is: its expiry never
+    waited for anything."""
     leases = list(
         CredentialLease.objects.filter(run=run, revoked_at__isnull=True, expires_at__gt=batch.now).select_related(
             "credential"
@@ -332,13 +333,13 @@ def credential_leases_end_with_run(*, run: Run, batch: ChainBatch, actor: str) -
     if not leases:
         return 0
     CredentialLease.objects.filter(pk__in=[lease.pk for lease in leases], revoked_at__isnull=True).update(
-        revoked_at=batch.now, revoked_by=actor, revoke_reason="run ended"
+        revoked_at=batch.now, revoked_by=actor, revoke_reason=reason
     )
     for lease in leases:
         batch.append(
             run,
             "CREDENTIAL_LEASE_REVOKED",
             actor=actor,
-            fields={"lease_id": lease.pk, "principal": lease.credential.principal, "reason": "run ended"},
+            fields={"lease_id": lease.pk, "principal": lease.credential.principal, "reason": reason},
         )
     return len(leases)

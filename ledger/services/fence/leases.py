@@ -1,6 +1,8 @@
 """Run leases: acquire, renew, release, and the reaper that sweeps expired ones.
 
-The fencing token of a run grows by one on every ownership change (invariant 1). Losing a
+The fencing token of a run grows on every ownership change (invariant 1): by one, or to the
+floor of the fence's generation when that is higher (``ledger.services.fence.generation``:
+after a restore, past every token the restored database forgot). Losing a
 lease (expiry, takeover of an expired lease, release) turns the run's DISPATCHED operations
 UNKNOWN and opens a reconciliation case for each, in the same transaction (invariant 4):
 ``lease_end.leases_end``. Each grant is an instance of the run, allocated under the
@@ -34,8 +36,10 @@ from ledger.services.core.fencing import (
 )
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.ending import IN_FLIGHT, TIMEOUT_REASON, runs_cancel
+from ledger.services.fence.generation import token_next
 from ledger.services.fence.lease_end import leases_end
 from ledger.services.lifespan.instances import instance_renewed, instances_admit
+from ledger.sql import fence as sql_fence
 from ledger.sql import rows as sql_rows
 from ledger.states import RUN_ENDING, InstanceState, LeaseEnd, RunStatus, WorkerStatus
 
@@ -59,7 +63,8 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int, 
     """Take the run's lease if nobody holds it: a new instance of the run, admitted by the
     tenant's instance quotas (403 DENY_QUOTA), for ``tool`` when the worker names one.
     Taking over an expired lease first ends the old ownership (its DISPATCHED operations
-    become UNKNOWN, its instance EXPIRED) and then issues token + 1. A run past its maximum
+    become UNKNOWN, its instance EXPIRED) and then issues the next token (token + 1, or the
+    floor of the fence's generation after a restore). A run past its maximum
     runtime times out here instead (409 RUN_CANCELLED)."""
     _check_ttl(ttl_s)
     if not isinstance(tool, str) or len(tool) > MAX_TOOL_LENGTH:
@@ -73,6 +78,9 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int, 
         raise not_admitted
     refused: DomainError | None = None
     with transaction.atomic():
+        # The fence's generation first, shared until the grant commits: a restore moving it
+        # waits for this acquisition (and ends its lease), or this one issues under the new.
+        generation = sql_fence.fence_generation_shared()
         # The worker row first, then the run (the lock order of worker_quarantine): an
         # acquire racing a quarantine either commits first, and the quarantine then revokes
         # the new lease, or sees the worker no longer ACCEPTING.
@@ -95,7 +103,8 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int, 
             refused = conflicted(run)  # no new owner automates a run a person must decide first
         else:
             takeover = run.lease.owner_id is not None  # _grant refuses a lease still held
-            lease = _grant(run=run, worker=worker, owner_id=owner_id, ttl_s=ttl_s, tool=tool, policy=policy, now=now)
+            grant = Grant(owner_id=owner_id, ttl_s=ttl_s, tool=tool, generation=generation)
+            lease = _grant(run=run, worker=worker, grant=grant, policy=policy, now=now)
     if refused is not None:
         raise refused
     worker_executing(worker)
@@ -103,15 +112,24 @@ def lease_acquire(*, worker: Worker, run_id: object, owner_id: str, ttl_s: int, 
     return lease
 
 
-def _grant(
-    *, run: Run, worker: Worker, owner_id: str, ttl_s: int, tool: str, policy: dict[str, Any], now: datetime
-) -> RunLease:
-    """Issue token + 1 on the locked ``run``: a new instance. Allocation (the quota check)
+@dataclass(frozen=True)
+class Grant:
+    """What a worker asked for, and the fence's generation it is issued under."""
+
+    owner_id: str
+    ttl_s: int
+    tool: str
+    generation: int
+
+
+def _grant(*, run: Run, worker: Worker, grant: Grant, policy: dict[str, Any], now: datetime) -> RunLease:
+    """Issue the next token on the locked ``run``: a new instance. Allocation (the quota check)
     and the acquisition are one atomic step, so the instance never rests in ALLOCATED: its
     one event, LEASE_ACQUIRED, records both (its tool, the quota use it was admitted at,
     ``instance_state`` RUNNING)."""
     lease = run.lease
     _refuse_if_held(lease, now)
+    owner_id, tool = grant.owner_id, grant.tool
     actor = worker_actor(worker, owner_id)
     batch = ChainBatch(now)
     previous_owner = lease.owner_id
@@ -119,13 +137,13 @@ def _grant(
         leases_end(runs=[run], batch=batch, actor=actor, end=LeaseEnd.EXPIRED)
     use = instances_admit(run=run, worker=worker, tool=tool, policy=policy)
     previous_fencing_token = lease.fencing_token
-    fencing_token = previous_fencing_token + 1
-    expires_at = now + timedelta(seconds=ttl_s)
+    fencing_token = token_next(previous=previous_fencing_token, generation=grant.generation)
+    expires_at = now + timedelta(seconds=grant.ttl_s)
     _issue(
         run=run,
         worker=worker,
         owner_id=owner_id,
-        fencing_token=fencing_token,
+        tokens=(previous_fencing_token, fencing_token),
         previous_owner=previous_owner,
         tool=tool,
         now=now,
@@ -165,15 +183,17 @@ def _issue(
     run: Run,
     worker: Worker,
     owner_id: str,
-    fencing_token: int,
+    tokens: tuple[int, int],
     previous_owner: str | None,
     tool: str,
     now: datetime,
     expires_at: datetime,
 ) -> None:
-    """Give the locked ``run``'s lease ``fencing_token`` (its token + 1) for ``owner_id``:
+    """Give the locked ``run``'s lease the second of ``tokens`` (its next token; the first is
+    the one it holds) for ``owner_id``:
     the lease row by a conditional UPDATE on the token it held, whose row count decides; the
     history row of the new instance (RUNNING); and the lease in memory."""
+    previous_token, fencing_token = tokens
     granted = {
         "owner_id": owner_id,
         "worker_id": worker.pk,
@@ -184,7 +204,7 @@ def _issue(
         "end_reason": None,
         "instance_state": InstanceState.RUNNING,
     }
-    if sql_rows.update(RunLease, granted, run_id=run.pk, fencing_token=fencing_token - 1) != 1:
+    if sql_rows.update(RunLease, granted, run_id=run.pk, fencing_token=previous_token) != 1:
         raise LeaseHeld("the lease changed hands concurrently")  # impossible while the row is locked
     sql_rows.insert(
         LeaseGrant(

@@ -92,6 +92,7 @@ class RestoreReport:
     broken_runs: list[str] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)  # runs behind the checkpoints kept outside
     held_tenants: list[str] = field(default_factory=list)
+    pending_migrations: list[str] = field(default_factory=list)  # the check stopped before them
 
     @property
     def ok(self) -> bool:
@@ -110,7 +111,7 @@ def restore_check(
     """Check a restored database (see the module); hold effects on the tenants checked."""
     report = RestoreReport()
     _compare_manifest(report)
-    pending = _unapplied()
+    pending = report.pending_migrations = _unapplied()
     if pending:
         report.problems.append(
             f"this build has migrations the database lacks (run manage.py migrate): {', '.join(pending)}"

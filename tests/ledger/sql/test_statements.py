@@ -18,6 +18,7 @@ from ledger.models import (
     CostWindow,
     Credential,
     Event,
+    FenceGeneration,
     LeaseGrant,
     Operation,
     Run,
@@ -86,6 +87,19 @@ def test_lock_run_locks_the_lease_and_the_run_not_the_tenant(acme, outsider):
             assert locked(other, "ledger_run", "id", run.pk)
             assert not locked(other, "ledger_tenant", "id", acme.tenant.pk)
     assert fence.lock_run(run_id=run.pk, tenant_id=outsider.tenant.pk) is None
+
+
+def test_the_fence_generation_is_read_key_shared_a_restore_waits_and_acquisitions_do_not(acme):
+    FenceGeneration.objects.all().delete()
+    with transaction.atomic():
+        assert fence.fence_generation_shared() == 0  # a database without the row is at generation 0
+    FenceGeneration.objects.create(pk=1, generation=42)
+    with transaction.atomic():
+        assert fence.fence_generation_shared() == 42
+        with second_connection() as other:
+            assert locked(other, "ledger_fencegeneration", "id", 1)  # a restore's FOR UPDATE waits
+            assert not share_locked(other, "ledger_fencegeneration", 1)
+            other.execute("SELECT 1 FROM ledger_fencegeneration WHERE id = 1 FOR KEY SHARE NOWAIT")  # another acquire
 
 
 def test_lock_operation_reads_the_operation_and_capabilities_without_locking_them(acme, outsider):
