@@ -76,7 +76,7 @@ class DatabaseUnavailable(DomainError):
     status = 503
 
     def __init__(self, detail: str, *, retry_after_s: int) -> None:
-        super().__init__(detail)
+        super().__init__(detail, retry_after_s=retry_after_s)
         self.retry_after_s = retry_after_s
 
 

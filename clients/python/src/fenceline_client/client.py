@@ -210,6 +210,34 @@ class ApprovalDenied(FencelineError):
     code = "APPROVAL_DENIED"
 
 
+class RetryLater(FencelineError):
+    """Not decided now: send the same call again after ``retry_after_s`` seconds."""
+
+    @property
+    def retry_after_s(self) -> int:
+        value = self.body.get("retry_after_s")
+        return value if isinstance(value, int) and value >= 0 else 1
+
+
+class TooManyRequests(RetryLater):
+    """Too many unknown tokens from this client's address (429): the window ends after ``retry_after_s``."""
+
+    code = "TOO_MANY_REQUESTS"
+
+
+class DatabaseUnavailable(RetryLater):
+    """The server cannot reach its database (503): the call was not decided, unless the
+    connection broke during its commit; read back before repeating a write that is not idempotent."""
+
+    code = "DATABASE_UNAVAILABLE"
+
+
+class KeyUnavailable(FencelineError):
+    """A kept value is sealed under a key the server no longer holds (503)."""
+
+    code = "KEY_UNAVAILABLE"
+
+
 class ServerError(FencelineError):
     code = "SERVER_ERROR"
 
@@ -232,6 +260,9 @@ class StopWorker(FencelineError):
 ERRORS: dict[str, type[FencelineError]] = {
     cls.code: cls
     for cls in (
+        TooManyRequests,
+        DatabaseUnavailable,
+        KeyUnavailable,
         InvalidRequest,
         MalformedJSON,
         PayloadTooLarge,
@@ -635,7 +666,7 @@ class Lease:
                     f"/runs/{self.run_id}/lease/renew",
                     {"owner_id": self.owner_id, "fencing_token": self.token, "ttl_s": self.ttl_s},
                 )
-            except (TransportError, ServerError):
+            except (TransportError, ServerError, RetryLater):
                 continue  # a passing outage: the lease may still be valid; try again next tick
             except FencelineError as failure:  # LEASE_LOST, STALE_TOKEN, RUN_CANCELLED, a revoked token ...
                 self._failure = failure  # raised at the worker's next call

@@ -152,7 +152,13 @@ class Worker:
                 return EXIT_TOLD_TO_STOP
             except fl.WorkerNotAccepting:
                 return EXIT_QUARANTINED
-            except (urllib3.exceptions.HTTPError, ProviderRefused, fl.TransportError, fl.ServerError) as outage:
+            except (
+                urllib3.exceptions.HTTPError,
+                ProviderRefused,
+                fl.TransportError,
+                fl.ServerError,
+                fl.RetryLater,
+            ) as outage:
                 # the provider's or Fenceline's: an outcome it could not learn was reported UNKNOWN
                 say("OUTAGE", type(outage).__name__)
                 time.sleep(0.2)
