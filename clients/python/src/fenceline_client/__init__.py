@@ -47,6 +47,7 @@ from fenceline_client.client import (
     WorkerDraining,
     WorkerNotAccepting,
     WrongPhase,
+    default_readiness,
     runtime_audit,
     runtime_readiness,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "WorkerDraining",
     "WorkerNotAccepting",
     "WrongPhase",
+    "default_readiness",
     "runtime_audit",
     "runtime_readiness",
 ]

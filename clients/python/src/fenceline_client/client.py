@@ -23,6 +23,7 @@ the worker's next call on the lease, in the worker's own thread. See ``docs/clie
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import socket
@@ -44,6 +45,13 @@ SCHEMA_VERSION = 1  # the version of the runs this client creates
 READS_SCHEMA_VERSIONS = frozenset({1, 2})
 DIRECTIVE_HEADER = "Fenceline-Directive"
 KEPT_CONNECTIONS = 10  # per client, kept open between calls (requests' default pool size)
+# The boot report a worker sends unless it sends its own: the client's build, no config
+# named, every domain ready (the runtime one with the container self-audit).
+DEFAULT_CODE_VERSION = "fenceline-client 0.1.0"
+DEFAULT_CONFIG_HASH = "unnamed"
+# The worker tokens whose boot this process has reported, by (pid, digest of the token): one
+# process is one boot, whichever of its Client objects sends it.
+_BOOTED: set[tuple[int, str]] = set()
 
 
 # --- errors: one class per code --------------------------------------------------------
@@ -427,6 +435,13 @@ def runtime_readiness(audit: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"ok": True, "evidence": {"audit": audit if audit is not None else runtime_audit()}}
 
 
+def default_readiness() -> dict[str, dict[str, Any]]:
+    """The readiness of the boot report sent before the first lease when the worker sent none:
+    the runtime domain with the self-audit, every other domain ready with no evidence."""
+    others = ("state", "credentials", "outbound_delivery", "admission")
+    return {"runtime": runtime_readiness(), **{domain: {"ok": True, "evidence": {}} for domain in others}}
+
+
 # --- the client ------------------------------------------------------------------------
 
 
@@ -468,6 +483,7 @@ class Client:
         self.pool, self.prefix = _connections(self.base)
         self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
         self.stop_requested = False  # set once a response carries the STOP_WORKER directive
+        self._boot_key = hashlib.sha256(token.encode("utf-8")).hexdigest()
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
         """One request, never repeated here; a refusal raises its exception, no answer raises
@@ -571,18 +587,34 @@ class Client:
         if error is not None:
             body["error"] = error
         answer = self.post("/workers/me/boots", body)
+        _BOOTED.add((os.getpid(), self._boot_key))
         if honour_delay and answer["delay_s"] and not answer["quarantined"]:
             time.sleep(answer["delay_s"])
         return answer
+
+    @property
+    def booted(self) -> bool:
+        """Whether this process has reported its boot under this worker's token."""
+        return (os.getpid(), self._boot_key) in _BOOTED
+
+    def ensure_booted(self) -> None:
+        """Send the default boot report (``default_readiness()``) unless this process has
+        reported its boot already: what ``Lease`` does before acquiring, so a worker's first
+        lease always follows a boot report (a tenant policy may require one)."""
+        if not self.booted:
+            self.boot(config_hash=DEFAULT_CONFIG_HASH, code_version=DEFAULT_CODE_VERSION, readiness=default_readiness())
 
     def heartbeat(self) -> dict[str, Any]:
         return self.post("/workers/me/heartbeat")
 
     def drain(self, *, deadline_s: int, reason: str | None = None) -> dict[str, Any]:
-        """What a SIGTERM handler calls first: no new lease, intent or dispatch from now on."""
+        """What a SIGTERM handler calls first: no new lease, intent or dispatch from now on
+        (nor a boot report sent before a lease: this process is past its start)."""
+        _BOOTED.add((os.getpid(), self._boot_key))
         return self.post("/workers/me/drain", {"deadline_s": deadline_s, **({"reason": reason} if reason else {})})
 
     def exit(self) -> dict[str, Any]:
+        _BOOTED.add((os.getpid(), self._boot_key))  # past its start, as after drain()
         return self.post("/workers/me/exit")
 
 
@@ -607,6 +639,7 @@ class Lease:
     # -- lifetime --
 
     def __enter__(self) -> Lease:
+        self.client.ensure_booted()
         body: dict[str, Any] = {"owner_id": self.owner_id, "ttl_s": self.ttl_s}
         if self.tool:
             body["tool"] = self.tool
