@@ -62,7 +62,8 @@ def _unbooted_refusal(worker: Worker) -> NotReady | None:
         return None
     return NotReady(
         "the worker has sent no boot report (POST /workers/me/boots) and the tenant's policy "
-        "(admission.boot_report_required) admits no worker without one"
+        "(admission.boot_report_required) admits no worker without one",
+        missing="boot_report",
     )
 
 

@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import socket
 import stat
 import threading
@@ -382,18 +383,26 @@ def _host_control(root: str) -> list[str]:
     return found
 
 
+def _unescaped(path: str) -> str:
+    """A path as mountinfo writes it, with space, tab, newline and backslash as octal
+    escapes (``\\040``), read back."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
+
+
 def _mounts(mountinfo: str) -> tuple[list[str], list[str], bool]:
     """(sensitive mounts, writable mounts, root read-only) from /proc/self/mountinfo lines:
-    ``id parent dev root mount_point options ... - fstype source super_options``."""
-    sensitive, writable, root_read_only = [], [], False
+    ``id parent dev root mount_point options ... - fstype source super_options``. A mount
+    point mounted over again counts as its last mount (the one this process sees)."""
+    seen: dict[str, tuple[str, list[str], str]] = {}  # point -> (source root, options, fstype)
     for line in mountinfo.splitlines():
         fields = line.split()
         if " - " not in line or len(fields) < 6:
             continue
-        source_root, point, options = fields[3], fields[4], fields[5].split(",")
-        fstype = line.split(" - ", 1)[1].split()[0]
-        if point == "/":
-            root_read_only = "ro" in options
+        point = _unescaped(fields[4])
+        seen.pop(point, None)  # mounted over: listed again in its new place, last
+        seen[point] = (_unescaped(fields[3]), fields[5].split(","), line.split(" - ", 1)[1].split()[0])
+    sensitive, writable = [], []
+    for point, (source_root, options, fstype) in seen.items():
         if fstype in PSEUDO_FILESYSTEMS:
             continue
         if "rw" in options and point != "/":
@@ -403,7 +412,8 @@ def _mounts(mountinfo: str) -> tuple[list[str], list[str], bool]:
         )
         if reaches:
             sensitive.append(f"{source_root} -> {point}" if source_root != point else point)
-    return sensitive[:MAX_LISTED], list(dict.fromkeys(writable))[:MAX_LISTED], root_read_only
+    root_read_only = "/" in seen and "ro" in seen["/"][1]
+    return sensitive[:MAX_LISTED], writable[:MAX_LISTED], root_read_only
 
 
 def runtime_audit(*, proc: str = "/proc", root: str = "/") -> dict[str, Any]:
