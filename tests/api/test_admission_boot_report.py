@@ -103,7 +103,7 @@ CLEAN = {
     "capabilities": [],
     "no_new_privileges": True,
     "read_only_root": True,
-    "writable_mounts": ["/workspace", "/tmp", "/var/lib/agent/state"],
+    "writable_mounts": ["/workspace", "/scratch", "/var/lib/agent/state"],
     "sensitive_mounts": [],
     "host_control": [],
 }
@@ -111,7 +111,7 @@ FILESYSTEM_RULES = {
     **RUNTIME_AUDIT_RULES,
     "allow_writable_root": False,
     "allow_new_privileges": False,
-    "output_paths": ["/workspace", "/tmp", "/var/lib/agent/"],
+    "output_paths": ["/workspace", "/scratch", "/var/lib/agent/"],
 }
 
 
@@ -123,8 +123,8 @@ FILESYSTEM_RULES = {
         ({"no_new_privileges": False}, "no-new-privileges not set"),
         ({"no_new_privileges": "1"}, "no-new-privileges not set: (unreported)"),
         (
-            {"writable_mounts": ["/workspace", "/home/agent/.cache", "/tmpfoo"]},
-            "writable mounts outside the output paths: /home/agent/.cache, /tmpfoo",
+            {"writable_mounts": ["/workspace", "/home/agent/.cache", "/scratchpad"]},
+            "writable mounts outside the output paths: /home/agent/.cache, /scratchpad",
         ),
         ({"writable_mounts": None}, "writable mounts outside the output paths: (unreported)"),
     ],
@@ -169,7 +169,10 @@ def test_a_malformed_admission_or_output_paths_is_refused_naming_the_field(acme)
         ({"admission": {"boot_report_required": "yes"}}, "policy.admission.boot_report_required"),
         ({"admission": {}}, "policy.admission"),
         ({"runtime_audit": {**RUNTIME_AUDIT_RULES, "output_paths": ["tmp"]}}, "policy.runtime_audit.output_paths"),
-        ({"runtime_audit": {**RUNTIME_AUDIT_RULES, "allow_writable_root": 0}}, "policy.runtime_audit.allow_writable_root"),
+        (
+            {"runtime_audit": {**RUNTIME_AUDIT_RULES, "allow_writable_root": 0}},
+            "policy.runtime_audit.allow_writable_root",
+        ),
         ({"runtime_audit": {**RUNTIME_AUDIT_RULES, "read_only": True}}, "policy.runtime_audit"),
     ):
         with pytest.raises(InvalidInput) as refused:
