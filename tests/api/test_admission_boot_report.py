@@ -11,6 +11,7 @@ from fenceline_client import client as fl
 from ledger.models import Event, TenantPolicy, Worker, WorkerBoot
 from ledger.policy import RUNTIME_AUDIT_RULES
 from ledger.services.authority.policy import policy_change
+from ledger.services.fleet.workers import worker_rotate_token
 from tests.factories import READY
 
 
@@ -53,6 +54,21 @@ def test_a_worker_that_skips_its_boot_report_is_refused_naming_it(api_for, acme)
     assert granted.status == 200, granted
     assert granted.body["fencing_token"] == 1
     assert Worker.objects.get(pk=acme.worker.pk).boot_phase == "EXECUTING"
+
+
+def test_a_rotated_token_needs_a_boot_report_of_its_own(api_for, acme):
+    """The boot reported under the old token is not the new token's holder's: after a rotation
+    the worker is refused until the process with the new token reports its boot."""
+    require_boot_reports(acme.tenant)
+    old = api_for(acme)
+    assert old.post("/workers/me/boots", boot_body("boot-old")).status == 201
+    run_id = old.create_run()
+    assert old.acquire(run_id, "owner-1").status == 200
+    new = api_for(token=worker_rotate_token(worker=Worker.objects.get(pk=acme.worker.pk)))
+    refused = new.acquire(new.create_run(), "owner-2")
+    assert (refused.status, refused.body["error"], refused.body["missing"]) == (409, "NOT_READY", "boot_report")
+    assert new.post("/workers/me/boots", boot_body("boot-new")).status == 201
+    assert new.acquire(new.create_run(), "owner-2").status == 200
 
 
 def test_a_boot_report_that_is_not_ready_still_refuses_under_the_requiring_policy(api_for, acme):

@@ -10,12 +10,13 @@ Under a policy with ``admission.boot_report_required`` a worker that has reporte
 is not admitted (409 NOT_READY naming the missing report): readiness, the restart budget,
 ``runtime_audit`` and the schema-read gate are all judged on a boot report, so a worker
 that never sends one would skip them all. A drained or stopped worker needs a new boot to
-accept work again anyway (``fleet/boots.py``)."""
+accept work again anyway (``fleet/boots.py``), and a rotated token clears the boot phase
+(the process holding the new token has not reported yet)."""
 
 from django.db.models import F, QuerySet
 
 from ledger.errors import CredentialsNotReady, NotReady, ReconcileFirst, WorkerNotAccepting
-from ledger.models import Operation, Tenant, Worker, WorkerBoot
+from ledger.models import Operation, Worker, WorkerBoot
 from ledger.policy import boot_report_required
 from ledger.services.core.policy_documents import policy_document
 from ledger.states import Phase
@@ -35,8 +36,9 @@ def operations_in_doubt(worker: Worker) -> QuerySet[Operation]:
 def admission_refusal(worker: Worker) -> WorkerNotAccepting | ReconcileFirst | None:
     """Why the worker's latest boot, or its having none, keeps it from taking leases (None:
     admitted)."""
-    if not worker.boot_phase:
-        return _unbooted_refusal(worker)
+    unbooted = _unbooted_refusal(worker) if not worker.boot_phase else None
+    if unbooted is not None:
+        return unbooted
     code = worker.not_ready_code
     if not code:
         return None
@@ -57,8 +59,7 @@ def admission_refusal(worker: Worker) -> WorkerNotAccepting | ReconcileFirst | N
 
 def _unbooted_refusal(worker: Worker) -> NotReady | None:
     """NOT_READY naming the missing boot report, when the tenant's current policy asks for one."""
-    version = Tenant.objects.values_list("policy_version", flat=True).get(pk=worker.tenant_id)
-    if not boot_report_required(policy_document(worker.tenant, version)):
+    if not boot_report_required(policy_document(worker.tenant, worker.tenant.policy_version)):
         return None
     return NotReady(
         "the worker has sent no boot report (POST /workers/me/boots) and the tenant's policy "
