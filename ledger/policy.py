@@ -36,7 +36,14 @@ module only reads documents; ``ledger.services.policy`` stores and changes them.
                                             # self-audit must show to be admitted:
                                             # {"allow_root": false, "allowed_capabilities": [],
                                             #  "allow_host_control": false,
-                                            #  "allow_sensitive_mounts": false}
+                                            #  "allow_sensitive_mounts": false,
+                                            #  "allow_writable_root": false,      # optional
+                                            #  "allow_new_privileges": false,     # optional
+                                            #  "output_paths": ["/tmp", ...]}     # optional
+                                            # (an optional key left out is not enforced)
+      "admission": {                        # what a worker must have done to take a lease
+        "boot_report_required": false       # a boot report from the worker (409 NOT_READY
+      },                                    # naming it otherwise)
       "quotas": {                           # null (or a missing key): no limit
         "instances_per_tenant": null,       # live instances (held leases) of the tenant
         "instances_per_worker": null,       # ... held by one worker
@@ -121,6 +128,7 @@ STARTER_POLICY: PolicyDocument = {
     "restart_budget": {"max_restarts": 5, "window_s": 600},
     "stale_token_limit": {"max_rejections": 50, "window_s": 60},
     "runtime_audit": None,
+    "admission": {"boot_report_required": False},
     "quotas": {
         "instances_per_tenant": None,
         "instances_per_worker": None,
@@ -175,6 +183,7 @@ def validate_policy(document: object, *, reconcilers: Collection[str] | None = N
     _validate_window(merged, "restart_budget", "max_restarts")
     _validate_window(merged, "stale_token_limit", "max_rejections")
     _validate_runtime_audit(merged["runtime_audit"])
+    _validate_admission(merged["admission"])
     _validate_breaker(merged["breaker"])
     merged["tool_contracts"] = _validate_contracts(merged["tool_contracts"], reconcilers)
     if merged["unknown_tool_class"] not in UNKNOWN_TOOL_CLASSES:
@@ -304,17 +313,59 @@ RUNTIME_AUDIT_RULES = {
 }
 
 
+# The rules added after the first four: each optional, and one left out is not enforced (a
+# policy written before they existed keeps its meaning). ``output_paths``: the declared output
+# directories, the only places a writable mount may be (null: writable mounts not judged).
+RUNTIME_AUDIT_OPTIONAL: dict[str, Any] = {
+    "allow_writable_root": True,
+    "allow_new_privileges": True,
+    "output_paths": None,
+}
+
+
 def _validate_runtime_audit(rules: object) -> None:
     if rules is None:
         return
-    if not isinstance(rules, dict) or set(rules) != set(RUNTIME_AUDIT_RULES):
-        raise _invalid("policy.runtime_audit", f"must be null or {{{', '.join(RUNTIME_AUDIT_RULES)}}}")
-    for flag in ("allow_root", "allow_host_control", "allow_sensitive_mounts"):
-        if not isinstance(rules[flag], bool):
+    keys = set(rules) if isinstance(rules, dict) else set()
+    if not isinstance(rules, dict) or not set(RUNTIME_AUDIT_RULES) <= keys <= {
+        *RUNTIME_AUDIT_RULES,
+        *RUNTIME_AUDIT_OPTIONAL,
+    }:
+        raise _invalid(
+            "policy.runtime_audit",
+            f"must be null or {{{', '.join(RUNTIME_AUDIT_RULES)}}} with optional {', '.join(RUNTIME_AUDIT_OPTIONAL)}",
+        )
+    for flag in (
+        "allow_root",
+        "allow_host_control",
+        "allow_sensitive_mounts",
+        "allow_writable_root",
+        "allow_new_privileges",
+    ):
+        if flag in rules and not isinstance(rules[flag], bool):
             raise _invalid(f"policy.runtime_audit.{flag}", "must be true or false")
     allowed = rules["allowed_capabilities"]
     if not isinstance(allowed, list) or not all(isinstance(v, str) and v for v in allowed):
         raise _invalid("policy.runtime_audit.allowed_capabilities", "must be a list of capability names")
+    paths = rules.get("output_paths")
+    if paths is not None and (
+        not isinstance(paths, list) or not all(isinstance(v, str) and v.startswith("/") for v in paths)
+    ):
+        raise _invalid("policy.runtime_audit.output_paths", "must be null or a list of absolute paths")
+
+
+def _validate_admission(admission: object) -> None:
+    if not isinstance(admission, dict) or set(admission) != set(STARTER_POLICY["admission"]):
+        raise _invalid("policy.admission", "must be {boot_report_required}")
+    if not isinstance(admission["boot_report_required"], bool):
+        raise _invalid("policy.admission.boot_report_required", "must be true or false")
+
+
+def boot_report_required(policy: PolicyDocument) -> bool:
+    """Whether a worker must have reported a boot to take a lease (a policy stored before
+    the key existed: the starter's, not required)."""
+    admission = policy.get("admission") or STARTER_POLICY["admission"]
+    return bool(admission["boot_report_required"])
 
 
 def _limits(value: object, path: str) -> None:
@@ -436,4 +487,31 @@ def runtime_audit_failures(rules: dict[str, Any] | None, audit: object) -> list[
             failures.append(f"{what}: (unreported)")
         elif found:
             failures.append(f"{what}: {', '.join(map(str, found))}")
+    return failures + _filesystem_failures({**RUNTIME_AUDIT_OPTIONAL, **rules}, audit)
+
+
+def _outside(mount: object, outputs: list[str]) -> bool:
+    """Whether a writable mount point is neither a declared output path nor under one."""
+    if not isinstance(mount, str):
+        return True
+    return not any(mount == p.rstrip("/") or mount.startswith(p.rstrip("/") + "/") for p in outputs)
+
+
+def _filesystem_failures(rules: dict[str, Any], audit: dict[str, Any]) -> list[str]:
+    """The container article's filesystem rules: a read-only root, no-new-privileges, and
+    writable mounts only at the declared output paths (each fails closed when unreported)."""
+    failures: list[str] = []
+    if not rules["allow_writable_root"] and audit.get("read_only_root") is not True:
+        unreported = not isinstance(audit.get("read_only_root"), bool)
+        failures.append("root filesystem writable" + (": (unreported)" if unreported else ""))
+    if not rules["allow_new_privileges"] and audit.get("no_new_privileges") is not True:
+        unreported = not isinstance(audit.get("no_new_privileges"), bool)
+        failures.append("no-new-privileges not set" + (": (unreported)" if unreported else ""))
+    outputs, writable = rules["output_paths"], audit.get("writable_mounts")
+    if outputs is None:
+        return failures
+    if not isinstance(writable, list):
+        failures.append("writable mounts outside the output paths: (unreported)")
+    elif extra := [str(m) for m in writable if _outside(m, outputs)]:
+        failures.append(f"writable mounts outside the output paths: {', '.join(extra)}")
     return failures

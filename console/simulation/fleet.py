@@ -220,6 +220,8 @@ class Fleet:
             tenant=self.tenant,
             document={
                 "restart_budget": {"max_restarts": 2, "window_s": 600},
+                # Every simulated worker boots before it leases: none is admitted without it.
+                "admission": {"boot_report_required": True},
                 # What a charge is comes from the contract, and its UNKNOWNs are looked up first.
                 "tool_contracts": [
                     {
@@ -234,7 +236,7 @@ class Fleet:
             },
             changed_by="simulator",
             reason="a small restart budget, so the crash-looping worker is quarantined within seconds; "
-            "the payments contract with its reconciler",
+            "boot reports required; the payments contract with its reconciler",
         )
         users = set(get_user_model().objects.filter(username__in=CONSOLE_ROLES).values_list("username", flat=True))
         for username in sorted(users):  # the demo's console users see the simulation too

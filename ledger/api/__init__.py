@@ -304,6 +304,8 @@ def acquire_lease(request: WorkerRequest, run_id: str, body: LeaseAcquireIn) -> 
     403 DENY_QUOTA (naming quota, limit and use) when an instance quota is full;
     409 LEASE_HELD while another owner holds an unexpired lease;
     409 WORKER_NOT_ACCEPTING for a worker that is draining, stopped or quarantined;
+    409 NOT_READY for a worker whose last boot is not ready, or with "missing": "boot_report"
+    for one that sent no boot report under a policy with admission.boot_report_required;
     409 RUN_CANCELLED for a cancelled or timed-out run, 409 RUN_COMPLETED for a completed one."""
     lease = leases.lease_acquire(
         worker=request.worker, run_id=run_id, owner_id=body.owner_id, ttl_s=body.ttl_s, tool=body.tool or ""

@@ -8,8 +8,8 @@ import contextlib
 
 import pytest
 
-from fenceline_client import Client, Done, UnknownSchemaVersion
-from ledger.models import Operation, Worker
+from fenceline_client import Client, Done, NotReady, UnknownSchemaVersion, default_readiness
+from ledger.models import Operation, WorkerBoot
 from ledger.states import Phase, UpgradePhase
 from tests.faults.schema_change import move
 
@@ -30,9 +30,10 @@ OLD_BUILD, NEW_BUILD = frozenset({1}), frozenset({1, 2})
 def test_compatibility_matrix(acme, live_server, build, records, acts):
     if records == UpgradePhase.MIGRATE:
         move(UpgradePhase.MIGRATE)
-    # A worker that has not reported a boot yet: the record itself is the last line.
-    Worker.objects.filter(pk=acme.worker.pk).update(boot_phase="", not_ready_code="")
+    # A worker whose boot report says it reads version 2 whatever its build (a report that is
+    # wrong): admission lets it in, and the record itself is the last line.
     client = Client(live_server.url, acme.token, reads=build)
+    client.boot(config_hash="cfg-matrix", code_version="matrix", readiness=default_readiness(), state_schema_version=2)
     run_id = client.create_run()
     performed: list[str] = []
 
@@ -62,3 +63,16 @@ def test_compatibility_matrix(acme, live_server, build, records, acts):
     assert op.provider_ref == {"provider": op.provider, "id": "ch_77"}
     assert op.schema_version == (1 if records == UpgradePhase.EXPAND else 2)
     assert client.get_operation(str(op.pk))["provider_ref"] == {"provider": op.provider, "id": "ch_77"}
+
+
+def test_an_old_build_whose_client_boots_first_is_refused_before_any_record(acme, live_server):
+    """The first line: the client's own boot report (sent before its first lease) says the
+    build reads version 1, so under MIGRATE it is not admitted and meets no record at all."""
+    move(UpgradePhase.MIGRATE)
+    client = Client(live_server.url, acme.token, reads=OLD_BUILD)
+    run_id = client.create_run()
+    with pytest.raises(NotReady):
+        client.lease(run_id, ttl_s=60).__enter__()
+    boot = WorkerBoot.objects.filter(worker=acme.worker).order_by("-reported_at").first()
+    assert (boot.state_schema_version, boot.failed_domains) == (1, ["state"])
+    assert not Operation.objects.exists()

@@ -206,6 +206,8 @@ def test_a_renewal_without_an_answer_is_a_passing_outage_not_a_lost_lease():
     answered = {"renewals": 0}
 
     def flaky(line: str) -> tuple[int, dict, dict] | None:
+        if line.startswith("POST /api/v1/workers/me/boots "):  # the boot report before the first lease
+            return 201, {"delay_s": 0, "quarantined": False}, {}
         if line.startswith("POST /api/v1/runs/r1/lease "):
             return 201, {"fencing_token": 7}, {}
         if "/lease/renew" in line:
@@ -214,10 +216,11 @@ def test_a_renewal_without_an_answer_is_a_passing_outage_not_a_lost_lease():
         return 200, {}, {}
 
     with recorder(flaky) as server:
-        client = fl.Client(server.url, "t", timeout=2)
+        client = fl.Client(server.url, "t-renewal", timeout=2)
         with client.lease("r1", ttl_s=1) as lease:
             deadline = time.monotonic() + 10
             while lease.renewals < 1 and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert lease.alive and lease.renewals >= 1 and lease.token == 7
     assert answered["renewals"] >= 2
+    assert server.lines[:2] == ["POST /api/v1/workers/me/boots HTTP/1.1", "POST /api/v1/runs/r1/lease HTTP/1.1"]

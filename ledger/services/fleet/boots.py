@@ -11,7 +11,10 @@ QUARANTINED at once (rollback or repair is a person's decision, not another rest
 ready boot of a worker that left effects in doubt is READY with admission paused (409
 RECONCILE_FIRST, ``core/admission.py``) until they are decided; and a tenant whose policy
 sets ``runtime_audit`` refuses admission (the ``admission`` domain fails) to a boot whose
-container self-audit shows root, extra capabilities, host-control paths or sensitive mounts.
+container self-audit shows root, extra capabilities, host-control paths, sensitive mounts,
+a writable root filesystem, no no-new-privileges or writable mounts outside the declared
+output paths (as its rules ask). Under ``admission.boot_report_required`` a worker that sent
+no boot report at all is not admitted either (``core/admission.py``).
 """
 
 from dataclasses import dataclass

@@ -32,9 +32,11 @@ def worker_create(*, tenant: Tenant, name: str) -> tuple[Worker, str]:
 
 @transaction.atomic
 def worker_rotate_token(*, worker: Worker) -> str:
-    """Replace the worker's token; the old one stops working at once."""
+    """Replace the worker's token; the old one stops working at once, and the process that
+    holds the new one has reported no boot yet (a policy with
+    ``admission.boot_report_required`` admits it once it does)."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    Worker.objects.filter(pk=worker.pk).update(token_hash=token_digest(token))
+    Worker.objects.filter(pk=worker.pk).update(token_hash=token_digest(token), boot_phase="")
     return token
 
 

@@ -51,6 +51,7 @@ from fenceline_client.client import (
     WorkerDraining,
     WorkerNotAccepting,
     WrongPhase,
+    default_readiness,
     runtime_audit,
     runtime_readiness,
 )
@@ -99,6 +100,7 @@ __all__ = [
     "WorkerDraining",
     "WorkerNotAccepting",
     "WrongPhase",
+    "default_readiness",
     "runtime_audit",
     "runtime_readiness",
 ]

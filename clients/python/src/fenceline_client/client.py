@@ -23,8 +23,10 @@ the worker's next call on the lease, in the worker's own thread. See ``docs/clie
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import socket
 import stat
 import threading
@@ -44,6 +46,13 @@ SCHEMA_VERSION = 1  # the version of the runs this client creates
 READS_SCHEMA_VERSIONS = frozenset({1, 2})
 DIRECTIVE_HEADER = "Fenceline-Directive"
 KEPT_CONNECTIONS = 10  # per client, kept open between calls (requests' default pool size)
+# The boot report a worker sends unless it sends its own: the client's build, no config
+# named, every domain ready (the runtime one with the container self-audit).
+DEFAULT_CODE_VERSION = "fenceline-client 0.1.0"
+DEFAULT_CONFIG_HASH = "unnamed"
+# The worker tokens whose boot this process has reported, by (pid, digest of the token): one
+# process is one boot, whichever of its Client objects sends it.
+_BOOTED: set[tuple[int, str]] = set()
 
 
 # --- errors: one class per code --------------------------------------------------------
@@ -405,18 +414,26 @@ def _host_control(root: str) -> list[str]:
     return found
 
 
+def _unescaped(path: str) -> str:
+    """A path as mountinfo writes it, with space, tab, newline and backslash as octal
+    escapes (``\\040``), read back."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
+
+
 def _mounts(mountinfo: str) -> tuple[list[str], list[str], bool]:
     """(sensitive mounts, writable mounts, root read-only) from /proc/self/mountinfo lines:
-    ``id parent dev root mount_point options ... - fstype source super_options``."""
-    sensitive, writable, root_read_only = [], [], False
+    ``id parent dev root mount_point options ... - fstype source super_options``. A mount
+    point mounted over again counts as its last mount (the one this process sees)."""
+    seen: dict[str, tuple[str, list[str], str]] = {}  # point -> (source root, options, fstype)
     for line in mountinfo.splitlines():
         fields = line.split()
         if " - " not in line or len(fields) < 6:
             continue
-        source_root, point, options = fields[3], fields[4], fields[5].split(",")
-        fstype = line.split(" - ", 1)[1].split()[0]
-        if point == "/":
-            root_read_only = "ro" in options
+        point = _unescaped(fields[4])
+        seen.pop(point, None)  # mounted over: listed again in its new place, last
+        seen[point] = (_unescaped(fields[3]), fields[5].split(","), line.split(" - ", 1)[1].split()[0])
+    sensitive, writable = [], []
+    for point, (source_root, options, fstype) in seen.items():
         if fstype in PSEUDO_FILESYSTEMS:
             continue
         if "rw" in options and point != "/":
@@ -426,7 +443,8 @@ def _mounts(mountinfo: str) -> tuple[list[str], list[str], bool]:
         )
         if reaches:
             sensitive.append(f"{source_root} -> {point}" if source_root != point else point)
-    return sensitive[:MAX_LISTED], list(dict.fromkeys(writable))[:MAX_LISTED], root_read_only
+    root_read_only = "/" in seen and "ro" in seen["/"][1]
+    return sensitive[:MAX_LISTED], writable[:MAX_LISTED], root_read_only
 
 
 def runtime_audit(*, proc: str = "/proc", root: str = "/") -> dict[str, Any]:
@@ -456,6 +474,13 @@ def runtime_audit(*, proc: str = "/proc", root: str = "/") -> dict[str, Any]:
 def runtime_readiness(audit: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``runtime`` domain of a boot report: up, with the self-audit as its evidence."""
     return {"ok": True, "evidence": {"audit": audit if audit is not None else runtime_audit()}}
+
+
+def default_readiness() -> dict[str, dict[str, Any]]:
+    """The readiness of the boot report sent before the first lease when the worker sent none:
+    the runtime domain with the self-audit, every other domain ready with no evidence."""
+    others = ("state", "credentials", "outbound_delivery", "admission")
+    return {"runtime": runtime_readiness(), **{domain: {"ok": True, "evidence": {}} for domain in others}}
 
 
 # --- the client ------------------------------------------------------------------------
@@ -499,6 +524,7 @@ class Client:
         self.pool, self.prefix = _connections(self.base)
         self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
         self.stop_requested = False  # set once a response carries the STOP_WORKER directive
+        self._boot_key = hashlib.sha256(token.encode("utf-8")).hexdigest()
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
         """One request, never repeated here; a refusal raises its exception, no answer raises
@@ -602,18 +628,34 @@ class Client:
         if error is not None:
             body["error"] = error
         answer = self.post("/workers/me/boots", body)
+        _BOOTED.add((os.getpid(), self._boot_key))
         if honour_delay and answer["delay_s"] and not answer["quarantined"]:
             time.sleep(answer["delay_s"])
         return answer
+
+    @property
+    def booted(self) -> bool:
+        """Whether this process has reported its boot under this worker's token."""
+        return (os.getpid(), self._boot_key) in _BOOTED
+
+    def ensure_booted(self) -> None:
+        """Send the default boot report (``default_readiness()``) unless this process has
+        reported its boot already: what ``Lease`` does before acquiring, so a worker's first
+        lease always follows a boot report (a tenant policy may require one)."""
+        if not self.booted:
+            self.boot(config_hash=DEFAULT_CONFIG_HASH, code_version=DEFAULT_CODE_VERSION, readiness=default_readiness())
 
     def heartbeat(self) -> dict[str, Any]:
         return self.post("/workers/me/heartbeat")
 
     def drain(self, *, deadline_s: int, reason: str | None = None) -> dict[str, Any]:
-        """What a SIGTERM handler calls first: no new lease, intent or dispatch from now on."""
+        """What a SIGTERM handler calls first: no new lease, intent or dispatch from now on
+        (nor a boot report sent before a lease: this process is past its start)."""
+        _BOOTED.add((os.getpid(), self._boot_key))
         return self.post("/workers/me/drain", {"deadline_s": deadline_s, **({"reason": reason} if reason else {})})
 
     def exit(self) -> dict[str, Any]:
+        _BOOTED.add((os.getpid(), self._boot_key))  # past its start, as after drain()
         return self.post("/workers/me/exit")
 
 
@@ -638,6 +680,7 @@ class Lease:
     # -- lifetime --
 
     def __enter__(self) -> Lease:
+        self.client.ensure_booted()
         body: dict[str, Any] = {"owner_id": self.owner_id, "ttl_s": self.ttl_s}
         if self.tool:
             body["tool"] = self.tool
