@@ -13,6 +13,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import psycopg
@@ -100,12 +101,21 @@ class Formation:
         return bool(names) == self.synchronous and self.state("node1") == ("primary", "primary")
 
     def kill_primary(self) -> float:
-        """SIGKILL the primary's postmaster and its keeper (which would otherwise restart it):
-        the node is gone, as when its machine is. Returns time.monotonic() of the kill."""
+        """SIGKILL the primary's postmaster, its keeper (which would otherwise restart it) and
+        the postmaster's children (a backend outlives its postmaster until it notices, and may
+        still commit): the node is gone, as when its machine is. Returns time.monotonic() of the
+        kill. The postmaster is stopped first, so that it forks nothing while its children are
+        listed."""
         pid = int((self.dir / "node1" / "postmaster.pid").read_text().split()[0])
         os.killpg(self.keepers["node1"].pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGSTOP)
+        listed = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
         os.kill(pid, signal.SIGKILL)
-        return time.monotonic()
+        killed_at = time.monotonic()
+        for child in listed.stdout.split():
+            with suppress(ProcessLookupError):
+                os.kill(int(child), signal.SIGKILL)
+        return killed_at
 
     def cut_replication(self) -> None:
         """The secondary stops streaming from the primary (its WAL receiver is pointed at a
