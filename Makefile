@@ -3,6 +3,10 @@
 #   make test   the whole test suite (PostgreSQL at 127.0.0.1:5432, Redis at 127.0.0.1:6379)
 # make serve: the production server exactly as docs/production.md starts it (gunicorn with
 # console/gunicorn_conf.py), on SERVE_ADDR; the settings come from the environment as there
+# make test-ha: database failover on pg_auto_failover (tests/ha/, apart from make test): builds a
+# monitor, a primary and a secondary with pg_autoctl in a temp dir (installs Debian's packages
+# when missing; run as root: the nodes run as the postgres OS user), serves the app against the
+# multi-host URL, kills the primary; docs/production.md "High availability"
 # make lint: ruff (lint and format), mypy, the import contracts (lint-imports, pyproject.toml) and no
 # missing migration; CI runs it before the tests
 # Benchmarks (docs/performance.md): make bench, make bench-all, make bench-ledger, make bench-console, make bench-reapers,
@@ -18,7 +22,7 @@ DEMO_ADDR ?=
 # Where make serve listens (host:port).
 SERVE_ADDR ?= 127.0.0.1:8000
 
-.PHONY: demo serve simulate test lint bench bench-all bench-ledger bench-console bench-reapers bench-reconcilers bench-contention bench-backfill
+.PHONY: demo serve simulate test test-ha lint bench bench-all bench-ledger bench-console bench-reapers bench-reconcilers bench-contention bench-backfill
 
 demo:
 	@.ci/bootstrap
@@ -38,6 +42,13 @@ test:
 	@command -v chromium >/dev/null || { echo "The browser tests need Debian's chromium: sudo apt-get install -y chromium" >&2; exit 1; }
 	DATABASE_URL=$(DATABASE_URL_TEST) FENCELINE_TEST_REDIS_URL=$(REDIS_URL_TEST) FENCELINE_FAIL_ON_SKIP=1 \
 		.venv/bin/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+# DATABASE_URL here is only the pytest process's own (the formation's database is the test's).
+test-ha:
+	@.ci/bootstrap
+	@command -v pg_autoctl >/dev/null || { apt-get update -qq && apt-get install -y -qq postgresql-15-auto-failover pg-auto-failover-cli >/dev/null; }
+	DATABASE_URL=$(DATABASE_URL_TEST) FENCELINE_TEST_REDIS_URL=$(REDIS_URL_TEST) FENCELINE_FAIL_ON_SKIP=1 FENCELINE_TEST_HA=1 \
+		.venv/bin/python -m pytest -p no:xdist -s tests/ha $(PYTEST_ARGS)
 
 lint:
 	@.ci/bootstrap

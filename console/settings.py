@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import dj_database_url
+import psycopg.conninfo
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
@@ -198,11 +199,34 @@ TEMPLATES = [
 # to install) whose data lives in STATE_DIR/postgres; its first connection starts it
 # (console/postgresql/embedded.py). PostgreSQL is the only database.
 _database_url = env("DATABASE_URL") or ""
+
+
+def _multi_host_database(url: str) -> dict[str, Any] | None:
+    """A libpq multi-host URL (``postgresql://user@h1:p1,h2:p2/db?target_session_attrs=read-write``,
+    docs/production.md "High availability"), which dj-database-url cannot read: libpq's own parser
+    (through psycopg) splits it; HOST and PORT stay comma lists, which psycopg hands to libpq, and
+    the query's parameters (target_session_attrs, connect_timeout, sslmode) become OPTIONS."""
+    netloc = url.partition("://")[2].partition("/")[0]
+    if "," not in netloc:
+        return None
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        raise ValueError("not a libpq connection URL") from None
+    names = {"dbname": "NAME", "user": "USER", "password": "PASSWORD", "host": "HOST", "port": "PORT"}
+    db: dict[str, Any] = {"ENGINE": "django.db.backends.postgresql", "CONN_HEALTH_CHECKS": True}
+    db |= {names[key]: str(value) for key, value in params.items() if key in names}
+    db["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 300)
+    db["OPTIONS"] = {key: value for key, value in params.items() if key not in names}
+    return db
+
+
 try:
+    _multi = _multi_host_database(_database_url)
     # A process keeps its connection (opening one per request cost more than the request:
     # docs/performance.md), checked before a request reuses it after an idle spell; 0 closes
     # it after every request.
-    _db: dict[str, Any] = dict(
+    _db: dict[str, Any] = _multi or dict(
         dj_database_url.parse(
             _database_url or "postgres://postgres@localhost/fenceline",
             conn_max_age=env_int("DB_CONN_MAX_AGE", 300),
@@ -221,7 +245,8 @@ _db["ENGINE"] = "console.postgresql"
 # The hot path's statements (ledger/sql/) are bound server-side and prepared from their Nth
 # use on a connection; 0 (for a pooler that cannot keep prepared statements, e.g. PgBouncer
 # before 1.21) sends them unprepared.
-_db["OPTIONS"] = {"prepare_threshold": env_int("DB_PREPARE_THRESHOLD", 2) or None}
+# The URL's own parameters (sslmode, connect_timeout, target_session_attrs) are kept.
+_db["OPTIONS"] = {**_db.get("OPTIONS", {}), "prepare_threshold": env_int("DB_PREPARE_THRESHOLD", 2) or None}
 
 # Behind PgBouncer in transaction mode a held server-side cursor (QuerySet.iterator(): the
 # chain export, the verifier) does not survive the transaction: turn them off there.
@@ -466,6 +491,9 @@ FENCELINE: dict[str, Any] = {
     "JOB_STALE_AFTER_INTERVALS": env_int("FENCELINE_JOB_STALE_AFTER_INTERVALS", 3, minimum=1),
     "JOB_STALE_GRACE_S": env_int("FENCELINE_JOB_STALE_GRACE_S", 30, minimum=0),
     "READYZ_SCHEMA_CHECK_S": env_int("FENCELINE_READYZ_SCHEMA_CHECK_S", 300, minimum=0),
+    # A highly available deployment (docs/production.md "High availability"): /readyz reports a
+    # primary with no synchronous standby (the "replication" check).
+    "HA": env_bool("FENCELINE_HA", False),
     # With the database unreachable the API and the console answer 503 with this Retry-After.
     "OUTAGE_RETRY_AFTER_S": env_int("FENCELINE_OUTAGE_RETRY_AFTER_S", 5, minimum=1),
     # The deepest nesting of objects and arrays a request body may have (the body itself is

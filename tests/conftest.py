@@ -21,6 +21,10 @@ from tests.factories import ROLES, WorkerIdentity, make_worker, user_with
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
+# tests/ha builds pg_auto_failover formations (minutes, root for the postgres OS user):
+# `make test-ha` runs them, apart from `make test`.
+collect_ignore = [] if os.environ.get("FENCELINE_TEST_HA") == "1" else ["ha"]
+
 
 # --- suite-wide rules ------------------------------------------------------------------
 

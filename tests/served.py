@@ -106,7 +106,7 @@ class CuttableProxy:
 class Gunicorn:
     """gunicorn serving the project on a free port of loopback."""
 
-    def __init__(self, *, env: dict[str, str], workers: int = 2) -> None:
+    def __init__(self, *, env: dict[str, str], workers: int = 2, config: str | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
@@ -118,6 +118,7 @@ class Gunicorn:
             "--workers",
             str(workers),
             "--no-control-socket",
+            *(["-c", config] if config else []),  # "python:console.gunicorn_conf": production's
         ]
         self.process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
 

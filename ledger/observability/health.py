@@ -9,6 +9,9 @@ work (``BACKGROUND``) are reported as degraded, and ``/readyz/jobs`` fails on th
 - ``evidence_keys``: the checkpoint and event MAC keys are configured and the signing ids among them;
 - ``schema``: no stored record carries a schema_version this build cannot read (checked at
   most every ``READYZ_SCHEMA_CHECK_S`` per process: it reads every versioned table);
+- ``replication`` (background, only with ``FENCELINE_HA=1``): the primary has a synchronous
+  standby configured and streaming, without which a failover can lose acknowledged grants and
+  hand a fencing token out twice (docs/production.md "High availability");
 - ``broker`` (background): Celery's broker accepts a connection;
 - ``jobs`` (background): every periodic job of the beat schedule finished within
   ``JOB_STALE_AFTER_INTERVALS`` of its interval (its heartbeat, ledger/models/jobs.py).
@@ -71,6 +74,19 @@ def check_database() -> Check:
         names = [f"{app}.{name}" for app, name in pending]
         return Check("database", False, f"{len(names)} migration(s) not applied", {"pending": names[:20]})
     return Check("database", True)
+
+
+def check_replication() -> Check:
+    """With ``FENCELINE["HA"]``: a synchronous standby is configured and streaming to the primary."""
+    try:
+        names, streaming = sql_reads.synchronous_standbys()
+    except DatabaseError as exc:
+        return Check("replication", False, f"not checked ({type(exc).__name__})")
+    if not names.strip():
+        return Check("replication", False, "no synchronous standby configured (synchronous_standby_names is empty)")
+    if streaming == 0:
+        return Check("replication", False, "no synchronous standby streaming to the primary", {"configured": names})
+    return Check("replication", True, detail={"synchronous_standbys": streaming})
 
 
 def check_broker(timeout_s: float = 2.0) -> Check:
@@ -185,10 +201,11 @@ def check_schema() -> Check:
     return result
 
 
-# Without these the API cannot answer (``/readyz`` fails); without those only background work
-# waits (``/readyz`` reports them degraded, ``/readyz/jobs`` fails).
+# Without these the API cannot answer (``/readyz`` fails); without those the API answers but an
+# operator is needed: background work waits, or the next failover could undo the fence
+# (``/readyz`` reports them degraded, ``/readyz/jobs`` fails).
 SERVING = ("database", "evidence_keys", "schema")
-BACKGROUND = ("broker", "jobs")
+BACKGROUND = ("broker", "jobs", "replication")
 
 
 def readiness() -> list[Check]:
@@ -196,10 +213,18 @@ def readiness() -> list[Check]:
     database = check_database()
     if not database.ok and database.reason.startswith("not reachable"):  # nothing else can be read
         return [database, check_evidence_keys(), Check("schema", False, "database not reachable"), check_broker(),
-                Check("jobs", False, "database not reachable")]  # fmt: skip
-    return [database, check_evidence_keys(), check_schema(), check_broker(), check_jobs()]
+                Check("jobs", False, "database not reachable"),
+                *_replication(reachable=False)]  # fmt: skip
+    return [database, check_evidence_keys(), check_schema(), check_broker(), check_jobs(), *_replication()]
+
+
+def _replication(*, reachable: bool = True) -> list[Check]:
+    """The replication check, only where ``FENCELINE_HA=1`` says the deployment is HA."""
+    if not settings.FENCELINE["HA"]:
+        return []
+    return [check_replication() if reachable else Check("replication", False, "database not reachable")]
 
 
 def background_readiness() -> list[Check]:
-    """The domains background work needs: the broker and the jobs' freshness."""
-    return [check_broker(), check_jobs()]
+    """The domains that need an operator: the broker, the jobs' freshness, the synchronous standby."""
+    return [check_broker(), check_jobs(), *_replication()]

@@ -1,5 +1,5 @@
-"""Reads the ORM cannot say: the planner's estimate of a queryset's size, and the check
-that the database answers."""
+"""Reads the ORM cannot say: the planner's estimate of a queryset's size, the check that the
+database answers, and the primary's synchronous standbys."""
 
 import json
 from typing import Any
@@ -38,3 +38,15 @@ class CappedCount(Subquery):
 
     template = "(SELECT count(*) FROM (%(subquery)s) AS capped)"
     output_field = IntegerField()
+
+
+def synchronous_standbys() -> tuple[str, int]:
+    """The primary's ``synchronous_standby_names`` and how many standbys stream to it in
+    synchronous (``sync``) or quorum (``quorum``) mode right now. ``pg_stat_replication`` shows a
+    standby's ``sync_state`` only to a role with ``pg_read_all_stats`` (``pg_monitor``)."""
+    names, count = execute(
+        "SELECT current_setting('synchronous_standby_names'),"
+        " (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum'))",
+        [],
+    ).fetchone()
+    return str(names), int(count)

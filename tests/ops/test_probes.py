@@ -127,3 +127,21 @@ def test_metrics_without_a_token_answer_only_the_allowed_addresses(client, setti
     assert client.get("/metrics").status_code == 200  # the test client is 127.0.0.1
     refused = client.get("/metrics", REMOTE_ADDR="10.1.2.3")
     assert refused.status_code == 403 and refused.json()["error"] == "FORBIDDEN"
+
+
+def test_an_ha_deployment_without_a_synchronous_standby_degrades_readyz_naming_replication(client, settings):
+    """The test database streams to no standby: with FENCELINE_HA=1 the "replication" check
+    fails (degraded: /readyz 200, /readyz/jobs 503); without it there is no such check. The
+    passing side (a streaming synchronous standby) is tests/ha/test_failover.py's."""
+    all_jobs_fresh()
+    assert "replication" not in client.get("/readyz").json()["checks"]
+    settings.FENCELINE = {**settings.FENCELINE, "HA": True}
+    answer = client.get("/readyz")
+    body = answer.json()
+    assert answer.status_code == 200 and body["status"] == "degraded" and body["degraded"] == ["replication"]
+    assert body["checks"]["replication"] == {
+        "ok": False,
+        "reason": "no synchronous standby configured (synchronous_standby_names is empty)",
+    }
+    jobs = client.get("/readyz/jobs")
+    assert jobs.status_code == 503 and jobs.json()["failing"] == ["replication"]
