@@ -8,20 +8,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_demo_seeds_on_the_embedded_postgresql_and_prints_a_working_token(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
-    env["FENCELINE_STATE_DIR"] = str(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "manage.py", "demo", "--no-serve"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
+
+
+def test_demo_seeds_on_the_embedded_postgresql_and_prints_a_working_token(state_dir):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    env["FENCELINE_STATE_DIR"] = str(state_dir)
+    done = manage(env, "demo", "--no-serve")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert (tmp_path / "postgres" / "PG_VERSION").exists()
-    assert not (tmp_path / "postgres" / "postmaster.pid").exists()  # stopped with the command
+    assert (state_dir / "postgres" / "PG_VERSION").exists()
+    assert not (state_dir / "postgres" / "postmaster.pid").exists()  # stopped with the command
     lines = done.stdout.splitlines()
     token = lines[lines.index(next(line for line in lines if "bearer token" in line)) + 1].strip()
     assert token.startswith("flw_")
@@ -34,14 +33,7 @@ def test_demo_seeds_on_the_embedded_postgresql_and_prints_a_working_token(tmp_pa
     assert "upgrade window: operation.provider_ref in EXPAND" in done.stdout
     assert "found 1 conflict (see /upgrades/)" in done.stdout
     # A second start keeps the data and issues a fresh token.
-    again = subprocess.run(
-        [sys.executable, "manage.py", "demo", "--no-serve"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = manage(env, "demo", "--no-serve")
     assert again.returncode == 0, again.stderr[-2000:]
     assert token not in again.stdout
     # The jobs run on the embedded default too: the leaky worker's lease ends, its two browser
@@ -51,8 +43,6 @@ def test_demo_seeds_on_the_embedded_postgresql_and_prints_a_working_token(tmp_pa
         ("reap_resources", "2 released"),
         ("reconcile_unknown", "UNKNOWN effect(s) looked up"),
     ):
-        job = subprocess.run(
-            [sys.executable, "manage.py", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-        )
+        job = manage(env, command)
         assert job.returncode == 0, job.stderr[-2000:]
         assert expected in job.stdout, job.stdout
