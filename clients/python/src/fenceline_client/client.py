@@ -511,6 +511,17 @@ class Done:
     provider_ref: dict[str, str] | None = None
 
 
+@dataclass(frozen=True)
+class Effect:
+    """Where ``Lease.effect_start`` left an operation: its id, its phase and, while a person
+    must decide, the approval to wait for."""
+
+    operation_id: str
+    phase: str
+    approval_id: str | None = None
+    credential_lease_id: str | None = None
+
+
 class Client:
     """One worker identity talking to Fenceline over HTTP (one keep-alive session)."""
 
@@ -788,25 +799,102 @@ class Lease:
         the same on every retry, so a replacement worker replays the same operation. If
         ``perform`` raises, the outcome is reported UNKNOWN (nobody knows whether the effect
         happened) and the exception propagates. ``effect_class`` may be left out where the
-        tenant's tool contract gives it (a different one is refused: EffectClassMismatch)."""
+        tenant's tool contract gives it (a different one is refused: EffectClassMismatch).
+        The three steps are public for callers that interleave their own work
+        (``effect_start``, ``effect_await_approval``, ``effect_outcome``)."""
+        started = self.effect_start(
+            tool=tool,
+            action=action,
+            resource=resource,
+            idempotency_key=idempotency_key,
+            effect_class=effect_class,
+            **intent,
+        )
+        if started.approval_id is not None:
+            started = self.effect_await_approval(started, timeout_s=approval_timeout_s, poll_s=poll_s)
+        if started.phase != "DISPATCHED":
+            return {"operation_id": started.operation_id, "phase": started.phase}  # decided by an earlier attempt
+        try:
+            done = perform()
+        except BaseException:
+            self.effect_outcome(started.operation_id, Done(outcome="UNKNOWN"))
+            raise
+        return {"operation_id": started.operation_id, "phase": self.effect_outcome(started.operation_id, done)}
+
+    def effect_start(
+        self,
+        *,
+        tool: str,
+        action: str,
+        resource: str,
+        idempotency_key: str,
+        effect_class: str | None = None,
+        credential_lease_id: str | None = None,
+        **intent: Any,
+    ) -> Effect:
+        """Intend, authorize and dispatch, as far as nothing waits for a person. Returns the
+        operation's phase: DISPATCHED (call the provider now, then ``effect_outcome``),
+        PENDING_APPROVAL with ``approval_id`` set (``effect_await_approval``), or a phase an
+        earlier attempt under the same key already reached (CONFIRMED, FAILED, UNKNOWN ...:
+        do not call the provider). Every refusal raises its exception."""
         body = {"tool": tool, "action": action, "resource": resource, "idempotency_key": idempotency_key, **intent}
         if effect_class is not None:
             body["effect_class"] = effect_class
         created = self.client.readable(self.post(f"/runs/{self.run_id}/operations", body), "operation")
         op = str(created["operation_id"])
-        phase = created["phase"]
+        phase = str(created["phase"])
         if phase in ("PLANNED", "PENDING_APPROVAL"):
-            self._authorize(op, approval_timeout_s, poll_s)
+            self._check()
+            auth: dict[str, Any] = {"fencing_token": self.token}
+            if credential_lease_id:
+                auth["credential_lease_id"] = credential_lease_id
+            status, answer = self.client.call("POST", f"/operations/{op}/authorize", auth)
+            if status == 202:
+                return Effect(op, "PENDING_APPROVAL", str(answer["approval_id"]), credential_lease_id)
             phase = "AUTHORIZED"
         if phase == "AUTHORIZED":
             self.post(f"/operations/{op}/dispatch")
-        elif phase != "DISPATCHED":
-            return {"operation_id": op, "phase": phase}  # already decided by an earlier attempt
-        try:
-            done = perform()
-        except BaseException:
-            self.post(f"/operations/{op}/outcome", {"outcome": "UNKNOWN"})
-            raise
+            phase = "DISPATCHED"
+        return Effect(op, phase, None, credential_lease_id)
+
+    def effect_await_approval(
+        self,
+        effect: Effect,
+        *,
+        timeout_s: float = 600,
+        poll_s: float = 2.0,
+        on_wait: Callable[[float], None] | None = None,
+    ) -> Effect:
+        """Wait for a person's decision on ``effect.approval_id`` (the lease keeps renewing);
+        once APPROVED, authorize and dispatch. ``on_wait(elapsed_s)`` is called on every poll
+        (a progress notification, say). DENIED, EXPIRED, VOID or the timeout raise
+        ``ApprovalDenied``: an approval that expires never approves."""
+        if effect.approval_id is None:
+            return effect
+        started = time.monotonic()
+        deadline = started + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(min(poll_s, max(deadline - time.monotonic(), 0)))
+            self._check()
+            if on_wait is not None:
+                on_wait(time.monotonic() - started)
+            decided = self.client.get(f"/approvals/{effect.approval_id}")
+            if decided["status"] == "APPROVED":
+                auth: dict[str, Any] = {}
+                if effect.credential_lease_id:
+                    auth["credential_lease_id"] = effect.credential_lease_id
+                self.post(f"/operations/{effect.operation_id}/authorize", auth)
+                self.post(f"/operations/{effect.operation_id}/dispatch")
+                return Effect(effect.operation_id, "DISPATCHED", None, effect.credential_lease_id)
+            if decided["status"] in ("DENIED", "EXPIRED", "VOID"):
+                raise ApprovalDenied(
+                    403, {"error": "APPROVAL_DENIED", "detail": decided.get("reason") or decided["status"].lower()}
+                )
+        raise ApprovalDenied(408, {"error": "APPROVAL_DENIED", "detail": "no decision before the timeout"})
+
+    def effect_outcome(self, operation_id: str, done: Done) -> str:
+        """Report what the provider answered (``Done``; ``Done(outcome="UNKNOWN")`` when
+        nobody knows): returns the operation's phase."""
         report: dict[str, Any] = {"outcome": done.outcome}
         if done.provider_request_id:
             report["provider_request_id"] = done.provider_request_id
@@ -816,25 +904,7 @@ class Lease:
             report["actual_cost_cents"] = done.actual_cost_cents
         if done.error_code:
             report["error_code"] = done.error_code
-        outcome = self.post(f"/operations/{op}/outcome", report)
-        return {"operation_id": op, "phase": outcome["phase"]}
-
-    def _authorize(self, op: str, timeout_s: float, poll_s: float) -> None:
-        self._check()
-        status, body = self.client.call("POST", f"/operations/{op}/authorize", {"fencing_token": self.token})
-        if status != 202:
-            return
-        approval, deadline = body["approval_id"], time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            time.sleep(poll_s)
-            self._check()
-            decided = self.client.get(f"/approvals/{approval}")
-            if decided["status"] == "APPROVED":
-                self.post(f"/operations/{op}/authorize")
-                return
-            if decided["status"] in ("DENIED", "EXPIRED", "VOID"):
-                raise ApprovalDenied(403, {"error": "APPROVAL_DENIED", "detail": decided.get("reason") or ""})
-        raise ApprovalDenied(408, {"error": "APPROVAL_DENIED", "detail": "no decision before the timeout"})
+        return str(self.post(f"/operations/{operation_id}/outcome", report)["phase"])
 
     # -- the end --
 
