@@ -285,6 +285,20 @@ class StateConflictError(DomainError):
     status = 409
 
 
+class RestoreUnchecked(DomainError):
+    """This database is a restored image whose fence has not been moved yet: no lease, no
+    renewal and no fenced write until ``manage.py restore_check`` runs on it (the tokens it
+    holds may have been issued again elsewhere, or be held by a worker still running).
+    Nothing was decided; ``retry_after_s`` says when to ask again."""
+
+    code = "RESTORE_UNCHECKED"
+    status = 503
+
+    def __init__(self, detail: str, *, retry_after_s: int) -> None:
+        super().__init__(detail, retry_after_s=retry_after_s)
+        self.retry_after_s = retry_after_s
+
+
 class EffectsHeld(DomainError):
     """The tenant was restored from a backup: its workers may read, renew and write events,
     but no authorize or dispatch until a person allows effects (``manage.py allow_effects``

@@ -211,12 +211,19 @@ class FenceGeneration(models.Model):
     """The fence's generation: every token issued from now on is at least ``generation``
     shifted left by ``FENCE_GENERATION_SHIFT`` bits. A restore (``manage.py restore_check``)
     moves it to the Unix second it ran at, past anything the database rolled back could
-    have issued. One row (id 1); a database without it is at generation 0."""
+    have issued. One row (id 1); a database without it is at generation 0.
+
+    ``home`` names the database the row was last written in (``ledger.sql.fence``: the
+    cluster's system identifier, the database's OID and this table's OID). A restored image
+    carries the home of the database it was dumped from, so until ``restore_check`` moves
+    the fence (and the home) every fenced call there is refused: no token of the rolled-back
+    database is issued again or accepted in the meantime. '' (no home recorded) is home."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     generation = models.BigIntegerField(default=0)
     started_at = models.DateTimeField(null=True, blank=True)
     started_by = models.CharField(max_length=150, blank=True, default="")
+    home = models.CharField(max_length=80, blank=True, default="")
 
     class Meta:
         constraints = [

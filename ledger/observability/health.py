@@ -9,6 +9,9 @@ work (``BACKGROUND``) are reported as degraded, and ``/readyz/jobs`` fails on th
 - ``evidence_keys``: the checkpoint and event MAC keys are configured and the signing ids among them;
 - ``schema``: no stored record carries a schema_version this build cannot read (checked at
   most every ``READYZ_SCHEMA_CHECK_S`` per process: it reads every versioned table);
+- ``fence``: this database is the fence's home, not a restored image that
+  ``manage.py restore_check`` has not run on yet (every fenced call answers 503
+  RESTORE_UNCHECKED there);
 - ``replication`` (background, only with ``FENCELINE_HA=1``): the primary has a synchronous
   standby configured and streaming, without which a failover can lose acknowledged grants and
   hand a fencing token out twice (docs/production.md "High availability");
@@ -30,6 +33,7 @@ from django.db.migrations.loader import MigrationLoader
 from django.utils import timezone
 
 from ledger.models import JobHeartbeat
+from ledger.sql import fence as sql_fence
 from ledger.sql import reads as sql_reads
 from ledger.versioning import Versioned, known_for
 
@@ -204,7 +208,7 @@ def check_schema() -> Check:
 # Without these the API cannot answer (``/readyz`` fails); without those the API answers but an
 # operator is needed: background work waits, or the next failover could undo the fence
 # (``/readyz`` reports them degraded, ``/readyz/jobs`` fails).
-SERVING = ("database", "evidence_keys", "schema")
+SERVING = ("database", "evidence_keys", "schema", "fence")
 BACKGROUND = ("broker", "jobs", "replication")
 
 
@@ -212,10 +216,30 @@ def readiness() -> list[Check]:
     """Every domain, the serving ones first."""
     database = check_database()
     if not database.ok and database.reason.startswith("not reachable"):  # nothing else can be read
-        return [database, check_evidence_keys(), Check("schema", False, "database not reachable"), check_broker(),
+        return [database, check_evidence_keys(), Check("schema", False, "database not reachable"),
+                Check("fence", False, "database not reachable"), check_broker(),
                 Check("jobs", False, "database not reachable"),
                 *_replication(reachable=False)]  # fmt: skip
-    return [database, check_evidence_keys(), check_schema(), check_broker(), check_jobs(), *_replication()]
+    return [
+        database,
+        check_evidence_keys(),
+        check_schema(),
+        check_fence(),
+        check_broker(),
+        check_jobs(),
+        *_replication(),
+    ]
+
+
+def check_fence() -> Check:
+    """Whether this database is the fence's home or a restored image not yet checked."""
+    try:
+        at_home = sql_fence.fence_at_home()
+    except DatabaseError as exc:
+        return Check("fence", False, f"not checked ({type(exc).__name__})")
+    if at_home:
+        return Check("fence", True)
+    return Check("fence", False, "a restored image: run manage.py restore_check before workers act")
 
 
 def _replication(*, reachable: bool = True) -> list[Check]:

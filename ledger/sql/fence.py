@@ -1,6 +1,7 @@
 """The fence's statements: the one read that locks a run with its lease (and, by operation,
 reads what the write needs), the sweeps' locked runs, and the fence's generation, read
-key-shared by every lease acquisition (``fence_generation_shared``).
+key-shared by every lease acquisition (``fence_generation_shared``), and whether this
+database is the fence's home (``fence_at_home``) or a restored image of it.
 
 Only the lease and the run rows are locked (``FOR UPDATE OF``). By operation, the operation,
 its credential lease, the credential's version, the cost reservation of the current attempt
@@ -10,6 +11,7 @@ whether the statement waited for the run's lock meanwhile (its ``last_seq`` diff
 locked row's), in which case the caller reads the operation again.
 """
 
+import weakref
 from collections.abc import Collection, Sequence
 from datetime import datetime
 from functools import cache
@@ -29,7 +31,7 @@ from ledger.models import (
     RunLease,
     Tenant,
 )
-from ledger.sql.connection import execute
+from ledger.sql.connection import database, execute
 from ledger.sql.rows import column
 
 type Row = Sequence[Any]
@@ -175,3 +177,48 @@ def fence_generation_shared() -> int:
     that read it, and acquisitions that come after wait for the restore."""
     row = execute(_generation_sql(), []).fetchone()
     return 0 if row is None else int(row[0])
+
+
+# The identity of the database a connection is on: the cluster's system identifier, the
+# database's OID and the fence table's OID. A dump restored into a fresh database (another
+# database OID), into another cluster (another system identifier) or over the same database
+# with --clean (the table recreated: another table OID) differs from the one it was dumped
+# from; a promoted standby of the same cluster does not (it is the same database).
+@cache
+def _identity_sql() -> str:
+    table = FenceGeneration._meta.db_table
+    return (
+        "SELECT (SELECT system_identifier FROM pg_control_system())::text"
+        " || ':' || (SELECT oid FROM pg_database WHERE datname = current_database())::text"
+        f" || ':' || '{table}'::regclass::oid::text"
+    )
+
+
+def database_identity() -> str:
+    """This connection's database, as ``home`` records it."""
+    return str(execute(_identity_sql(), []).fetchone()[0])
+
+
+@cache
+def _home_sql() -> str:
+    qn = connection.ops.quote_name
+    table, home = qn(FenceGeneration._meta.db_table), qn(column(FenceGeneration, "home"))
+    return f"SELECT {home} IN ('', ({_identity_sql()})) FROM {table} WHERE {qn('id')} = 1"
+
+
+# The driver connections that found the fence at home: a connection stays on one database
+# for its life, so the check costs one statement per connection, not per call.
+_AT_HOME: weakref.WeakSet[object] = weakref.WeakSet()
+
+
+def fence_at_home() -> bool:
+    """False on a restored image whose fence ``restore_check`` has not moved; True on the
+    database the fence was last moved in (or one with no home recorded, or no fence row)."""
+    raw = database().connection
+    if raw is not None and raw in _AT_HOME:
+        return True
+    row = execute(_home_sql(), []).fetchone()
+    at_home = row is None or bool(row[0])
+    if at_home:
+        _AT_HOME.add(database().connection)
+    return at_home

@@ -1,6 +1,7 @@
 """Issue 36, item 1: the fence is monotonic across a restore. A real backup (manage.py backup,
 pg_dump), more takeovers and a credential lease revoked, a real pg_restore of that backup
-over the same database, then manage.py restore_check: the next lease on the run gets a token
+over the same database (every fenced call refused 503 RESTORE_UNCHECKED until the check), then
+manage.py restore_check: the next lease on the run gets a token
 greater than every token issued before the restore (those after the backup too), the
 revoked credential lease is refused, the lease held in the backup is ended with its
 dispatched operation UNKNOWN and a case, and the run's chain records the restore and
@@ -14,7 +15,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 from approvals.models import ReconciliationCase
-from ledger.errors import Denied, DomainError
+from ledger.errors import Denied, DomainError, RestoreUnchecked
 from ledger.models import CredentialLease, Event, FenceGeneration, LeaseGrant, Operation, Run
 from ledger.services.authority.credential_leases import credential_lease_revoke
 from ledger.services.authority.credentials import credential_create
@@ -91,6 +92,24 @@ def test_after_a_restore_no_token_is_issued_again_and_what_was_live_is_ended(acm
     restored = Run.objects.get(pk=run.pk).lease
     assert (restored.owner_id, restored.fencing_token) == ("owner-a", first)  # the database rolled back
     assert CredentialLease.objects.get(pk=lent.pk).revoked_at is None  # live again
+
+    # Between pg_restore and restore_check the restored image refuses every fenced call: the
+    # worker that held the restored lease cannot renew or dispatch under it, and nobody gets
+    # a token the rolled-back database would issue again.
+    grants = LeaseGrant.objects.count()
+    for attempt in (
+        lambda: leases.lease_renew(
+            worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=first, ttl_s=600
+        ),
+        lambda: operations.operation_dispatch(worker=acme.worker, operation_id=waiting.pk, fencing_token=first),
+        lambda: leases.lease_acquire(worker=acme.worker, run_id=run.pk, owner_id="owner-x", ttl_s=600),
+        lambda: _takeover(acme, run, "owner-y"),
+    ):
+        with pytest.raises(RestoreUnchecked) as unchecked:
+            attempt()
+        assert (unchecked.value.status, unchecked.value.code) == (503, "RESTORE_UNCHECKED")
+    assert LeaseGrant.objects.count() == grants
+    assert Operation.objects.get(pk=waiting.pk).phase == "AUTHORIZED"
     before_check = int(time.time())
     check = _manage(source, "restore_check", "--by", "olga")
     assert check.returncode == 0, check.stdout + check.stderr

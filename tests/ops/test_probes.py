@@ -35,7 +35,7 @@ def test_ready_when_every_domain_holds(client):
     assert answer.status_code == 200, answer.json()["checks"]["schema"]
     body = answer.json()
     assert body["status"] == "ready" and body["failing"] == [] and body["degraded"] == []
-    assert set(body["checks"]) == {"database", "broker", "jobs", "evidence_keys", "schema"}
+    assert set(body["checks"]) == {"database", "broker", "jobs", "evidence_keys", "schema", "fence"}
     jobs = client.get("/readyz/jobs")
     assert jobs.status_code == 200 and jobs.json()["status"] == "ready"
     assert set(jobs.json()["checks"]) == {"broker", "jobs"}
@@ -106,6 +106,32 @@ def test_a_record_of_an_unknown_schema_version_fails_the_schema_domain(client, a
     body = client.get("/readyz").json()
     assert body["failing"] == ["schema"]
     assert "ledger.Run" in body["checks"]["schema"]["tables"]
+
+
+def test_a_restored_image_fails_the_fence_domain_and_refuses_fenced_calls(client, acme, monkeypatch):
+    """A fence row whose home is another database (what pg_restore of a dump leaves): /readyz
+    names the fence, and a fenced call answers 503 RESTORE_UNCHECKED with Retry-After."""
+    import weakref
+
+    from ledger.models import FenceGeneration
+    from ledger.sql import fence as sql_fence
+    from tests.factories import new_run
+
+    all_jobs_fresh()
+    run = new_run(acme.worker)
+    FenceGeneration.objects.filter(pk=1).update(home="7716236673950853339:16384:16390")
+    monkeypatch.setattr(sql_fence, "_AT_HOME", weakref.WeakSet())  # this connection checks again
+    body = client.get("/readyz").json()
+    assert body["failing"] == ["fence"]
+    assert "restore_check" in body["checks"]["fence"]["reason"]
+    answer = client.post(
+        f"/api/v1/runs/{run.pk}/lease",
+        {"owner_id": "w1", "ttl_s": 30},
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {acme.token}"},
+    )
+    assert answer.status_code == 503 and answer.json()["error"] == "RESTORE_UNCHECKED"
+    assert int(answer.headers["Retry-After"]) >= 1
 
 
 def test_missing_evidence_keys_fail_their_domain(client, settings):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -20,6 +21,7 @@ from ledger.errors import (
     DomainError,
     EffectsHeld,
     NotFound,
+    RestoreUnchecked,
     RunCancelled,
     RunCompleted,
     StaleToken,
@@ -160,7 +162,13 @@ def lock(*, tenant: Tenant, run_id: object = None, operation_id: object = None, 
     """One run of ``tenant`` — named directly or as the run of one of its operations — with
     its lease, both rows locked by one statement until the transaction ends. By operation,
     with ``capabilities``, the same statement also reads the run's capability budgets for
-    the operation's tool, which the operation then carries (:data:`CAPABILITIES_SEEN`)."""
+    the operation's tool, which the operation then carries (:data:`CAPABILITIES_SEEN`).
+    On a restored image whose fence has not been moved: 503 RESTORE_UNCHECKED."""
+    if not sql_fence.fence_at_home():
+        raise RestoreUnchecked(
+            "this database is a restored image: no lease or fenced write until manage.py restore_check runs on it",
+            retry_after_s=settings.FENCELINE["OUTAGE_RETRY_AFTER_S"],
+        )
     if operation_id is not None:
         denied = CapabilityStatus.DENIED.value if capabilities else None
         row = sql_fence.lock_operation(

@@ -9,7 +9,9 @@ transaction:
   (``ledger.services.fence.generation``), so the next lease on any run gets a token
   greater than every token issued before the restore. It waits for acquisitions in
   progress (they hold the generation's row ``FOR KEY SHARE``) and holds the next ones
-  until it commits;
+  until it commits, and records this database as the fence's home: until then every
+  fenced call on a restored image is refused (503 RESTORE_UNCHECKED, ``lock``), so no
+  worker still holding a restored lease acts between ``pg_restore`` and this;
 * records ``RUN_RESTORED`` (the generation, who restored) in the chain of every run it
   touches next;
 * revokes every credential lease alive in the restored database (CREDENTIAL_LEASE_REVOKED,
@@ -33,6 +35,7 @@ from ledger.services.core.fencing import locked_runs
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.generation import generation_next
 from ledger.services.fence.lease_end import leases_end
+from ledger.sql import fence as sql_fence
 from ledger.states import LeaseEnd
 
 RESTORE_REASON = "restore"
@@ -69,7 +72,9 @@ def fence_restore(*, by: str) -> FenceRestore:
         fence = FenceGeneration.objects.select_for_update().get(pk=1)
         top = RunLease.objects.aggregate(top=Max("fencing_token"))["top"] or 0
         moved = generation_next(stored=fence.generation, clock_s=int(now.timestamp()), top_token=top)
-        FenceGeneration.objects.filter(pk=1).update(generation=moved.generation, started_at=now, started_by=by[:150])
+        FenceGeneration.objects.filter(pk=1).update(
+            generation=moved.generation, started_at=now, started_by=by[:150], home=sql_fence.database_identity()
+        )
         result = FenceRestore(
             previous_generation=fence.generation, generation=moved.generation, clock_ahead=moved.clock_ahead
         )

@@ -241,6 +241,13 @@ class DatabaseUnavailable(RetryLater):
     code = "DATABASE_UNAVAILABLE"
 
 
+class RestoreUnchecked(RetryLater):
+    """The server's database is a restored image whose fence has not been moved yet (503):
+    nothing was decided; once ``restore_check`` has run, this lease is ended there anyway."""
+
+    code = "RESTORE_UNCHECKED"
+
+
 class KeyUnavailable(FencelineError):
     """A kept value is sealed under a key the server no longer holds (503)."""
 
@@ -271,6 +278,7 @@ ERRORS: dict[str, type[FencelineError]] = {
     for cls in (
         TooManyRequests,
         DatabaseUnavailable,
+        RestoreUnchecked,
         KeyUnavailable,
         InvalidRequest,
         MalformedJSON,
