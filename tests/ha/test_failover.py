@@ -34,8 +34,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DB = "fenceline_ha"
 THREADS = 3
 OPS_PER_LEASE = 4
-AFTER_RECOVERY_S = 4
-LOST_TTL_S = 8  # the asynchronous test's leases: a lease the failover brought back expires soon  # the load goes on this long after its first write on the new primary
+AFTER_RECOVERY_S = 4  # the load goes on this long after its first write on the new primary
+LOST_TTL_S = 8  # the asynchronous test's leases: a lease the failover brought back expires soon
+ABANDONED_TTL_S = 5  # the lease of the worker that dies with the primary
 
 
 @dataclass
@@ -49,6 +50,8 @@ class Ledger:
     dispatched: list[str] = field(default_factory=list)  # operation ids
     confirmed: list[str] = field(default_factory=list)
     across: list[str] = field(default_factory=list)  # dispatched before the kill, outcome after
+    # Dispatched before the kill by a worker that died with the primary; its run taken over after.
+    abandoned: list[str] = field(default_factory=list)
     outage_answers: list[str] = field(default_factory=list)  # the error code of each 503
     other_refusals: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -133,10 +136,10 @@ class Worker(threading.Thread):
                 self.ledger.other_refusals.append(f"fenced: {refusal}")
         return True
 
-    def dispatch_one(self) -> tuple[str, dict]:
+    def dispatch_one(self, ttl_s: int = 120) -> tuple[str, dict]:
         """A run leased and one operation dispatched on it, its outcome left to report later."""
         run_id = self.call("/runs", {"schema_version": 1})["run_id"]
-        token = int(self.call(f"/runs/{run_id}/lease", {"owner_id": self.owner, "ttl_s": 120})["fencing_token"])
+        token = int(self.call(f"/runs/{run_id}/lease", {"owner_id": self.owner, "ttl_s": ttl_s})["fencing_token"])
         with self.ledger.lock:
             self.ledger.grants.append((run_id, token, self.owner))
         fenced = {"fencing_token": token}
@@ -147,7 +150,18 @@ class Worker(threading.Thread):
         self.call(f"/operations/{op}/dispatch", fenced)
         with self.ledger.lock:
             self.ledger.dispatched.append(op)
-        return op, fenced
+        return op, {**fenced, "run_id": run_id}
+
+    def take_over(self, run_id: str) -> int:
+        """The run leased by this worker once the lease its dead owner held has expired."""
+        deadline = time.monotonic() + ABANDONED_TTL_S + 60
+        while True:
+            try:
+                return int(self.call(f"/runs/{run_id}/lease", {"owner_id": self.owner, "ttl_s": 60})["fencing_token"])
+            except FencelineError as refusal:
+                if refusal.body.get("error") != "LEASE_HELD" or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def operation(self, run_id: str, fenced: dict) -> None:
         intent = {"tool": "bench", "action": "noop", "resource": f"ha://{self.index}/{self.seq}",
@@ -223,6 +237,10 @@ def drive_through_failover(
     # One operation dispatched before the kill whose outcome is reported after it.
     straddler = Worker(THREADS, server.url, token, ledger, stop, ttl_s)
     straddling, straddling_fenced = straddler.dispatch_one()
+    straddling_fenced.pop("run_id")
+    # Another dispatched before the kill whose worker dies with the primary: never reported.
+    dying = Worker(THREADS + 1, server.url, token, ledger, stop, ttl_s)
+    abandoned, abandoned_at = dying.dispatch_one(ttl_s=ABANDONED_TTL_S)
     ledger.kill_at = formation.kill_primary()
     # No primary: the API answers 503 with Retry-After and /readyz names the database.
     outage_run = requests.post(
@@ -239,6 +257,9 @@ def drive_through_failover(
         ledger.across.append(straddling)
     except FencelineError as refusal:  # asynchronous: the operation, or its run, did not survive
         ledger.other_refusals.append(f"outcome: {refusal}")
+    if formation.synchronous:  # its run survives: a replacement takes it over after the lease expires
+        Worker(THREADS + 2, server.url, token, ledger, stop, ttl_s).take_over(abandoned_at["run_id"])
+        ledger.abandoned.append(abandoned)
     time.sleep(AFTER_RECOVERY_S)
     stop.set()
     for worker in workers:
@@ -342,6 +363,8 @@ def test_with_synchronous_replication_a_failover_loses_no_acknowledged_write_and
         assert phases[op] == "CONFIRMED" or (phases[op] == "UNKNOWN" and op in with_case), (op, phases[op])
     assert set(ledger.confirmed) <= {op for op, phase in phases.items() if phase == "CONFIRMED"}
     assert ledger.across and {phases[op] for op in ledger.across} == {"CONFIRMED"}
+    # The dispatch whose worker died across the failover: UNKNOWN with a case once taken over.
+    assert ledger.abandoned and all(phases[op] == "UNKNOWN" and op in with_case for op in ledger.abandoned)
 
     runs = sorted({run for run, _, _ in ledger.grants})
     verify_chains(formation, runs)
@@ -351,7 +374,8 @@ def test_with_synchronous_replication_a_failover_loses_no_acknowledged_write_and
         f"\n[ha sync] kill -> first fenced write on the new primary: "
         f"{ledger.first_write_after_kill - ledger.kill_at:.1f} s; acknowledged: {len(ledger.grants)} grants, "
         f"{len(ledger.events)} events, {len(ledger.dispatched)} operations dispatched "
-        f"({len(ledger.confirmed)} confirmed, {len(ledger.across)} of them across the failover); all found on the new primary; {len(ledger.grants)} tokens checked, "
+        f"({len(ledger.confirmed)} confirmed, {len(ledger.across)} of them across the failover, "
+        f"{len(ledger.abandoned)} abandoned across it UNKNOWN with a case); all found on the new primary; {len(ledger.grants)} tokens checked, "
         f"none issued twice; {len(runs)} chains verified; 503 answers during the outage: {len(ledger.outage_answers)}"
     )
 
