@@ -25,7 +25,7 @@ from django.template.loader import render_to_string
 
 from ledger.boundary import check_texts, credential_kind
 from ledger.errors import ForbiddenField
-from ledger.observability import health, logs, metrics
+from ledger.observability import health, logs, metrics, tracing
 
 log = logging.getLogger("fenceline.boundary")
 
@@ -118,7 +118,9 @@ class RequestObservationMiddleware:
     """Outermost: one JSON log line per request and its latency in
     ``fenceline_http_request_duration_seconds``, labelled by the URL *pattern* (never the path,
     which may carry what the URL boundary refuses) and the status code. The request id — the
-    caller's ``X-Request-ID`` when it looks like one — is answered in the same header."""
+    caller's ``X-Request-ID`` when it looks like one — is answered in the same header. A W3C
+    ``traceparent`` makes its trace id the request's (``ledger.observability.tracing``): kept
+    with what the call writes and named in the log line."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -126,7 +128,8 @@ class RequestObservationMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         started = time.perf_counter()
         rid = logs.request_id(request.headers.get("X-Request-ID"))
-        response = self.get_response(request)
+        with tracing.traced(request.headers.get("traceparent")) as trace_id:
+            response = self.get_response(request)
         elapsed = time.perf_counter() - started
         match = request.resolver_match
         route = match.route if match is not None else "unmatched"
@@ -136,6 +139,7 @@ class RequestObservationMiddleware:
         worker = getattr(request, "worker", None)
         fields = {
             "request_id": rid,
+            "trace_id": trace_id,
             "method": request.method,
             "route": route,
             "status": response.status_code,

@@ -250,6 +250,7 @@ def _op_out(op: Operation) -> Body:
                 "args_digest",
                 "provider",
                 "reconciler",
+                "trace_id",
                 "phase",
                 "attempt",
                 "fencing_token",

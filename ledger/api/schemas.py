@@ -455,6 +455,8 @@ class OperationOut(Schema):
     args_digest: str
     provider: str
     reconciler: str
+    # The W3C trace id of the call that recorded the intent ('' when it sent no traceparent).
+    trace_id: str
     phase: Phase
     attempt: int
     fencing_token: int | None

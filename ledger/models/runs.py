@@ -310,6 +310,8 @@ class Operation(Versioned):
     effect_class = models.CharField(max_length=16, choices=EffectClass.choices)
     args_digest = models.CharField(max_length=100, blank=True, default="")
     provider = models.CharField(max_length=100, blank=True, default="")
+    # The W3C trace id of the call that recorded the intent ('' when it carried none).
+    trace_id = models.CharField(max_length=32, blank=True, default="")
     estimated_cost_cents = models.BigIntegerField(null=True, blank=True)
     phase = models.CharField(max_length=20, choices=Phase.choices, default=Phase.PLANNED)
     attempt = models.PositiveIntegerField(default=1)

@@ -24,6 +24,7 @@ from ledger.chain import EventSigner, canonical_bytes, format_time, hash_bytes
 from ledger.errors import ForbiddenField, InvalidInput
 from ledger.ids import uuid7
 from ledger.models import Event, Run
+from ledger.observability.tracing import TRACE_FIELD, current_trace_id
 from ledger.sql import chain as sql_chain
 from ledger.sql import rows as sql_rows
 from ledger.states import RUN_FINISHED, Phase
@@ -153,7 +154,11 @@ def _chained(
     version: int = CURRENT_SCHEMA_VERSION,
 ) -> Event:
     """The event after ``run``'s in-memory head (checked fields; ``when``: the time's
-    canonical text), hashed, linked and signed; the head advances to it."""
+    canonical text), hashed, linked and signed; the head advances to it. Within a call that
+    carried a traceparent the fields also name its trace id (``TRACE_FIELD``)."""
+    trace_id = current_trace_id()
+    if trace_id and isinstance(fields, dict) and TRACE_FIELD not in fields:
+        fields = {**fields, TRACE_FIELD: trace_id}
     seq = run.last_seq + 1
     event_id = uuid7()  # time-ordered: appends land at the right-hand end of the event_id index
     run_id = str(run.pk)

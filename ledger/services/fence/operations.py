@@ -15,6 +15,7 @@ from ledger.boundary import check_fields
 from ledger.errors import ApprovalRequired, Denied, DomainError, IdempotencyMismatch, NotFound, WrongPhase, parse_id
 from ledger.models import Operation, Run, Tenant, Worker
 from ledger.observability import metrics
+from ledger.observability.tracing import current_trace_id
 from ledger.services.authority import evaluation
 from ledger.services.core.fencing import Fenced, decided, effects_held, fenced, worker_refused
 from ledger.services.core.handoff import queues
@@ -97,6 +98,7 @@ def _planned(intent: Intent, *, reconciler: str, tenant: Tenant, ctx: Fenced) ->
         estimated_cost_cents=intent.estimated_cost_cents,
         payload_bytes=intent.payload_bytes,
         reconciler=reconciler,
+        trace_id=current_trace_id(),
         phase=Phase.PLANNED,
         updated_at=ctx.now,
         schema_version=provider_ref.version_for_new(upgrade_phase(provider_ref.CHANGE)),

@@ -54,6 +54,7 @@ from fenceline_client.client import (
     WorkerNotAccepting,
     WrongPhase,
     default_readiness,
+    new_traceparent,
     runtime_audit,
     runtime_readiness,
 )
@@ -105,6 +106,7 @@ __all__ = [
     "WorkerNotAccepting",
     "WrongPhase",
     "default_readiness",
+    "new_traceparent",
     "runtime_audit",
     "runtime_readiness",
 ]

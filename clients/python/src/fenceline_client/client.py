@@ -39,6 +39,12 @@ from typing import Any
 
 import urllib3
 
+_otel_inject: Callable[[dict[str, str]], None] | None
+try:  # the worker's own OpenTelemetry context, when it has one (pip install fenceline-client[otel])
+    from opentelemetry.propagate import inject as _otel_inject
+except ImportError:  # pragma: no cover - the extra is optional
+    _otel_inject = None
+
 SCHEMA_VERSION = 1  # the version of the runs this client creates
 # The record versions this client reads (an operation is at 2 once the operation.provider_ref
 # change migrates; docs/api.md "Versions"): a record at any other version is refused here,
@@ -494,6 +500,14 @@ def default_readiness() -> dict[str, dict[str, Any]]:
 # --- the client ------------------------------------------------------------------------
 
 
+def new_traceparent() -> str:
+    """A fresh W3C traceparent (a new trace, sampled): for a worker with no tracing of its own
+    that still wants its calls' events and operations to share one trace id."""
+    import secrets
+
+    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+
+
 def _connections(base: str) -> tuple[urllib3.PoolManager | urllib3.HTTPConnectionPool, str]:
     """Where a client's requests go and the prefix of their paths: the server's keep-alive
     pool, or the proxy that the environment names for it (HTTPS_PROXY, HTTP_PROXY, NO_PROXY),
@@ -534,9 +548,19 @@ class Client:
     """One worker identity talking to Fenceline over HTTP (one keep-alive session)."""
 
     def __init__(
-        self, base_url: str, token: str, *, timeout: float = 10.0, reads: frozenset[int] = READS_SCHEMA_VERSIONS
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 10.0,
+        reads: frozenset[int] = READS_SCHEMA_VERSIONS,
+        traceparent: str | None = None,
     ) -> None:
         self.base = base_url.rstrip("/") + "/api/v1"
+        # Sent as W3C ``traceparent`` on every call (its trace id is kept on the operations
+        # and events the call writes), unless OpenTelemetry's current span in the calling
+        # thread gives one: that wins. Set or change it at any time.
+        self.traceparent = traceparent
         self.timeout = timeout
         self.reads = reads  # the record versions this client acts on
         self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
@@ -554,7 +578,7 @@ class Client:
                 method,
                 self.prefix + path,
                 body=payload,
-                headers=self.headers,
+                headers=self._headers(),
                 timeout=self._timeout,
                 retries=False,  # a POST that may have landed is the caller's to repeat, by its key
                 redirect=False,
@@ -574,6 +598,13 @@ class Client:
         if status >= 400:
             raise error_for(status, data)
         return status, data
+
+    def _headers(self) -> dict[str, str]:
+        carrier: dict[str, str] = {}
+        if _otel_inject is not None:
+            _otel_inject(carrier)
+        traceparent = carrier.get("traceparent") or self.traceparent
+        return {**self.headers, "traceparent": traceparent} if traceparent else self.headers
 
     def post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.call("POST", path, body or {})[1]

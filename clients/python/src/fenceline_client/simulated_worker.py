@@ -108,6 +108,7 @@ class Worker:
             return list(json.load(listing))
 
     def work_one(self, run_id: str) -> None:
+        self.client.traceparent = fl.new_traceparent()  # one trace per lease: its events and operations share it
         with self.client.lease(run_id, ttl_s=self.args.ttl, tool="payments") as lease:
             state = lease.checkpoint_state or {"step": 0}
             say("LEASED", run_id, lease.token, "from", state["step"])
