@@ -1010,6 +1010,7 @@ def report(context: dict, args, fenced_phases: list[dict], pg: dict) -> None:
                 f"dispatch p50, authority / plain: {ms(authority_p50)} / {ms(plain_p50)} = "
                 f"{authority_p50 / plain_p50:.2f} (a tenant-wide hot row would show here)"
             )
+    report_peer(by_mode, pg.get("peer"))
     for fenced in fenced_phases:
         say("-" * 72)
         say(f"{fenced['mode'] + ', per kind':18}{'count':>9}{'p50':>11}{'p99':>11}{'SQL stmts':>11}")
@@ -1086,9 +1087,57 @@ def show_sql(worker_pk: int, *, authority: bool, ops_per_lease: int) -> None:
     connection.close()
 
 
+PEER_REQUIREMENTS = ROOT / "tests" / "bench" / "peer-requirements.txt"
+PEER_ENV = ROOT / ".bench" / "dbos"
+
+
+def peer_python() -> Path:
+    """The bench-only environment with the pinned DBOS release (created or updated when
+    tests/bench/peer-requirements.txt changed); never the product's .venv."""
+    python = PEER_ENV / "bin" / "python"
+    stamp = PEER_ENV / ".installed"
+    if not python.exists():
+        say(f"[peer] creating {PEER_ENV.relative_to(ROOT)} for DBOS")
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(PEER_ENV)], check=True)
+    if not stamp.exists() or stamp.stat().st_mtime < PEER_REQUIREMENTS.stat().st_mtime:
+        say(f"[peer] installing {', '.join(_pins())} into {PEER_ENV.relative_to(ROOT)}")
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(PEER_REQUIREMENTS)], check=True)
+        stamp.touch()
+    return python
+
+
+def _pins() -> list[str]:
+    lines = PEER_REQUIREMENTS.read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def run_peer(server: Server, args) -> dict:
+    """DBOS's durable steps per second at the same N, on the same PostgreSQL (tests/bench/dbos_peer.py)."""
+    python = peer_python()
+    checkpoint(server, "postgres")
+    say(f"[peer] DBOS: {args.workers} processes, {args.seconds} s, workflows of 4 no-op steps")
+    done = subprocess.run(
+        [str(python), str(ROOT / "tests" / "bench" / "dbos_peer.py"), "--workers", str(args.workers),
+         "--seconds", str(args.seconds), "--database-url", server.url_for("postgres")],
+        capture_output=True, text=True, timeout=args.seconds + 600,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise BenchError(f"the DBOS peer failed: {done.stderr.strip()[-800:]}")
+    peer = json.loads(lines[-1])
+    say(f"[peer] done: {peer['steps_per_s']:,.1f} DBOS steps/s")
+    return peer
+
+
+def effects_per_s(phase: dict) -> float:
+    """Fenced effects (intent -> dispatch -> outcome) completed per second in a phase."""
+    return phase["by_kind"]["outcome"]["count"] / phase["elapsed"] if phase["elapsed"] else 0.0
+
+
 def measure(server: Server, args, modes: list[str], pgbench: str | None) -> tuple[list[dict], dict]:
     """The fenced phases of ``modes`` at N = args.workers, then pgbench at the same N (unless
-    skipped): what one report (or one point of the curve) is made of."""
+    skipped), then the DBOS peer (unless skipped; kept in ``pg["peer"]``): what one report (or
+    one point of the curve) is made of."""
     fenced_phases = []
     for mode in modes:
         if mode == "http":
@@ -1115,6 +1164,7 @@ def measure(server: Server, args, modes: list[str], pgbench: str | None) -> tupl
         prepare_pgbench(server, PGBENCH_DB, pgbench, args.scale)
         pg = run_pgbench(server, PGBENCH_DB, pgbench, args)
         say(f"[pgbench] done: {pg['tps']:,.1f} TPS")
+    pg["peer"] = None if args.skip_peer else run_peer(server, args)
     return fenced_phases, pg
 
 
@@ -1130,9 +1180,34 @@ def figures(fenced_phases: list[dict], pg: dict) -> dict:
         if phase.get("app_cpu_s") is not None and phase["total"]:
             out[f"{mode}_app_cpu_us"] = 1e6 * phase["app_cpu_s"] / phase["total"]
             out[f"{mode}_app_floor_us"] = phase.get("app_floor_us")
+    peer = pg.get("peer")
+    if peer:
+        out["dbos_steps_per_s"] = peer["steps_per_s"]
+        for phase in fenced_phases:
+            out[f"{phase['mode']}_effects_per_s"] = effects_per_s(phase)
+            out[f"{phase['mode']}_effects_ratio_to_dbos"] = effects_per_s(phase) / peer["steps_per_s"]
     if out.get("plain_dispatch_p50") and out.get("authority_dispatch_p50"):
         out["dispatch_p50_authority_over_plain"] = out["authority_dispatch_p50"] / out["plain_dispatch_p50"]
     return out
+
+
+def report_peer(by_mode: dict[str, dict], peer: dict | None) -> None:
+    """The side-by-side lines: DBOS's durable steps per second against fenced effects per second."""
+    if not peer:
+        return
+    say("-" * 72)
+    cpu = peer.get("cpu_ms_per_step")
+    say(
+        f"DBOS {peer['workers']} processes, workflows of 4 no-op steps: {peer['steps_per_s']:,.1f} durable steps/s"
+        + (f", client CPU {cpu:.2f} ms per step" if cpu is not None else "")
+    )
+    for mode, label in (("plain", "in process"), ("http", "http")):
+        if mode in by_mode:
+            effects = effects_per_s(by_mode[mode])
+            say(f"fenced effects/s ({label}): {effects:,.1f} (intent -> authorize -> dispatch -> outcome)")
+            say(f"effects ratio to DBOS ({label}): {effects / peer['steps_per_s']:.2f}")
+        else:
+            say(f"effects ratio to DBOS ({label}): n/a (the {mode} phase did not run)")
 
 
 def report_curve(curve: list[dict], modes: list[str]) -> None:
@@ -1192,6 +1267,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-analyze", action="store_true", help="skip ANALYZE after the warm-up (planner without statistics)"
     )
     parser.add_argument("--skip-pgbench", action="store_true", help="fenced phases only (no ratio)")
+    parser.add_argument("--skip-peer", action="store_true", help="leave out the DBOS peer (no effects ratio to DBOS)")
     parser.add_argument(
         "--curve",
         type=lambda text: [int(n) for n in text.split(",") if n],
