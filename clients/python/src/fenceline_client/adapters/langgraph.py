@@ -29,6 +29,7 @@ call still waiting interrupts again.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -217,3 +218,16 @@ class FencedGraph:
         """The approvals the graph's thread is paused on (the interrupts' values)."""
         state = graph.get_state(self.config)
         return [item.value for item in state.interrupts if isinstance(item.value, dict) and "approval_id" in item.value]
+
+    def wait(self, graph: Pregel[Any, Any], *, timeout_s: float = 600, poll_s: float = 2.0) -> None:
+        """Until a person has decided every approval the thread is paused on (the lease renews
+        meanwhile); then ``invoke(graph, Command(resume=...))`` goes on. ApprovalDenied on the
+        timeout."""
+        deadline = time.monotonic() + timeout_s
+        while any(
+            self.client.get(f"/approvals/{waiting['approval_id']}")["status"] == "PENDING"
+            for waiting in self.waiting(graph)
+        ):
+            if time.monotonic() >= deadline:
+                raise ApprovalDenied(408, {"error": "APPROVAL_DENIED", "detail": "no decision before the timeout"})
+            time.sleep(poll_s)
