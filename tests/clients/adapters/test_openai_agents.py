@@ -11,16 +11,17 @@ from pathlib import Path
 
 import pytest
 from agents import Agent, set_tracing_disabled
+from agents.exceptions import UserError
 
 from approvals.models import ApprovalRequest
 from approvals.services.approvals import approval_decide
 from fenceline_client import Client
 from fenceline_client.adapters.fencing import RESULT_EVENT
-from fenceline_client.adapters.openai_agents import ApprovalPending, FencedAgentRun, Reported
-from fenceline_client.client import Done
+from fenceline_client.adapters.openai_agents import ApprovalPending, EffectUncertain, FencedAgentRun, Reported
+from fenceline_client.client import Done, LeaseHeld
 from ledger.models import Event, Operation
 from tests.clients.adapters.scripted import ScriptedModel, message, tool_call
-from tests.factories import set_policy
+from tests.factories import make_worker, set_policy
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -240,4 +241,49 @@ def test_a_resume_from_a_state_saved_before_the_call_ran_replays_it(
     assert result.final_output == "charged"
     assert given == ["charged 881 500"]  # the output kept by the first attempt
     assert ledger.calls == [("881", 500)]
+    assert dispatches(run_id) == 1
+
+
+def test_the_lease_is_held_while_the_runner_runs(worker, live_server):
+    run_id = worker.create_run()
+    other = Client(live_server.url, make_worker("acme", "worker-2").token)
+    refusals = []
+
+    def lookup(customer: str) -> str:
+        """Look a customer up."""
+        try:
+            other.lease(run_id).__enter__()
+        except LeaseHeld as held:
+            refusals.append(held.code)
+        return "ok"
+
+    with FencedAgentRun(worker, run_id) as fenced:
+        agent = Agent(
+            name="crm",
+            model=ScriptedModel([[tool_call("lookup", {"customer": "881"}, "a")], [message("done")]]),
+            tools=[fenced.tool(lookup, action="read", resource="crm", effect_class="IDEMPOTENT")],
+        )
+        fenced.run_sync(agent, "look 881 up")
+    assert refusals == ["LEASE_HELD"]
+
+
+def test_a_tool_that_raises_leaves_its_operation_unknown_and_a_rerun_stops_on_it(worker, live_server, acme):
+    run_id = worker.create_run()
+
+    def charge(customer: str, cents: int) -> str:
+        """Charge a customer."""
+        raise TimeoutError("the provider did not answer")
+
+    def run(client: Client) -> None:
+        with FencedAgentRun(client, run_id) as fenced:
+            tool = fenced.tool(charge, action="charge", resource="customer:881", effect_class="NON_RETRYABLE")
+            agent = Agent(name="billing", model=ScriptedModel(charge_turns()), tools=[tool])
+            fenced.run_sync(agent, "charge customer 881 five dollars")
+
+    with pytest.raises(UserError, match="the provider did not answer"):
+        run(worker)
+    assert Operation.objects.get(run_id=run_id).phase == "UNKNOWN"
+    with pytest.raises(EffectUncertain) as uncertain:
+        run(Client(live_server.url, acme.token))
+    assert uncertain.value.operation_id == str(Operation.objects.get(run_id=run_id).pk)
     assert dispatches(run_id) == 1
