@@ -77,9 +77,12 @@ def function_calls(items: Iterable[Any]) -> list[tuple[str, str, dict[str, Any]]
 
 def history_calls(state_string: str) -> list[tuple[str, str, dict[str, Any]]]:
     """The function calls a serialized RunState holds, in the order the model made them: the
-    original input's, then each model response's."""
+    original input's, the run's generated items', then each model response's (a call listed
+    twice counts once: ``fencing.Ordinals`` skips known call ids)."""
     saved = json.loads(state_string)
-    items: list[Any] = list(saved.get("original_input") or []) if isinstance(saved.get("original_input"), list) else []
+    original = saved.get("original_input")
+    items: list[Any] = list(original) if isinstance(original, list) else []
+    items.extend(item.get("raw_item") or {} for item in saved.get("generated_items") or [])
     for response in saved.get("model_responses") or []:
         items.extend(response.get("output") or [])
     return function_calls(items)
