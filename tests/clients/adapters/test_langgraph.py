@@ -181,3 +181,19 @@ def test_a_checkpoint_the_checkpointer_does_not_hold_is_refused(worker, live_ser
     with FencedGraph(Client(live_server.url, acme.token), run_id) as resumed, pytest.raises(CheckpointMissing):
         resumed.invoke(build(resumed, provider, InMemorySaver()), None)  # another, empty checkpointer
     assert provider.charges == [("881", 500)]
+
+
+def test_a_denied_call_answers_the_model_with_the_refusal_and_never_runs(worker, charges_need_a_person, approver):
+    run_id = worker.create_run()
+    provider = Provider()
+    with FencedGraph(worker, run_id) as fenced:
+        graph = build(fenced, provider, InMemorySaver())
+        fenced.invoke(graph, START_INPUT)
+        (waiting,) = fenced.waiting(graph)
+        approval_decide(approval_id=waiting["approval_id"], approve=False, reason="not this one", user=approver)
+        fenced.wait(graph, timeout_s=10, poll_s=0.1)
+        done = fenced.invoke(graph, Command(resume="denied"))
+    refused = next(m for m in done["messages"] if isinstance(m, ToolMessage) and m.name == "charge")
+    assert refused.status == "error" and "APPROVAL_DENIED" in refused.content
+    assert provider.charges == [] and provider.lookups == ["881"]
+    assert Operation.objects.get(run_id=run_id, tool="charge").phase == "DENIED"
