@@ -18,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "clients" / "python"
 SOURCE = PACKAGE / "src"
 VERIFIER = SOURCE / "fenceline_client" / "evidence_verifier.py"
 SERVER = ("django", "ledger", "console", "approvals", "requests")
+FRAMEWORKS = ("agents", "openai", "langgraph", "langchain_core")  # the adapters' extras
 
 
 def isolated(*args: str, cwd: Path, site: bool = True) -> subprocess.CompletedProcess:
@@ -39,9 +40,13 @@ def test_the_package_imports_nothing_of_the_server(tmp_path):
         import fenceline_client.client
         import fenceline_client.evidence_verifier
         import fenceline_client.simulated_worker
+        import fenceline_client.adapters
+        import fenceline_client.adapters.fencing
         print(fenceline_client.__file__)
         print(" ".join(sorted(name for name in sys.modules if name.split(".")[0] in {SERVER!r})))
         assert "django" not in sys.modules
+        framework = sorted(name for name in sys.modules if name.split(".")[0] in {FRAMEWORKS!r})
+        assert not framework, f"the core imported an adapter's framework: {{framework}}"
         """
     )
     done = isolated("-c", program, cwd=tmp_path)
@@ -51,12 +56,15 @@ def test_the_package_imports_nothing_of_the_server(tmp_path):
     assert loaded == "", f"the client package imported {loaded}"
 
 
-def test_the_package_depends_on_urllib3_alone():
-    """The client itself needs urllib3 alone; what else a worker may want comes as an extra."""
+def _names(requirements: list[str]) -> list[str]:
+    return [re.match(r"[A-Za-z0-9._-]+", requirement).group(0).lower() for requirement in requirements]
+
+
+def test_the_package_depends_on_urllib3_alone_and_each_adapter_on_its_extra():
     project = tomllib.loads((PACKAGE / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    names = [re.match(r"[A-Za-z0-9._-]+", requirement).group(0).lower() for requirement in project["dependencies"]]
-    assert names == ["urllib3"]
-    assert set(project.get("optional-dependencies", {})) <= {"otel", "mcp", "openai-agents", "langgraph"}
+    assert _names(project["dependencies"]) == ["urllib3"]
+    extras = {name: _names(requirements) for name, requirements in project["optional-dependencies"].items()}
+    assert extras == {"openai-agents": ["openai-agents"], "langgraph": ["langgraph"], "otel": ["opentelemetry-api"]}
     assert project["name"] == "fenceline-client"
 
 
