@@ -140,7 +140,8 @@ export class Client {
     }
     const { response } = sent;
     if (response.headers.get(DIRECTIVE_HEADER) === StopWorker.code) this.stopRequested = true;
-    if (response.status >= 400 || response.status < 200) {
+    if (!response.ok) {
+      // a refusal, or a redirect (never followed: a proxy's or a misconfigured address's)
       const body = sent.error;
       const refusal: ErrorBody =
         body !== null && typeof body === "object" && !Array.isArray(body)
