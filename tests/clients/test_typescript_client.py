@@ -11,16 +11,19 @@ import re
 import shutil
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 from django.db import connection
 
 from approvals.models import ApprovalRequest
 from approvals.services.approvals import approval_decide
+from fenceline_client import client as fl
 from ledger.errors import Denied as ServerDenied
 from ledger.errors import DomainError
 from tests.factories import make_worker, set_policy
 from tests.served import ROOT
+from tests.unit.test_client_self_audit import MOUNTINFO, fake_host
 
 PACKAGE = ROOT / "clients" / "typescript"
 
@@ -89,7 +92,7 @@ class Approver(threading.Thread):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_typescript_client_passes_its_node_tests_against_the_live_server(live_server):
+def test_the_typescript_client_passes_its_node_tests_against_the_live_server(live_server, tmp_path):
     node_or_skip()
     first, second = make_worker("acme", "ts-worker-1"), make_worker("acme", "ts-worker-2")
     set_policy(first.tenant, reason="every payment is approved by a person", human_approval_tools=["payments"])
@@ -115,3 +118,32 @@ def test_the_typescript_client_passes_its_node_tests_against_the_live_server(liv
     assert counts.get("tests", 0) > 0 and counts["fail"] == 0, output[-6000:]
     assert counts["pass"] == counts["tests"] and counts["skipped"] == counts["todo"] == 0, counts
     assert approver.approved >= 1  # the approval test waited for a person
+    assert_the_self_audits_agree(tmp_path)
+
+
+# Beside the Python client's own cases: an escaped path and a mount point mounted over again.
+MOUNTED_OVER = MOUNTINFO + (
+    "28 22 8:1 /home/dev/my\\040files /data rw,relatime - ext4 /dev/sda1 rw\n"
+    "29 22 0:24 / /data ro,relatime - tmpfs tmpfs rw\n"
+    "30 22 8:1 /home/dev/my\\040photos /photos rw,relatime - ext4 /dev/sda1 rw\n"
+)
+
+
+def assert_the_self_audits_agree(tmp_path) -> None:
+    """The TypeScript client's container self-audit (src/audit.ts, built by ``npm test``)
+    reports what the Python client's reports, from the same fake /proc and root, and from
+    this process's own."""
+    hosts = [(0, "0000000000200001", True), (10001, "000001ffffffffff", False)]
+    places = [fake_host(tmp_path / str(n), uid=u, cap_eff=c, docker_socket=d) for n, (u, c, d) in enumerate(hosts)]
+    for proc, _ in places:
+        (Path(proc) / "self" / "mountinfo").write_text(MOUNTED_OVER)
+    for where in [*({"proc": proc, "root": root} for proc, root in places), {}]:
+        script = (
+            "import { runtimeAudit } from './dist/src/index.js';"
+            f"console.log(JSON.stringify(runtimeAudit({json.dumps(where)})));"
+        )
+        done = subprocess.run(
+            ["node", "--input-type=module", "-e", script], cwd=PACKAGE, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == fl.runtime_audit(**where), where

@@ -26,6 +26,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 
 import createClient from "openapi-fetch";
 
+import { type RuntimeAudit, runtimeAudit } from "./audit.js";
 import {
   ApprovalDenied,
   FencelineError,
@@ -91,10 +92,18 @@ export type ClientOptions = {
 type Answer<T> = { status: number; data: T };
 type Sent = { data?: unknown; error?: unknown; response: Response };
 
-/** The readiness a worker reports when it reports none of its own: every domain ready. */
+/** The `runtime` domain of a boot report: up, with the container self-audit as its evidence. */
+export function runtimeReadiness(audit: RuntimeAudit = runtimeAudit()): Schemas["DomainReadiness"] {
+  return { ok: true, evidence: { audit } };
+}
+
+/**
+ * The readiness a lease reports when the worker reported none of its own: the runtime domain
+ * with the self-audit, every other domain ready with no evidence.
+ */
 export function defaultReadiness(): Readiness {
   const ready = { ok: true, evidence: {} };
-  return { runtime: ready, state: ready, credentials: ready, outbound_delivery: ready, admission: ready };
+  return { runtime: runtimeReadiness(), state: ready, credentials: ready, outbound_delivery: ready, admission: ready };
 }
 
 /** One worker identity talking to Fenceline over HTTP. */
