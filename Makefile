@@ -7,8 +7,11 @@
 # monitor, a primary and a secondary with pg_autoctl in a temp dir (installs Debian's packages
 # when missing; run as root: the nodes run as the postgres OS user), serves the app against the
 # multi-host URL, kills the primary; docs/production.md "High availability"
-# make lint: ruff (lint and format), mypy, the import contracts (lint-imports, pyproject.toml) and no
-# missing migration; CI runs it before the tests
+# make lint: ruff (lint and format), mypy, the import contracts (lint-imports, pyproject.toml), no
+# missing migration, and the TypeScript client's schema snapshot and generated types up to date
+# (Node needed; CI runs it before the tests)
+# make schema: after a change to the worker API, the snapshot of its OpenAPI schema
+# (clients/typescript/openapi.json) and the TypeScript client's types generated from it
 # Benchmarks (docs/performance.md): make bench, make bench-all, make bench-ledger, make bench-console, make bench-reapers,
 # make bench-reconcilers, make bench-contention, make bench-backfill
 
@@ -22,7 +25,7 @@ DEMO_ADDR ?=
 # Where make serve listens (host:port).
 SERVE_ADDR ?= 127.0.0.1:8000
 
-.PHONY: demo serve simulate test test-ha lint bench bench-all bench-ledger bench-console bench-reapers bench-reconcilers bench-contention bench-backfill
+.PHONY: demo serve simulate test test-ha lint schema bench bench-all bench-ledger bench-console bench-reapers bench-reconcilers bench-contention bench-backfill
 
 demo:
 	@.ci/bootstrap
@@ -57,6 +60,18 @@ lint:
 	.venv/bin/mypy
 	.venv/bin/lint-imports --no-logo
 	.venv/bin/python manage.py makemigrations --check --dry-run
+	@command -v node >/dev/null || { echo "make lint checks the TypeScript client's types with Node 20+ (apt-get install -y nodejs npm)" >&2; exit 1; }
+	$(EXPORT_SCHEMA) | cmp -s - clients/typescript/openapi.json || \
+		{ echo "clients/typescript/openapi.json is not the schema the server serves: make schema" >&2; exit 1; }
+	cd clients/typescript && npm run --silent check:schema
+
+# The worker API's OpenAPI schema as served at /api/v1/openapi.json, written without a server.
+EXPORT_SCHEMA = .venv/bin/python manage.py export_openapi_schema --api console.urls.api --indent 2 --sorted
+
+schema:
+	@.ci/bootstrap
+	$(EXPORT_SCHEMA) > clients/typescript/openapi.json
+	cd clients/typescript && npm run --silent generate
 
 bench:
 	@.ci/bootstrap

@@ -127,8 +127,10 @@ class WrongPhase(DomainError):
     code = "WRONG_PHASE"
     status = 409
 
-    def __init__(self, *, phase: str, wanted: str) -> None:
-        super().__init__(f"operation is {phase}; this call needs {wanted}", phase=phase)
+    def __init__(self, *, phase: str, wanted: str, subject: str = "operation") -> None:
+        """``subject`` names what is in the wrong phase: an operation, unless a worker's
+        lifecycle (or a resource, a reservation ...) refused."""
+        super().__init__(f"{subject} is {phase}; this call needs {wanted}", phase=phase)
 
 
 class IdempotencyMismatch(DomainError):

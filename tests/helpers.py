@@ -1,12 +1,14 @@
 """Assertions and tools shared by tests: chain checks, tampering, real concurrency and
-processes, console clients, a local HTTP endpoint. The builders of tenants, users, runs and
+processes, console clients, a local HTTP endpoint, the code blocks of the docs. The builders of tenants, users, runs and
 operations are in tests/factories.py."""
 
 import multiprocessing
+import re
 import threading
 import warnings
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import quote
 
 import requests
@@ -343,3 +345,23 @@ class Sink:
             self.gate.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+# --- the docs ------------------------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def doc_example(doc: str, section: str, language: str) -> str:
+    """The first ```language code block of ``docs/<doc>``'s section headed ``section`` (any
+    level), exactly as the page shows it: what a test runs to hold "every doc example runs as
+    written"."""
+    text = (DOCS / doc).read_text(encoding="utf-8")
+    heading = re.search(rf"^#+ {re.escape(section)}$", text, re.M)
+    assert heading, f"docs/{doc} has no section {section!r}"
+    block = re.compile(rf"^```{re.escape(language)}\n(.*?)^```$", re.M | re.S).search(text, heading.end())
+    following = re.compile(r"^#+ ", re.M).search(text, heading.end())
+    assert block and (following is None or block.start() < following.start()), (
+        f"docs/{doc} shows no {language} block under {section!r}"
+    )
+    return block.group(1)

@@ -1,5 +1,6 @@
-"""The demo's seed: the demo tenant, its worker and console users, then every story in the
-order the console shows them best (later stories build on the policy earlier ones set)."""
+"""The demo's seed: the demo tenant, its two workers (one the stories act as, one whose token
+the demo prints) and console users, then every story in the order the console shows them best
+(later stories build on the policy earlier ones set)."""
 
 from collections.abc import Callable
 
@@ -13,7 +14,12 @@ from ledger.services.tenancy.roles import role_grant
 from ledger.services.tenancy.tenants import tenant_ensure
 
 TENANT = "demo"
+# The worker whose token the demo prints: it starts with nothing in doubt, so the docs' example
+# workers run against the demo as written (a worker whose boot finds effects it left in doubt
+# takes no lease until they are decided: 409 RECONCILE_FIRST).
 WORKER = "demo-worker"
+# The worker the seeded stories act as: their runs, their takeovers and their effects in doubt.
+AGENT = "demo-agent"
 
 
 def seed(sandbox: SandboxProvider, say: Callable[[str], None]) -> str:
@@ -24,11 +30,12 @@ def seed(sandbox: SandboxProvider, say: Callable[[str], None]) -> str:
     if existing is not None:
         show_users(say)
         return worker_rotate_token(worker=existing)
-    worker, token = worker_create(tenant=tenant, name=WORKER)
+    agent, _ = worker_create(tenant=tenant, name=AGENT)
+    _, token = worker_create(tenant=tenant, name=WORKER)
     say("seeding demo tenants, users and runs through the services ...")
     for username, role in tenants.USERS:
         role_grant(username=username, tenant=tenant, role=role, password=f"{username}-demo")
-    stories(Acting(worker), sandbox, say)
+    stories(Acting(agent), sandbox, say)
     tenants.seed()
     result = ledger_verify(limit=1000)
     say(f"verified {result.runs} runs ({result.broken} BROKEN, as seeded)")

@@ -78,7 +78,7 @@ def _change_status(
     )
     if changed != 1:
         current = Worker.objects.filter(pk=worker.pk).values_list("status", flat=True).get()
-        raise WrongPhase(phase=current, wanted=" or ".join(allowed_from))
+        raise WrongPhase(phase=current, wanted=" or ".join(allowed_from), subject="worker")
     runs = locked_runs({"worker_id": worker.pk, "owner_id__isnull": False})
     batch = ChainBatch(now)
     fields: dict[str, Any] = {"worker": worker.name, "status": status, "reason": reason}
@@ -345,7 +345,9 @@ def worker_exit(*, worker: Worker) -> Worker:
         if worker.status == WorkerStatus.DRAINING:  # read under the lock: the drain job may have quiesced it
             holds = RunLease.objects.filter(worker=worker, owner_id__isnull=False, expires_at__gt=now).exists()
             if holds:
-                raise WrongPhase(phase="DRAINING with live leases", wanted="QUIESCED (release the leases first)")
+                raise WrongPhase(
+                    phase="DRAINING with live leases", wanted="QUIESCED (release the leases first)", subject="worker"
+                )
             _change_status(
                 worker=worker,
                 allowed_from=(WorkerStatus.DRAINING,),
@@ -367,7 +369,7 @@ def worker_stopped(worker: Worker, now: datetime, *, reason: str) -> None:
     )
     if changed != 1:
         current = Worker.objects.filter(pk=worker.pk).values_list("status", flat=True).get()
-        raise WrongPhase(phase=current, wanted=WorkerStatus.QUIESCED)
+        raise WrongPhase(phase=current, wanted=WorkerStatus.QUIESCED, subject="worker")
     WorkerDrain.objects.filter(worker=worker, stopped_at__isnull=True, quiesced_at__isnull=False).update(stopped_at=now)
     worker.status, worker.status_changed_at, worker.status_reason = WorkerStatus.STOPPED, now, reason
 

@@ -61,7 +61,7 @@ def _decision(
         run = lock_run(tenant=tenant, run_id=run_id)
         resource = RunResource.objects.select_for_update(of=("self",)).get(pk=pk)
         if resource.state not in allowed:
-            raise WrongPhase(phase=resource.state, wanted=" or ".join(allowed))
+            raise WrongPhase(phase=resource.state, wanted=" or ".join(allowed), subject="resource")
         now = timezone.now()
         batch = ChainBatch(now)
         yield Decision(resource=resource, run=run, batch=batch, actor=actor, reason=reason, now=now)

@@ -97,6 +97,13 @@ def test_an_exit_while_still_holding_a_lease_is_refused(draining):
     client, *_ = draining
     r = client.post("/workers/me/exit", {})
     assert (r.status, r.body["error"]) == (409, "WRONG_PHASE"), r
+    assert r.body["detail"].startswith("worker is DRAINING with live leases"), r
+
+
+def test_an_exit_before_a_drain_is_refused_naming_the_worker_phase(api_for, acme):
+    r = api_for(acme).post("/workers/me/exit", {})
+    assert (r.status, r.body["error"], r.body["phase"]) == (409, "WRONG_PHASE", "ACCEPTING"), r
+    assert r.body["detail"] == "worker is ACCEPTING; this call needs QUIESCED", r
 
 
 @pytest.mark.parametrize("body", [{}, {"deadline_s": 0}, {"deadline_s": 7 * 86400 + 1}, {"deadline_s": "60"}])
