@@ -20,7 +20,7 @@
  * STALE_TOKEN ...) is raised at the worker's next call on the lease.
  */
 
-import { createHash, randomUUID } from "node:crypto";
+import { createHash, randomBytes, randomUUID } from "node:crypto";
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 
@@ -87,7 +87,17 @@ export type ClientOptions = {
   reads?: ReadonlySet<number>;
   /** Another fetch (a proxy agent's, a test's); globalThis.fetch otherwise. */
   fetch?: (input: Request) => Promise<Response>;
+  /**
+   * A W3C traceparent sent on every call: the server keeps its trace id on the operations and
+   * in the chain events those calls write. `newTraceparent()` makes a fresh one.
+   */
+  traceparent?: string;
 };
+
+/** A fresh W3C traceparent (a new, sampled trace). */
+export function newTraceparent(): string {
+  return `00-${randomBytes(16).toString("hex")}-${randomBytes(8).toString("hex")}-01`;
+}
 
 type Answer<T> = { status: number; data: T };
 type Sent = { data?: unknown; error?: unknown; response: Response };
@@ -113,6 +123,8 @@ export class Client {
   readonly reads: ReadonlySet<number>;
   /** True once a response carried `Fenceline-Directive: STOP_WORKER`. */
   stopRequested = false;
+  /** Sent as `traceparent` on every call while set; may be changed between calls. */
+  traceparent: string | undefined;
   readonly #bootKey: string;
 
   constructor(baseUrl: string, options: ClientOptions) {
@@ -124,6 +136,13 @@ export class Client {
       headers: { Authorization: `Bearer ${options.token}` },
       redirect: "manual", // a call is never sent again on the client's own, nor redirected
       ...(options.fetch ? { fetch: options.fetch } : {}),
+    });
+    this.traceparent = options.traceparent;
+    this.api.use({
+      onRequest: ({ request }) => {
+        if (this.traceparent) request.headers.set("traceparent", this.traceparent);
+        return request;
+      },
     });
   }
 

@@ -157,6 +157,10 @@ export class TooManyRequests extends RetryLater {
 export class DatabaseUnavailable extends RetryLater {
   static override readonly code = "DATABASE_UNAVAILABLE";
 }
+/** The server's database is a restored image its fence has not been moved on yet (503): nothing was decided. */
+export class RestoreUnchecked extends RetryLater {
+  static override readonly code = "RESTORE_UNCHECKED";
+}
 /** A kept value is sealed under a key the server no longer holds (503). */
 export class KeyUnavailable extends FencelineError {
   static override readonly code = "KEY_UNAVAILABLE";
@@ -192,6 +196,7 @@ export const ERRORS: Readonly<Record<string, ErrorClass & { code: string }>> = O
     [
       TooManyRequests,
       DatabaseUnavailable,
+      RestoreUnchecked,
       KeyUnavailable,
       InvalidRequest,
       MalformedJSON,

@@ -1139,6 +1139,8 @@ export interface components {
             schema_version: number;
             /** Tool */
             tool: string;
+            /** Trace Id */
+            trace_id: string;
             /**
              * Updated At
              * Format: date-time

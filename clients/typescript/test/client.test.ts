@@ -23,6 +23,7 @@ import {
   TransportError,
   Unauthorized,
   errorFor,
+  newTraceparent,
 } from "../src/index.js";
 
 function required(name: string): string {
@@ -222,4 +223,23 @@ test("Retry-After is read from the body, else the header", () => {
   assert.equal(fromHeader.retryAfterS, 4);
   assert.equal(errorFor(403, { error: "DENY_QUOTA" }).code, "DENY");
   assert.equal(Object.keys(ERRORS).length, new Set(Object.values(ERRORS)).size);
+});
+
+test("a traceparent is sent on every call and its trace id kept on the operation", async () => {
+  const traceparent = newTraceparent();
+  const traced = new Client(url, { token: required("FENCELINE_TOKEN"), traceparent });
+  const runId = await traced.createRun({ externalId: key("ts-trace") });
+  const walked = await traced.withLease(runId, { ttlS: 30 }, async (lease) =>
+    lease.operation({
+      tool: "email",
+      action: "send",
+      resource: "mailto:trace@example.com",
+      effectClass: "IDEMPOTENT",
+      idempotencyKey: key("trace"),
+      perform: async () => ({ providerRequestId: "msg-trace" }),
+    }),
+  );
+  const operation = await traced.getOperation(walked.operationId);
+  assert.equal(operation.trace_id, traceparent.split("-")[1]);
+  assert.match(traceparent, /^00-[0-9a-f]{32}-[0-9a-f]{16}-01$/);
 });
