@@ -493,13 +493,16 @@ def start_effect(request: WorkerRequest, run_id: str, body: EffectIn) -> Status[
     approve first (the operation is PENDING_APPROVAL; the same call again once approved
     dispatches). A replay of an operation past AUTHORIZED answers its phase and dispatches
     nothing again. Every refusal is the one the separate calls give (409 STALE_TOKEN, 403
-    DENY_*, 409 EFFECTS_HELD, 422 IDEMPOTENCY_MISMATCH ...), with the steps before it kept."""
+    DENY_*, 409 EFFECTS_HELD, 422 IDEMPOTENCY_MISMATCH ...), with the steps before it kept.
+    With reads_schema_versions, an operation record at another version is answered as
+    intended and taken no further."""
     started = effects.operation_start(
         worker=request.worker,
         run_id=run_id,
         fencing_token=body.fencing_token,
-        intent=Intent(**body.model_dump(exclude={"fencing_token", "credential_lease_id"})),
+        intent=Intent(**body.model_dump(exclude={"fencing_token", "credential_lease_id", "reads_schema_versions"})),
         credential_lease_id=body.credential_lease_id,
+        reads=body.reads_schema_versions,
     )
     op = started.operation
     return Status(

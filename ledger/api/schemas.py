@@ -433,9 +433,18 @@ class OperationCreatedOut(Schema):
 
 
 class EffectIn(OperationIn):
-    """The intent of ``POST /runs/{run_id}/operations`` and the credential lease authorize names."""
+    """The intent of ``POST /runs/{run_id}/operations``, the credential lease authorize names,
+    and the operation record versions the caller reads: a record at another version is
+    answered as intended, and neither authorized nor dispatched (the caller refuses it)."""
 
     credential_lease_id: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
+    reads_schema_versions: (
+        Annotated[
+            list[Annotated[StrictInt, bounds(Operation, "schema_version", ge=1), WHOLE]],
+            Field(min_length=1, max_length=16),
+        ]
+        | None
+    ) = None
 
 
 class EffectOut(Schema):

@@ -73,6 +73,16 @@ def test_the_call_continues_an_operation_the_separate_calls_left_planned_or_auth
     assert transitions(run_id).count("OPERATION_AUTHORIZED") == 2
 
 
+def test_a_caller_that_cannot_read_the_record_is_not_taken_past_the_intent(leased):
+    client, run_id = leased
+    unread = start(client, run_id, "mail:21", reads_schema_versions=[99])
+    assert (unread.status, unread.body["phase"]) == (201, "PLANNED")
+    version = unread.body["schema_version"]
+    assert version != 99 and transitions(run_id) == ["OPERATION_PLANNED"]
+    read = start(client, run_id, "mail:21", reads_schema_versions=[version])
+    assert (read.status, read.body["phase"]) == (200, "DISPATCHED")
+
+
 # --- refusals: the codes of the separate calls -------------------------------------------
 
 

@@ -18,9 +18,14 @@ refusal leaves is what the separate calls would have left, committed with the st
 The same call again under the same idempotency key continues from where the operation
 stands: PLANNED or PENDING_APPROVAL are authorized (and dispatched), AUTHORIZED is
 dispatched, and any later phase is answered as it is, without a second dispatch.
+
+A caller that names the operation record versions it reads (``reads``) is not taken past a
+record it cannot read: the call stops after the intent and answers it, as the separate
+calls let a worker refuse the intent's answer before it authorizes anything.
 """
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -48,11 +53,18 @@ class Started:
 
 
 def operation_start(
-    *, worker: Worker, run_id: object, fencing_token: int, intent: Intent, credential_lease_id: object = None
+    *,
+    worker: Worker,
+    run_id: object,
+    fencing_token: int,
+    intent: Intent,
+    credential_lease_id: object = None,
+    reads: Collection[int] | None = None,
 ) -> Started:
     """Intend, authorize and dispatch ``intent`` on the run under ``fencing_token``, in one
     transaction; a refusal is raised once the steps before it (and its own record) have
-    committed. ``credential_lease_id`` is authorize's."""
+    committed. ``credential_lease_id`` is authorize's; ``reads``, the record versions the
+    caller reads (None: any)."""
     refusal: DomainError | None = None
     with transaction.atomic():
         try:
@@ -62,6 +74,7 @@ def operation_start(
                 fencing_token=fencing_token,
                 intent=intent,
                 credential_lease_id=credential_lease_id,
+                reads=reads,
             )
         except DomainError as refused:  # each step's own savepoint has kept or undone its writes
             refusal = refused
@@ -71,9 +84,17 @@ def operation_start(
 
 
 def _start(
-    *, worker: Worker, run_id: object, fencing_token: int, intent: Intent, credential_lease_id: object
+    *,
+    worker: Worker,
+    run_id: object,
+    fencing_token: int,
+    intent: Intent,
+    credential_lease_id: object,
+    reads: Collection[int] | None,
 ) -> Started:
     op, created = operation_intend(worker=worker, run_id=run_id, fencing_token=fencing_token, intent=intent)
+    if reads is not None and op.schema_version not in reads:
+        return Started(op, Phase(op.phase), created)  # the caller cannot read the record: it acts on nothing
     if op.phase in TO_AUTHORIZE:
         try:
             op = operation_authorize(

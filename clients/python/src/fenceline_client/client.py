@@ -845,6 +845,8 @@ class Lease:
             body["effect_class"] = effect_class
         if credential_lease_id:
             body["credential_lease_id"] = credential_lease_id
+        # A record this build cannot read is answered as intended, authorized by nobody; refused here.
+        body["reads_schema_versions"] = sorted(self.client.reads)
         started = self.client.readable(self.post(f"/runs/{self.run_id}/effects", body), "operation")
         approval = started.get("approval_id")
         return Effect(
