@@ -30,6 +30,8 @@ from ledger.api.schemas import (
     CredentialLeaseOut,
     DecisionError,
     DrainIn,
+    EffectIn,
+    EffectOut,
     Error,
     EventAppendedOut,
     EventIn,
@@ -67,7 +69,7 @@ from ledger.services.core.handoff import queues
 from ledger.services.core.intent import Intent
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.evidence.export import chain_export
-from ledger.services.fence import ending, leases, notes, operations, outcomes, retry, runs
+from ledger.services.fence import effects, ending, leases, notes, operations, outcomes, retry, runs
 from ledger.services.fleet import boots, lifecycle
 from ledger.services.fleet.stale_tokens import DIRECTIVE_HEADER, directive_for
 from ledger.services.lifespan import checkpoints, resources
@@ -469,6 +471,51 @@ def dispatch_operation(request: WorkerRequest, operation_id: str, body: TokenIn)
         worker=request.worker, operation_id=operation_id, fencing_token=body.fencing_token
     )
     return {"phase": op.phase}
+
+
+@api.post(
+    "/runs/{run_id}/effects",
+    response={
+        201: EffectOut,
+        200: EffectOut,
+        202: EffectOut,
+        **BODY,
+        403: DecisionError,
+        404: E,
+        409: PhaseError | Error,
+    },
+    tags=["operations"],
+)
+def start_effect(request: WorkerRequest, run_id: str, body: EffectIn) -> Status[Body]:
+    """Intent, authorize and dispatch in one call, as far as nothing waits for a person: the
+    body of `POST /runs/{run_id}/operations` and authorize's optional credential_lease_id.
+    201 for a new intent, 200 for a replay of its idempotency_key; `phase` DISPATCHED: call
+    the provider now, then report the outcome. 202 with `approval_id` when a person must
+    approve first (the operation is PENDING_APPROVAL; the same call again once approved
+    dispatches). A replay of an operation past AUTHORIZED answers its phase and dispatches
+    nothing again. Every refusal is the one the separate calls give (409 STALE_TOKEN, 403
+    DENY_*, 409 EFFECTS_HELD, 422 IDEMPOTENCY_MISMATCH ...), with the steps before it kept.
+    With reads_schema_versions, an operation record at another version is answered as
+    intended and taken no further."""
+    started = effects.operation_start(
+        worker=request.worker,
+        run_id=run_id,
+        fencing_token=body.fencing_token,
+        intent=Intent(**body.model_dump(exclude={"fencing_token", "credential_lease_id", "reads_schema_versions"})),
+        credential_lease_id=body.credential_lease_id,
+        reads=body.reads_schema_versions,
+    )
+    op = started.operation
+    return Status(
+        202 if started.approval_id else 201 if started.created else 200,
+        {
+            "operation_id": str(op.pk),
+            "phase": started.phase,
+            "attempt": op.attempt,
+            "schema_version": op.schema_version,
+            "approval_id": str(started.approval_id) if started.approval_id else None,
+        },
+    )
 
 
 @api.post(

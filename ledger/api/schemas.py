@@ -432,6 +432,29 @@ class OperationCreatedOut(Schema):
     schema_version: int  # of the operation record (a client refuses one it does not read)
 
 
+class EffectIn(OperationIn):
+    """The intent of ``POST /runs/{run_id}/operations``, the credential lease authorize names,
+    and the operation record versions the caller reads: a record at another version is
+    answered as intended, and neither authorized nor dispatched (the caller refuses it)."""
+
+    credential_lease_id: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
+    reads_schema_versions: (
+        Annotated[
+            list[Annotated[StrictInt, bounds(Operation, "schema_version", ge=1), WHOLE]],
+            Field(min_length=1, max_length=16),
+        ]
+        | None
+    ) = None
+
+
+class EffectOut(Schema):
+    operation_id: str
+    phase: Phase  # DISPATCHED: call the provider; PENDING_APPROVAL: wait for approval_id; else decided before
+    attempt: int
+    schema_version: int  # of the operation record (a client refuses one it does not read)
+    approval_id: str | None  # the approval a person must decide (202), else null
+
+
 class ProviderRefIn(In):
     # The provider's record of the effect (schema_version 2 of an operation): its id, and
     # the provider it is at (the operation's own provider when left out; another is 422).

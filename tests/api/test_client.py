@@ -10,11 +10,13 @@ import pytest
 from django.utils import timezone
 
 import ledger.api  # noqa: F401 - every service module (and its errors) is imported
+from approvals.services.approvals import approval_decide
 from fenceline_client import client as fl
 from ledger.errors import Denied as ServerDenied
 from ledger.errors import DomainError
-from ledger.models import Operation, RunLease, RunResource
-from tests.factories import make_worker
+from ledger.models import Event, Operation, RunLease, RunResource
+from ledger.services.upgrades.restore import effects_allow, effects_hold
+from tests.factories import expire, make_worker, set_policy
 
 
 @pytest.fixture
@@ -143,3 +145,114 @@ def test_every_error_code_reaches_its_exception_over_http(worker, live_server, o
     run_id = worker.create_run()
     with worker.lease(run_id), pytest.raises(fl.LeaseHeld):
         worker.lease(run_id).__enter__()
+
+
+# --- the effect walk: one call to start an effect (POST /runs/{run_id}/effects) -----------------
+
+
+class Counting(fl.Client):
+    """The client, remembering the (method, path) of every request it sends."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sent: list[tuple[str, str]] = []
+
+    def call(self, method, path, body=None):
+        self.sent.append((method, path))
+        return super().call(method, path, body)
+
+
+def _refused_perform() -> fl.Done:
+    raise AssertionError("the provider was called for an effect decided before")
+
+
+def test_an_effect_is_two_calls_and_its_replay_calls_no_provider(live_server, acme):
+    worker = Counting(live_server.url, acme.token)
+    run_id = worker.create_run()
+    with worker.lease(run_id, ttl_s=30) as lease:
+        worker.sent.clear()
+        done = lease.operation(
+            tool="email",
+            action="send",
+            resource="mailto:ops@example.com",
+            effect_class="IDEMPOTENT",
+            idempotency_key="mail:walk",
+            perform=lambda: fl.Done(provider_request_id="msg-walk"),
+        )
+        walked = [path for method, path in worker.sent if not path.endswith("/lease/renew")]
+        assert walked == [f"/runs/{run_id}/effects", f"/operations/{done['operation_id']}/outcome"]
+        again = lease.operation(
+            tool="email",
+            action="send",
+            resource="mailto:ops@example.com",
+            effect_class="IDEMPOTENT",
+            idempotency_key="mail:walk",
+            perform=_refused_perform,
+        )
+        assert again == {"operation_id": done["operation_id"], "phase": "CONFIRMED"}
+    assert Event.objects.filter(run_id=run_id, type="OPERATION_DISPATCHED").count() == 1
+
+
+def test_an_effect_waits_for_a_person_then_the_client_finishes_it(worker, acme):
+    set_policy(acme.tenant, human_approval_tools=["payments"])
+    run_id = worker.create_run()
+    with worker.lease(run_id, ttl_s=30) as lease:
+        started = lease.effect_start(
+            tool="payments",
+            action="charge",
+            resource="customer:881",
+            idempotency_key="pay:walk",
+            effect_class="NON_RETRYABLE",
+        )
+        assert started.phase == "PENDING_APPROVAL" and started.approval_id
+        approval_decide(approval_id=started.approval_id, approve=True, decided_by="alice", reason="checked")
+        dispatched = lease.effect_await_approval(started, timeout_s=30, poll_s=0.05)
+        assert (dispatched.operation_id, dispatched.phase) == (started.operation_id, "DISPATCHED")
+        assert lease.effect_outcome(started.operation_id, fl.Done(provider_request_id="ch-1")) == "CONFIRMED"
+        denied = lease.effect_start(
+            tool="payments",
+            action="charge",
+            resource="customer:882",
+            idempotency_key="pay:no",
+            effect_class="NON_RETRYABLE",
+        )
+        approval_decide(approval_id=denied.approval_id, approve=False, decided_by="alice", reason="not this one")
+        with pytest.raises(fl.ApprovalDenied):
+            lease.effect_await_approval(denied, timeout_s=30, poll_s=0.05)
+
+
+def _start(lease, key, **overrides):
+    intent = {"tool": "email", "action": "send", "resource": "mailto:ops@example.com", "effect_class": "IDEMPOTENT"}
+    return lease.effect_start(idempotency_key=key, **{**intent, **overrides})
+
+
+def test_every_refusal_of_the_effect_call_reaches_its_exception(worker, acme):
+    run_id = worker.create_run()
+    with worker.lease(run_id, ttl_s=30) as lease:
+        assert _start(lease, "k1").phase == "DISPATCHED"
+        with pytest.raises(fl.IdempotencyMismatch):
+            _start(lease, "k1", resource="mailto:other@example.com")
+        set_policy(acme.tenant, tool_contracts=[{"tool": "search", "action": "*", "effect_class": "PURE"}])
+        with pytest.raises(fl.EffectClassMismatch):
+            _start(lease, "k2", tool="search", action="web", effect_class="NON_RETRYABLE")
+        set_policy(acme.tenant, rules=[{"tool": "search", "actions": ["*"], "resources": ["*"]}])
+        with pytest.raises(fl.Denied) as denied:
+            _start(lease, "k3")
+        assert denied.value.decision == "DENY_POLICY"
+        assert _start(lease, "k3").phase == "DENIED"  # decided: the walk stops there
+        set_policy(acme.tenant)
+        effects_hold(by="ops", tenants=["acme"], reason="restored")
+        with pytest.raises(fl.EffectsHeld):
+            _start(lease, "k4")
+        effects_allow(tenant="acme", reason="checked", name="ops")
+        assert _start(lease, "k4").phase == "DISPATCHED"
+        lease.cancel_run("not needed")
+        with pytest.raises(fl.RunCancelled):
+            _start(lease, "k5")
+    run_id = worker.create_run()
+    with worker.lease(run_id, ttl_s=30) as lease:
+        lease._stop.set()  # a paused worker: no more renewals
+        expire(run_id)
+        with pytest.raises(fl.StaleToken):
+            _start(lease, "k6")
+        assert not lease.alive

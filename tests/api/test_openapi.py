@@ -13,6 +13,7 @@ def test_openapi_schema_lists_every_worker_call(live_server):
         "/api/v1/runs/{run_id}/lease/renew",
         "/api/v1/runs/{run_id}/lease/release",
         "/api/v1/runs/{run_id}/operations",
+        "/api/v1/runs/{run_id}/effects",
         "/api/v1/runs/{run_id}/events",
         "/api/v1/operations/{operation_id}",
         "/api/v1/operations/{operation_id}/authorize",

@@ -1002,6 +1002,12 @@ def report(context: dict, args, fenced_phases: list[dict], pg: dict) -> None:
         for mode in ("authority", "http"):
             if mode in by_mode:
                 say(f"{mode} / plain transitions/s: {by_mode[mode]['tps'] / by_mode['plain']['tps']:.3f}")
+    if "http" in by_mode:
+        http = by_mode["http"]
+        say(
+            f"http effects/s: {http['effects_per_s']:,.1f} "
+            f"({http['requests_per_effect']:.2f} requests per effect, not counting acquire and release)"
+        )
     if "plain" in by_mode and "authority" in by_mode:
         plain_p50 = by_mode["plain"]["by_kind"]["dispatch"]["p50"]
         authority_p50 = by_mode["authority"]["by_kind"]["dispatch"]["p50"]
@@ -1175,6 +1181,9 @@ def figures(fenced_phases: list[dict], pg: dict) -> dict:
         mode = phase["mode"]
         out[f"{mode}_tps"] = phase["tps"]
         out[f"{mode}_ratio"] = phase["tps"] / pg["tps"] if pg["tps"] == pg["tps"] and pg["tps"] else None
+        if phase.get("effects_per_s") is not None:
+            out[f"{mode}_effects_per_s"] = phase["effects_per_s"]
+            out[f"{mode}_requests_per_effect"] = phase["requests_per_effect"]
         dispatch = phase["by_kind"].get("dispatch", {})
         out[f"{mode}_dispatch_p50"] = dispatch.get("p50")
         if phase.get("app_cpu_s") is not None and phase["total"]:

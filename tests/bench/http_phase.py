@@ -5,11 +5,16 @@ against gunicorn serving the project's WSGI application.
     gunicorn console.wsgi:application --workers W --worker-class gthread --threads 1 --keep-alive 75
         DB_CONN_MAX_AGE=300 (persistent database connections, as docs/production.md asks)
     N client processes:  create_run -> lease (acquire, a renewal thread) ->
-        20 x lease.operation(intent -> authorize -> dispatch -> outcome CONFIRMED) -> release
+        20 x lease.operation(start: intent, authorize and dispatch in one call
+                             -> outcome CONFIRMED) -> release
 
-Counted as in the plain phase: acquire, intend, authorize, dispatch, outcome, release (each
-one HTTP request); run creation and lease renewals are not counted. Latencies are the
-client's (request sent to answer parsed).
+Counted as in the plain phase: acquire, intend, authorize, dispatch, outcome, release. A
+client that starts an effect in one call (``POST /runs/{run_id}/effects``) makes three of
+those transitions in one request, counted as three (its latency is the "start" kind); one
+that walks the separate calls makes one per request. Run creation and lease renewals are
+not counted. Latencies are the client's (request sent to answer parsed). Effects per second
+are the outcomes reported per second; requests per effect, the counted requests but acquire
+and release per outcome.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ import time
 import uuid
 from pathlib import Path
 
-HTTP_KINDS = ("acquire", "intend", "authorize", "dispatch", "outcome", "release")
+HTTP_KINDS = ("acquire", "start", "intend", "authorize", "dispatch", "outcome", "release")
+# Transitions per request of each kind: a start is intent, authorize and dispatch.
+TRANSITIONS = {"start": 3}
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -42,6 +49,8 @@ def kind_of(method: str, path: str) -> str | None:
         return "release"
     if path.endswith("/operations"):
         return "intend"
+    if path.endswith("/effects"):
+        return "start"
     return tail if tail in ("authorize", "dispatch", "outcome") else None
 
 
@@ -64,7 +73,7 @@ def client_main(index, url, token, ops_per_lease, seconds, key_prefix, counters,
                 kind = kind_of(method, path)
                 if kind is not None:
                     latencies[kind].append(perf() - started)
-                    count += 1
+                    count += TRANSITIONS.get(kind, 1)
                     counters[index] = count
                 return answer
 
@@ -337,6 +346,9 @@ def run_http(
         "p50": percentile(every, 0.50),
         "p99": percentile(every, 0.99),
         "by_kind": by_kind,
+        "effects_per_s": by_kind["outcome"]["count"] / elapsed,
+        "requests_per_effect": sum(by_kind[k]["count"] for k in HTTP_KINDS if k not in ("acquire", "release"))
+        / max(1, by_kind["outcome"]["count"]),
         "client_cpu_s": sum(r["cpu_s"] for r in collected.values()),
         "client_sys_s": sum(r["sys_s"] for r in collected.values()),
         "client_preempted": sum(r["preempted"] for r in collected.values()),

@@ -41,6 +41,7 @@ from ledger.errors import DomainError, IdempotencyMismatch, LeaseHeld, LeaseLost
 from ledger.models import Event, LeaseGrant, Operation, Run, RunLease
 from ledger.services.core.fencing import fence_check
 from ledger.services.core.intent import Intent
+from ledger.services.fence.effects import operation_start
 from ledger.services.fence.leases import lease_acquire, lease_release, lease_renew, leases_reap
 from ledger.services.fence.operations import operation_authorize, operation_dispatch, operation_intend
 from ledger.services.fence.outcomes import operation_report_outcome
@@ -395,6 +396,54 @@ class LeaseAndOperationMachine(RuleBasedStateMachine):
             self._dispatch(actor, op)
         else:
             self._report(actor, op, outcome, provider_request_id)
+
+    @rule(actor=advancing_actors, run_index=runs, key=keys)
+    def start(self, actor, run_index, key):
+        """The one call of ``POST /runs/{id}/effects`` (``operation_start``): intent,
+        authorize and dispatch in one transaction, as far as the operation has not gone. A
+        refusal is the intent's (the fence cannot move between the steps: the run stays
+        locked); a replay past AUTHORIZED is answered as it stands, dispatching nothing."""
+        actor = self.resolve(actor, run_index)
+        run = self.runs[run_index]
+        token = self.token_of(actor, run_index)
+        reason = run.fence(token)
+        op = self.ops.get(key)
+        if reason:
+            expected = (StaleToken, reason)
+        elif op is not None and op.run_index != run_index:
+            expected = (IdempotencyMismatch, None)
+        else:
+            expected = None
+        started = self.call(
+            f"start {key!r} on run {run_index} by {ACTORS[actor][0]} with token {token}",
+            expected,
+            lambda: operation_start(
+                worker=self.worker_of(actor), run_id=run.run_id, fencing_token=token, intent=intent_for(key)
+            ),
+        )
+        if reason:
+            self.refuse(run, attempted="operation.intend", token=token, reason=reason)
+            return
+        if expected is not None:
+            event("start: idempotency mismatch refused")
+            return
+        if op is None:
+            assert started.created, f"start {key!r}: the first call must create the operation"
+            op = self.ops[key] = OpModel(key=key, run_index=run_index, op_id=str(started.operation.pk))
+            run.events.append(("OPERATION_PLANNED", op.op_id, None))
+        else:
+            assert not started.created and str(started.operation.pk) == op.op_id, f"start {key!r}: another operation"
+        if op.phase == Phase.PLANNED:
+            op.phase = Phase.AUTHORIZED
+            run.events.append(("OPERATION_AUTHORIZED", op.op_id, None))
+        if op.phase == Phase.AUTHORIZED:
+            assert run.held and token == run.token
+            op.phase, op.fencing_token, op.dispatch_owner = Phase.DISPATCHED, token, run.owner
+            run.events.append(("OPERATION_DISPATCHED", op.op_id, None))
+            event("start dispatched")
+        else:
+            event(f"start answered {op.phase}")
+        assert started.phase == op.phase, f"start {key!r}: answered {started.phase}, the model says {op.phase}"
 
     def _intend(self, actor, run_index, key, *, conflicting):
         actor = self.resolve(actor, run_index)

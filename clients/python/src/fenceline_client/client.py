@@ -833,8 +833,9 @@ class Lease:
         poll_s: float = 2.0,
         **intent: Any,
     ) -> dict[str, Any]:
-        """Intent -> authorize (waiting for a person's approval when one is needed) ->
-        dispatch -> ``perform()`` -> outcome. The idempotency key is the caller's and stays
+        """Intent, authorize and dispatch in one call (waiting for a person's approval when
+        one is needed) -> ``perform()`` -> outcome: two calls when nothing waits for a
+        person. The idempotency key is the caller's and stays
         the same on every retry, so a replacement worker replays the same operation. If
         ``perform`` raises, the outcome is reported UNKNOWN (nobody knows whether the effect
         happened) and the exception propagates. ``effect_class`` may be left out where the
@@ -871,30 +872,28 @@ class Lease:
         credential_lease_id: str | None = None,
         **intent: Any,
     ) -> Effect:
-        """Intend, authorize and dispatch, as far as nothing waits for a person. Returns the
-        operation's phase: DISPATCHED (call the provider now, then ``effect_outcome``),
+        """Intend, authorize and dispatch, as far as nothing waits for a person, in one call
+        (``POST /runs/{run_id}/effects``). Returns the operation's phase: DISPATCHED (call the
+        provider now, then ``effect_outcome``; also when an earlier call under the same key
+        dispatched it and reported nothing: the provider gets the same idempotency key),
         PENDING_APPROVAL with ``approval_id`` set (``effect_await_approval``), or a phase an
-        earlier attempt under the same key already reached (CONFIRMED, FAILED, UNKNOWN ...:
-        do not call the provider). Every refusal raises its exception."""
+        earlier attempt under the same key already reached (CONFIRMED, FAILED, UNKNOWN,
+        DENIED ...: do not call the provider). Every refusal raises its exception."""
         body = {"tool": tool, "action": action, "resource": resource, "idempotency_key": idempotency_key, **intent}
         if effect_class is not None:
             body["effect_class"] = effect_class
-        created = self.client.readable(self.post(f"/runs/{self.run_id}/operations", body), "operation")
-        op = str(created["operation_id"])
-        phase = str(created["phase"])
-        if phase in ("PLANNED", "PENDING_APPROVAL"):
-            self._check()
-            auth: dict[str, Any] = {"fencing_token": self.token}
-            if credential_lease_id:
-                auth["credential_lease_id"] = credential_lease_id
-            status, answer = self.client.call("POST", f"/operations/{op}/authorize", auth)
-            if status == 202:
-                return Effect(op, "PENDING_APPROVAL", str(answer["approval_id"]), credential_lease_id)
-            phase = "AUTHORIZED"
-        if phase == "AUTHORIZED":
-            self.post(f"/operations/{op}/dispatch")
-            phase = "DISPATCHED"
-        return Effect(op, phase, None, credential_lease_id)
+        if credential_lease_id:
+            body["credential_lease_id"] = credential_lease_id
+        # A record this build cannot read is answered as intended, authorized by nobody; refused here.
+        body["reads_schema_versions"] = sorted(self.client.reads)
+        started = self.client.readable(self.post(f"/runs/{self.run_id}/effects", body), "operation")
+        approval = started.get("approval_id")
+        return Effect(
+            str(started["operation_id"]),
+            str(started["phase"]),
+            str(approval) if approval else None,
+            credential_lease_id,
+        )
 
     def effect_await_approval(
         self,
