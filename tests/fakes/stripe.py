@@ -1,0 +1,65 @@
+"""Stripe's Search API for PaymentIntents (docs.stripe.com/api/payment_intents/search):
+
+    GET /v1/payment_intents/search?query=metadata['fenceline_key']:'KEY'&limit=N[&page=CURSOR]
+    200 {"object": "search_result", "url": "/v1/payment_intents/search", "has_more": bool,
+         "next_page": CURSOR | null, "data": [{"id": "pi_...", "object": "payment_intent",
+         "status": ..., "amount": ..., "currency": ..., "metadata": {...}}]}
+    400 {"error": {"type": "invalid_request_error", "code": "parameter_invalid_string", ...}}
+    401 {"error": {"type": "invalid_request_error", "message": "Invalid API Key provided..."}}
+    429 {"error": {"type": "invalid_request_error", "code": "rate_limit", ...}}
+
+The fake understands only the metadata clause the reconciler sends (with Stripe's backslash
+escapes), as the real one's query language does for it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tests.fakes.base import FakeProvider, Reply
+
+CLAUSE = re.compile(r"^metadata\['(?P<key>[^']+)'\]:'(?P<value>(?:[^'\\]|\\.)*)'$")
+
+
+class FakeStripe(FakeProvider):
+    def __init__(self, *, credential: str) -> None:
+        super().__init__(credential=credential)
+        self.intents: list[dict[str, Any]] = []
+
+    def add(self, key: str, status: str, *, amount: int = 1200, metadata_key: str = "fenceline_key") -> dict[str, Any]:
+        intent = {
+            "id": f"pi_3Fake{len(self.intents) + 1:04d}",
+            "object": "payment_intent",
+            "amount": amount,
+            "currency": "usd",
+            "status": status,
+            "metadata": {metadata_key: key},
+            "client_secret": f"pi_3Fake{len(self.intents) + 1:04d}_secret_fakefakefake",
+        }
+        self.intents.append(intent)
+        return intent
+
+    def unauthorized(self) -> Reply:
+        return Reply(401, {"error": {"type": "invalid_request_error", "message": "Invalid API Key provided"}})
+
+    def route(self, path: str, query: dict[str, list[str]]) -> Reply:
+        if path != "/v1/payment_intents/search":
+            return Reply(404, {"error": {"type": "invalid_request_error", "message": "Unrecognized request URL"}})
+        clause = CLAUSE.match(query.get("query", [""])[0])
+        if clause is None:
+            return Reply(400, {"error": {"type": "invalid_request_error", "code": "parameter_invalid_string"}})
+        value = re.sub(r"\\(.)", r"\1", clause["value"])
+        matching = [i for i in self.intents if i["metadata"].get(clause["key"]) == value]
+        limit = int(query.get("limit", ["10"])[0])
+        start = int(query["page"][0].removeprefix("page_")) if "page" in query else 0
+        data, following = self.pages(matching, limit, start)
+        return Reply(
+            200,
+            {
+                "object": "search_result",
+                "url": "/v1/payment_intents/search",
+                "has_more": following is not None,
+                "next_page": f"page_{following}" if following is not None else None,
+                "data": data,
+            },
+        )
