@@ -1,6 +1,7 @@
 """A reconciler's credential, named by reference and resolved at call time (docs/providers.md):
 
     "auth": {"type": "bearer", "secret": "env:STRIPE_KEY"}                 Authorization: Bearer <secret>
+                                                    (an environment variable's name: A-Z, 0-9, _)
     "auth": {"type": "basic", "secret": "file:/run/secrets/imap"}          Authorization: Basic <b64(secret)>
                                                                            (the secret is "user:password")
     "auth": {"type": "header", "name": "X-Api-Key", "secret": "env:KEY"}   X-Api-Key: <secret>
@@ -22,11 +23,12 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from ledger.boundary import credential_kind
 from ledger.services.reconciliation.protocol import ProviderUnavailable
 
 TYPES = ("bearer", "basic", "header")
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9-]{1,64}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 _FORBIDDEN_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "cookie"}
 
 
@@ -115,8 +117,8 @@ def credential_ref(reconciler: str, auth: Any) -> CredentialRef | None:
 
 def _valid_reference(reference: str) -> bool:
     kind, sep, where = reference.partition(":")
-    if not sep:
-        return False
+    if not sep or credential_kind(reference, remember=False) is not None:
+        return False  # a value that reads as a credential is not taken for a reference
     if kind == "env":
         return bool(_ENV_NAME.match(where))
     return kind == "file" and where.startswith("/") and "\0" not in where

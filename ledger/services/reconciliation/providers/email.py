@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import imaplib
 import ipaddress
+import re
 import ssl
 from datetime import datetime
 from email.parser import BytesHeaderParser
@@ -39,6 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "auth": None,
     "timeout_s": 10,
 }
+MSG_ID = re.compile(r"<[^<>\s]+>")
 TRANSIENT = (b"[UNAVAILABLE]", b"[LIMIT]", b"[INUSE]", b"[SERVERBUG]")
 
 
