@@ -117,7 +117,11 @@ def imap_server():
             time.sleep(0.1)
     yield "127.0.0.1", port, "agent@fenceline.test", CANARY
     process.terminate()
-    process.wait(timeout=10)
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # pymap waits for open connections: end it
+        process.kill()
+        process.wait(timeout=5)
 
 
 def unknown_effect(worker, key: str, *, provider: str, tool: str, resource: str, dispatched_ago_s: float = 0):

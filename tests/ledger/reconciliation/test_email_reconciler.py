@@ -53,6 +53,7 @@ def mailbox(imap_server, settings, monkeypatch):
         sent.set_content("Please find your invoice attached.")
         with imaplib.IMAP4(host, port) as imap:
             imap.login(user, password)
+            imap.create(folder)  # NO when it exists already
             imap.append(folder, None, None, sent.as_bytes())
         return str(sent["Message-ID"])
 
@@ -106,6 +107,19 @@ def test_keys_with_any_characters_make_valid_message_ids_that_are_found(acme, ma
     _run, _op, _ = emailed(acme, key)
 
     assert cases_look_up().happened == 1
+
+
+def test_a_message_still_in_the_outbox_is_pending(acme, mailbox, settings):
+    config = {**settings.FENCELINE["RECONCILERS"]["email"], "pending_mailboxes": ["Outbox"]}
+    configure(settings, "email", config)
+    mailbox("invoice-queued", folder="Outbox")
+    run, _op, case = emailed(acme, "invoice-queued")
+
+    assert cases_look_up().later == 1
+    case.refresh_from_db()
+    assert case.status == CaseStatus.LOOKUP
+    [looked] = looked_up(run)
+    assert looked["verdict"] == "PENDING" and looked["found"]["mailbox"] == "Outbox"
 
 
 def test_a_refused_login_goes_to_a_person(acme, mailbox, monkeypatch):

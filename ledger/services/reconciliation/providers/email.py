@@ -10,7 +10,8 @@ secret "user:password"), opens each of ``mailboxes`` read-only (EXAMINE) and ask
 
 then fetches the Message-ID of each hit and compares it whole (SEARCH HEADER matches a
 substring). Found: HAPPENED, with the Message-ID as the provider's id and the mailbox and UID as
-evidence; in no mailbox: DID_NOT_HAPPEN. A refused login or a missing mailbox: CANNOT_TELL. No
+evidence; found only in one of ``pending_mailboxes`` (an outbox the sender drains): PENDING; in
+no mailbox: DID_NOT_HAPPEN. A refused login or a missing mailbox: CANNOT_TELL. No
 answer, or the server's ``[UNAVAILABLE]`` / ``[LIMIT]``: looked up again later.
 """
 
@@ -36,6 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "port": 993,
     "security": "tls",  # "tls" (IMAPS), "starttls", or "none" (a loopback host only)
     "mailboxes": ["Sent"],
+    "pending_mailboxes": [],  # where a message waits to be sent (an outbox): found there, PENDING
     "domain": None,  # the Message-ID's domain, as the worker gives it to message_id()
     "auth": None,
     "timeout_s": 10,
@@ -62,9 +64,12 @@ class EmailReconciler:
             raise ImproperlyConfigured(f'reconciler {name!r}: security must be "tls", "starttls" or "none"')
         if security == "none" and not _loopback(host):
             raise ImproperlyConfigured(f'reconciler {name!r}: security "none" is only for a loopback host')
-        mailboxes = self.config["mailboxes"]
-        if not isinstance(mailboxes, list) or not mailboxes or not all(isinstance(m, str) and m for m in mailboxes):
-            raise ImproperlyConfigured(f"reconciler {name!r}: mailboxes must be a list of mailbox names")
+        for key in ("mailboxes", "pending_mailboxes"):
+            names = self.config[key]
+            if not isinstance(names, list) or not all(isinstance(m, str) and m for m in names):
+                raise ImproperlyConfigured(f"reconciler {name!r}: {key} must be a list of mailbox names")
+        if not self.config["mailboxes"]:
+            raise ImproperlyConfigured(f"reconciler {name!r}: mailboxes must name at least one mailbox")
         try:
             message_id("k", str(self.config["domain"]))
         except ValueError:
@@ -74,7 +79,8 @@ class EmailReconciler:
 
     def lookup(self, operation: Operation, *, request_id: str = "", now: datetime | None = None) -> Lookup:
         wanted = message_id(operation.idempotency_key, self.config["domain"])
-        asked = f"IMAP UID SEARCH HEADER Message-ID {wanted} in {', '.join(self.config['mailboxes'])}"
+        searched = [*self.config["mailboxes"], *self.config["pending_mailboxes"]]
+        asked = f"IMAP UID SEARCH HEADER Message-ID {wanted} in {', '.join(searched)}"
         try:
             with self._connect() as imap:
                 try:
@@ -82,17 +88,16 @@ class EmailReconciler:
                     imap.login(user, password)
                 except imaplib.IMAP4.error:
                     return Lookup(Verdict.CANNOT_TELL, asked=asked, why="the IMAP server refused the login")
-                for mailbox in self.config["mailboxes"]:
+                for mailbox in searched:
                     uid = _find(imap, mailbox, wanted)
                     if uid:
-                        read = {"mailbox": mailbox, "uid": uid}
-                        why = f"{wanted} is in {mailbox}"
+                        sent = mailbox in self.config["mailboxes"]
                         return Lookup(
-                            Verdict.HAPPENED,
+                            Verdict.HAPPENED if sent else Verdict.PENDING,
                             asked=asked,
-                            why=why,
-                            provider_request_id=wanted,
-                            read=read,
+                            why=f"{wanted} is in {mailbox}" + ("" if sent else ", waiting to be sent"),
+                            provider_request_id=wanted if sent else "",
+                            read={"mailbox": mailbox, "uid": uid},
                             answer_digest=digest(wanted.encode()),
                         )
         except _Refused as exc:
