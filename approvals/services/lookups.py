@@ -49,6 +49,7 @@ from ledger.services.upgrades import provider_ref
 from ledger.services.upgrades.conflicts import conflict_open
 
 log = logging.getLogger(__name__)
+RETRY_AFTER_CAP_S = 3600  # a provider's Retry-After delays a case's next lookup this long at most
 
 
 @dataclass
@@ -188,8 +189,9 @@ def _keep_or_hand_over(case: ReconciliationCase, answer: _Answer, actor: str) ->
             values["status"] = CaseStatus.OPEN
             values["next_lookup_at"] = None
         else:
-            # Never sooner than the provider asked (a 429's Retry-After), whatever the backoff says.
-            wait = max(backoff_s(attempts), answer.retry_after_s or 0.0)
+            # Never sooner than the provider asked (a 429's Retry-After, at most an hour),
+            # whatever the backoff says.
+            wait = max(backoff_s(attempts), min(answer.retry_after_s or 0.0, RETRY_AFTER_CAP_S))
             values["next_lookup_at"] = now + timedelta(seconds=wait)
         won = ReconciliationCase.objects.filter(pk=case.pk, status=CaseStatus.LOOKUP).update(**values)
         if won != 1:

@@ -3,6 +3,7 @@ over real HTTP, a real IMAP server (pymap), and UNKNOWN effects whose reconciler
 configured adapter."""
 
 import base64
+import logging
 import os
 import shutil
 import socket
@@ -30,8 +31,10 @@ CANARY_ENV = "FENCELINE_TEST_PROVIDER_KEY"
 
 
 @pytest.fixture
-def canary(monkeypatch):
-    """The canary secret in the environment, referenced as env:FENCELINE_TEST_PROVIDER_KEY."""
+def canary(monkeypatch, caplog):
+    """The canary secret in the environment, referenced as env:FENCELINE_TEST_PROVIDER_KEY;
+    every log record, debug included, is captured for the tests to search."""
+    caplog.set_level(logging.DEBUG)
     monkeypatch.setenv(CANARY_ENV, CANARY)
     return CANARY
 

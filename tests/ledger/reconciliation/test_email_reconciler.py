@@ -5,6 +5,7 @@ compared whole; none is DID_NOT_HAPPEN; a refused login or a missing mailbox goe
 a server that does not answer is looked up again later. The password never leaves the lookup."""
 
 import imaplib
+import logging
 from email.message import EmailMessage
 
 import pytest
@@ -27,9 +28,10 @@ DOMAIN = "mail.fenceline.test"
 
 
 @pytest.fixture
-def mailbox(imap_server, settings, monkeypatch):
+def mailbox(imap_server, settings, monkeypatch, caplog):
     """The email reconciler configured against the IMAP server; returns a function that files
     a message in a mailbox over IMAP, as a worker keeping its sent mail would."""
+    caplog.set_level(logging.DEBUG)
     host, port, user, password = imap_server
     monkeypatch.setenv("FENCELINE_TEST_IMAP_LOGIN", f"{user}:{password}")
     config = {

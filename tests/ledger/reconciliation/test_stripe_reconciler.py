@@ -12,7 +12,7 @@ from approvals.models import CaseStatus
 from approvals.services.lookups import cases_look_up
 from fenceline_client.provider_tags import stripe_metadata
 from tests.fakes.base import Reply
-from tests.helpers import assert_chain_intact
+from tests.helpers import Browser, assert_chain_intact
 from tests.ledger.reconciliation.conftest import assert_nowhere, looked_up, unknown_effect
 
 pytestmark = pytest.mark.django_db
@@ -157,3 +157,16 @@ def test_the_worker_tags_the_payment_intent_with_the_metadata_the_lookup_searche
     _run, _op, _ = charge(acme, "pay-tagged")
 
     assert cases_look_up().happened == 1
+
+
+def test_a_person_sees_what_the_reconciler_found(acme, stripe, operator):
+    stripe.add("pay-shown", "succeeded")
+    stripe.add("pay-shown", "succeeded")
+    _run, _op, case = charge(acme, "pay-shown")
+    assert cases_look_up().to_people == 1
+
+    page = Browser(operator).get("/cases/").content.decode()
+
+    assert f"case-{case.pk}" in page
+    assert "2 PaymentIntents carry the key and went through" in page
+    assert "found: payment_intents" in page and "pi_3Fake0001" in page and "pi_3Fake0002" in page
