@@ -1,5 +1,6 @@
 """Stripe's Search API for PaymentIntents (docs.stripe.com/api/payment_intents/search):
 
+    GET /v1/payment_intents/{id}         200 the PaymentIntent, 404 {"error": {"code": "resource_missing"}}
     GET /v1/payment_intents/search?query=metadata['fenceline_key']:'KEY'&limit=N[&page=CURSOR]
     200 {"object": "search_result", "url": "/v1/payment_intents/search", "has_more": bool,
          "next_page": CURSOR | null, "data": [{"id": "pi_...", "object": "payment_intent",
@@ -43,6 +44,12 @@ class FakeStripe(FakeProvider):
         return Reply(401, {"error": {"type": "invalid_request_error", "message": "Invalid API Key provided"}})
 
     def route(self, path: str, query: dict[str, list[str]]) -> Reply:
+        if path.startswith("/v1/payment_intents/") and path != "/v1/payment_intents/search":
+            wanted = path.rsplit("/", 1)[1]
+            found = next((i for i in self.intents if i["id"] == wanted), None)
+            if found is None:
+                return Reply(404, {"error": {"type": "invalid_request_error", "code": "resource_missing"}})
+            return Reply(200, found)
         if path != "/v1/payment_intents/search":
             return Reply(404, {"error": {"type": "invalid_request_error", "message": "Unrecognized request URL"}})
         clause = CLAUSE.match(query.get("query", [""])[0])

@@ -11,6 +11,10 @@ from django.utils import timezone
 from approvals.models import CaseStatus
 from approvals.services.lookups import cases_look_up
 from fenceline_client.provider_tags import stripe_metadata
+from ledger.errors import StaleToken
+from ledger.services.core.intent import Intent
+from ledger.services.fence import leases, operations, outcomes
+from tests.factories import expire, leased_run
 from tests.fakes.base import Reply
 from tests.helpers import Browser, assert_chain_intact
 from tests.ledger.reconciliation.conftest import assert_nowhere, looked_up, unknown_effect
@@ -170,3 +174,57 @@ def test_a_person_sees_what_the_reconciler_found(acme, stripe, operator):
     assert f"case-{case.pk}" in page
     assert "2 PaymentIntents carry the key and went through" in page
     assert "found: payment_intents" in page and "pi_3Fake0001" in page and "pi_3Fake0002" in page
+
+
+def test_a_payment_intent_a_fenced_worker_reported_is_read_by_its_id_without_the_search_lag(acme, stripe):
+    made = stripe.add("pay-reported", "succeeded")
+    run, token, op = _dispatched(acme, "pay-reported")
+    expire(run)
+    leases.lease_acquire(worker=acme.worker, run_id=run.pk, owner_id="owner-b", ttl_s=30)  # takeover: UNKNOWN
+    with pytest.raises(StaleToken):  # the late report is kept on the case, unverified
+        outcomes.operation_report_outcome(
+            worker=acme.worker,
+            operation_id=op.pk,
+            fencing_token=token,
+            outcome="CONFIRMED",
+            provider_request_id=made["id"],
+        )
+
+    assert cases_look_up().happened == 1  # at once: no search, so no search lag
+    assert [s.path for s in stripe.seen] == [f"/v1/payment_intents/{made['id']}"]
+    op.refresh_from_db()
+    assert op.provider_request_id == made["id"]
+
+
+def test_a_reported_payment_intent_with_another_key_goes_to_a_person(acme, stripe):
+    other = stripe.add("pay-someone-else", "succeeded")
+    run, token, op = _dispatched(acme, "pay-mixed-up")
+    expire(run)
+    leases.lease_acquire(worker=acme.worker, run_id=run.pk, owner_id="owner-b", ttl_s=30)
+    with pytest.raises(StaleToken):
+        outcomes.operation_report_outcome(
+            worker=acme.worker,
+            operation_id=op.pk,
+            fencing_token=token,
+            outcome="CONFIRMED",
+            provider_request_id=other["id"],
+        )
+
+    assert cases_look_up().to_people == 1
+    assert looked_up(run)[0]["why"] == f"PaymentIntent {other['id']} does not carry the operation's key"
+
+
+def _dispatched(acme, key: str):
+    run, token = leased_run(acme.worker)
+    intent = Intent(
+        tool="payments",
+        action="create",
+        resource="customer:cus_1",
+        effect_class="NON_RETRYABLE",
+        idempotency_key=key,
+        provider="stripe",
+    )
+    op, _ = operations.operation_intend(worker=acme.worker, run_id=run.pk, fencing_token=token, intent=intent)
+    operations.operation_authorize(worker=acme.worker, operation_id=op.pk, fencing_token=token)
+    operations.operation_dispatch(worker=acme.worker, operation_id=op.pk, fencing_token=token)
+    return run, token, op

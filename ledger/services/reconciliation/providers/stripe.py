@@ -5,7 +5,10 @@ The worker creates the PaymentIntent with ``metadata=stripe_metadata(key)``
 
     GET /v1/payment_intents/search?query=metadata['fenceline_key']:'KEY'&limit=100[&page=...]
 
-(``has_more`` / ``next_page`` paginate) and reads the status of what it finds:
+(``has_more`` / ``next_page`` paginate) and reads the status of what it finds. When a
+PaymentIntent id is known (the operation's provider request id, or one a fenced worker reported
+late), ``GET /v1/payment_intents/{id}`` is read first — it has no search lag — and must carry
+the key (else CANNOT_TELL); an id Stripe does not know falls back to the search.
 
     succeeded, requires_capture                      HAPPENED (the money moved or is held)
     processing, requires_action, requires_confirmation   PENDING (look again later)
@@ -21,6 +24,7 @@ statuses found (``pi_...``), the amount and currency of the one that went throug
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +42,7 @@ from ledger.services.reconciliation.providers import (
     short_code,
 )
 from ledger.services.reconciliation.wire import WIRE_DEFAULTS, Answer, Wire
+from ledger.services.upgrades import provider_ref
 
 DEFAULTS: dict[str, Any] = {
     "base_url": "https://api.stripe.com",
@@ -52,6 +57,7 @@ DEFAULTS: dict[str, Any] = {
     **WIRE_DEFAULTS,
 }
 SEARCH = "/v1/payment_intents/search"
+PAYMENT_INTENT_ID = re.compile(r"^pi_[A-Za-z0-9]{1,200}$")
 
 
 class StripeReconciler:
@@ -68,6 +74,28 @@ class StripeReconciler:
         )
 
     def lookup(self, operation: Operation, *, request_id: str = "", now: datetime | None = None) -> Lookup:
+        known = provider_ref.reference(operation, provider_ref.phase_now())
+        request_id = (known.id if known is not None else "") or request_id
+        if PAYMENT_INTENT_ID.match(request_id):
+            by_id = self._by_id(operation, request_id)
+            if by_id is not None:
+                return by_id
+        return self._search(operation, now)
+
+    def _by_id(self, operation: Operation, intent_id: str) -> Lookup | None:
+        """The PaymentIntent a fenced worker reported, read directly (no search lag); None
+        when Stripe has no such id (then the search decides)."""
+        answer = self.wire.get(f"/v1/payment_intents/{intent_id}")
+        document = json_of(answer)
+        if answer.status == 404:
+            return None
+        if answer.status != 200 or not isinstance(document, dict):
+            return cannot_tell(answer, f"Stripe answered status {answer.status}")
+        if not _carries(document, self.config, operation.idempotency_key):
+            return cannot_tell(answer, f"PaymentIntent {intent_id} does not carry the operation's key")
+        return self._verdict(operation, [document], answer, timezone.now())
+
+    def _search(self, operation: Operation, now: datetime | None) -> Lookup:
         key = operation.idempotency_key
         escaped = key.replace("\\", "\\\\").replace("'", "\\'")
         params: dict[str, str | int] = {"query": f"metadata['{self.config['metadata_key']}']:'{escaped}'", "limit": 100}
