@@ -121,3 +121,15 @@ def test_a_spent_primary_rate_limit_waits_until_its_reset(acme, github):
     case.refresh_from_db()
     assert case.next_lookup_at > timezone.now() + timedelta(seconds=1700)
     assert len(github.seen) == 1
+
+
+def test_review_comments_of_a_pull_request_are_read_from_the_pulls_endpoint(acme, github, settings):
+    config = {**settings.FENCELINE["RECONCILERS"]["github"], "comments": "review"}
+    settings.FENCELINE = {**settings.FENCELINE, "RECONCILERS": {"github": config}}
+    made = github.comment("acme/widgets#9", f"nit: rename {github_marker('review-1')}", kind="pulls")
+    _run, op, _ = commented(acme, "review-1", resource="acme/widgets/pull/9")
+
+    assert cases_look_up().happened == 1
+    op.refresh_from_db()
+    assert op.provider_request_id == str(made["id"])
+    assert github.seen[0].path == "/repos/acme/widgets/pulls/9/comments"
