@@ -10,6 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from approvals.services.lookups import cases_look_up
+from ledger.models import Tenant
 from ledger.services.reconciliation.checks import reconcilers_check
 from tests.fakes.base import FakeProvider, Reply
 from tests.ledger.reconciliation.conftest import (
@@ -195,3 +196,13 @@ def test_a_reference_gone_at_call_time_is_looked_up_again_later_naming_only_the_
         assert fake.seen == []  # nothing was sent without it
     finally:
         fake.stop()
+
+
+def test_the_canary_search_finds_a_secret_in_any_row_or_log(acme, caplog):
+    """assert_nowhere can fail: the canary (or its base64) written anywhere is found."""
+    Tenant.objects.filter(pk=acme.tenant.pk).update(name=base64.b64encode(CANARY.encode()).decode())
+    with pytest.raises(AssertionError, match="the secret is in table ledger_tenant"):
+        assert_nowhere(CANARY)
+    Tenant.objects.filter(pk=acme.tenant.pk).update(name="acme")
+    with pytest.raises(AssertionError, match="the secret is in the logs"):
+        assert_nowhere(CANARY, f"Authorization: Bearer {CANARY}")
