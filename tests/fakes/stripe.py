@@ -14,7 +14,9 @@ escapes), as the real one's query language does for it."""
 
 from __future__ import annotations
 
+import random
 import re
+import string
 from typing import Any
 
 from tests.fakes.base import FakeProvider, Reply
@@ -28,14 +30,16 @@ class FakeStripe(FakeProvider):
         self.intents: list[dict[str, Any]] = []
 
     def add(self, key: str, status: str, *, amount: int = 1200, metadata_key: str = "fenceline_key") -> dict[str, Any]:
+        draw = random.Random(len(self.intents))  # noqa: S311 - ids shaped like Stripe's (pi_3 + 20 letters and digits)
+        pid = "pi_3" + "".join(draw.choice(string.ascii_letters + string.digits) for _ in range(20))
         intent = {
-            "id": f"pi_3Fake{len(self.intents) + 1:04d}",
+            "id": pid,
             "object": "payment_intent",
             "amount": amount,
             "currency": "usd",
             "status": status,
             "metadata": {metadata_key: key},
-            "client_secret": f"pi_3Fake{len(self.intents) + 1:04d}_secret_fakefakefake",
+            "client_secret": f"{pid}_secret_fakefakefake",
         }
         self.intents.append(intent)
         return intent
