@@ -81,8 +81,10 @@ def env_json_object(name: str) -> dict[str, str]:
 
 
 def _reconcilers() -> dict[str, dict[str, Any]]:
-    """FENCELINE_RECONCILERS (or _FILE): a JSON object {name: {"kind": "http", "provider":
-    ..., ...}} (ledger/services/reconciliation/http.py). The built-in "sandbox-payments"
+    """FENCELINE_RECONCILERS (or _FILE): a JSON object {name: {"kind": "http" | "stripe" |
+    "github" | "slack" | "email" | "python", "provider": ..., "auth": {...}, ...}}
+    (docs/providers.md; each entry is checked at start-up by
+    ledger/services/reconciliation/checks.py). The built-in "sandbox-payments"
     looks charges up at the sandbox provider (tests, demo, simulator) and serves only
     operations whose contract or provider names it."""
     sandbox = {

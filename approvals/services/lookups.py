@@ -13,7 +13,7 @@ Each pass of ``cases_look_up``:
    HAPPENED        -> RECONCILED (HAPPENED) by ``reconciler:<name>``, with the provider's id
    DID_NOT_HAPPEN  -> RECONCILED (DID_NOT_HAPPEN); the retry decision then follows the class
    PENDING         -> looked up again after a backoff (base x 2^n, capped, with jitter)
-   unavailable     -> the same backoff
+   unavailable     -> the same backoff, or longer when the provider asked for longer (429)
    CANNOT_TELL     -> OPEN: the people's queue, with the lookup history on the case
    attempts spent  -> OPEN, likewise
 
@@ -49,6 +49,7 @@ from ledger.services.upgrades import provider_ref
 from ledger.services.upgrades.conflicts import conflict_open
 
 log = logging.getLogger(__name__)
+RETRY_AFTER_CAP_S = 3600  # a provider's Retry-After delays a case's next lookup this long at most
 
 
 @dataclass
@@ -66,6 +67,7 @@ class LookupPass:
 class _Answer:
     lookup: Lookup | None  # None: the provider did not answer
     unavailable: str = ""
+    retry_after_s: float | None = None  # the provider asked to be left alone this long (429)
 
 
 def cases_look_up(*, batch_size: int | None = None, now: datetime | None = None) -> LookupPass:
@@ -126,7 +128,7 @@ def _ask(case: ReconciliationCase) -> _Answer:
     try:
         return _Answer(reconciler.lookup(case.operation, request_id=_request_id_hint(case)))
     except ProviderUnavailable as exc:
-        return _Answer(None, unavailable=str(exc))
+        return _Answer(None, unavailable=str(exc), retry_after_s=exc.retry_after_s)
     except Exception as exc:  # a reconciler's bug must not stop the pass: a person decides
         log.exception("reconciler %s failed on case %s", case.reconciler, case.pk)
         return _Answer(Lookup(Verdict.CANNOT_TELL, asked="", why=f"the reconciler failed ({type(exc).__name__})"))
@@ -187,7 +189,10 @@ def _keep_or_hand_over(case: ReconciliationCase, answer: _Answer, actor: str) ->
             values["status"] = CaseStatus.OPEN
             values["next_lookup_at"] = None
         else:
-            values["next_lookup_at"] = now + timedelta(seconds=backoff_s(attempts))
+            # Never sooner than the provider asked (a 429's Retry-After, at most an hour),
+            # whatever the backoff says.
+            wait = max(backoff_s(attempts), min(answer.retry_after_s or 0.0, RETRY_AFTER_CAP_S))
+            values["next_lookup_at"] = now + timedelta(seconds=wait)
         won = ReconciliationCase.objects.filter(pk=case.pk, status=CaseStatus.LOOKUP).update(**values)
         if won != 1:
             raise WrongPhase(phase="case taken over", wanted=CaseStatus.LOOKUP)

@@ -13,11 +13,13 @@ provider in ``settings.FENCELINE["RECONCILERS"]`` (docs/operations.md):
       "not_found_status": [404],        # the provider has no such record
       "key_retention_s": 86400,         # idempotency keys older than this are forgotten by the
                                         # provider: a "not found" by key is then CANNOT_TELL
-      "timeout_s": 5
+      "timeout_s": 5,
+      "auth": {"type": "bearer", "secret": "env:SANDBOX_KEY"}   # optional (credentials.py)
     }
 
-How an answer reads: 5xx, 429, a timeout or a refused connection → ProviderUnavailable (the
-job backs off); a not-found status → DID_NOT_HAPPEN (by key, within the key's retention);
+How an answer reads: 5xx, a timeout or a refused connection → ProviderUnavailable (the
+job backs off); 429 → asked again after its Retry-After, within bounds, else likewise
+(``wire.py``); a not-found status → DID_NOT_HAPPEN (by key, within the key's retention);
 200 with a record → its status field decides; anything else (another status, a body that is
 not JSON, a status value in none of the lists) → CANNOT_TELL, for a person.
 """
@@ -27,14 +29,15 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-import requests
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from ledger.models import Operation
-from ledger.services.reconciliation.protocol import Lookup, ProviderUnavailable, Verdict, digest
+from ledger.services.reconciliation.credentials import credential_ref
+from ledger.services.reconciliation.protocol import Lookup, Verdict
+from ledger.services.reconciliation.wire import WIRE_DEFAULTS, Wire
 from ledger.services.upgrades import provider_ref
 
 DEFAULTS: dict[str, Any] = {
@@ -48,9 +51,9 @@ DEFAULTS: dict[str, Any] = {
     "cost_field": None,
     "not_found_status": [404],
     "key_retention_s": None,
-    "timeout_s": 5,
+    **WIRE_DEFAULTS,
+    "auth": None,
 }
-MAX_ANSWER_BYTES = 64 * 1024
 
 
 class HttpReconciler:
@@ -60,13 +63,10 @@ class HttpReconciler:
             raise ImproperlyConfigured(f"reconciler {name!r}: unknown setting(s) {', '.join(sorted(unknown))}")
         self.name = name
         self.config = {**DEFAULTS, **config}
-        base = self.config.get("base_url")
-        if not isinstance(base, str) or urlsplit(base).scheme not in ("http", "https"):
-            raise ImproperlyConfigured(f"reconciler {name!r}: base_url must be an http(s) URL")
+        self.credential = credential_ref(name, self.config["auth"])
+        self.wire = Wire(name, self.config.get("base_url"), credential=self.credential, options=self.config)
         if not (self.config["by_request_id"] or self.config["by_idempotency_key"]):
             raise ImproperlyConfigured(f"reconciler {name!r}: give by_request_id, by_idempotency_key or both")
-        self.base_url = base.rstrip("/")
-        self.session = requests.Session()
 
     def lookup(self, operation: Operation, *, request_id: str = "", now: datetime | None = None) -> Lookup:
         """By the provider request id when one is known (the operation's, or ``request_id``
@@ -99,18 +99,9 @@ class HttpReconciler:
 
     def _ask(self, template: str, **values: str) -> Lookup:
         path = template.format(**{k: quote(v, safe="") for k, v in values.items()})
-        asked = f"GET {path}"
-        try:
-            answer = self.session.get(self.base_url + path, timeout=self.config["timeout_s"], allow_redirects=False)
-        except requests.Timeout:
-            raise ProviderUnavailable(f"{self.name}: no answer within {self.config['timeout_s']} s") from None
-        except requests.RequestException as exc:
-            raise ProviderUnavailable(f"{self.name}: {type(exc).__name__}") from None
-        body = answer.content[:MAX_ANSWER_BYTES]
-        status = answer.status_code
-        seen: dict[str, Any] = {"asked": asked, "status": status, "answer_digest": digest(body)}
-        if status >= 500 or status == 429:
-            raise ProviderUnavailable(f"{self.name}: status {status}")
+        answer = self.wire.get(path)  # raises ProviderUnavailable: 5xx, throttled, no answer
+        body, status = answer.body, answer.status
+        seen: dict[str, Any] = {"asked": answer.asked, "status": status, "answer_digest": answer.digest}
         if status in self.config["not_found_status"]:
             return Lookup(Verdict.DID_NOT_HAPPEN, why=f"the provider has no such record (status {status})", **seen)
         if status != 200:

@@ -44,7 +44,9 @@ class Lookup:
     provider_request_id: str = ""
     actual_cost_cents: int | None = None
     why: str = ""  # one line for people: what the answer said
-    read: dict[str, Any] = field(default_factory=dict)  # the fields read from the answer
+    # What the answer showed, for the chain: the provider's ids and statuses (never a body,
+    # a text or a header), e.g. {"object": "payment_intent", "id": "pi_3", "status": "succeeded"}.
+    read: dict[str, Any] = field(default_factory=dict)
 
     def evidence(self) -> dict[str, Any]:
         """The lookup as event fields and case history (allow-listed, no raw body)."""
@@ -55,12 +57,19 @@ class Lookup:
             document["answer_digest"] = self.answer_digest
         if self.provider_request_id:
             document["provider_request_id"] = self.provider_request_id
+        if self.read:
+            document["found"] = self.read
         return document
 
 
 class ProviderUnavailable(Exception):
     """The provider did not answer: try again later. The message names what failed
-    (timeout, refused, status 503), never a URL's query or a header."""
+    (timeout, refused, status 503), never a URL's query or a header. ``retry_after_s``: how
+    long the provider asked to be left alone (a 429's Retry-After), when it said."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Reconciler(Protocol):
