@@ -606,46 +606,37 @@ export class Lease {
   }
 
   /**
-   * Intend, authorize and dispatch, as far as nothing waits for a person. Returns DISPATCHED
-   * (call the provider now, then `effectOutcome`), PENDING_APPROVAL with `approvalId` set
-   * (`effectAwaitApproval`), or a phase an earlier attempt under the same key reached
-   * (CONFIRMED, FAILED, UNKNOWN ...: do not call the provider). The one place that walks the
-   * three calls: a single effect call would replace only this function.
+   * Intend, authorize and dispatch, as far as nothing waits for a person, in one call
+   * (`POST /runs/{run_id}/effects`). Returns DISPATCHED (call the provider now, then
+   * `effectOutcome`; also when an earlier call under the same key dispatched and reported
+   * nothing: the provider gets the same idempotency key), PENDING_APPROVAL with `approvalId`
+   * set (`effectAwaitApproval`), or a phase an earlier attempt under the same key reached
+   * (CONFIRMED, FAILED, UNKNOWN, DENIED ...: do not call the provider).
    */
   async effectStart(request: OperationRequest, options?: CallOptions): Promise<Effect> {
     const credentialLeaseId = request.credentialLeaseId ?? null;
-    const created = await this.fenced(
-      "intent",
+    const started = await this.fenced(
+      "effect",
       (fencing_token, signal) => {
-        const body: Schemas["OperationIn"] = {
+        const body: Schemas["EffectIn"] = {
           ...request.intent,
           fencing_token,
           tool: request.tool,
           action: request.action,
           resource: request.resource,
           idempotency_key: request.idempotencyKey,
+          // A record this build cannot read is answered as intended and goes no further; refused below.
+          reads_schema_versions: [...this.client.reads].sort(),
         };
         if (request.effectClass !== undefined) body.effect_class = request.effectClass;
+        if (credentialLeaseId) body.credential_lease_id = credentialLeaseId;
         const path = { run_id: this.runId };
-        return this.client.api.POST("/api/v1/runs/{run_id}/operations", { params: { path }, body, signal });
+        return this.client.api.POST("/api/v1/runs/{run_id}/effects", { params: { path }, body, signal });
       },
       options,
     );
-    const operationId = this.client.readable(created.data, "operation").operation_id;
-    let phase: string = created.data.phase;
-    if (phase === "PLANNED" || phase === "PENDING_APPROVAL") {
-      const authorized = await this.#authorize(operationId, credentialLeaseId, options);
-      if (authorized.status === 202) {
-        const approvalId = (authorized.data as Schemas["ApprovalRequiredOut"]).approval_id;
-        return { operationId, phase: "PENDING_APPROVAL", approvalId, credentialLeaseId };
-      }
-      phase = "AUTHORIZED";
-    }
-    if (phase === "AUTHORIZED") {
-      await this.#dispatch(operationId, options);
-      phase = "DISPATCHED";
-    }
-    return { operationId, phase, approvalId: null, credentialLeaseId };
+    const effect = this.client.readable(started.data as Schemas["EffectOut"], "operation");
+    return { operationId: effect.operation_id, phase: effect.phase, approvalId: effect.approval_id, credentialLeaseId };
   }
 
   #authorize(operationId: string, credentialLeaseId: string | null, options?: CallOptions) {

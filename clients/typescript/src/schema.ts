@@ -350,6 +350,35 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/runs/{run_id}/effects": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Start Effect
+         * @description Intent, authorize and dispatch in one call, as far as nothing waits for a person: the
+         *     body of `POST /runs/{run_id}/operations` and authorize's optional credential_lease_id.
+         *     201 for a new intent, 200 for a replay of its idempotency_key; `phase` DISPATCHED: call
+         *     the provider now, then report the outcome. 202 with `approval_id` when a person must
+         *     approve first (the operation is PENDING_APPROVAL; the same call again once approved
+         *     dispatches). A replay of an operation past AUTHORIZED answers its phase and dispatches
+         *     nothing again. Every refusal is the one the separate calls give (409 STALE_TOKEN, 403
+         *     DENY_*, 409 EFFECTS_HELD, 422 IDEMPOTENCY_MISMATCH ...), with the steps before it kept.
+         *     With reads_schema_versions, an operation record at another version is answered as
+         *     intended and taken no further.
+         */
+        post: operations["ledger_api_start_effect"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/runs/{run_id}/events": {
         parameters: {
             query?: never;
@@ -858,6 +887,56 @@ export interface components {
          * @enum {string}
          */
         EffectClass: "PURE" | "IDEMPOTENT" | "REPLAYABLE" | "UNKNOWN" | "NON_RETRYABLE";
+        /**
+         * EffectIn
+         * @description The intent of ``POST /runs/{run_id}/operations``, the credential lease authorize names,
+         *     and the operation record versions the caller reads: a record at another version is
+         *     answered as intended, and neither authorized nor dispatched (the caller refuses it).
+         */
+        EffectIn: {
+            /** Action */
+            action: string;
+            /**
+             * Args Digest
+             * @default
+             */
+            args_digest?: string;
+            /** Credential Lease Id */
+            credential_lease_id?: string | null;
+            /** Effect Class */
+            effect_class?: ("PURE" | "IDEMPOTENT" | "REPLAYABLE" | "UNKNOWN" | "NON_RETRYABLE") | null;
+            /** Estimated Cost Cents */
+            estimated_cost_cents?: number | null;
+            /** Fencing Token */
+            fencing_token: number;
+            /** Idempotency Key */
+            idempotency_key: string;
+            /** Payload Bytes */
+            payload_bytes?: number | null;
+            /**
+             * Provider
+             * @default
+             */
+            provider?: string;
+            /** Reads Schema Versions */
+            reads_schema_versions?: number[] | null;
+            /** Resource */
+            resource: string;
+            /** Tool */
+            tool: string;
+        };
+        /** EffectOut */
+        EffectOut: {
+            /** Approval Id */
+            approval_id: string | null;
+            /** Attempt */
+            attempt: number;
+            /** Operation Id */
+            operation_id: string;
+            phase: components["schemas"]["Phase"];
+            /** Schema Version */
+            schema_version: number;
+        };
         /** Error */
         Error: {
             /** Detail */
@@ -2934,6 +3013,131 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Content Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Unprocessable Content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["InvalidOut"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ThrottledError"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    ledger_api_start_effect: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                run_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EffectIn"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EffectOut"];
+                };
+            };
+            /** @description Created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EffectOut"];
+                };
+            };
+            /** @description Accepted */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EffectOut"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DecisionError"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PhaseError"] | components["schemas"]["Error"];
                 };
             };
             /** @description Content Too Large */
