@@ -6,9 +6,12 @@ formats (GitHub, GitLab, AWS, Slack, Stripe, OpenAI, JWT, npm, PyPI, SendGrid, T
 URLs, ...; the public-IP one is left out), the same library the server's boundary builds on
 (``ledger/boundary/rules.py``), which is server-only and not imported here. Two rules of our
 own where a plugin finds less than the whole secret: a PEM private key block (detect-secrets
-flags its first line only) and ``Bearer <token>``. The arguments side is the server's: an intent
-whose arguments digest is taken here carries no argument value, and an argument the gateway
-does send (``action``, ``resource``) is checked by the server's boundary (422 FORBIDDEN_FIELD).
+flags its first line only) and ``Bearer <token>``.
+
+The arguments side: the intent carries only the arguments' digest, so the gateway checks the
+arguments itself with the same rules (``find_secret``) and refuses the call before anything is
+sent (FORBIDDEN_FIELD); what it does send from them (``action``, ``resource``) is checked again
+by the server's boundary (422 FORBIDDEN_FIELD).
 """
 
 from __future__ import annotations
@@ -86,3 +89,25 @@ def redact_value(value: Any, redaction: Redaction) -> Any:
     if isinstance(value, dict):
         return {redact_text(str(k), redaction): redact_value(v, redaction) for k, v in value.items()}
     return value
+
+
+def find_secret(value: Any, path: str = "arguments") -> tuple[str, str] | None:
+    """(path, kind) of the first secret-looking string in a JSON value (keys included), or None:
+    the argument side, checked before the intent so that nothing of such a call leaves."""
+    if isinstance(value, str):
+        for kind, pattern in rules():
+            if pattern.search(value):
+                return path, kind
+        return None
+    if isinstance(value, list):
+        items: Any = enumerate(value)
+    elif isinstance(value, dict):
+        items = value.items()
+    else:
+        return None
+    for key, item in items:
+        found = find_secret(str(key), path) if isinstance(key, str) else None
+        found = found or find_secret(item, f"{path}.{key}")
+        if found:
+            return found
+    return None

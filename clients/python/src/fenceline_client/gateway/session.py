@@ -46,7 +46,7 @@ from fenceline_client.client import (
     Lease,
     TransportError,
 )
-from fenceline_client.gateway.boundary import Redaction, redact_text, redact_value
+from fenceline_client.gateway.boundary import Redaction, find_secret, redact_text, redact_value
 from fenceline_client.gateway.config import SEPARATOR, Config, ToolContract
 from fenceline_client.gateway.upstream import Link, UpstreamGone, close_all
 
@@ -267,6 +267,10 @@ class GatewaySession:
         if self.failure is not None:
             raise self.failure
         call, tool = self._read(name, arguments)
+        secret = find_secret(arguments or {})
+        if secret is not None:
+            where, kind = secret
+            raise Refusal("FORBIDDEN_FIELD", f"{where} looks like a credential ({kind}); nothing was sent")
         credential_lease_id = await self._credential(call)
         if call.link.session is None:
             raise Refusal("UPSTREAM_GONE", f"upstream {call.link.name} is not connected; nothing was sent")
