@@ -9,10 +9,11 @@ when the server answers APPROVAL_REQUIRED, then the upstream call, then the outc
 (``Lease.effect_outcome``): CONFIRMED with the result's digest, FAILED when the upstream
 answers ``isError``, UNKNOWN when the call times out or its connection drops after dispatch.
 
-The ordinal advances once an identical call concluded (CONFIRMED or FAILED): a call the host
-repeats after an error, a timeout or an UNKNOWN replays the same operation (the server answers
-its phase and the upstream is not called again); an identical call while one is in flight
-waits for that one and gets its result.
+The ordinal advances once an identical call was decided (CONFIRMED, FAILED, or refused by an
+authority check or a person: DENY_*, APPROVAL_DENIED): a call the host repeats after a timeout,
+a dropped connection, an UNKNOWN or a refusal that decided nothing (STALE_TOKEN, EFFECTS_HELD,
+...) replays the same operation (the server answers its phase and the upstream is not called
+again); an identical call while one is in flight waits for that one and gets its result.
 """
 
 from __future__ import annotations
@@ -253,6 +254,8 @@ class GatewaySession:
         try:
             answer = await self._fenced(name, arguments, progress)
         except Refusal as refused:
+            if refused.code.startswith("DENY_") or refused.code == "APPROVAL_DENIED":
+                self._concluded[same] += 1  # decided: the same call again is a new operation
             answer = text_result(str(refused), error=True)
         except Exception as error:  # nothing may end the session: one line to the host
             log.exception("tools/call %s", name)
@@ -333,7 +336,7 @@ class GatewaySession:
         """An earlier attempt under the same key decided this call: the upstream is not called
         again, and the gateway keeps no result to give back."""
         same = (call.name, canonical(call.arguments))
-        if effect.phase in ("CONFIRMED", "FAILED"):
+        if effect.phase in ("CONFIRMED", "FAILED", "DENIED"):
             self._concluded[same] += 1
         line = (
             f"ALREADY_{effect.phase}: operation {effect.operation_id} of this call was {effect.phase} by an "
