@@ -287,7 +287,7 @@ class GatewaySession:
         if effect.approval_id is not None:
             effect = await self._await_approval(call, effect, progress)
         if effect.phase != "DISPATCHED":
-            return self._replayed(call, effect)
+            return self._replayed(call, effect, structured=tool.output_schema is not None)
         return await self._perform(call, effect)
 
     async def _start(self, call: Call, tool: types.Tool, credential_lease_id: str | None) -> Effect:
@@ -332,9 +332,11 @@ class GatewaySession:
         except FencelineError as refused:
             raise refusal_of(refused) from refused
 
-    def _replayed(self, call: Call, effect: Effect) -> types.CallToolResult:
+    def _replayed(self, call: Call, effect: Effect, *, structured: bool) -> types.CallToolResult:
         """An earlier attempt under the same key decided this call: the upstream is not called
-        again, and the gateway keeps no result to give back."""
+        again, and the gateway keeps no result to give back. Not an error when it was
+        CONFIRMED, unless the tool declares an output schema: a success without its structured
+        content would be an invalid result, so that one line is sent as an error."""
         same = (call.name, canonical(call.arguments))
         if effect.phase in ("CONFIRMED", "FAILED", "DENIED"):
             self._concluded[same] += 1
@@ -342,7 +344,7 @@ class GatewaySession:
             f"ALREADY_{effect.phase}: operation {effect.operation_id} of this call was {effect.phase} by an "
             "earlier attempt; it was not repeated and its result is not kept"
         )
-        return text_result(line, error=effect.phase not in ("CONFIRMED", "DISPATCHED"))
+        return text_result(line, error=structured or effect.phase != "CONFIRMED")
 
     async def _perform(self, call: Call, effect: Effect) -> types.CallToolResult:
         try:
