@@ -7,8 +7,10 @@ temporary folder."""
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from tests.served import free_port
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -87,3 +91,27 @@ class Gateway:
 @pytest.fixture
 def gateway(live_server, acme, tmp_path) -> Gateway:
     return Gateway(live_server.url, acme.token, tmp_path)
+
+
+@pytest.fixture
+def http_gateway(live_server, acme, tmp_path, repo):
+    """fenceline-mcp serving streamable HTTP on a free port of loopback in front of mcp-server-git:
+    yields its MCP endpoint's URL."""
+    port = free_port()
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "FENCELINE_URL": live_server.url}
+    (tmp_path / "token").write_text(acme.token + "\n")
+    env["FENCELINE_TOKEN_FILE"] = str(tmp_path / "token")
+    command = [str(BIN / "fenceline-mcp"), "--http", f"127.0.0.1:{port}", "--", *git_upstream(repo)]
+    with (tmp_path / "gateway-http.log").open("w") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import weakref
 from collections.abc import AsyncIterator
@@ -39,9 +40,10 @@ class Gateway:
     """The gateway process: its configuration, the task group its upstream connections live in,
     and one ``GatewaySession`` per MCP connection (one over stdio; one per HTTP session)."""
 
-    def __init__(self, config: Config, group: anyio.abc.TaskGroup) -> None:
-        self.config, self.group = config, group
+    def __init__(self, config: Config, group: anyio.abc.TaskGroup, server: Server[Any] | None = None) -> None:
+        self.config, self.group, self.server = config, group, server
         self.sessions: dict[int, tuple[weakref.ref[Any], GatewaySession]] = {}
+        self.http_ids: dict[int, str] = {}  # over HTTP: the MCP session id of each connection
 
     def session_for(self, ctx: Context) -> GatewaySession:
         connection = ctx.session._connection  # the SDK's one object per MCP connection
@@ -50,6 +52,8 @@ class Gateway:
             return found[1]
         session = GatewaySession(self.config, self.group, session_id=connection.session_id)
         self.sessions[id(connection)] = (weakref.ref(connection), session)
+        if connection.session_id:
+            self.http_ids[id(connection)] = connection.session_id
         client = connection.client_params.client_info if connection.client_params else None
         opening = partial(
             session.open,
@@ -60,13 +64,23 @@ class Gateway:
         self.group.start_soon(opening)
         return session
 
+    def _live_http_ids(self) -> set[str] | None:
+        # The SDK's manager keeps its sessions by id and has no public listing of them.
+        manager = getattr(self.server, "_session_manager", None)
+        instances = getattr(manager, "_server_instances", None)
+        return set(instances) if isinstance(instances, dict) else None
+
     async def sweep(self) -> None:
-        """Over HTTP: a session whose connection the SDK dropped (closed, idle) is closed here."""
+        """Over HTTP: a session the SDK ended (the host's DELETE, its idle timeout) is closed
+        here, its lease released."""
         while True:
             await anyio.sleep(SWEEP_S)
+            live = self._live_http_ids()
             for key, (ref, session) in list(self.sessions.items()):
-                if ref() is None:
+                http_id = self.http_ids.get(key)
+                if ref() is None or (live is not None and http_id is not None and http_id not in live):
                     del self.sessions[key]
+                    self.http_ids.pop(key, None)
                     await session.close()
 
     async def close(self) -> None:
@@ -158,9 +172,9 @@ async def get_prompt(ctx: Context, params: types.GetPromptRequestParams) -> type
 
 def make_server(config: Config) -> Server[Gateway]:
     @asynccontextmanager
-    async def lifespan(_: Server[Gateway]) -> AsyncIterator[Gateway]:
+    async def lifespan(server: Server[Gateway]) -> AsyncIterator[Gateway]:
         async with anyio.create_task_group() as group:
-            gateway = Gateway(config, group)
+            gateway = Gateway(config, group, server)
             group.start_soon(gateway.sweep)
             try:
                 yield gateway
@@ -229,8 +243,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _serve_stdio(server: Server[Gateway]) -> None:
-    async with stdio_server() as (read, write):
-        await server.run(read, write, server.create_initialization_options())
+    """Until the host closes stdin, or SIGTERM / SIGINT: either way the lease is released."""
+    async with anyio.create_task_group() as group:
+
+        async def stop_on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    group.cancel_scope.cancel()
+                    return
+
+        group.start_soon(stop_on_signal)
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+        group.cancel_scope.cancel()
 
 
 if __name__ == "__main__":
