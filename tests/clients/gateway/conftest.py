@@ -48,6 +48,21 @@ def repo(tmp_path) -> Path:
     return path
 
 
+def git_server_pids(repo: Path) -> list[int]:
+    """The mcp-server-git processes serving ``repo`` (not the gateway, which names it later)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(part.endswith(b"mcp-server-git") for part in cmdline[:2]) and str(repo).encode() in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
 def git_upstream(repo: Path) -> list[str]:
     return [str(BIN / "mcp-server-git"), "--repository", str(repo)]
 
@@ -66,7 +81,7 @@ class Gateway:
 
     @asynccontextmanager
     async def session(
-        self, *args: str, upstream: list[str] | None = None, config: dict | None = None
+        self, *args: str, upstream: list[str] | None = None, config: dict | None = None, env: dict | None = None
     ) -> AsyncIterator[ClientSession]:
         argv = list(args)
         if config is not None:
@@ -80,6 +95,7 @@ class Gateway:
             "HOME": str(self.tmp_path),
             "FENCELINE_URL": self.url,
             "FENCELINE_TOKEN": self.token,
+            **(env or {}),
         }
         params = StdioServerParameters(command=str(BIN / "fenceline-mcp"), args=argv, env=env)
         with (self.tmp_path / "gateway.log").open("a") as errlog:

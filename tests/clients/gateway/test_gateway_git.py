@@ -6,7 +6,6 @@ upstream killed mid-call leaves the operation UNKNOWN with a case."""
 import os
 import signal
 from datetime import timedelta
-from pathlib import Path
 
 import anyio
 from django.utils import timezone
@@ -16,7 +15,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from approvals.models import ReconciliationCase
 from fenceline_client import client as fl
 from ledger.models import Event, Operation, Run, RunLease
-from tests.clients.gateway.conftest import commits, git_upstream
+from tests.clients.gateway.conftest import commits, git_server_pids, git_upstream
 from tests.factories import make_worker
 
 
@@ -142,18 +141,3 @@ def test_an_upstream_killed_mid_call_leaves_the_write_unknown_with_a_case(gatewa
     assert ReconciliationCase.objects.filter(operation=op).exists()
     assert after.is_error and text(after).startswith("UPSTREAM_GONE:")  # refused before any intent
     assert not Operation.objects.filter(run=run_of("mcp-killed"), tool="git_status").exists()
-
-
-def git_server_pids(repo) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        program = cmdline[:2]  # the interpreter and the script: not the gateway, which names it later
-        if any(part.endswith(b"mcp-server-git") for part in program) and str(repo).encode() in cmdline:
-            found.append(int(proc.name))
-    return found

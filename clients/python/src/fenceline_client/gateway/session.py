@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -49,7 +50,7 @@ from fenceline_client.client import (
 )
 from fenceline_client.gateway.boundary import Redaction, find_secret, redact_text, redact_value
 from fenceline_client.gateway.config import SEPARATOR, Config, ToolContract
-from fenceline_client.gateway.upstream import Link, UpstreamGone, close_all
+from fenceline_client.gateway.upstream import Held, Link, UpstreamGone, close_all
 
 log = logging.getLogger("fenceline_client.gateway")
 T = TypeVar("T")
@@ -396,11 +397,18 @@ class GatewaySession:
     # -- credentials and budgets --
 
     async def _credential(self, call: Call) -> str | None:
-        """A credential lease of the upstream's principal scoped to this call's action and
-        resource; the upstream is (re)started with the secret when its version changed."""
+        """The credential lease this call is authorized under. An upstream holding a secret is
+        bound to the one lease it was started with: a call of the same action and resource
+        while that lease lasts names it again (so a revoked lease is refused at authorize, and
+        that upstream session ends: ``_forget_secret``); any other call takes a new lease
+        scoped to itself, and the upstream is started again with the secret it lends."""
         credential = call.link.upstream.credential
         if not call.contract.credential or credential is None:
             return None
+        held = call.link.held
+        same_scope = held is not None and (held.action, held.resource) == (call.action, call.resource)
+        if held is not None and same_scope and time.monotonic() < held.until and call.link.session is not None:
+            return held.lease_id
         body = {
             "principal": credential.principal,
             "actions": [call.action],
@@ -412,11 +420,12 @@ class GatewaySession:
         except FencelineError as refused:
             await self._forget_secret(call)
             raise refusal_of(refused) from refused
-        version = int(lent["credential_version"])
-        if call.link.secret_version != version:
-            secret = resolve_secret(str(lent["credential_ref"]))
-            await call.link.stop()
-            await call.link.start(self.group, secret=secret, secret_version=version)
+        secret = resolve_secret(str(lent["credential_ref"]))
+        until = time.monotonic() + max(credential.ttl_s - 1, 1)
+        await call.link.stop()
+        await call.link.start(
+            self.group, secret=secret, held=Held(str(lent["lease_id"]), call.action, call.resource, until)
+        )
         return str(lent["lease_id"])
 
     async def _budget(self, call: Call) -> None:
@@ -443,6 +452,6 @@ class GatewaySession:
     async def _forget_secret(self, call: Call) -> None:
         """A refused credential ends the upstream session that holds its secret; the next call
         with a lease granted starts it again."""
-        if call.link.secret_version is not None:
+        if call.link.held is not None:
             await call.link.stop()
-            call.link.secret_version = None
+            call.link.held = None
