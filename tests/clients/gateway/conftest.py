@@ -81,8 +81,15 @@ class Gateway:
 
     @asynccontextmanager
     async def session(
-        self, *args: str, upstream: list[str] | None = None, config: dict | None = None, env: dict | None = None
+        self,
+        *args: str,
+        upstream: list[str] | None = None,
+        config: dict | None = None,
+        env: dict | None = None,
+        modern: bool = False,
     ) -> AsyncIterator[ClientSession]:
+        """``modern``: the 2026-07-28 protocol (``server/discover``, no handshake, every request
+        on its own) instead of the ``initialize`` handshake."""
         argv = list(args)
         if config is not None:
             path = self.tmp_path / f"gateway-{len(list(self.tmp_path.glob('gateway-*')))}.json"
@@ -100,7 +107,7 @@ class Gateway:
         params = StdioServerParameters(command=str(BIN / "fenceline-mcp"), args=argv, env=env)
         with (self.tmp_path / "gateway.log").open("a") as errlog:
             async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
-                await session.initialize()
+                await (session.discover() if modern else session.initialize())
                 yield session
 
 

@@ -141,3 +141,21 @@ def test_an_upstream_killed_mid_call_leaves_the_write_unknown_with_a_case(gatewa
     assert ReconciliationCase.objects.filter(operation=op).exists()
     assert after.is_error and text(after).startswith("UPSTREAM_GONE:")  # refused before any intent
     assert not Operation.objects.filter(run=run_of("mcp-killed"), tool="git_status").exists()
+
+
+def test_a_host_on_the_stateless_protocol_gets_one_run_for_the_process(gateway, repo):
+    # 2026-07-28: no initialize, each request carries its own envelope; the gateway's process is the session
+    async def scenario():
+        async with gateway.session("--external-id", "mcp-modern", upstream=git_upstream(repo), modern=True) as mcp:
+            names = [tool.name for tool in (await mcp.list_tools()).tools]
+            first = await mcp.call_tool("git_status", {"repo_path": str(repo)})
+            second = await mcp.call_tool("git_log", {"repo_path": str(repo)})
+            return names, first, second
+
+    names, first, second = anyio.run(scenario)
+    assert "git_commit" in names and not first.is_error and not second.is_error
+    run = run_of("mcp-modern")
+    (started,) = Event.objects.filter(run=run, type="x.mcp.session")
+    assert started.fields["protocol_version"] == "2026-07-28"
+    assert [op.phase for op in Operation.objects.filter(run=run)] == ["CONFIRMED", "CONFIRMED"]
+    assert RunLease.objects.get(run=run).owner_id is None

@@ -12,7 +12,6 @@ import argparse
 import logging
 import signal
 import sys
-import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -38,22 +37,21 @@ Context = ServerRequestContext["Gateway"]
 
 class Gateway:
     """The gateway process: its configuration, the task group its upstream connections live in,
-    and one ``GatewaySession`` per MCP connection (one over stdio; one per HTTP session)."""
+    and its ``GatewaySession``s, one per MCP session: over HTTP, one per ``Mcp-Session-Id``;
+    over stdio, and for requests that carry no session (the 2026-07-28 protocol's stateless
+    requests), the one session of the process."""
 
     def __init__(self, config: Config, group: anyio.abc.TaskGroup, server: Server[Any] | None = None) -> None:
         self.config, self.group, self.server = config, group, server
-        self.sessions: dict[int, tuple[weakref.ref[Any], GatewaySession]] = {}
-        self.http_ids: dict[int, str] = {}  # over HTTP: the MCP session id of each connection
+        self.sessions: dict[str, GatewaySession] = {}  # by MCP session id ("" for none)
 
     def session_for(self, ctx: Context) -> GatewaySession:
-        connection = ctx.session._connection  # the SDK's one object per MCP connection
-        found = self.sessions.get(id(connection))
-        if found is not None and found[0]() is connection:
-            return found[1]
-        session = GatewaySession(self.config, self.group, session_id=connection.session_id)
-        self.sessions[id(connection)] = (weakref.ref(connection), session)
-        if connection.session_id:
-            self.http_ids[id(connection)] = connection.session_id
+        connection = ctx.session._connection  # the SDK's connection: its session id, the client's info
+        key = connection.session_id or ""
+        found = self.sessions.get(key)
+        if found is not None:
+            return found
+        session = self.sessions[key] = GatewaySession(self.config, self.group, session_id=key or None)
         client = connection.client_params.client_info if connection.client_params else None
         opening = partial(
             session.open,
@@ -76,17 +74,17 @@ class Gateway:
         while True:
             await anyio.sleep(SWEEP_S)
             live = self._live_http_ids()
-            for key, (ref, session) in list(self.sessions.items()):
-                http_id = self.http_ids.get(key)
-                if ref() is None or (live is not None and http_id is not None and http_id not in live):
+            if live is None:
+                continue
+            for key, session in list(self.sessions.items()):
+                if key and key not in live:
                     del self.sessions[key]
-                    self.http_ids.pop(key, None)
                     await session.close()
 
     async def close(self) -> None:
         sessions, self.sessions = list(self.sessions.values()), {}
         with anyio.CancelScope(shield=True):
-            for _, session in sessions:
+            for session in sessions:
                 await session.close()
 
 

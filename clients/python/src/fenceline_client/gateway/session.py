@@ -46,6 +46,7 @@ from fenceline_client.client import (
     FencelineError,
     InvalidRequest,
     Lease,
+    LeaseHeld,
     TransportError,
 )
 from fenceline_client.gateway.boundary import Redaction, find_secret, redact_text, redact_value
@@ -172,8 +173,7 @@ class GatewaySession:
                 await link.start(self.group)
             external_id = self.config.external_id or f"mcp:{self.session_id}"
             self.run_id = self.config.run_id or str(await self._sync(self.client.create_run, external_id=external_id))
-            lease = self.client.lease(self.run_id, ttl_s=self.config.ttl_s, owner_id=f"mcp-{self.session_id[:40]}")
-            self.lease = await self._sync(lease.__enter__)
+            self.lease = await self._acquire()
             fields = {
                 "session_id": self.session_id,
                 "client_name": client_name,
@@ -189,6 +189,20 @@ class GatewaySession:
             log.warning("session %s not opened: %s", self.session_id, self.failure)
         finally:
             self.opened.set()
+
+    async def _acquire(self) -> Lease:
+        """The run's lease. Held by someone else (a gateway of the same run that died without
+        releasing it, say): tried again every second until one lease time has passed, then
+        LEASE_HELD stands."""
+        deadline = time.monotonic() + self.config.ttl_s + 5
+        while True:
+            lease = self.client.lease(self.run_id, ttl_s=self.config.ttl_s, owner_id=f"mcp-{self.session_id[:40]}")
+            try:
+                return await self._sync(lease.__enter__)
+            except LeaseHeld:
+                if time.monotonic() >= deadline:
+                    raise
+                await anyio.sleep(1)
 
     async def close(self) -> None:
         lease, self.lease = self.lease, None
