@@ -85,6 +85,8 @@ def refusal_of(error: BaseException) -> Refusal:
 
 
 def text_result(line: str, *, error: bool) -> types.CallToolResult:
+    """A result of one line (a detail with a line break is folded into it)."""
+    line = " ".join(line.split())
     return types.CallToolResult(content=[types.TextContent(type="text", text=line)], is_error=error)
 
 
