@@ -159,3 +159,25 @@ def test_a_host_on_the_stateless_protocol_gets_one_run_for_the_process(gateway, 
     assert started.fields["protocol_version"] == "2026-07-28"
     assert [op.phase for op in Operation.objects.filter(run=run)] == ["CONFIRMED", "CONFIRMED"]
     assert RunLease.objects.get(run=run).owner_id is None
+
+
+def test_an_upstream_that_times_out_leaves_the_write_unknown_and_stays_connected(gateway, repo, tmp_path):
+    hook = repo / ".git/hooks/pre-commit"
+    hook.write_text("#!/bin/sh\nsleep 20\n")  # longer than the gateway's call_timeout_s
+    hook.chmod(0o755)
+    (repo / "notes.txt").write_text("one\n")
+
+    async def scenario():
+        config = {"call_timeout_s": 1}
+        async with gateway.session("--external-id", "mcp-slow", upstream=git_upstream(repo), config=config) as mcp:
+            await mcp.call_tool("git_add", {"repo_path": str(repo), "files": ["notes.txt"]})
+            slow = await mcp.call_tool("git_commit", {"repo_path": str(repo), "message": "slow"})
+            again = await mcp.call_tool("git_commit", {"repo_path": str(repo), "message": "slow"})
+            return slow, again
+
+    slow, again = anyio.run(scenario)
+    assert slow.is_error and text(slow).startswith("OUTCOME_UNKNOWN:")
+    op = Operation.objects.get(run=run_of("mcp-slow"), tool="git_commit")
+    assert op.phase == "UNKNOWN" and ReconciliationCase.objects.filter(operation=op).exists()
+    # the host's retry replays the UNKNOWN: never a silent second commit
+    assert again.is_error and text(again).startswith("ALREADY_UNKNOWN:")

@@ -308,8 +308,11 @@ class GatewaySession:
         return await self._perform(call, effect)
 
     async def _start(self, call: Call, tool: types.Tool, credential_lease_id: str | None) -> Effect:
-        """Intend, authorize, dispatch; the class from the tenant's contract, or, only where the
-        tenant has none and takes the worker's word, the worst case of the upstream's hints."""
+        """Intend, authorize, dispatch. The class is the tenant's contract's; only where the
+        tenant has none and takes the worker's word (422 naming ``effect_class``) is the worst
+        case of the upstream's hints sent. The provider is the upstream's name unless the
+        tenant's contract names another (422 naming ``provider``: sent without, the contract's
+        stands). A 422 writes nothing, so sending again under the same key is one intent."""
         start = partial(
             self._held().effect_start,
             tool=call.name,
@@ -317,21 +320,22 @@ class GatewaySession:
             resource=call.resource,
             idempotency_key=call.key,
             args_digest=call.args_digest,
-            provider=call.link.name,
             credential_lease_id=credential_lease_id,
         )
-        try:
-            return await self._sync(start)
-        except InvalidRequest as refused:
-            fields = [f.get("field") for f in refused.body.get("fields") or [] if isinstance(f, dict)]
-            if fields != ["effect_class"]:
+        terms: dict[str, Any] = {"provider": call.link.name}
+        while True:
+            try:
+                return await self._sync(start, **terms)
+            except InvalidRequest as refused:
+                fields = [f.get("field") for f in refused.body.get("fields") or [] if isinstance(f, dict)]
+                if fields == ["effect_class"] and "effect_class" not in terms:
+                    terms["effect_class"] = worst_case_class(tool)
+                elif fields == ["provider"] and "provider" in terms:
+                    del terms["provider"]
+                else:
+                    raise refusal_of(refused) from refused
+            except FencelineError as refused:
                 raise refusal_of(refused) from refused
-        except FencelineError as refused:
-            raise refusal_of(refused) from refused
-        try:
-            return await self._sync(start, effect_class=worst_case_class(tool))
-        except FencelineError as refused:
-            raise refusal_of(refused) from refused
 
     async def _await_approval(self, call: Call, effect: Effect, progress: Any) -> Effect:
         wait_s = call.contract.approval_wait_s or self.config.approval_wait_s
@@ -367,7 +371,8 @@ class GatewaySession:
         try:
             result = await call.link.call(call.tool, call.arguments, self.config.call_timeout_s)
         except Exception as error:  # timed out, or the connection dropped after dispatch
-            if not isinstance(error, TimeoutError):
+            timed_out = isinstance(error, TimeoutError) or getattr(error, "code", None) == types.REQUEST_TIMEOUT
+            if not timed_out:
                 call.link.session = None  # gone: later calls are refused before any intent
             await self._report(effect, Done(outcome="UNKNOWN"))
             line = (
