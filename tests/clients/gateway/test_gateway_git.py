@@ -181,3 +181,36 @@ def test_an_upstream_that_times_out_leaves_the_write_unknown_and_stays_connected
     assert op.phase == "UNKNOWN" and ReconciliationCase.objects.filter(operation=op).exists()
     # the host's retry replays the UNKNOWN: never a silent second commit
     assert again.is_error and text(again).startswith("ALREADY_UNKNOWN:")
+
+
+def test_the_same_write_sent_again_while_in_flight_waits_for_it_and_is_one_commit(gateway, repo, tmp_path):
+    started, release = tmp_path / "hook-started", tmp_path / "hook-release"
+    hook = repo / ".git/hooks/pre-commit"
+    hook.write_text(f"#!/bin/sh\ntouch {started}\nwhile [ ! -e {release} ]; do sleep 0.05; done\n")
+    hook.chmod(0o755)
+    (repo / "notes.txt").write_text("one\n")
+    commit = {"repo_path": str(repo), "message": "once"}
+
+    async def scenario():
+        async with gateway.session("--external-id", "mcp-twice", upstream=git_upstream(repo)) as mcp:
+            await mcp.call_tool("git_add", {"repo_path": str(repo), "files": ["notes.txt"]})
+            answers = []
+
+            async def send():
+                answers.append(await mcp.call_tool("git_commit", commit))
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(send)
+                while not started.exists():  # the first is in git's hook: in flight
+                    await anyio.sleep(0.05)
+                group.start_soon(send)  # the host sends it again
+                # nothing outside the gateway shows the repeat has arrived: a pipe write is
+                # milliseconds, this margin is for a loaded machine (a late repeat fails the test)
+                await anyio.sleep(2)
+                release.touch()
+            return answers
+
+    first, second = anyio.run(scenario)
+    assert not first.is_error and second.model_dump() == first.model_dump()
+    assert commits(repo) == 2
+    assert Operation.objects.filter(run=run_of("mcp-twice"), tool="git_commit").count() == 1

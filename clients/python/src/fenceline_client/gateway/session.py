@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -125,6 +125,16 @@ def resolve_secret(ref: str) -> str:
 
 
 @dataclass
+class Flight:
+    """A call in flight, for an identical call the host sends meanwhile to wait on."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    answer: types.CallToolResult = field(
+        default_factory=lambda: text_result("IN_FLIGHT: the same call ended without an answer", error=True)
+    )
+
+
+@dataclass
 class Call:
     """One tools/call as the gateway reads it."""
 
@@ -153,8 +163,7 @@ class GatewaySession:
         self.failure: Refusal | None = None
         self.opened = anyio.Event()
         self._concluded: Counter[tuple[str, str]] = Counter()
-        self._inflight: dict[tuple[str, str], anyio.Event] = {}
-        self._answers: dict[tuple[str, str], types.CallToolResult] = {}
+        self._inflight: dict[tuple[str, str], Flight] = {}
         self._budgets: set[tuple[str, str, str]] = set()
 
     def _held(self) -> Lease:
@@ -262,12 +271,11 @@ class GatewaySession:
         """One tools/call: never raises, never hangs past the configured waits."""
         await self.opened.wait()
         same = (name, canonical(arguments))
-        if same in self._inflight:  # the host repeated a call still in flight: its answer
-            await self._inflight[same].wait()
-            return self._answers.get(same) or text_result(
-                "IN_FLIGHT: the same call ended without an answer", error=True
-            )
-        done = self._inflight[same] = anyio.Event()
+        flight = self._inflight.get(same)
+        if flight is not None:  # the host repeated a call still in flight: that call's answer
+            await flight.done.wait()
+            return flight.answer
+        flight = self._inflight[same] = Flight()
         try:
             answer = await self._fenced(name, arguments, progress)
         except Refusal as refused:
@@ -277,10 +285,13 @@ class GatewaySession:
         except Exception as error:  # nothing may end the session: one line to the host
             log.exception("tools/call %s", name)
             answer = text_result(str(refusal_of(error)), error=True)
+        except BaseException:  # cancelled by the host: a repeat waiting on it gets one line
+            flight.answer = text_result("CANCELLED: the same call was cancelled by the host", error=True)
+            raise
         finally:
             del self._inflight[same]
-            done.set()
-        self._answers[same] = answer
+            flight.done.set()
+        flight.answer = answer
         return answer
 
     async def _fenced(self, name: str, arguments: dict[str, Any] | None, progress: Any) -> types.CallToolResult:
