@@ -5,6 +5,7 @@ upstream killed mid-call leaves the operation UNKNOWN with a case."""
 
 import os
 import signal
+import time
 from datetime import timedelta
 
 import anyio
@@ -15,7 +16,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from approvals.models import ReconciliationCase
 from fenceline_client import client as fl
 from ledger.models import Event, Operation, Run, RunLease
-from tests.clients.gateway.conftest import commits, git_server_pids, git_upstream
+from tests.clients.gateway.conftest import commits, gateway_pids, git_server_pids, git_upstream
 from tests.factories import make_worker
 
 
@@ -214,3 +215,22 @@ def test_the_same_write_sent_again_while_in_flight_waits_for_it_and_is_one_commi
     assert not first.is_error and second.model_dump() == first.model_dump()
     assert commits(repo) == 2
     assert Operation.objects.filter(run=run_of("mcp-twice"), tool="git_commit").count() == 1
+
+
+def test_a_gateway_stopped_with_sigterm_releases_its_runs_lease(gateway, repo):
+    async def scenario():
+        async with gateway.session("--external-id", "mcp-sigterm", upstream=git_upstream(repo)) as mcp:
+            await mcp.call_tool("git_status", {"repo_path": str(repo)})
+            (pid,) = gateway_pids("mcp-sigterm")
+            run = run_of("mcp-sigterm")
+            assert RunLease.objects.get(run=run).owner_id is not None
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while gateway_pids("mcp-sigterm") and time.monotonic() < deadline:
+                await anyio.sleep(0.1)
+            return run
+
+    run = anyio.run(scenario)
+    assert not gateway_pids("mcp-sigterm")
+    lease = RunLease.objects.get(run=run)
+    assert (lease.owner_id, lease.end_reason) == (None, "RELEASED")
