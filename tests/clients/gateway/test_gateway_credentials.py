@@ -97,13 +97,23 @@ def test_an_http_upstream_gets_the_secret_in_its_header_and_only_under_a_lease(g
 
         async def scenario():
             async with gateway.session("--external-id", "mcp-header", config=config) as mcp:
-                return await mcp.call_tool("whoami", {})
+                resources = (await mcp.list_resources()).resources
+                note = await mcp.read_resource("note://runbook")
+                prompts = (await mcp.list_prompts()).prompts
+                prompt = await mcp.get_prompt("review", {"change": "bump the lease ttl"})
+                return await mcp.call_tool("whoami", {}), resources, note, prompts, prompt
 
-        answer = anyio.run(scenario)
+        answer, resources, note, prompts, prompt = anyio.run(scenario)
     finally:
         upstream.terminate()
         upstream.wait(timeout=30)
     assert not answer.is_error and text(answer) == "authorized"
+    # resources and prompts pass through unchanged (and are no operations)
+    assert [str(r.uri) for r in resources] == ["note://runbook"]
+    assert note.contents[0].text == "restart the worker, then check the lease"
+    assert [p.name for p in prompts] == ["review"]
+    assert prompt.messages[0].content.text == "Review this change: bump the lease ttl"
+    assert Operation.objects.filter(run__external_id="mcp-header").count() == 1
     (lease,) = CredentialLease.objects.filter(run__external_id="mcp-header")
     assert (lease.actions, lease.resources) == (["whoami"], ["docs"])
     assert tables_containing(secret) == []
