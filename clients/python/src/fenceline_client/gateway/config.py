@@ -187,6 +187,9 @@ def build(
     after its program) and the command line's run binding over the file's."""
     env = dict(os.environ) if env is None else env
     data = file or {}
+    for key in ("run", "upstreams", "tools"):
+        if not isinstance(data.get(key) or {}, dict):
+            raise ConfigError(f"{key}: an object")
     upstreams = [_upstream(str(name), raw) for name, raw in (data.get("upstreams") or {}).items()]
     if command:
         upstreams.append(Upstream(name=Path(command[0]).name or "upstream", command=tuple(command)))

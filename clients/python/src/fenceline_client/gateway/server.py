@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         file = read_file(args.config) if args.config else None
         config = build(file=file, command=command, external_id=args.external_id, run_id=args.run_id)
-    except (ConfigError, OSError) as failure:
+    except (ConfigError, ValueError, TypeError, OSError) as failure:  # a number that is not one, say
         print(f"fenceline-mcp: {failure}", file=sys.stderr)
         return 2
     server = make_server(config)
