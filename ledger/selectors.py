@@ -5,6 +5,7 @@ the approvals app, above this one: ``approvals/selectors.py`` composes the conso
 cases and approvals with these, and the worker API reaches the cases through
 ``ledger.services.core.handoff``."""
 
+import json
 import re
 import uuid
 from collections.abc import Callable
@@ -338,6 +339,67 @@ def run_detail_parts(*, run: Run, limit: int = 100) -> dict[str, Any]:
                 :limit
             ]
         ),
+    }
+
+
+# What ``fenceline-mcp`` (the MCP gateway, clients/python) appends to the run of an MCP session.
+MCP_SESSION, MCP_REDACTED = "x.mcp.session", "x.mcp.redacted"
+
+
+def run_mcp_session(*, run: Run, limit: int = 100) -> dict[str, Any] | None:
+    """The MCP session this run is, as the gateway recorded it at the session's start (the
+    first ``x.mcp.session`` event), with the tools it called (calls per tool) and the results
+    it redacted; None for a run that is no MCP session. One query for other runs, three for a
+    session. The fields are the worker's own: shown as text, never trusted as markup."""
+    event = Event.objects.filter(run=run, type=MCP_SESSION).order_by("seq").only("seq", "fields").first()
+    if event is None:
+        return None
+    fields = event.fields if isinstance(event.fields, dict) else {}
+    tools = Operation.objects.filter(run=run).values("tool").annotate(calls=Count("id")).order_by("tool")
+    redacted = Event.objects.filter(run=run, type=MCP_REDACTED).order_by("seq").values_list("seq", "fields")
+    return {
+        "seq": event.seq,
+        **{name: _text(fields.get(name)) for name in ("session_id", "client_name", "client_version")},
+        "protocol_version": _text(fields.get("protocol_version")),
+        "upstreams": [_upstream_text(u) for u in _listed(fields.get("upstreams"))],
+        "tools": list(tools[:limit]),
+        "redactions": [_redaction(seq, f) for seq, f in redacted[:limit]],
+    }
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def _listed(value: object) -> list[object]:
+    if value is None or value == "":
+        return []
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _upstream_text(upstream: object) -> str:
+    """An upstream as the gateway named it: a name, a command (its arguments joined) or a URL."""
+    if not isinstance(upstream, dict):
+        return _text(upstream)
+    target = upstream.get("url") or upstream.get("command") or ""
+    if isinstance(target, list):
+        target = " ".join(str(part) for part in target)
+    name = _text(upstream.get("name"))
+    return f"{name}: {target}" if name and target else name or _text(target) or _json_text(upstream)
+
+
+def _json_text(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _redaction(seq: int, fields: object) -> dict[str, Any]:
+    f = fields if isinstance(fields, dict) else {}
+    return {
+        "seq": seq,
+        "tool": _text(f.get("tool")),
+        "operation_id": _text(f.get("operation_id")),
+        "kinds": [_text(k) for k in _listed(f.get("kinds"))],
+        "count": _text(f.get("count")),
     }
 
 
