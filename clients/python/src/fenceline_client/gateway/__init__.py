@@ -1,0 +1,51 @@
+"""fenceline-mcp: an MCP gateway that makes every tool call of its upstream MCP servers a fenced
+Fenceline operation (docs/gateway.md). Its public surface, kept stable for the demo, the
+simulator, the console and the benchmark:
+
+Command line (console script ``fenceline-mcp``, or ``python -m fenceline_client.gateway``)::
+
+    fenceline-mcp [--config FILE] [--external-id ID | --run-id ID] [--http HOST:PORT] [-- COMMAND ARGS...]
+
+    FENCELINE_URL                      the server (required)
+    FENCELINE_TOKEN / _TOKEN_FILE      the worker token the gateway acts with (required)
+    --http HOST:PORT                   streamable HTTP at http://HOST:PORT/mcp instead of stdio
+
+Modules: ``config`` (``build``, ``read_file``, ``Config``: the file's format is in its
+docstring), ``session`` (``GatewaySession``: one MCP session, one run), ``server``
+(``make_server(config)``: the SDK's low-level ``Server``; ``main``), ``upstream`` (``Link``: one
+upstream connection), ``boundary`` (``redact_text``: the result side of the secret boundary).
+
+Names: with one upstream its tools keep their names; with several, ``<upstream>__<tool>``
+(``config.SEPARATOR``). The run: ``--run-id`` joins it; else it is created (or joined) with the
+external id ``--external-id``, or ``mcp:<MCP session id or a new uuid>``.
+
+What the run's chain holds (event types, their fields exactly):
+
+    x.mcp.session   {session_id, client_name, client_version, protocol_version, upstreams}
+    x.mcp.redacted  {tool, operation_id, kinds, count}   (no value is ever recorded)
+
+Each tools/call is an operation: tool = the name the host called, action and resource from the
+gateway's contract (default: the tool's name and the upstream's name), provider = the
+upstream's name, args_digest = ``sha256:<hex>`` of the canonical JSON arguments,
+idempotency_key = ``mcp-<sha256 of run id, tool, canonical arguments, ordinal>``, and at the
+outcome provider_request_id = ``sha256:<hex>`` of the upstream's result. A refusal is a result
+with ``isError`` and one line ``CODE: reason`` (``session.Refusal``).
+"""
+
+from fenceline_client.gateway.config import SEPARATOR, Config, ConfigError, build, read_file
+from fenceline_client.gateway.server import main, make_server
+from fenceline_client.gateway.session import REDACTED_EVENT, SESSION_EVENT, GatewaySession, Refusal
+
+__all__ = [
+    "REDACTED_EVENT",
+    "SEPARATOR",
+    "SESSION_EVENT",
+    "Config",
+    "ConfigError",
+    "GatewaySession",
+    "Refusal",
+    "build",
+    "main",
+    "make_server",
+    "read_file",
+]

@@ -1,0 +1,7 @@
+"""``python -m fenceline_client.gateway``: the same as ``fenceline-mcp``."""
+
+import sys
+
+from fenceline_client.gateway.server import main
+
+sys.exit(main())

@@ -1,0 +1,159 @@
+"""fenceline-mcp in front of mcp-server-git (issue 37, items 1-4 and 7): the host sees the
+upstream's tools; a read and a write are operations of the session's run; a retried write is one
+effect; a run taken over by another owner refuses the next write before it reaches git; an
+upstream killed mid-call leaves the operation UNKNOWN with a case."""
+
+import os
+import signal
+from datetime import timedelta
+from pathlib import Path
+
+import anyio
+from django.utils import timezone
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from approvals.models import ReconciliationCase
+from fenceline_client import client as fl
+from ledger.models import Event, Operation, Run, RunLease
+from tests.clients.gateway.conftest import commits, git_upstream
+from tests.factories import make_worker
+
+
+def run_of(external_id: str) -> Run:
+    return Run.objects.get(external_id=external_id)
+
+
+def text(result) -> str:
+    return "\n".join(block.text for block in result.content if getattr(block, "text", None) is not None)
+
+
+async def upstream_tools(repo) -> list:
+    command = git_upstream(repo)
+    params = StdioServerParameters(command=command[0], args=command[1:])
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as direct:
+        await direct.initialize()
+        return (await direct.list_tools()).tools
+
+
+def test_the_host_sees_the_upstreams_tools_unchanged_and_the_session_is_one_run(gateway, repo):
+    async def scenario():
+        async with gateway.session("--external-id", "mcp-list", upstream=git_upstream(repo)) as mcp:
+            return (await mcp.list_tools()).tools
+
+    through = anyio.run(scenario)
+    direct = anyio.run(upstream_tools, repo)
+    assert [t.model_dump() for t in through] == [t.model_dump() for t in direct]
+    run = run_of("mcp-list")
+    (started,) = Event.objects.filter(run=run, type="x.mcp.session")
+    assert set(started.fields) == {"session_id", "client_name", "client_version", "protocol_version", "upstreams"}
+    assert started.fields["upstreams"] == ["mcp-server-git"] and started.fields["client_name"] == "mcp"
+    assert RunLease.objects.get(run=run).owner_id is None  # released at close
+
+
+def test_a_read_and_a_write_are_confirmed_operations_with_digests(gateway, repo):
+    (repo / "notes.txt").write_text("one\n")
+
+    async def scenario():
+        async with gateway.session("--external-id", "mcp-rw", upstream=git_upstream(repo)) as mcp:
+            status = await mcp.call_tool("git_status", {"repo_path": str(repo)})
+            added = await mcp.call_tool("git_add", {"repo_path": str(repo), "files": ["notes.txt"]})
+            committed = await mcp.call_tool("git_commit", {"repo_path": str(repo), "message": "notes"})
+            return status, added, committed
+
+    status, added, committed = anyio.run(scenario)
+    assert not status.is_error and "notes.txt" in text(status)
+    assert not added.is_error and not committed.is_error
+    assert commits(repo) == 2
+    ops = {op.tool: op for op in Operation.objects.filter(run=run_of("mcp-rw"))}
+    assert set(ops) == {"git_status", "git_add", "git_commit"}
+    for op in ops.values():
+        assert op.phase == "CONFIRMED" and op.args_digest.startswith("sha256:")
+        assert op.provider_request_id.startswith("sha256:") and op.provider == "mcp-server-git"
+    # no contract for these tools: the class is the worst case of the upstream's hints
+    assert ops["git_status"].effect_class == "IDEMPOTENT" and ops["git_commit"].effect_class == "NON_RETRYABLE"
+
+
+def test_the_same_write_retried_after_the_gateway_restarts_is_one_effect(gateway, repo):
+    (repo / "notes.txt").write_text("one\n")
+    commit = {"repo_path": str(repo), "message": "notes"}
+
+    async def attempt():
+        async with gateway.session("--external-id", "mcp-retry", upstream=git_upstream(repo)) as mcp:
+            await mcp.call_tool("git_add", {"repo_path": str(repo), "files": ["notes.txt"]})
+            return await mcp.call_tool("git_commit", commit)
+
+    first = anyio.run(attempt)
+    (repo / "notes.txt").write_text("two\n")  # something new to commit: a repeated commit would land
+    again = anyio.run(attempt)
+    assert not first.is_error
+    assert not again.is_error and text(again).startswith("ALREADY_CONFIRMED:")
+    assert commits(repo) == 2  # one commit
+    assert Operation.objects.filter(run=run_of("mcp-retry"), tool="git_commit").count() == 1
+
+
+def test_a_run_taken_over_by_another_owner_refuses_the_next_write_before_git(gateway, repo, live_server):
+    (repo / "notes.txt").write_text("one\n")
+
+    async def scenario():
+        async with gateway.session("--external-id", "mcp-taken", upstream=git_upstream(repo)) as mcp:
+            await mcp.call_tool("git_add", {"repo_path": str(repo), "files": ["notes.txt"]})
+            run = run_of("mcp-taken")
+            RunLease.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))
+            other = fl.Client(live_server.url, make_worker("acme", "worker-2").token).lease(str(run.pk))
+            await anyio.to_thread.run_sync(other.__enter__)
+            refused = await mcp.call_tool("git_commit", {"repo_path": str(repo), "message": "late"})
+            await anyio.to_thread.run_sync(other.release)
+            return refused
+
+    refused = anyio.run(scenario)
+    assert refused.is_error
+    assert text(refused).split(":")[0] in ("STALE_TOKEN", "LEASE_LOST") and "\n" not in text(refused)
+    assert commits(repo) == 1  # git never saw the commit
+    assert not Operation.objects.filter(run=run_of("mcp-taken"), tool="git_commit", phase="DISPATCHED").exists()
+
+
+def test_an_upstream_killed_mid_call_leaves_the_write_unknown_with_a_case(gateway, repo, tmp_path):
+    started = tmp_path / "hook-started"
+    hook = repo / ".git/hooks/pre-commit"
+    hook.write_text(f"#!/bin/sh\ntouch {started}\nsleep 60\n")
+    hook.chmod(0o755)
+    (repo / "notes.txt").write_text("one\n")
+
+    async def kill_upstream_when_hook_runs():
+        while not started.exists():
+            await anyio.sleep(0.05)
+        for pid in git_server_pids(repo):
+            os.kill(pid, signal.SIGKILL)
+
+    async def scenario():
+        async with gateway.session("--external-id", "mcp-killed", upstream=git_upstream(repo)) as mcp:
+            await mcp.call_tool("git_add", {"repo_path": str(repo), "files": ["notes.txt"]})
+            async with anyio.create_task_group() as group:
+                group.start_soon(kill_upstream_when_hook_runs)
+                lost = await mcp.call_tool("git_commit", {"repo_path": str(repo), "message": "lost"})
+            after = await mcp.call_tool("git_status", {"repo_path": str(repo)})
+            return lost, after
+
+    lost, after = anyio.run(scenario)
+    assert lost.is_error and text(lost).startswith("OUTCOME_UNKNOWN:")
+    op = Operation.objects.get(run=run_of("mcp-killed"), tool="git_commit")
+    assert op.phase == "UNKNOWN"
+    assert ReconciliationCase.objects.filter(operation=op).exists()
+    assert after.is_error and text(after).startswith("UPSTREAM_GONE:")  # refused before any intent
+    assert not Operation.objects.filter(run=run_of("mcp-killed"), tool="git_status").exists()
+
+
+def git_server_pids(repo) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        program = cmdline[:2]  # the interpreter and the script: not the gateway, which names it later
+        if any(part.endswith(b"mcp-server-git") for part in program) and str(repo).encode() in cmdline:
+            found.append(int(proc.name))
+    return found
