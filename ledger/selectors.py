@@ -5,7 +5,6 @@ the approvals app, above this one: ``approvals/selectors.py`` composes the conso
 cases and approvals with these, and the worker API reaches the cases through
 ``ledger.services.core.handoff``."""
 
-import json
 import re
 import uuid
 from collections.abc import Callable
@@ -361,7 +360,7 @@ def run_mcp_session(*, run: Run, limit: int = 100) -> dict[str, Any] | None:
         "seq": event.seq,
         **{name: _text(fields.get(name)) for name in ("session_id", "client_name", "client_version")},
         "protocol_version": _text(fields.get("protocol_version")),
-        "upstreams": [_upstream_text(u) for u in _listed(fields.get("upstreams"))],
+        "upstreams": [_text(u) for u in _listed(fields.get("upstreams"))],
         "tools": list(tools[:limit]),
         "redactions": [_redaction(seq, f) for seq, f in redacted[:limit]],
     }
@@ -375,21 +374,6 @@ def _listed(value: object) -> list[object]:
     if value is None or value == "":
         return []
     return list(value) if isinstance(value, list) else [value]
-
-
-def _upstream_text(upstream: object) -> str:
-    """An upstream as the gateway named it: a name, a command (its arguments joined) or a URL."""
-    if not isinstance(upstream, dict):
-        return _text(upstream)
-    target = upstream.get("url") or upstream.get("command") or ""
-    if isinstance(target, list):
-        target = " ".join(str(part) for part in target)
-    name = _text(upstream.get("name"))
-    return f"{name}: {target}" if name and target else name or _text(target) or _json_text(upstream)
-
-
-def _json_text(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
 
 
 def _redaction(seq: int, fields: object) -> dict[str, Any]:

@@ -8,12 +8,12 @@ waiting for a person. The git tools' contracts join the tenant's policy; pushes 
 
 import contextlib
 import hashlib
-import json
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from console.demo.acting import Acting
+from fenceline_client.gateway.session import canonical, digest
 from ledger.errors import ApprovalRequired
 from ledger.models import Operation, Run
 from ledger.services.authority.policy import policy_change, policy_current
@@ -22,19 +22,13 @@ from ledger.services.fence import notes, operations
 from ledger.states import Outcome
 
 SESSION = "a41c9e7d2b"
-UPSTREAM = {"name": "git", "command": "uvx mcp-server-git --repository /srv/acme-web"}
+UPSTREAM = "git"  # the gateway names an upstream; its command stays in the gateway's config
 CONTRACTS = [
     {"tool": "git_status", "action": "*", "effect_class": "PURE"},
     {"tool": "git_log", "action": "*", "effect_class": "PURE"},
     {"tool": "git_commit", "action": "*", "effect_class": "NON_RETRYABLE"},
     {"tool": "git_push", "action": "*", "effect_class": "NON_RETRYABLE"},
 ]
-
-
-def args_digest(arguments: dict[str, Any]) -> str:
-    """The digest of a call's arguments as canonical JSON: the chain keeps it, never the arguments."""
-    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def seed(acting: Acting, say: Callable[[str], None]) -> None:
@@ -49,7 +43,7 @@ def seed(acting: Acting, say: Callable[[str], None]) -> None:
         changed_by="admin",
         reason="the MCP gateway's git tools: reads are PURE, commits and pushes NON_RETRYABLE; pushes need a person",
     )
-    run, token = acting.leased(f"mcp:claude-desktop:{SESSION}", owner=f"fenceline-mcp:{SESSION}")
+    run, token = acting.leased(f"mcp:claude-desktop:{SESSION}", owner=f"mcp-{SESSION}")
     session = {
         "session_id": SESSION,
         "client_name": "claude-desktop",
@@ -59,17 +53,17 @@ def seed(acting: Acting, say: Callable[[str], None]) -> None:
     }
     notes.event_append(worker=acting.worker, run_id=run.pk, fencing_token=token, type="x.mcp.session", fields=session)
     repo = {"repo_path": "/srv/acme-web"}
-    status = call(acting, run, token, 1, "git_status", repo)
-    acting.outcome(status, token, Outcome.CONFIRMED)
-    log = call(acting, run, token, 2, "git_log", {**repo, "max_count": 5})
-    acting.outcome(log, token, Outcome.CONFIRMED)
+    status = call(acting, run, token, "git_status", repo)
+    acting.outcome(status, token, Outcome.CONFIRMED, provider_request_id=answered("On branch main"))
+    log = call(acting, run, token, "git_log", {**repo, "max_count": 5})
+    acting.outcome(log, token, Outcome.CONFIRMED, provider_request_id=answered("Commit history: ..."))
     redacted = {"tool": "git_log", "operation_id": str(log.pk), "kinds": ["github_token"], "count": 1}
     notes.event_append(worker=acting.worker, run_id=run.pk, fencing_token=token, type="x.mcp.redacted", fields=redacted)
-    commit = call(acting, run, token, 3, "git_commit", {**repo, "message": "Fix the checkout total"})
-    acting.outcome(commit, token, Outcome.CONFIRMED, provider_request_id="commit:3f9a2c1")
-    dropped = call(acting, run, token, 4, "git_commit", {**repo, "message": "Bump the version"})
-    acting.outcome(dropped, token, Outcome.UNKNOWN, error_code="UPSTREAM_DISCONNECTED")
-    push = intend(acting, run, token, 5, "git_push", {**repo, "remote": "origin", "branch": "main"})
+    commit = call(acting, run, token, "git_commit", {**repo, "message": "Fix the checkout total"})
+    acting.outcome(commit, token, Outcome.CONFIRMED, provider_request_id=answered("Changes committed: 3f9a2c1"))
+    dropped = call(acting, run, token, "git_commit", {**repo, "message": "Bump the version"})
+    acting.outcome(dropped, token, Outcome.UNKNOWN)  # the upstream's connection dropped after dispatch
+    push = intend(acting, run, token, "git_push", {**repo, "remote": "origin", "branch": "main"})
     with contextlib.suppress(ApprovalRequired):  # it waits for a person on the approvals page
         operations.operation_authorize(worker=acting.worker, operation_id=push.pk, fencing_token=token)
     phases = Counter(Operation.objects.filter(run=run).values_list("phase", flat=True))
@@ -79,31 +73,39 @@ def seed(acting: Acting, say: Callable[[str], None]) -> None:
     )
 
 
-def intend(acting: Acting, run: Run, token: int, ordinal: int, tool: str, arguments: dict[str, Any]) -> Operation:
-    """The intent the gateway states for the session's ``ordinal``-th call: the tool, the
-    repository as its resource, the arguments' digest and a key stable for a retried call."""
+def answered(text: str) -> str:
+    """What the gateway reports as a call's provider request id: the digest of the upstream's result."""
+    return digest(canonical({"content": [{"type": "text", "text": text}], "isError": False}))
+
+
+def intend(acting: Acting, run: Run, token: int, tool: str, arguments: dict[str, Any]) -> Operation:
+    """The intent the gateway states for a call (``fenceline_client.gateway``): the tool, the
+    upstream as its resource and provider, the arguments' digest and a key stable for a
+    retried call."""
     return operations.operation_intend(
         worker=acting.worker,
         run_id=run.pk,
         fencing_token=token,
-        intent=_intent(tool, arguments, ordinal),
+        intent=_intent(run, tool, arguments),
     )[0]
 
 
-def call(acting: Acting, run: Run, token: int, ordinal: int, tool: str, arguments: dict[str, Any]) -> Operation:
+def call(acting: Acting, run: Run, token: int, tool: str, arguments: dict[str, Any]) -> Operation:
     """Intend, authorize and dispatch one tool call (nothing waits for a person)."""
-    op = intend(acting, run, token, ordinal, tool, arguments)
+    op = intend(acting, run, token, tool, arguments)
     operations.operation_authorize(worker=acting.worker, operation_id=op.pk, fencing_token=token)
     return operations.operation_dispatch(worker=acting.worker, operation_id=op.pk, fencing_token=token)
 
 
-def _intent(tool: str, arguments: dict[str, Any], ordinal: int) -> Intent:
+def _intent(run: Run, tool: str, arguments: dict[str, Any]) -> Intent:
     """The tool's contract gives the effect class (``effect_class=None``), not the upstream."""
+    text = canonical(arguments)
     return Intent(
         tool=tool,
         action=tool,
-        resource=f"repo:{arguments['repo_path']}",
+        resource=UPSTREAM,
         effect_class=None,
-        idempotency_key=f"mcp:{SESSION}:{tool}:{ordinal}",
-        args_digest=args_digest(arguments),
+        idempotency_key="mcp-" + hashlib.sha256(f"{run.pk}\n{tool}\n{text}\n0".encode()).hexdigest(),
+        args_digest=digest(text),
+        provider=UPSTREAM,
     )

@@ -21,7 +21,6 @@ def test_the_mcp_session_panel_and_the_args_digests_fit_the_screen(live_server, 
     panel = page.locator("#mcp-session")
     expect(panel).to_contain_text("claude-desktop")
     expect(panel).to_contain_text("2025-06-18")
-    expect(panel).to_contain_text("git: uvx mcp-server-git --repository /srv/acme-web")
     expect(panel).to_contain_text("git_commit \u00d7 2")
     expect(panel).to_contain_text("1 (github_token)")
     expect(page.locator("#run-operations .args-digest")).to_have_count(5)

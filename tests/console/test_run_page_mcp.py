@@ -16,7 +16,7 @@ SESSION = {
     "client_name": "claude-desktop",
     "client_version": "0.14.2",
     "protocol_version": "2025-06-18",
-    "upstreams": [{"name": "git", "command": ["uvx", "mcp-server-git", "--repository", "/srv/repo"]}],
+    "upstreams": ["git", "filesystem"],
 }
 DIGEST = "sha256:" + "ab12" * 16
 
@@ -52,7 +52,7 @@ def test_a_viewer_sees_the_mcp_session_its_tools_and_their_args_digests(viewer_c
         "0.14.2",
         "2025-06-18",
         "mcp-7f3a9c",
-        "git: uvx mcp-server-git --repository /srv/repo",
+        "filesystem",
     ):
         assert shown in body, shown
     assert page.context["mcp"]["tools"] == [{"tool": "git_status", "calls": 1}]
