@@ -29,10 +29,15 @@ class Command(BaseCommand):
         parser.add_argument(
             "--people-share", type=float, default=defaults.people_share, help="share of cases left to people"
         )
+        parser.add_argument(
+            "--mcp-hosts", type=int, default=defaults.mcp_hosts, help="agent hosts calling tools through fenceline-mcp"
+        )
         parser.add_argument("--url", default="", help="a Fenceline already serving (default: one in-process)")
         parser.add_argument("--json", dest="json_path", type=Path, help="also write the report to this file as JSON")
 
     def handle(self, *args: Any, json_path: Path | None = None, **options: Any) -> None:
+        if not 0 <= options["mcp_hosts"] <= 8:
+            raise CommandError("--mcp-hosts must be between 0 and 8")
         if options["seconds"] < 15:
             raise CommandError("--seconds must be at least 15 (the chaos plan needs the time)")
         if not 1 <= options["workers"] <= 32:
