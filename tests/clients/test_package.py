@@ -55,7 +55,13 @@ def test_the_package_depends_on_urllib3_alone():
     project = tomllib.loads((PACKAGE / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     names = [re.match(r"[A-Za-z0-9._-]+", requirement).group(0).lower() for requirement in project["dependencies"]]
     assert names == ["urllib3"]
-    assert "optional-dependencies" not in project
+    # fenceline-mcp's own, apart: pip install 'fenceline-client[gateway]'
+    gateway = project["optional-dependencies"]["gateway"]
+    assert [re.match(r"[A-Za-z0-9._-]+", requirement).group(0).lower() for requirement in gateway] == [
+        "mcp",
+        "detect-secrets",
+    ]
+    assert set(project["optional-dependencies"]) == {"gateway"}
     assert project["name"] == "fenceline-client"
 
 
@@ -84,7 +90,10 @@ def test_the_verifier_runs_as_a_script_where_it_lies_without_the_server(tmp_path
 
 def test_fenceline_verify_is_the_verifier_command(tmp_path):
     scripts = tomllib.loads((PACKAGE / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
-    assert scripts == {"fenceline-verify": "fenceline_client.evidence_verifier:main"}
+    assert scripts == {
+        "fenceline-verify": "fenceline_client.evidence_verifier:main",
+        "fenceline-mcp": "fenceline_client.gateway.cli:main",
+    }
     assert evidence_verifier.main.__module__ == "fenceline_client.evidence_verifier"
 
     (tmp_path / "export.json").write_text(json.dumps(export_of()), encoding="utf-8")
@@ -95,3 +104,14 @@ def test_fenceline_verify_is_the_verifier_command(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == f"run {RUN}: VERIFIED (event MACs NOT checked: no event keys given)"
+
+
+def test_fenceline_mcp_without_its_extra_says_how_to_install_it(tmp_path):
+    # mcp made unimportable (None in sys.modules), as where the gateway extra was not installed
+    program = (
+        f"import sys; sys.path.insert(0, {str(SOURCE)!r}); sys.modules['mcp'] = None; "
+        "from fenceline_client.gateway.cli import main; sys.exit(main())"
+    )
+    done = isolated("-c", program, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == "fenceline-mcp: mcp is not installed: pip install 'fenceline-client[gateway]'\n"

@@ -7,8 +7,10 @@ temporary folder."""
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from tests.served import free_port
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -44,6 +48,21 @@ def repo(tmp_path) -> Path:
     return path
 
 
+def git_server_pids(repo: Path) -> list[int]:
+    """The mcp-server-git processes serving ``repo`` (not the gateway, which names it later)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(part.endswith(b"mcp-server-git") for part in cmdline[:2]) and str(repo).encode() in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
 def git_upstream(repo: Path) -> list[str]:
     return [str(BIN / "mcp-server-git"), "--repository", str(repo)]
 
@@ -62,8 +81,15 @@ class Gateway:
 
     @asynccontextmanager
     async def session(
-        self, *args: str, upstream: list[str] | None = None, config: dict | None = None
+        self,
+        *args: str,
+        upstream: list[str] | None = None,
+        config: dict | None = None,
+        env: dict | None = None,
+        modern: bool = False,
     ) -> AsyncIterator[ClientSession]:
+        """``modern``: the 2026-07-28 protocol (``server/discover``, no handshake, every request
+        on its own) instead of the ``initialize`` handshake."""
         argv = list(args)
         if config is not None:
             path = self.tmp_path / f"gateway-{len(list(self.tmp_path.glob('gateway-*')))}.json"
@@ -76,14 +102,39 @@ class Gateway:
             "HOME": str(self.tmp_path),
             "FENCELINE_URL": self.url,
             "FENCELINE_TOKEN": self.token,
+            **(env or {}),
         }
         params = StdioServerParameters(command=str(BIN / "fenceline-mcp"), args=argv, env=env)
         with (self.tmp_path / "gateway.log").open("a") as errlog:
             async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
-                await session.initialize()
+                await (session.discover() if modern else session.initialize())
                 yield session
 
 
 @pytest.fixture
 def gateway(live_server, acme, tmp_path) -> Gateway:
     return Gateway(live_server.url, acme.token, tmp_path)
+
+
+@pytest.fixture
+def http_gateway(live_server, acme, tmp_path, repo):
+    """fenceline-mcp serving streamable HTTP on a free port of loopback in front of mcp-server-git:
+    yields its MCP endpoint's URL."""
+    port = free_port()
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "FENCELINE_URL": live_server.url}
+    (tmp_path / "token").write_text(acme.token + "\n")
+    env["FENCELINE_TOKEN_FILE"] = str(tmp_path / "token")
+    command = [str(BIN / "fenceline-mcp"), "--http", f"127.0.0.1:{port}", "--", *git_upstream(repo)]
+    with (tmp_path / "gateway-http.log").open("w") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -6,7 +6,6 @@ upstream killed mid-call leaves the operation UNKNOWN with a case."""
 import os
 import signal
 from datetime import timedelta
-from pathlib import Path
 
 import anyio
 from django.utils import timezone
@@ -16,7 +15,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from approvals.models import ReconciliationCase
 from fenceline_client import client as fl
 from ledger.models import Event, Operation, Run, RunLease
-from tests.clients.gateway.conftest import commits, git_upstream
+from tests.clients.gateway.conftest import commits, git_server_pids, git_upstream
 from tests.factories import make_worker
 
 
@@ -144,16 +143,19 @@ def test_an_upstream_killed_mid_call_leaves_the_write_unknown_with_a_case(gatewa
     assert not Operation.objects.filter(run=run_of("mcp-killed"), tool="git_status").exists()
 
 
-def git_server_pids(repo) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        program = cmdline[:2]  # the interpreter and the script: not the gateway, which names it later
-        if any(part.endswith(b"mcp-server-git") for part in program) and str(repo).encode() in cmdline:
-            found.append(int(proc.name))
-    return found
+def test_a_host_on_the_stateless_protocol_gets_one_run_for_the_process(gateway, repo):
+    # 2026-07-28: no initialize, each request carries its own envelope; the gateway's process is the session
+    async def scenario():
+        async with gateway.session("--external-id", "mcp-modern", upstream=git_upstream(repo), modern=True) as mcp:
+            names = [tool.name for tool in (await mcp.list_tools()).tools]
+            first = await mcp.call_tool("git_status", {"repo_path": str(repo)})
+            second = await mcp.call_tool("git_log", {"repo_path": str(repo)})
+            return names, first, second
+
+    names, first, second = anyio.run(scenario)
+    assert "git_commit" in names and not first.is_error and not second.is_error
+    run = run_of("mcp-modern")
+    (started,) = Event.objects.filter(run=run, type="x.mcp.session")
+    assert started.fields["protocol_version"] == "2026-07-28"
+    assert [op.phase for op in Operation.objects.filter(run=run)] == ["CONFIRMED", "CONFIRMED"]
+    assert RunLease.objects.get(run=run).owner_id is None

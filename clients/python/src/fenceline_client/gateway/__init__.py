@@ -2,6 +2,9 @@
 Fenceline operation (docs/gateway.md). Its public surface, kept stable for the demo, the
 simulator, the console and the benchmark:
 
+Installed with ``pip install 'fenceline-client[gateway]'`` (the ``mcp`` SDK, ``detect-secrets``);
+this package's modules import them, so nothing here is imported by ``fenceline_client`` itself.
+
 Command line (console script ``fenceline-mcp``, or ``python -m fenceline_client.gateway``)::
 
     fenceline-mcp [--config FILE] [--external-id ID | --run-id ID] [--http HOST:PORT] [-- COMMAND ARGS...]
@@ -31,21 +34,3 @@ idempotency_key = ``mcp-<sha256 of run id, tool, canonical arguments, ordinal>``
 outcome provider_request_id = ``sha256:<hex>`` of the upstream's result. A refusal is a result
 with ``isError`` and one line ``CODE: reason`` (``session.Refusal``).
 """
-
-from fenceline_client.gateway.config import SEPARATOR, Config, ConfigError, build, read_file
-from fenceline_client.gateway.server import main, make_server
-from fenceline_client.gateway.session import REDACTED_EVENT, SESSION_EVENT, GatewaySession, Refusal
-
-__all__ = [
-    "REDACTED_EVENT",
-    "SEPARATOR",
-    "SESSION_EVENT",
-    "Config",
-    "ConfigError",
-    "GatewaySession",
-    "Refusal",
-    "build",
-    "main",
-    "make_server",
-    "read_file",
-]

@@ -2,6 +2,6 @@
 
 import sys
 
-from fenceline_client.gateway.server import main
+from fenceline_client.gateway.cli import main
 
 sys.exit(main())

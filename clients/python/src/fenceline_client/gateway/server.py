@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
-import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -37,19 +37,21 @@ Context = ServerRequestContext["Gateway"]
 
 class Gateway:
     """The gateway process: its configuration, the task group its upstream connections live in,
-    and one ``GatewaySession`` per MCP connection (one over stdio; one per HTTP session)."""
+    and its ``GatewaySession``s, one per MCP session: over HTTP, one per ``Mcp-Session-Id``;
+    over stdio, and for requests that carry no session (the 2026-07-28 protocol's stateless
+    requests), the one session of the process."""
 
-    def __init__(self, config: Config, group: anyio.abc.TaskGroup) -> None:
-        self.config, self.group = config, group
-        self.sessions: dict[int, tuple[weakref.ref[Any], GatewaySession]] = {}
+    def __init__(self, config: Config, group: anyio.abc.TaskGroup, server: Server[Any] | None = None) -> None:
+        self.config, self.group, self.server = config, group, server
+        self.sessions: dict[str, GatewaySession] = {}  # by MCP session id ("" for none)
 
     def session_for(self, ctx: Context) -> GatewaySession:
-        connection = ctx.session._connection  # the SDK's one object per MCP connection
-        found = self.sessions.get(id(connection))
-        if found is not None and found[0]() is connection:
-            return found[1]
-        session = GatewaySession(self.config, self.group, session_id=connection.session_id)
-        self.sessions[id(connection)] = (weakref.ref(connection), session)
+        connection = ctx.session._connection  # the SDK's connection: its session id, the client's info
+        key = connection.session_id or ""
+        found = self.sessions.get(key)
+        if found is not None:
+            return found
+        session = self.sessions[key] = GatewaySession(self.config, self.group, session_id=key or None)
         client = connection.client_params.client_info if connection.client_params else None
         opening = partial(
             session.open,
@@ -60,19 +62,29 @@ class Gateway:
         self.group.start_soon(opening)
         return session
 
+    def _live_http_ids(self) -> set[str] | None:
+        # The SDK's manager keeps its sessions by id and has no public listing of them.
+        manager = getattr(self.server, "_session_manager", None)
+        instances = getattr(manager, "_server_instances", None)
+        return set(instances) if isinstance(instances, dict) else None
+
     async def sweep(self) -> None:
-        """Over HTTP: a session whose connection the SDK dropped (closed, idle) is closed here."""
+        """Over HTTP: a session the SDK ended (the host's DELETE, its idle timeout) is closed
+        here, its lease released."""
         while True:
             await anyio.sleep(SWEEP_S)
-            for key, (ref, session) in list(self.sessions.items()):
-                if ref() is None:
+            live = self._live_http_ids()
+            if live is None:
+                continue
+            for key, session in list(self.sessions.items()):
+                if key and key not in live:
                     del self.sessions[key]
                     await session.close()
 
     async def close(self) -> None:
         sessions, self.sessions = list(self.sessions.values()), {}
         with anyio.CancelScope(shield=True):
-            for _, session in sessions:
+            for session in sessions:
                 await session.close()
 
 
@@ -158,9 +170,9 @@ async def get_prompt(ctx: Context, params: types.GetPromptRequestParams) -> type
 
 def make_server(config: Config) -> Server[Gateway]:
     @asynccontextmanager
-    async def lifespan(_: Server[Gateway]) -> AsyncIterator[Gateway]:
+    async def lifespan(server: Server[Gateway]) -> AsyncIterator[Gateway]:
         async with anyio.create_task_group() as group:
-            gateway = Gateway(config, group)
+            gateway = Gateway(config, group, server)
             group.start_soon(gateway.sweep)
             try:
                 yield gateway
@@ -229,8 +241,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _serve_stdio(server: Server[Gateway]) -> None:
-    async with stdio_server() as (read, write):
-        await server.run(read, write, server.create_initialization_options())
+    """Until the host closes stdin, or SIGTERM / SIGINT: either way the lease is released."""
+    async with anyio.create_task_group() as group:
+
+        async def stop_on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    group.cancel_scope.cancel()
+                    return
+
+        group.start_soon(stop_on_signal)
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+        group.cancel_scope.cancel()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -45,11 +46,12 @@ from fenceline_client.client import (
     FencelineError,
     InvalidRequest,
     Lease,
+    LeaseHeld,
     TransportError,
 )
 from fenceline_client.gateway.boundary import Redaction, find_secret, redact_text, redact_value
 from fenceline_client.gateway.config import SEPARATOR, Config, ToolContract
-from fenceline_client.gateway.upstream import Link, UpstreamGone, close_all
+from fenceline_client.gateway.upstream import Held, Link, UpstreamGone, close_all
 
 log = logging.getLogger("fenceline_client.gateway")
 T = TypeVar("T")
@@ -83,6 +85,8 @@ def refusal_of(error: BaseException) -> Refusal:
 
 
 def text_result(line: str, *, error: bool) -> types.CallToolResult:
+    """A result of one line (a detail with a line break is folded into it)."""
+    line = " ".join(line.split())
     return types.CallToolResult(content=[types.TextContent(type="text", text=line)], is_error=error)
 
 
@@ -171,8 +175,7 @@ class GatewaySession:
                 await link.start(self.group)
             external_id = self.config.external_id or f"mcp:{self.session_id}"
             self.run_id = self.config.run_id or str(await self._sync(self.client.create_run, external_id=external_id))
-            lease = self.client.lease(self.run_id, ttl_s=self.config.ttl_s, owner_id=f"mcp-{self.session_id[:40]}")
-            self.lease = await self._sync(lease.__enter__)
+            self.lease = await self._acquire()
             fields = {
                 "session_id": self.session_id,
                 "client_name": client_name,
@@ -188,6 +191,20 @@ class GatewaySession:
             log.warning("session %s not opened: %s", self.session_id, self.failure)
         finally:
             self.opened.set()
+
+    async def _acquire(self) -> Lease:
+        """The run's lease. Held by someone else (a gateway of the same run that died without
+        releasing it, say): tried again every second until one lease time has passed, then
+        LEASE_HELD stands."""
+        deadline = time.monotonic() + self.config.ttl_s + 5
+        while True:
+            lease = self.client.lease(self.run_id, ttl_s=self.config.ttl_s, owner_id=f"mcp-{self.session_id[:40]}")
+            try:
+                return await self._sync(lease.__enter__)
+            except LeaseHeld:
+                if time.monotonic() >= deadline:
+                    raise
+                await anyio.sleep(1)
 
     async def close(self) -> None:
         lease, self.lease = self.lease, None
@@ -287,7 +304,7 @@ class GatewaySession:
         if effect.approval_id is not None:
             effect = await self._await_approval(call, effect, progress)
         if effect.phase != "DISPATCHED":
-            return self._replayed(call, effect)
+            return self._replayed(call, effect, structured=tool.output_schema is not None)
         return await self._perform(call, effect)
 
     async def _start(self, call: Call, tool: types.Tool, credential_lease_id: str | None) -> Effect:
@@ -332,9 +349,11 @@ class GatewaySession:
         except FencelineError as refused:
             raise refusal_of(refused) from refused
 
-    def _replayed(self, call: Call, effect: Effect) -> types.CallToolResult:
+    def _replayed(self, call: Call, effect: Effect, *, structured: bool) -> types.CallToolResult:
         """An earlier attempt under the same key decided this call: the upstream is not called
-        again, and the gateway keeps no result to give back."""
+        again, and the gateway keeps no result to give back. Not an error when it was
+        CONFIRMED, unless the tool declares an output schema: a success without its structured
+        content would be an invalid result, so that one line is sent as an error."""
         same = (call.name, canonical(call.arguments))
         if effect.phase in ("CONFIRMED", "FAILED", "DENIED"):
             self._concluded[same] += 1
@@ -342,7 +361,7 @@ class GatewaySession:
             f"ALREADY_{effect.phase}: operation {effect.operation_id} of this call was {effect.phase} by an "
             "earlier attempt; it was not repeated and its result is not kept"
         )
-        return text_result(line, error=effect.phase not in ("CONFIRMED", "DISPATCHED"))
+        return text_result(line, error=structured or effect.phase != "CONFIRMED")
 
     async def _perform(self, call: Call, effect: Effect) -> types.CallToolResult:
         try:
@@ -394,11 +413,18 @@ class GatewaySession:
     # -- credentials and budgets --
 
     async def _credential(self, call: Call) -> str | None:
-        """A credential lease of the upstream's principal scoped to this call's action and
-        resource; the upstream is (re)started with the secret when its version changed."""
+        """The credential lease this call is authorized under. An upstream holding a secret is
+        bound to the one lease it was started with: a call of the same action and resource
+        while that lease lasts names it again (so a revoked lease is refused at authorize, and
+        that upstream session ends: ``_forget_secret``); any other call takes a new lease
+        scoped to itself, and the upstream is started again with the secret it lends."""
         credential = call.link.upstream.credential
         if not call.contract.credential or credential is None:
             return None
+        held = call.link.held
+        same_scope = held is not None and (held.action, held.resource) == (call.action, call.resource)
+        if held is not None and same_scope and time.monotonic() < held.until and call.link.session is not None:
+            return held.lease_id
         body = {
             "principal": credential.principal,
             "actions": [call.action],
@@ -410,11 +436,12 @@ class GatewaySession:
         except FencelineError as refused:
             await self._forget_secret(call)
             raise refusal_of(refused) from refused
-        version = int(lent["credential_version"])
-        if call.link.secret_version != version:
-            secret = resolve_secret(str(lent["credential_ref"]))
-            await call.link.stop()
-            await call.link.start(self.group, secret=secret, secret_version=version)
+        secret = resolve_secret(str(lent["credential_ref"]))
+        until = time.monotonic() + max(credential.ttl_s - 1, 1)
+        await call.link.stop()
+        await call.link.start(
+            self.group, secret=secret, held=Held(str(lent["lease_id"]), call.action, call.resource, until)
+        )
         return str(lent["lease_id"])
 
     async def _budget(self, call: Call) -> None:
@@ -441,6 +468,6 @@ class GatewaySession:
     async def _forget_secret(self, call: Call) -> None:
         """A refused credential ends the upstream session that holds its secret; the next call
         with a lease granted starts it again."""
-        if call.link.secret_version is not None:
+        if call.link.held is not None:
             await call.link.stop()
-            call.link.secret_version = None
+            call.link.held = None

@@ -10,6 +10,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -30,9 +31,20 @@ class UpstreamGone(RuntimeError):
     """The upstream's connection is closed (its process exited, its server went away)."""
 
 
+@dataclass(frozen=True)
+class Held:
+    """The credential lease an upstream was started with: its id, its scope and until when
+    (monotonic) the gateway uses it."""
+
+    lease_id: str
+    action: str
+    resource: str
+    until: float
+
+
 class Link:
     """A held connection to one upstream. ``start`` opens it (``secret`` for the credential's
-    channel, ``secret_version`` remembered to know when to restart), ``stop`` closes it."""
+    channel, ``held`` the lease it was lent under), ``stop`` closes it."""
 
     def __init__(self, upstream: Upstream) -> None:
         self.upstream = upstream
@@ -40,7 +52,7 @@ class Link:
         self.tools: list[types.Tool] = []
         self.resources = False
         self.prompts = False
-        self.secret_version: int | None = None
+        self.held: Held | None = None
         self._stop = anyio.Event()
         self._done = anyio.Event()
 
@@ -70,9 +82,7 @@ class Link:
         ):
             yield streams
 
-    async def start(
-        self, group: anyio.abc.TaskGroup, *, secret: str | None = None, secret_version: int | None = None
-    ) -> None:
+    async def start(self, group: anyio.abc.TaskGroup, *, secret: str | None = None, held: Held | None = None) -> None:
         """Open the connection in a task of ``group`` and list its tools; raises what opening raised."""
         self._stop, self._done = anyio.Event(), anyio.Event()
         failure: list[BaseException] = []
@@ -87,7 +97,7 @@ class Link:
                     capabilities = initialized.capabilities
                     self.resources, self.prompts = capabilities.resources is not None, capabilities.prompts is not None
                     self.tools = (await session.list_tools()).tools if capabilities.tools is not None else []
-                    self.session, self.secret_version = session, secret_version
+                    self.session, self.held = session, held
                     ready.set()
                     await self._stop.wait()
             except Exception as error:  # the upstream failed to start or went away: the session goes on
