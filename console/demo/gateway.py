@@ -8,12 +8,12 @@ waiting for a person. The git tools' contracts join the tenant's policy; pushes 
 
 import contextlib
 import hashlib
+import json
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from console.demo.acting import Acting
-from fenceline_client.gateway.session import canonical, digest
 from ledger.errors import ApprovalRequired
 from ledger.models import Operation, Run
 from ledger.services.authority.policy import policy_change, policy_current
@@ -71,6 +71,16 @@ def seed(acting: Acting, say: Callable[[str], None]) -> None:
         f"MCP gateway session {run.external_id}: {sum(phases.values())} tool calls "
         f"({', '.join(f'{n} {phase}' for phase, n in sorted(phases.items()))})"
     )
+
+
+def canonical(arguments: dict[str, Any]) -> str:
+    """A call's arguments as the gateway digests them (docs/gateway.md: canonical JSON). Spelled
+    here, not imported: the gateway and its SDK are the client's optional extra, the demo is not."""
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def answered(text: str) -> str:

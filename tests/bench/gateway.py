@@ -33,6 +33,7 @@ if str(ROOT) not in sys.path:
 from tests.bench.fenced_transitions import DEFAULT_URL, BenchError, Server, django_setup  # noqa: E402
 
 GATEWAY_DB = "fenceline_bench_gateway"  # dropped and recreated by every run; no other one is
+TENANT = "bench-gateway"
 BIN = Path(sys.executable).parent
 TOOL, ARGUMENTS = "note_read", {"key": "bench"}
 # The tenant's contracts for the sandbox's tools: the read is PURE whatever the upstream says.
@@ -129,10 +130,15 @@ async def _call(session) -> None:
 
 
 def phase(sessions: int, via: dict[str, str] | None, seconds: float) -> dict[str, float]:
-    """N sessions at once: calls/s over the window and the p50 of every call's latency (ms)."""
+    """N sessions at once (through the gateway or the client: each with a worker identity of
+    its own): calls/s over the window and the p50 of every call's latency (ms)."""
     ctx = mp.get_context("spawn")
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=session_main, args=(i, via, seconds, ready, go, results)) for i in range(sessions)]
+    own = tokens(via["prefix"], sessions) if via is not None else [""] * sessions
+    procs = [
+        ctx.Process(target=session_main, args=(i, via and {**via, "token": own[i]}, seconds, ready, go, results))
+        for i in range(sessions)
+    ]
     for p in procs:
         p.start()
     try:
@@ -165,21 +171,29 @@ def recreate_database(server: Server, name: str) -> None:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
-def prepare(server: Server) -> str:
-    """Recreate and migrate the database, then a tenant with the sandbox's contracts and a
-    worker: its token."""
+def prepare(server: Server) -> None:
+    """Recreate and migrate the database, then a tenant with the sandbox's contracts."""
     recreate_database(server, GATEWAY_DB)
     django_setup(server.url_for(GATEWAY_DB))
     from django.core.management import call_command
 
     from ledger.services.authority.policy import policy_change
-    from ledger.services.fleet.workers import worker_create
     from ledger.services.tenancy.tenants import tenant_ensure
 
     call_command("migrate", verbosity=0, interactive=False)
-    tenant, _ = tenant_ensure(slug="bench-gateway")
+    tenant, _ = tenant_ensure(slug=TENANT)
     policy_change(tenant=tenant, document={"tool_contracts": CONTRACTS}, changed_by="bench", reason="gateway bench")
-    return worker_create(tenant=tenant, name="bench-gateway")[1]
+
+
+def tokens(label: str, sessions: int) -> list[str]:
+    """A worker identity per session of a phase, as each agent host has its own: every
+    fenceline-mcp process reports a boot, and boots of one identity that never reported an
+    exit form a restart episode, which the restart budget ends in quarantine."""
+    from ledger.models import Tenant
+    from ledger.services.fleet.workers import worker_create
+
+    tenant = Tenant.objects.get(slug=TENANT)
+    return [worker_create(tenant=tenant, name=f"{label}-{i}")[1] for i in range(sessions)]
 
 
 def report(n: int, direct: dict[str, float], gateway: dict[str, float], fenced: dict[str, float]) -> str:
@@ -203,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     counts = [int(n) for n in options.sessions.split(",")]
     server = Server(os.environ.get("DATABASE_URL") or DEFAULT_URL)
-    token = prepare(server)
+    prepare(server)
     from console import gunicorn_conf
     from tests.served import Gunicorn
 
@@ -219,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     app = Gunicorn(env=env, workers=options.workers or gunicorn_conf.workers, config="python:console.gunicorn_conf")
     try:
         app.wait_ready()
-        phase(1, {"url": app.url, "token": token, "prefix": "bench-gw-warmup"}, 3)  # unmeasured
+        phase(1, {"url": app.url, "prefix": "bench-gw-warmup"}, 3)  # unmeasured
         with server.connect(GATEWAY_DB) as conn:
             conn.execute("ANALYZE")
         load = os.getloadavg()[0]
@@ -227,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tool {TOOL} of python -m fenceline_client.sandbox_mcp over stdio; {options.seconds:g} s per phase")
         for n in counts:
             direct = phase(n, None, options.seconds)
-            via = {"url": app.url, "token": token, "prefix": f"bench-gw-n{n}"}
+            via = {"url": app.url, "prefix": f"bench-gw-n{n}"}
             gateway = phase(n, via, options.seconds)
             fenced = phase(n, {**via, "prefix": f"bench-fenced-n{n}", "fenced_only": "1"}, options.seconds)
             print(report(n, direct, gateway, fenced), flush=True)

@@ -8,9 +8,9 @@ is a fenced operation of the session's run; the gateway records the session on t
     FENCELINE_URL, FENCELINE_TOKEN   the server and this host's worker token
     python -m fenceline_client.simulated_mcp_host --name sim-mcp-host-1 [--calls 12] [--think 0.3]
 
-It reports a boot first (a tenant that requires boot reports admits the gateway's leases only
-then), prints one line per session (``SESSION <external id> <calls> <refused>``) and exits 0
-once SIGTERM has let the session in progress finish.
+It reports a boot first, reports each gateway process's clean end after its session (drain,
+exit: ``ended``), prints one line per session (``SESSION <external id> <calls> <refused>``) and
+exits 0 once SIGTERM has let the call in progress finish.
 """
 
 from __future__ import annotations
@@ -43,8 +43,12 @@ def say(*words: object) -> None:
     print(*words, flush=True)
 
 
+def worker_client() -> fl.Client:
+    return fl.Client(os.environ["FENCELINE_URL"], os.environ["FENCELINE_TOKEN"], timeout=10)
+
+
 def boot(name: str) -> None:
-    client = fl.Client(os.environ["FENCELINE_URL"], os.environ["FENCELINE_TOKEN"], timeout=10)
+    client = worker_client()
     readiness = {domain: {"ok": True, "evidence": {}} for domain in DOMAINS}
     readiness["runtime"] = fl.runtime_readiness()
     config_hash = "sha256:" + hashlib.sha256(name.encode()).hexdigest()[:16]
@@ -92,6 +96,15 @@ async def session(name: str, number: int, calls: int, config: Path, think_s: flo
     return calls, refused
 
 
+def ended(client: fl.Client) -> None:
+    """The gateway process of the session is gone, cleanly: this host reports it for its worker
+    identity (drain, then exit), as an orchestrator would. Each ``fenceline-mcp`` process
+    reports its own boot before its first lease; one the server never saw exit counts as a crash,
+    and the tenant's restart budget would quarantine the host after a few sessions."""
+    client.drain(deadline_s=5, reason="the MCP session ended")
+    client.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True, help="this host's name (its runs' external ids)")
@@ -106,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         number += 1
         calls, refused = anyio.run(session, args.name, number, args.calls, config, args.think)
         say("SESSION", f"mcp:{args.name}:{os.getpid()}-{number}", calls, refused)
+        ended(worker_client())
     say("EXITED")
     return 0
 
