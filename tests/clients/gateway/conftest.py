@@ -48,8 +48,9 @@ def repo(tmp_path) -> Path:
     return path
 
 
-def git_server_pids(repo: Path) -> list[int]:
-    """The mcp-server-git processes serving ``repo`` (not the gateway, which names it later)."""
+def processes(program: str, naming: str) -> list[int]:
+    """The processes running ``program`` (as the interpreter's script or the executable itself,
+    not as a later argument) with ``naming`` among their arguments."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -58,9 +59,18 @@ def git_server_pids(repo: Path) -> list[int]:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(part.endswith(b"mcp-server-git") for part in cmdline[:2]) and str(repo).encode() in cmdline:
+        if any(part.endswith(program.encode()) for part in cmdline[:2]) and naming.encode() in cmdline:
             found.append(int(proc.name))
     return found
+
+
+def git_server_pids(repo: Path) -> list[int]:
+    """The mcp-server-git processes serving ``repo`` (not the gateway, which names it later)."""
+    return processes("mcp-server-git", str(repo))
+
+
+def gateway_pids(external_id: str) -> list[int]:
+    return processes("fenceline-mcp", external_id)
 
 
 def git_upstream(repo: Path) -> list[str]:

@@ -28,7 +28,7 @@ def ops_of(external_id: str) -> list[Operation]:
 def test_the_tenants_contract_gives_the_class_and_a_strict_policy_refuses_a_tool_without_one(gateway, repo, acme):
     set_policy(
         acme.tenant,
-        tool_contracts=[{"tool": "git_status", "effect_class": "PURE"}],
+        tool_contracts=[{"tool": "git_status", "effect_class": "PURE", "provider": "github"}],
         unknown_tool_class="REFUSE",
     )
 
@@ -42,7 +42,8 @@ def test_the_tenants_contract_gives_the_class_and_a_strict_policy_refuses_a_tool
     assert not status.is_error
     assert log.is_error and text(log).startswith("DENY_POLICY: ") and "\n" not in text(log)
     (op,) = ops_of("mcp-strict")
-    assert (op.tool, op.effect_class) == ("git_status", "PURE")  # the contract's, not the hint's IDEMPOTENT
+    # the contract's class, not the hint's IDEMPOTENT; the contract's provider, not the upstream's name
+    assert (op.tool, op.effect_class, op.provider) == ("git_status", "PURE", "github")
 
 
 def _approval_scenario(gateway, repo, approver, external_id: str, *, approve: bool):

@@ -4,6 +4,11 @@ reaches the upstream only through its configured channel (here the environment o
 mcp-server-git, read by a git hook), never the arguments, the logs or the database; a revoked
 lease is refused at authorize and ends that upstream session."""
 
+import os
+import socket
+import subprocess
+import sys
+import time
 import uuid
 
 import anyio
@@ -11,8 +16,9 @@ import anyio
 from ledger.models import CredentialLease, Operation
 from ledger.services.authority.credential_leases import credential_lease_revoke
 from ledger.services.authority.credentials import credential_create
-from tests.clients.gateway.conftest import commits, git, git_server_pids, git_upstream
+from tests.clients.gateway.conftest import HERE, commits, git, git_server_pids, git_upstream
 from tests.helpers import tables_containing
+from tests.served import free_port
 
 
 def text(result) -> str:
@@ -64,3 +70,50 @@ def test_a_credentialed_write_gets_the_secret_through_the_upstreams_environment_
     ]
     assert tables_containing(secret) == []
     assert secret not in (tmp_path / "gateway.log").read_text()
+
+
+def test_an_http_upstream_gets_the_secret_in_its_header_and_only_under_a_lease(gateway, acme, tmp_path):
+    secret = "docs-" + uuid.uuid4().hex
+    credential_create(tenant=acme.tenant, principal="docs-bot", secret_ref=f"file:{tmp_path / 'docs-secret'}")
+    (tmp_path / "docs-secret").write_text(secret + "\n")
+    port = free_port()
+    upstream = subprocess.Popen(
+        [sys.executable, str(HERE / "header_upstream.py"), str(port)],
+        env={"PATH": os.environ.get("PATH", ""), "EXPECTED_SECRET": secret},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    config = {
+        "upstreams": {
+            "docs": {
+                "url": f"http://127.0.0.1:{port}/mcp",
+                "credential": {"principal": "docs-bot", "header": "Authorization", "prefix": "Bearer "},
+            }
+        },
+        "tools": {"whoami": {"credential": True}},
+    }
+    try:
+        wait_for_port(port)
+
+        async def scenario():
+            async with gateway.session("--external-id", "mcp-header", config=config) as mcp:
+                return await mcp.call_tool("whoami", {})
+
+        answer = anyio.run(scenario)
+    finally:
+        upstream.terminate()
+        upstream.wait(timeout=30)
+    assert not answer.is_error and text(answer) == "authorized"
+    (lease,) = CredentialLease.objects.filter(run__external_id="mcp-header")
+    assert (lease.actions, lease.resources) == (["whoami"], ["docs"])
+    assert tables_containing(secret) == []
+
+
+def wait_for_port(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listens on port {port}")

@@ -5,6 +5,7 @@ upstream killed mid-call leaves the operation UNKNOWN with a case."""
 
 import os
 import signal
+import time
 from datetime import timedelta
 
 import anyio
@@ -15,7 +16,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from approvals.models import ReconciliationCase
 from fenceline_client import client as fl
 from ledger.models import Event, Operation, Run, RunLease
-from tests.clients.gateway.conftest import commits, git_server_pids, git_upstream
+from tests.clients.gateway.conftest import commits, gateway_pids, git_server_pids, git_upstream
 from tests.factories import make_worker
 
 
@@ -159,3 +160,77 @@ def test_a_host_on_the_stateless_protocol_gets_one_run_for_the_process(gateway, 
     assert started.fields["protocol_version"] == "2026-07-28"
     assert [op.phase for op in Operation.objects.filter(run=run)] == ["CONFIRMED", "CONFIRMED"]
     assert RunLease.objects.get(run=run).owner_id is None
+
+
+def test_an_upstream_that_times_out_leaves_the_write_unknown_and_stays_connected(gateway, repo, tmp_path):
+    hook = repo / ".git/hooks/pre-commit"
+    hook.write_text("#!/bin/sh\nsleep 20\n")  # longer than the gateway's call_timeout_s
+    hook.chmod(0o755)
+    (repo / "notes.txt").write_text("one\n")
+
+    async def scenario():
+        config = {"call_timeout_s": 1}
+        async with gateway.session("--external-id", "mcp-slow", upstream=git_upstream(repo), config=config) as mcp:
+            await mcp.call_tool("git_add", {"repo_path": str(repo), "files": ["notes.txt"]})
+            slow = await mcp.call_tool("git_commit", {"repo_path": str(repo), "message": "slow"})
+            again = await mcp.call_tool("git_commit", {"repo_path": str(repo), "message": "slow"})
+            return slow, again
+
+    slow, again = anyio.run(scenario)
+    assert slow.is_error and text(slow).startswith("OUTCOME_UNKNOWN:")
+    op = Operation.objects.get(run=run_of("mcp-slow"), tool="git_commit")
+    assert op.phase == "UNKNOWN" and ReconciliationCase.objects.filter(operation=op).exists()
+    # the host's retry replays the UNKNOWN: never a silent second commit
+    assert again.is_error and text(again).startswith("ALREADY_UNKNOWN:")
+
+
+def test_the_same_write_sent_again_while_in_flight_waits_for_it_and_is_one_commit(gateway, repo, tmp_path):
+    started, release = tmp_path / "hook-started", tmp_path / "hook-release"
+    hook = repo / ".git/hooks/pre-commit"
+    hook.write_text(f"#!/bin/sh\ntouch {started}\nwhile [ ! -e {release} ]; do sleep 0.05; done\n")
+    hook.chmod(0o755)
+    (repo / "notes.txt").write_text("one\n")
+    commit = {"repo_path": str(repo), "message": "once"}
+
+    async def scenario():
+        async with gateway.session("--external-id", "mcp-twice", upstream=git_upstream(repo)) as mcp:
+            await mcp.call_tool("git_add", {"repo_path": str(repo), "files": ["notes.txt"]})
+            answers = []
+
+            async def send():
+                answers.append(await mcp.call_tool("git_commit", commit))
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(send)
+                while not started.exists():  # the first is in git's hook: in flight
+                    await anyio.sleep(0.05)
+                group.start_soon(send)  # the host sends it again
+                # nothing outside the gateway shows the repeat has arrived: a pipe write is
+                # milliseconds, this margin is for a loaded machine (a late repeat fails the test)
+                await anyio.sleep(2)
+                release.touch()
+            return answers
+
+    first, second = anyio.run(scenario)
+    assert not first.is_error and second.model_dump() == first.model_dump()
+    assert commits(repo) == 2
+    assert Operation.objects.filter(run=run_of("mcp-twice"), tool="git_commit").count() == 1
+
+
+def test_a_gateway_stopped_with_sigterm_releases_its_runs_lease(gateway, repo):
+    async def scenario():
+        async with gateway.session("--external-id", "mcp-sigterm", upstream=git_upstream(repo)) as mcp:
+            await mcp.call_tool("git_status", {"repo_path": str(repo)})
+            (pid,) = gateway_pids("mcp-sigterm")
+            run = run_of("mcp-sigterm")
+            assert RunLease.objects.get(run=run).owner_id is not None
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while gateway_pids("mcp-sigterm") and time.monotonic() < deadline:
+                await anyio.sleep(0.1)
+            return run
+
+    run = anyio.run(scenario)
+    assert not gateway_pids("mcp-sigterm")
+    lease = RunLease.objects.get(run=run)
+    assert (lease.owner_id, lease.end_reason) == (None, "RELEASED")

@@ -14,9 +14,15 @@ Command line (console script ``fenceline-mcp``, or ``python -m fenceline_client.
     --http HOST:PORT                   streamable HTTP at http://HOST:PORT/mcp instead of stdio
 
 Modules: ``config`` (``build``, ``read_file``, ``Config``: the file's format is in its
-docstring), ``session`` (``GatewaySession``: one MCP session, one run), ``server``
-(``make_server(config)``: the SDK's low-level ``Server``; ``main``), ``upstream`` (``Link``: one
-upstream connection), ``boundary`` (``redact_text``: the result side of the secret boundary).
+docstring), ``session`` (``GatewaySession``: one MCP session, one run; ``SESSION_EVENT``,
+``REDACTED_EVENT``, ``Refusal``), ``server`` (``make_server(config)``: the SDK's low-level
+``Server``; ``main``), ``upstream`` (``Link``: one upstream connection), ``boundary``
+(``redact_text``, ``find_secret``: the secret boundary's gateway side), ``cli`` (the console
+script).
+
+Sessions: over HTTP one per ``Mcp-Session-Id``; over stdio, and for the 2026-07-28 protocol's
+stateless requests, the process's one session. The lease is released when the session ends
+(stdin closed, SIGTERM or SIGINT, the HTTP session ended or idled out).
 
 Names: with one upstream its tools keep their names; with several, ``<upstream>__<tool>``
 (``config.SEPARATOR``). The run: ``--run-id`` joins it; else it is created (or joined) with the
@@ -29,7 +35,7 @@ What the run's chain holds (event types, their fields exactly):
 
 Each tools/call is an operation: tool = the name the host called, action and resource from the
 gateway's contract (default: the tool's name and the upstream's name), provider = the
-upstream's name, args_digest = ``sha256:<hex>`` of the canonical JSON arguments,
+upstream's name (unless the tenant's contract names one), args_digest = ``sha256:<hex>`` of the canonical JSON arguments,
 idempotency_key = ``mcp-<sha256 of run id, tool, canonical arguments, ordinal>``, and at the
 outcome provider_request_id = ``sha256:<hex>`` of the upstream's result. A refusal is a result
 with ``isError`` and one line ``CODE: reason`` (``session.Refusal``).

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -125,6 +125,16 @@ def resolve_secret(ref: str) -> str:
 
 
 @dataclass
+class Flight:
+    """A call in flight, for an identical call the host sends meanwhile to wait on."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    answer: types.CallToolResult = field(
+        default_factory=lambda: text_result("IN_FLIGHT: the same call ended without an answer", error=True)
+    )
+
+
+@dataclass
 class Call:
     """One tools/call as the gateway reads it."""
 
@@ -153,8 +163,7 @@ class GatewaySession:
         self.failure: Refusal | None = None
         self.opened = anyio.Event()
         self._concluded: Counter[tuple[str, str]] = Counter()
-        self._inflight: dict[tuple[str, str], anyio.Event] = {}
-        self._answers: dict[tuple[str, str], types.CallToolResult] = {}
+        self._inflight: dict[tuple[str, str], Flight] = {}
         self._budgets: set[tuple[str, str, str]] = set()
 
     def _held(self) -> Lease:
@@ -262,12 +271,11 @@ class GatewaySession:
         """One tools/call: never raises, never hangs past the configured waits."""
         await self.opened.wait()
         same = (name, canonical(arguments))
-        if same in self._inflight:  # the host repeated a call still in flight: its answer
-            await self._inflight[same].wait()
-            return self._answers.get(same) or text_result(
-                "IN_FLIGHT: the same call ended without an answer", error=True
-            )
-        done = self._inflight[same] = anyio.Event()
+        flight = self._inflight.get(same)
+        if flight is not None:  # the host repeated a call still in flight: that call's answer
+            await flight.done.wait()
+            return flight.answer
+        flight = self._inflight[same] = Flight()
         try:
             answer = await self._fenced(name, arguments, progress)
         except Refusal as refused:
@@ -277,10 +285,13 @@ class GatewaySession:
         except Exception as error:  # nothing may end the session: one line to the host
             log.exception("tools/call %s", name)
             answer = text_result(str(refusal_of(error)), error=True)
+        except BaseException:  # cancelled by the host: a repeat waiting on it gets one line
+            flight.answer = text_result("CANCELLED: the same call was cancelled by the host", error=True)
+            raise
         finally:
             del self._inflight[same]
-            done.set()
-        self._answers[same] = answer
+            flight.done.set()
+        flight.answer = answer
         return answer
 
     async def _fenced(self, name: str, arguments: dict[str, Any] | None, progress: Any) -> types.CallToolResult:
@@ -308,8 +319,11 @@ class GatewaySession:
         return await self._perform(call, effect)
 
     async def _start(self, call: Call, tool: types.Tool, credential_lease_id: str | None) -> Effect:
-        """Intend, authorize, dispatch; the class from the tenant's contract, or, only where the
-        tenant has none and takes the worker's word, the worst case of the upstream's hints."""
+        """Intend, authorize, dispatch. The class is the tenant's contract's; only where the
+        tenant has none and takes the worker's word (422 naming ``effect_class``) is the worst
+        case of the upstream's hints sent. The provider is the upstream's name unless the
+        tenant's contract names another (422 naming ``provider``: sent without, the contract's
+        stands). A 422 writes nothing, so sending again under the same key is one intent."""
         start = partial(
             self._held().effect_start,
             tool=call.name,
@@ -317,21 +331,22 @@ class GatewaySession:
             resource=call.resource,
             idempotency_key=call.key,
             args_digest=call.args_digest,
-            provider=call.link.name,
             credential_lease_id=credential_lease_id,
         )
-        try:
-            return await self._sync(start)
-        except InvalidRequest as refused:
-            fields = [f.get("field") for f in refused.body.get("fields") or [] if isinstance(f, dict)]
-            if fields != ["effect_class"]:
+        terms: dict[str, Any] = {"provider": call.link.name}
+        while True:
+            try:
+                return await self._sync(start, **terms)
+            except InvalidRequest as refused:
+                fields = [f.get("field") for f in refused.body.get("fields") or [] if isinstance(f, dict)]
+                if fields == ["effect_class"] and "effect_class" not in terms:
+                    terms["effect_class"] = worst_case_class(tool)
+                elif fields == ["provider"] and "provider" in terms:
+                    del terms["provider"]
+                else:
+                    raise refusal_of(refused) from refused
+            except FencelineError as refused:
                 raise refusal_of(refused) from refused
-        except FencelineError as refused:
-            raise refusal_of(refused) from refused
-        try:
-            return await self._sync(start, effect_class=worst_case_class(tool))
-        except FencelineError as refused:
-            raise refusal_of(refused) from refused
 
     async def _await_approval(self, call: Call, effect: Effect, progress: Any) -> Effect:
         wait_s = call.contract.approval_wait_s or self.config.approval_wait_s
@@ -367,7 +382,8 @@ class GatewaySession:
         try:
             result = await call.link.call(call.tool, call.arguments, self.config.call_timeout_s)
         except Exception as error:  # timed out, or the connection dropped after dispatch
-            if not isinstance(error, TimeoutError):
+            timed_out = isinstance(error, TimeoutError) or getattr(error, "code", None) == types.REQUEST_TIMEOUT
+            if not timed_out:
                 call.link.session = None  # gone: later calls are refused before any intent
             await self._report(effect, Done(outcome="UNKNOWN"))
             line = (
