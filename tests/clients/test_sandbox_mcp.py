@@ -3,6 +3,7 @@ driven over stdio by the MCP SDK's own client: its three tools with their hints,
 back, an append that is not idempotent."""
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import anyio
 from mcp.client.session import ClientSession
@@ -28,7 +29,10 @@ def test_the_sandbox_mcp_server_keeps_notes_and_says_which_tool_only_reads():
                 texts.append(result.content[0].text if result.content else "")
             return tools, texts
 
-    tools, texts = anyio.run(scenario)
+    # A thread of its own: a Playwright test earlier in this process leaves an event loop
+    # running in the main thread, where anyio.run refuses to start another.
+    with ThreadPoolExecutor(1) as pool:
+        tools, texts = pool.submit(anyio.run, scenario).result(timeout=120)
     assert set(tools) == {"note_read", "note_write", "note_append"}
     assert tools["note_read"].read_only_hint is True
     assert tools["note_write"].read_only_hint is False and tools["note_write"].idempotent_hint is True
