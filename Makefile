@@ -13,7 +13,7 @@
 # make schema: after a change to the worker API, the snapshot of its OpenAPI schema
 # (clients/typescript/openapi.json) and the TypeScript client's types generated from it
 # Benchmarks (docs/performance.md): make bench, make bench-all, make bench-ledger, make bench-console, make bench-reapers,
-# make bench-reconcilers, make bench-contention, make bench-backfill
+# make bench-reconcilers, make bench-contention, make bench-backfill, make bench-gateway
 
 DATABASE_URL_TEST ?= postgres://postgres@127.0.0.1:5432/fenceline
 REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
@@ -25,7 +25,7 @@ DEMO_ADDR ?=
 # Where make serve listens (host:port).
 SERVE_ADDR ?= 127.0.0.1:8000
 
-.PHONY: demo serve simulate test test-ha lint schema bench bench-all bench-ledger bench-console bench-reapers bench-reconcilers bench-contention bench-backfill
+.PHONY: demo serve simulate test test-ha lint schema bench bench-all bench-ledger bench-console bench-reapers bench-reconcilers bench-contention bench-backfill bench-gateway
 
 demo:
 	@.ci/bootstrap
@@ -108,3 +108,9 @@ bench-backfill:
 bench-contention:
 	@.ci/bootstrap
 	DATABASE_URL=$(DATABASE_URL_TEST) .venv/bin/python tests/bench/contention.py $(BENCH_ARGS)
+
+# The MCP gateway (fenceline-mcp) against direct MCP calls to the same sandbox upstream, at N = 1
+# and 4 sessions, with the app served by gunicorn as make serve serves it (console/gunicorn_conf.py).
+bench-gateway:
+	@.ci/bootstrap
+	DATABASE_URL=$(DATABASE_URL_TEST) .venv/bin/python tests/bench/gateway.py $(BENCH_ARGS)

@@ -341,6 +341,52 @@ def run_detail_parts(*, run: Run, limit: int = 100) -> dict[str, Any]:
     }
 
 
+# What ``fenceline-mcp`` (the MCP gateway, clients/python) appends to the run of an MCP session.
+MCP_SESSION, MCP_REDACTED = "x.mcp.session", "x.mcp.redacted"
+
+
+def run_mcp_session(*, run: Run, limit: int = 100) -> dict[str, Any] | None:
+    """The MCP session this run is, as the gateway recorded it at the session's start (the
+    first ``x.mcp.session`` event), with the tools it called (calls per tool) and the results
+    it redacted; None for a run that is no MCP session. One query for other runs, three for a
+    session. The fields are the worker's own: shown as text, never trusted as markup."""
+    event = Event.objects.filter(run=run, type=MCP_SESSION).order_by("seq").only("seq", "fields").first()
+    if event is None:
+        return None
+    fields = event.fields if isinstance(event.fields, dict) else {}
+    tools = Operation.objects.filter(run=run).values("tool").annotate(calls=Count("id")).order_by("tool")
+    redacted = Event.objects.filter(run=run, type=MCP_REDACTED).order_by("seq").values_list("seq", "fields")
+    return {
+        "seq": event.seq,
+        **{name: _text(fields.get(name)) for name in ("session_id", "client_name", "client_version")},
+        "protocol_version": _text(fields.get("protocol_version")),
+        "upstreams": [_text(u) for u in _listed(fields.get("upstreams"))],
+        "tools": list(tools[:limit]),
+        "redactions": [_redaction(seq, f) for seq, f in redacted[:limit]],
+    }
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def _listed(value: object) -> list[object]:
+    if value is None or value == "":
+        return []
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _redaction(seq: int, fields: object) -> dict[str, Any]:
+    f = fields if isinstance(fields, dict) else {}
+    return {
+        "seq": seq,
+        "tool": _text(f.get("tool")),
+        "operation_id": _text(f.get("operation_id")),
+        "kinds": [_text(k) for k in _listed(f.get("kinds"))],
+        "count": _text(f.get("count")),
+    }
+
+
 def span_text(span: timedelta | None) -> str:
     """A duration for people: "45 s", "12 min", "3 h 5 min", "2 d 4 h" ("" for none)."""
     if span is None:

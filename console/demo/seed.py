@@ -4,7 +4,7 @@ the demo prints) and console users, then every story in the order the console sh
 
 from collections.abc import Callable
 
-from console.demo import approvals, credentials, lifespan, lookups, runs, tenants, upgrade, webhooks, workers
+from console.demo import approvals, credentials, gateway, lifespan, lookups, runs, tenants, upgrade, webhooks, workers
 from console.demo.acting import Acting
 from console.simulation.provider import SandboxProvider
 from ledger.models import Worker
@@ -51,6 +51,7 @@ def stories(acting: Acting, sandbox: SandboxProvider, say: Callable[[str], None]
     lookups.seed(acting, sandbox, say)
     upgrade.seed(acting, say)
     approvals.seed(acting)  # from here on, payments need a person and have a contract
+    gateway.seed(acting, say)  # an MCP session through fenceline-mcp; git pushes need a person too
     credentials.revoked(acting)
     runs.broken(acting)
     credentials.live(acting)

@@ -6,8 +6,10 @@ the client, against a real API server and the sandbox provider, with chaos, for 
       ├── sandbox provider       charges under idempotency keys; drops, slows or fails some
       ├── jobs, every second     reap leases and resources, enforce drains and run limits,
       │                          and the reconciler job: UNKNOWNs looked up at the provider
-      └── N worker processes     ``python -m fenceline_client.simulated_worker`` (+1 with a bad config)
-            chaos: SIGSTOP past the TTL then SIGCONT, SIGKILL, SIGTERM (drain); restarted
+      ├── N worker processes     ``python -m fenceline_client.simulated_worker`` (+1 with a bad config)
+      │     chaos: SIGSTOP past the TTL then SIGCONT, SIGKILL, SIGTERM (drain); restarted
+      └── M agent hosts          ``python -m fenceline_client.simulated_mcp_host``: the MCP SDK's
+            client -> ``fenceline-mcp`` -> the sandbox MCP server, one run per MCP session
 
 Everything it reports is read back from the database (and the provider's own books) at the
 end, never counted on the side: what the console shows is what the report says.
@@ -45,6 +47,7 @@ from approvals.services.lookups import cases_look_up
 from console.simulation.provider import SandboxProvider
 from fenceline_client.evidence_verifier import BROKEN
 from ledger.models import RESTART_EPISODE_BEGINS, Operation, Run, Worker, WorkerBoot, WorkerDrain
+from ledger.selectors import MCP_SESSION
 from ledger.services.authority.policy import policy_change
 from ledger.services.evidence.verification import run_verify
 from ledger.services.fence.runs import run_create
@@ -68,6 +71,13 @@ JOBS = (reap_leases_task, enforce_run_limits_task, reap_resources_task, expire_r
 # A case is looked up only once the fenced owner can no longer reach the provider: its
 # request timeout is 2 x TTL, and a paused process is held for TTL + 2 s.
 LOOKUP_AFTER_S = 12
+# The sandbox MCP server's tools (fenceline_client.sandbox_mcp), as the tenant's contracts say.
+MCP_CONTRACTS = [
+    {"tool": "note_read", "action": "*", "effect_class": "PURE"},
+    {"tool": "note_write", "action": "*", "effect_class": "IDEMPOTENT"},
+    {"tool": "note_append", "action": "*", "effect_class": "NON_RETRYABLE"},
+]
+MCP_RUN_PREFIX = "mcp:"  # the external ids of the agent hosts' sessions
 EXIT_NAMES = {0: "drained", 3: "bad config", 4: "quarantined", 5: "told to stop", -9: "killed"}
 
 
@@ -83,6 +93,7 @@ class Settings:
     fail: float = 0.05
     people_share: float = 0.25  # share of keys the sandbox answers "cannot tell" about: left to people
     url: str = ""
+    mcp_hosts: int = 1  # agent hosts whose tool calls go through the MCP gateway
 
 
 @dataclass
@@ -111,6 +122,9 @@ class Report:
     provider_replayed_keys: int
     provider_faults: dict[str, int]
     effects_missing_from_ledger: int
+    # through the MCP gateway: its sessions (runs with an x.mcp.session event) and their calls by phase
+    mcp_sessions: int = 0
+    mcp_calls: dict[str, int] = field(default_factory=dict)
     # operation records by schema version, and how many hold the structured provider_ref
     # (written by both builds' reports: the server dual-writes in EXPAND)
     versions: dict[str, int] = field(default_factory=dict)
@@ -140,6 +154,8 @@ class Report:
             f"  provider             {self.provider_charges} charges, {self.provider_replayed_keys} keys "
             f"replayed, faults: {faults}",
             f"  effects the ledger missed  {self.effects_missing_from_ledger}",
+            f"  MCP gateway          {self.mcp_sessions} sessions, {sum(self.mcp_calls.values())} tool calls "
+            f"({', '.join(f'{n} {phase}' for phase, n in sorted(self.mcp_calls.items())) or 'none'})",
             f"  upgrade window       operation records {versions}; {self.with_provider_ref} with provider_ref; "
             f"{self.old_build_workers} of the workers on the old build",
             f"  chaos                {chaos}",
@@ -182,6 +198,7 @@ class Slot:
     token: str
     bad_config: bool = False
     old_build: bool = False  # the build before operation.provider_ref (reads version 1 only)
+    mcp_host: bool = False  # an agent host calling tools through fenceline-mcp
     process: subprocess.Popen[bytes] | None = None
     restart_at: float = 0.0
     resume_at: float = 0.0  # when a SIGSTOPped process gets its SIGCONT
@@ -222,7 +239,8 @@ class Fleet:
                 "restart_budget": {"max_restarts": 2, "window_s": 600},
                 # Every simulated worker boots before it leases: none is admitted without it.
                 "admission": {"boot_report_required": True},
-                # What a charge is comes from the contract, and its UNKNOWNs are looked up first.
+                # What a charge is comes from the contract, and its UNKNOWNs are looked up first;
+                # the sandbox MCP server's tools are what their contracts say, not their hints.
                 "tool_contracts": [
                     {
                         "tool": "payments",
@@ -231,7 +249,8 @@ class Fleet:
                         "provider": RECONCILER,
                         "reconciler": RECONCILER,
                         "worst_case_cost_cents": 500,
-                    }
+                    },
+                    *MCP_CONTRACTS,
                 ],
             },
             changed_by="simulator",
@@ -248,15 +267,19 @@ class Fleet:
             self.slots.append(Slot(name=worker.name, token=token, old_build=index % 2 == 1))
         worker, token = worker_create(tenant=self.tenant, name="sim-bad-config")
         self.slots.append(Slot(name=worker.name, token=token, bad_config=True))
+        for index in range(self.options.mcp_hosts):
+            worker, token = worker_create(tenant=self.tenant, name=f"sim-mcp-host-{index + 1}")
+            self.slots.append(Slot(name=worker.name, token=token, mcp_host=True))
         self.top_up_runs()
 
     def top_up_runs(self) -> None:
         """Keep two runs of work per worker on offer, and tell the workers which."""
         if self.dispatcher is None:
             raise RuntimeError("setup() first")
-        active = list(  # a run waiting for a person's decision is not on offer
+        active = list(  # a run waiting for a person's decision is not on offer, nor an MCP session's
             Run.objects.filter(tenant=self.tenant, status=RunStatus.ACTIVE)
             .exclude(cases__status__in=OPEN_CASE_STATUSES)
+            .exclude(external_id__startswith=MCP_RUN_PREFIX)
             .values_list("pk", flat=True)
             .distinct()
         )
@@ -273,6 +296,8 @@ class Fleet:
         command = [sys.executable, "-m", "fenceline_client.simulated_worker", "--ttl", str(self.options.ttl)]
         command += ["--steps", str(self.options.steps)] + (["--bad-config"] if slot.bad_config else [])
         command += ["--old-build"] if slot.old_build else []
+        if slot.mcp_host:
+            command = [sys.executable, "-m", "fenceline_client.simulated_mcp_host", "--name", slot.name]
         slot.log = self.logs / f"{slot.name}.log"
         log = slot.log.open("a")
         slot.log_from = log.tell()
@@ -303,7 +328,11 @@ class Fleet:
 
     def healthy(self) -> list[Slot]:
         """The workers chaos may strike: running, booted, not crash-looping, not paused."""
-        return [s for s in self.slots if s.process is not None and not s.bad_config and not s.resume_at and s.booted()]
+        return [
+            s
+            for s in self.slots
+            if s.process is not None and not (s.bad_config or s.mcp_host or s.resume_at) and s.booted()
+        ]
 
     def strike(self, kind: str, now: float) -> bool:
         """One chaos event on the healthy worker that was struck least recently; False when
@@ -485,6 +514,7 @@ class Fleet:
             provider_replayed_keys=stats["replayed_keys"],
             provider_faults=stats["faults"],
             effects_missing_from_ledger=len(charged - recorded - self.undecided_keys()),
+            **self.mcp_counts(),
             versions={str(v): n for v, n in ops.values_list("schema_version").annotate(n=Count("pk")).order_by()},
             with_provider_ref=ops.exclude(provider_ref__isnull=True).count(),
             old_build_workers=sum(1 for slot in self.slots if slot.old_build),
@@ -492,6 +522,16 @@ class Fleet:
             exits=dict(self.exits),
             logs=str(self.logs),
         )
+
+    def mcp_counts(self) -> dict[str, Any]:
+        """The MCP gateway's sessions (each a run it recorded with x.mcp.session) and their
+        tool calls by phase, as the run pages show them."""
+        sessions = Run.objects.filter(tenant=self.tenant, events__type=MCP_SESSION).distinct()
+        calls = Operation.objects.filter(tenant=self.tenant, run__in=sessions).values_list("phase")
+        return {
+            "mcp_sessions": sessions.count(),
+            "mcp_calls": dict(calls.annotate(n=Count("pk")).order_by()),
+        }
 
     def undecided_keys(self) -> set[str]:
         """Keys still UNKNOWN (a person's to decide): in doubt, not missed."""

@@ -1,5 +1,6 @@
 """Runs: the list with search, status and indicator filters (keyset pages), and one run's
-page with its indicators, timeline, lease history, operations and budgets."""
+page with its indicators, timeline, lease history, operations, budgets and, for the run of
+an MCP session (``fenceline-mcp``), the session: its client, protocol and upstreams."""
 
 from typing import Any, TypedDict
 from uuid import UUID
@@ -173,6 +174,7 @@ def _detail_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[st
         "liveness": approvals_selectors.run_liveness(run=run),
         **selectors.run_detail_parts(run=run),
         "operations": approvals_selectors.run_operations(run=run),
+        "mcp": selectors.run_mcp_session(run=run),
         **extra,
     }
 

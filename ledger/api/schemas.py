@@ -453,6 +453,8 @@ class EffectOut(Schema):
     attempt: int
     schema_version: int  # of the operation record (a client refuses one it does not read)
     approval_id: str | None  # the approval a person must decide (202), else null
+    # This call dispatched it; false for a DISPATCHED an earlier call left without an outcome
+    dispatched: bool
 
 
 class ProviderRefIn(In):

@@ -46,3 +46,37 @@ def screenshot(page):
 @pytest.fixture(autouse=True)
 def _patient_page(page):
     page.set_default_timeout(30_000)
+
+
+# pytest-playwright starts Playwright once per session. Its sync API keeps an asyncio loop
+# marked as running in the main thread for as long as it lives, so a test outside this folder
+# that runs asyncio itself (the MCP gateway's, the agent adapters') and lands in the same xdist
+# worker after a browser test would fail with "already running asyncio in this thread". Here
+# Playwright and its browser live for one module at a time instead (a chromium start per module).
+@pytest.fixture(scope="module")
+def playwright():
+    from playwright.sync_api import sync_playwright
+
+    started = sync_playwright().start()
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def browser_type(playwright, browser_name):
+    return getattr(playwright, browser_name)
+
+
+@pytest.fixture(scope="module")
+def launch_browser(browser_type_launch_args, browser_type):
+    def launch(**kwargs):
+        return browser_type.launch(**{**browser_type_launch_args, **kwargs})
+
+    return launch
+
+
+@pytest.fixture(scope="module")
+def browser(launch_browser):
+    launched = launch_browser()
+    yield launched
+    launched.close()

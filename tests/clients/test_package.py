@@ -64,7 +64,12 @@ def test_the_package_depends_on_urllib3_alone_and_each_adapter_on_its_extra():
     project = tomllib.loads((PACKAGE / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert _names(project["dependencies"]) == ["urllib3"]
     extras = {name: _names(requirements) for name, requirements in project["optional-dependencies"].items()}
-    assert extras == {"openai-agents": ["openai-agents"], "langgraph": ["langgraph"], "otel": ["opentelemetry-api"], "gateway": ["mcp", "detect-secrets"]}
+    assert extras == {
+        "openai-agents": ["openai-agents"],
+        "langgraph": ["langgraph"],
+        "otel": ["opentelemetry-api"],
+        "gateway": ["mcp", "detect-secrets"],
+    }
     assert project["name"] == "fenceline-client"
 
 

@@ -9,7 +9,7 @@ from django.core.management import call_command
 
 from approvals.models import ReconciliationCase
 from console.simulation.fleet import RECONCILER
-from ledger.models import Operation, Worker, WorkerBoot
+from ledger.models import Event, Operation, Run, Worker, WorkerBoot
 
 
 @pytest.mark.slow
@@ -65,3 +65,16 @@ def test_a_short_simulation_leaves_real_history_that_adds_up(transactional_db, t
     assert report["with_provider_ref"] == reported.count() > 0
     for op in reported:
         assert op.provider_ref == {"provider": op.provider, "id": op.provider_request_id}
+
+    # An agent host called its tools through fenceline-mcp: each MCP session is a run that the
+    # gateway recorded, whose calls are operations with the args digest (what the run page shows).
+    sessions = Run.objects.filter(tenant__slug=report["tenant"], external_id__startswith="mcp:sim-mcp-host-1:")
+    assert report["mcp_sessions"] == sessions.count() >= 1
+    assert report["mcp_calls"].get("CONFIRMED", 0) >= 1
+    for run in sessions:
+        [session] = Event.objects.filter(run=run, type="x.mcp.session")
+        assert session.fields["upstreams"] == ["sandbox"]
+        calls = Operation.objects.filter(run=run)
+        assert set(calls.values_list("tool", flat=True)) <= {"note_write", "note_read", "note_append"}
+        assert all(resource.startswith("note:") for resource in calls.values_list("resource", flat=True))
+        assert all(digest.startswith("sha256:") for digest in calls.values_list("args_digest", flat=True))

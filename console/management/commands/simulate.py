@@ -1,6 +1,7 @@
 """`python manage.py simulate`: a fleet of real worker processes built on the client, with
 chaos, against the API and a sandbox provider; ends with a report read from the database."""
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ class Command(BaseCommand):
     help = (
         "Run N client workers (and one with a bad config) against a sandbox payments provider for "
         "S seconds, with pauses past the TTL, SIGKILL, SIGTERM drains and dropped responses; "
-        "report what the ledger recorded."
+        "with agent hosts calling tools through fenceline-mcp; report what the ledger recorded."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -29,10 +30,19 @@ class Command(BaseCommand):
         parser.add_argument(
             "--people-share", type=float, default=defaults.people_share, help="share of cases left to people"
         )
+        parser.add_argument(
+            "--mcp-hosts", type=int, default=defaults.mcp_hosts, help="agent hosts calling tools through fenceline-mcp"
+        )
         parser.add_argument("--url", default="", help="a Fenceline already serving (default: one in-process)")
         parser.add_argument("--json", dest="json_path", type=Path, help="also write the report to this file as JSON")
 
     def handle(self, *args: Any, json_path: Path | None = None, **options: Any) -> None:
+        if not 0 <= options["mcp_hosts"] <= 8:
+            raise CommandError("--mcp-hosts must be between 0 and 8")
+        if options["mcp_hosts"] and importlib.util.find_spec("mcp") is None:
+            raise CommandError(
+                "--mcp-hosts needs fenceline-mcp's SDK: pip install './clients/python[gateway]' (or --mcp-hosts 0)"
+            )
         if options["seconds"] < 15:
             raise CommandError("--seconds must be at least 15 (the chaos plan needs the time)")
         if not 1 <= options["workers"] <= 32:

@@ -50,6 +50,9 @@ class Started:
     phase: Phase
     created: bool  # this call recorded the intent
     approval_id: uuid.UUID | None = None
+    # This call dispatched it (False for an operation an earlier call dispatched and that no
+    # outcome has moved since: the caller cannot know whether the effect happened).
+    dispatched: bool = False
 
 
 def operation_start(
@@ -102,6 +105,7 @@ def _start(
             )
         except ApprovalRequired as asked:  # authorize moved it to PENDING_APPROVAL (or found it there)
             return Started(op, Phase.PENDING_APPROVAL, created, uuid.UUID(str(asked.approval_id)))
-    if op.phase == Phase.AUTHORIZED:
-        op = operation_dispatch(worker=worker, operation_id=op.pk, fencing_token=fencing_token)
-    return Started(op, Phase(op.phase), created)
+    if op.phase != Phase.AUTHORIZED:
+        return Started(op, Phase(op.phase), created)
+    op = operation_dispatch(worker=worker, operation_id=op.pk, fencing_token=fencing_token)
+    return Started(op, Phase(op.phase), created, dispatched=True)

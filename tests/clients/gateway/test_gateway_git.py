@@ -3,6 +3,7 @@ upstream's tools; a read and a write are operations of the session's run; a retr
 effect; a run taken over by another owner refuses the next write before it reaches git; an
 upstream killed mid-call leaves the operation UNKNOWN with a case."""
 
+import contextlib
 import os
 import signal
 import time
@@ -234,3 +235,45 @@ def test_a_gateway_stopped_with_sigterm_releases_its_runs_lease(gateway, repo):
     assert not gateway_pids("mcp-sigterm")
     lease = RunLease.objects.get(run=run)
     assert (lease.owner_id, lease.end_reason) == (None, "RELEASED")
+
+
+def test_a_write_whose_gateway_died_after_dispatch_is_unknown_on_retry_and_not_repeated(gateway, repo, tmp_path):
+    """The gateway is killed while git runs the commit it dispatched; the host retries through a
+    new gateway on the same run: the earlier attempt's DISPATCHED is not dispatched again (the
+    effect API says this call did not dispatch it), so git is not called twice and the
+    operation becomes UNKNOWN with a case."""
+    runs = tmp_path / "hook-runs"
+    hook = repo / ".git/hooks/pre-commit"
+    hook.write_text(f"#!/bin/sh\necho run >> {runs}\nsleep 60\n")
+    hook.chmod(0o755)
+    (repo / "notes.txt").write_text("one\n")
+    commit = {"repo_path": str(repo), "message": "notes"}
+
+    async def kill_gateway_when_git_commits():
+        while not runs.exists():
+            await anyio.sleep(0.05)
+        for pid in [*gateway_pids("mcp-died"), *git_server_pids(repo)]:
+            os.kill(pid, signal.SIGKILL)
+
+    async def dies():
+        with contextlib.suppress(Exception):  # the host's session breaks with its gateway
+            async with gateway.session("--external-id", "mcp-died", upstream=git_upstream(repo)) as mcp:
+                await mcp.call_tool("git_add", {"repo_path": str(repo), "files": ["notes.txt"]})
+                async with anyio.create_task_group() as group:
+                    group.start_soon(kill_gateway_when_git_commits)
+                    await mcp.call_tool("git_commit", commit)
+
+    async def retry():
+        async with gateway.session("--external-id", "mcp-died", upstream=git_upstream(repo)) as mcp:
+            return await mcp.call_tool("git_commit", commit)
+
+    anyio.run(dies)
+    op = Operation.objects.get(run=run_of("mcp-died"), tool="git_commit")
+    assert op.phase == "DISPATCHED"  # the dead gateway reported nothing
+    hook.write_text(f"#!/bin/sh\necho run >> {runs}\n")  # a repeated commit would now land at once
+    RunLease.objects.filter(run=op.run).update(expires_at=timezone.now() - timedelta(seconds=1))
+    retried = anyio.run(retry)
+    assert retried.is_error and text(retried).startswith("OUTCOME_UNKNOWN: an earlier attempt dispatched")
+    assert runs.read_text().count("run") == 1 and commits(repo) == 1  # git ran the hook once, committed nothing
+    op.refresh_from_db()
+    assert op.phase == "UNKNOWN" and ReconciliationCase.objects.filter(operation=op).exists()

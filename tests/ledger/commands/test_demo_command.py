@@ -26,9 +26,15 @@ def test_demo_seeds_on_the_embedded_postgresql_and_prints_a_working_token(state_
     assert token.startswith("flw_")
     # One lost answer found at the sandbox provider by the reconciler, one it cannot tell about.
     assert "provider lookups: 1 settled by reconciler:sandbox-payments, 1 handed to people" in done.stdout
-    # The webhook to the sandbox's sink: the pending approval, the quarantine, the cleanup
-    # alert and the BROKEN chain, each delivered signed.
-    assert "webhooks: 4 notification(s) for ops-channel, 4 delivered to the sandbox sink (4 signed)" in done.stdout
+    # The webhook to the sandbox's sink: the two pending approvals (a charge, the MCP session's
+    # git push), the quarantine, the cleanup alert and the BROKEN chain, each delivered signed.
+    assert "webhooks: 5 notification(s) for ops-channel, 5 delivered to the sandbox sink (5 signed)" in done.stdout
+    # An MCP session through the gateway: reads and a commit confirmed, a commit whose upstream
+    # dropped (UNKNOWN, with its case), a push waiting for a person.
+    assert (
+        "MCP gateway session mcp:claude-desktop:a41c9e7d2b: 5 tool calls (3 CONFIRMED, 1 PENDING_APPROVAL, 1 UNKNOWN)"
+        in done.stdout
+    )
     # The upgrade window: an old build's rewrite of a provider id is a state conflict for a person.
     assert "upgrade window: operation.provider_ref in EXPAND" in done.stdout
     assert "found 1 conflict (see /upgrades/)" in done.stdout

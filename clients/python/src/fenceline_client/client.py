@@ -542,6 +542,9 @@ class Effect:
     phase: str
     approval_id: str | None = None
     credential_lease_id: str | None = None
+    # This call dispatched it. False for a DISPATCHED that an earlier attempt under the same key
+    # left without an outcome: whether that effect happened is not known.
+    dispatched: bool = False
 
 
 class Client:
@@ -893,6 +896,7 @@ class Lease:
             str(started["phase"]),
             str(approval) if approval else None,
             credential_lease_id,
+            dispatched=bool(started.get("dispatched")),
         )
 
     def effect_await_approval(
@@ -923,7 +927,7 @@ class Lease:
                     auth["credential_lease_id"] = effect.credential_lease_id
                 self.post(f"/operations/{effect.operation_id}/authorize", auth)
                 self.post(f"/operations/{effect.operation_id}/dispatch")
-                return Effect(effect.operation_id, "DISPATCHED", None, effect.credential_lease_id)
+                return Effect(effect.operation_id, "DISPATCHED", None, effect.credential_lease_id, dispatched=True)
             if decided["status"] in ("DENIED", "EXPIRED", "VOID"):
                 raise ApprovalDenied(
                     403, {"error": "APPROVAL_DENIED", "detail": decided.get("reason") or decided["status"].lower()}

@@ -316,7 +316,20 @@ class GatewaySession:
             effect = await self._await_approval(call, effect, progress)
         if effect.phase != "DISPATCHED":
             return self._replayed(call, effect, structured=tool.output_schema is not None)
+        if not effect.dispatched:  # an earlier attempt (a gateway that died) dispatched it: never again
+            return await self._abandoned(call, effect)
         return await self._perform(call, effect)
+
+    async def _abandoned(self, call: Call, effect: Effect) -> types.CallToolResult:
+        """A call an earlier attempt dispatched and left without an outcome (its gateway died
+        mid-call): whether the upstream acted is not known, so it is not called again; the
+        operation becomes UNKNOWN, with a case for a provider lookup or a person."""
+        await self._report(effect, Done(outcome="UNKNOWN"))
+        line = (
+            f"OUTCOME_UNKNOWN: an earlier attempt dispatched {call.name} and reported no outcome; it was not "
+            f"repeated. Operation {effect.operation_id} is UNKNOWN and awaits reconciliation."
+        )
+        return text_result(line, error=True)
 
     async def _start(self, call: Call, tool: types.Tool, credential_lease_id: str | None) -> Effect:
         """Intend, authorize, dispatch. The class is the tenant's contract's; only where the
