@@ -80,3 +80,11 @@ def browser(launch_browser):
     launched = launch_browser()
     yield launched
     launched.close()
+
+
+@pytest.fixture(scope="module")
+def browser_context_args(playwright, device, base_url):
+    args = dict(playwright.devices[device]) if device else {}
+    if base_url:
+        args["base_url"] = base_url
+    return args

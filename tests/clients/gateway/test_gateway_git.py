@@ -239,9 +239,10 @@ def test_a_gateway_stopped_with_sigterm_releases_its_runs_lease(gateway, repo):
 
 def test_a_write_whose_gateway_died_after_dispatch_is_unknown_on_retry_and_not_repeated(gateway, repo, tmp_path):
     """The gateway is killed while git runs the commit it dispatched; the host retries through a
-    new gateway on the same run: the earlier attempt's DISPATCHED is not dispatched again (the
-    effect API says this call did not dispatch it), so git is not called twice and the
-    operation becomes UNKNOWN with a case."""
+    new gateway on the same run. Under the same worker identity the lease is refused
+    (RECONCILE_FIRST: its last boot left an effect in doubt); under another, the takeover has
+    made the dispatched commit UNKNOWN with a case, and the retry answers that without calling
+    git again."""
     runs = tmp_path / "hook-runs"
     hook = repo / ".git/hooks/pre-commit"
     hook.write_text(f"#!/bin/sh\necho run >> {runs}\nsleep 60\n")
@@ -263,8 +264,8 @@ def test_a_write_whose_gateway_died_after_dispatch_is_unknown_on_retry_and_not_r
                     group.start_soon(kill_gateway_when_git_commits)
                     await mcp.call_tool("git_commit", commit)
 
-    async def retry():
-        async with gateway.session("--external-id", "mcp-died", upstream=git_upstream(repo)) as mcp:
+    async def retry(env=None):
+        async with gateway.session("--external-id", "mcp-died", upstream=git_upstream(repo), env=env) as mcp:
             return await mcp.call_tool("git_commit", commit)
 
     anyio.run(dies)
@@ -272,8 +273,13 @@ def test_a_write_whose_gateway_died_after_dispatch_is_unknown_on_retry_and_not_r
     assert op.phase == "DISPATCHED"  # the dead gateway reported nothing
     hook.write_text(f"#!/bin/sh\necho run >> {runs}\n")  # a repeated commit would now land at once
     RunLease.objects.filter(run=op.run).update(expires_at=timezone.now() - timedelta(seconds=1))
-    retried = anyio.run(retry)
-    assert retried.is_error and text(retried).startswith("OUTCOME_UNKNOWN: an earlier attempt dispatched")
+    # The same worker identity restarted: its boot left an effect in doubt, so it is refused a lease.
+    same = anyio.run(retry)
+    assert same.is_error and text(same).startswith("RECONCILE_FIRST:")
+    # Another worker's gateway takes the run over: the commit is UNKNOWN, and not made again.
+    other = make_worker("acme", "worker-2")
+    retried = anyio.run(retry, {"FENCELINE_TOKEN": other.token})
+    assert retried.is_error and text(retried).startswith("ALREADY_UNKNOWN:")
     assert runs.read_text().count("run") == 1 and commits(repo) == 1  # git ran the hook once, committed nothing
     op.refresh_from_db()
     assert op.phase == "UNKNOWN" and ReconciliationCase.objects.filter(operation=op).exists()
