@@ -367,7 +367,9 @@ export interface paths {
          *     the provider now, then report the outcome. 202 with `approval_id` when a person must
          *     approve first (the operation is PENDING_APPROVAL; the same call again once approved
          *     dispatches). A replay of an operation past AUTHORIZED answers its phase and dispatches
-         *     nothing again. Every refusal is the one the separate calls give (409 STALE_TOKEN, 403
+         *     nothing again; `dispatched` says whether this call dispatched it (false for a DISPATCHED
+         *     an earlier call left without an outcome: whether that effect happened is not known).
+         *     Every refusal is the one the separate calls give (409 STALE_TOKEN, 403
          *     DENY_*, 409 EFFECTS_HELD, 422 IDEMPOTENCY_MISMATCH ...), with the steps before it kept.
          *     With reads_schema_versions, an operation record at another version is answered as
          *     intended and taken no further.
@@ -931,6 +933,8 @@ export interface components {
             approval_id: string | null;
             /** Attempt */
             attempt: number;
+            /** Dispatched */
+            dispatched: boolean;
             /** Operation Id */
             operation_id: string;
             phase: components["schemas"]["Phase"];
