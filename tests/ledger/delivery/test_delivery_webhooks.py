@@ -71,7 +71,10 @@ def stripe_post(body: bytes, *, secret=SECRET, stamp=None, header=None, tamper=b
     signature = hmac.new(secret.encode(), f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
     header = header if header is not None else f"t={stamp},v1={signature}"
     return Client().post(
-        "/api/v1/webhooks/deliveries/mailer", data=body + tamper, content_type="application/json", HTTP_STRIPE_SIGNATURE=header
+        "/api/v1/webhooks/deliveries/mailer",
+        data=body + tamper,
+        content_type="application/json",
+        HTTP_STRIPE_SIGNATURE=header,
     )
 
 

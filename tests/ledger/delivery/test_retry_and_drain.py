@@ -33,9 +33,7 @@ def failed_send(acme, key="mail-3", effect_class="NON_RETRYABLE"):
 
 
 def delivered(acme, op, token, state, event_id):
-    report = report_checked(
-        state=state, message_id=MESSAGE_ID, provider_event_id=event_id, occurred_at=timezone.now()
-    )
+    report = report_checked(state=state, message_id=MESSAGE_ID, provider_event_id=event_id, occurred_at=timezone.now())
     return delivery_record(worker=acme.worker, operation_id=op.pk, fencing_token=token, report=report)
 
 
