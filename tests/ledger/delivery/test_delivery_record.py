@@ -63,7 +63,7 @@ def test_delivery_is_recorded_apart_from_the_outcome_with_its_own_event(acme, se
 
 
 def test_a_late_deferred_after_delivered_is_kept_but_moves_nothing(acme, sent):
-    run, token, op = sent
+    _run, token, op = sent
     report(acme, op, token, "DELIVERED", "evt-1")
     answer = report(acme, op, token, "DEFERRED", "evt-2")
     assert (answer.status_code, answer.json()["applied"], answer.json()["delivery"]["status"]) == (
@@ -130,7 +130,7 @@ def test_bad_input_names_its_field_and_writes_nothing(acme, sent, change, field)
 
 
 def test_another_tenants_operation_is_not_found(acme, outsider, sent):
-    run, token, op = sent
+    _run, token, op = sent
     answer = report(outsider, op, token, "DELIVERED", "evt-1")
     assert answer.status_code == 404
     assert not EffectDeliveryRecord.objects.exists()
@@ -139,7 +139,7 @@ def test_another_tenants_operation_is_not_found(acme, outsider, sent):
 def test_delivery_records_are_append_only(acme, sent):
     from django.db import DatabaseError, transaction
 
-    run, token, op = sent
+    _run, token, op = sent
     report(acme, op, token, "DELIVERED", "evt-1")
     with pytest.raises(DatabaseError), transaction.atomic():
         EffectDeliveryRecord.objects.filter(operation=op).update(state="BOUNCED")

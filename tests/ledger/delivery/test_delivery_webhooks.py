@@ -108,7 +108,7 @@ def test_a_stripe_signed_webhook_records_the_delivery_as_the_provider(sources, s
 
 
 def test_a_github_signed_webhook_finds_the_operation_by_its_key(sources, sent):
-    run, op = sent
+    _run, op = sent
     body = json.dumps({"operation_key": "mail-7", "status": "BOUNCED", "occurred_at": "2026-12-06T10:00:00Z"}).encode()
     answer = github_post(body)
     assert answer.status_code == 201, answer.content

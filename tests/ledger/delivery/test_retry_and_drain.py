@@ -63,7 +63,7 @@ def test_a_bounced_send_goes_to_a_person_as_before(acme):
 
 
 def test_a_retry_refused_over_the_api_answers_409_already_delivered(acme):
-    run, token, op = failed_send(acme)
+    _run, token, op = failed_send(acme)
     delivered(acme, op, token, "DELIVERED", "evt-1")
     client = Client(HTTP_AUTHORIZATION=f"Bearer {acme.token}")
     answer = client.post(
@@ -87,13 +87,13 @@ def test_a_retry_while_unknown_is_refused_with_an_event(acme):
 
 
 def test_other_classes_are_not_asked_about_delivery(acme):
-    run, token, op = failed_send(acme, "mail-5", "IDEMPOTENT")
+    _run, token, op = failed_send(acme, "mail-5", "IDEMPOTENT")
     delivered(acme, op, token, "DELIVERED", "evt-1")
     assert retry.operation_retry(worker=acme.worker, operation_id=op.pk, fencing_token=token).attempt == 2
 
 
 def test_drain_reports_the_deliveries_still_pending(acme):
-    run, token, op = failed_send(acme)
+    _run, token, op = failed_send(acme)
     delivered(acme, op, token, "DEFERRED", "evt-1")
     _, token2, other = failed_send(acme, "mail-6")
     delivered(acme, other, token2, "DELIVERED", "evt-2")
