@@ -456,7 +456,7 @@ class DeliveryIn(In):
     status: DeliveryStatusName
     message_id: Annotated[StrictStr, Field(max_length=300)] = ""
     provider_event_id: Annotated[StrictStr, Field(min_length=1, max_length=200)]
-    occurred_at: Annotated[StrictStr, Field(min_length=1, max_length=64)]
+    occurred_at: Annotated[StrictStr, Field(min_length=1, max_length=64, json_schema_extra={"format": "date-time"})]
 
 
 class DeliveryOut(Schema):
