@@ -175,3 +175,21 @@ def test_a_signed_webhook_naming_no_known_message_is_not_found(sources, sent):
     answer = stripe_post(json.dumps(event).encode())
     assert (answer.status_code, answer.json()["error"]) == (404, "NOT_FOUND")
     assert nothing_written(run)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_provider_posts_over_real_http_without_a_worker_token_or_csrf(sources, sent, live_server):
+    import requests
+
+    run, op = sent
+    body = json.dumps(stripe_event("delivered", "evt_http")).encode()
+    stamp = int(time.time())
+    signature = hmac.new(SECRET.encode(), f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
+    answer = requests.post(
+        f"{live_server.url}/api/v1/webhooks/deliveries/mailer",
+        data=body,
+        headers={"Content-Type": "application/json", "Stripe-Signature": f"t={stamp},v1={signature}"},
+        timeout=30,
+    )
+    assert answer.status_code == 201, answer.text
+    assert EffectDelivery.objects.get(operation=op).state == "DELIVERED"
