@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+import requests
 from django.test import Client
 
 from ledger.models import EffectDelivery, EffectDeliveryRecord, Event
@@ -179,9 +180,7 @@ def test_a_signed_webhook_naming_no_known_message_is_not_found(sources, sent):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_provider_posts_over_real_http_without_a_worker_token_or_csrf(sources, sent, live_server):
-    import requests
-
-    run, op = sent
+    _run, op = sent
     body = json.dumps(stripe_event("delivered", "evt_http")).encode()
     stamp = int(time.time())
     signature = hmac.new(SECRET.encode(), f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
