@@ -82,7 +82,7 @@ def _stripe_check(secret: bytes, header: str, body: bytes, *, now: float, tolera
     parts = [item.partition("=") for item in header.split(",")]
     stamps = [value for key, _, value in parts if key.strip() == "t"]
     signatures = [value.strip() for key, _, value in parts if key.strip() == "v1"]
-    if len(stamps) != 1 or not stamps[0].strip().isdigit() or not signatures:
+    if len(stamps) != 1 or not _ascii_digits(stamps[0].strip()) or not all(map(_hex, signatures)) or not signatures:
         raise BadSignature("Stripe-Signature must be t=<unix seconds>,v1=<hex HMAC-SHA256>")
     stamp = stamps[0].strip()
     if abs(now - int(stamp)) > tolerance_s:
@@ -94,11 +94,20 @@ def _stripe_check(secret: bytes, header: str, body: bytes, *, now: float, tolera
 
 def _github_check(secret: bytes, header: str, body: bytes) -> None:
     scheme, _, given = header.partition("=")
-    if scheme != "sha256" or not given:
+    if scheme != "sha256" or not _hex(given.strip()):
         raise BadSignature("X-Hub-Signature-256 must be sha256=<hex HMAC-SHA256>")
     expected = hmac.new(secret, body, hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected, given.strip()):
         raise BadSignature("the signature does not match the body under this source's secret")
+
+
+def _ascii_digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _hex(text: str) -> bool:
+    """A signature as sent: hex digits only (compare_digest refuses non-ASCII text)."""
+    return bool(text) and text.isascii() and all(c in "0123456789abcdefABCDEF" for c in text)
 
 
 def delivery_webhook_receive(*, source: str, headers: Mapping[str, str], body: bytes) -> Recorded:

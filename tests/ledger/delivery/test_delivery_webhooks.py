@@ -123,11 +123,12 @@ def test_a_github_signed_webhook_finds_the_operation_by_its_key(sources, sent):
         lambda body: stripe_post(body, secret="whsec_wrong"),
         lambda body: stripe_post(body, header=""),
         lambda body: stripe_post(body, header="t=abc,v1=00"),
+        lambda body: stripe_post(body, header=f"t={int(time.time())},v1=\u00e9\u00e9"),
         lambda body: stripe_post(body, tamper=b" "),  # the body changed after signing
         lambda body: stripe_post(body, stamp=int(time.time()) - 3600),  # outside the tolerance: a replay
         lambda body: stripe_post(body, stamp=int(time.time()) + 3600),
     ],
-    ids=["wrong-secret", "missing", "malformed", "body-changed", "old-timestamp", "future-timestamp"],
+    ids=["wrong-secret", "missing", "malformed", "not-ascii", "body-changed", "old-timestamp", "future-timestamp"],
 )
 def test_a_bad_stripe_signature_is_refused_and_writes_nothing(sources, sent, post):
     run, _ = sent
@@ -138,7 +139,11 @@ def test_a_bad_stripe_signature_is_refused_and_writes_nothing(sources, sent, pos
     assert nothing_written(run)
 
 
-@pytest.mark.parametrize("header", ["", "sha1=abc", "sha256=" + "0" * 64], ids=["missing", "wrong-scheme", "wrong"])
+@pytest.mark.parametrize(
+    "header",
+    ["", "sha1=abc", "sha256=" + "0" * 64, "sha256=\u00e9\u00e9"],
+    ids=["missing", "wrong-scheme", "wrong", "not-ascii"],
+)
 def test_a_bad_github_signature_is_refused_and_writes_nothing(sources, sent, header):
     run, _ = sent
     body = json.dumps({"operation_key": "mail-7", "status": "DELIVERED", "occurred_at": 1765000000}).encode()
