@@ -72,7 +72,7 @@ from ledger.services.delivery.lookup import deliveries_pending
 from ledger.services.delivery.webhooks import delivery_webhook_receive
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.evidence.export import chain_export
-from ledger.services.fence import ending, leases, notes, operations, outcomes, retry, runs
+from ledger.services.fence import deliveries, ending, leases, notes, operations, outcomes, retry, runs
 from ledger.services.fleet import boots, lifecycle
 from ledger.services.fleet.stale_tokens import DIRECTIVE_HEADER, directive_for
 from ledger.services.lifespan import checkpoints, resources
@@ -570,7 +570,7 @@ def record_delivery(request: WorkerRequest, operation_id: str, body: DeliveryIn)
         provider_event_id=body.provider_event_id,
         occurred_at=delivery.occurred_at_parsed(body.occurred_at),
     )
-    recorded = delivery.delivery_record(
+    recorded = deliveries.delivery_record(
         worker=request.worker, operation_id=operation_id, fencing_token=body.fencing_token, report=report
     )
     return Status(200 if recorded.replayed else 201, _recorded_out(recorded))

@@ -5,7 +5,8 @@ worker page's drains show the deliveries still pending."""
 from django.urls import reverse
 from django.utils import timezone
 
-from ledger.services.delivery.record import delivery_record, report_checked
+from ledger.services.delivery.record import report_checked
+from ledger.services.fence.deliveries import delivery_record
 from ledger.services.fleet.lifecycle import worker_drain
 from tests.factories import confirm, dispatched_operation, leased_run, new_run
 from tests.helpers import Browser

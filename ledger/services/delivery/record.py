@@ -2,7 +2,7 @@
 that reached it, each with its DELIVERY_RECORDED event in the run's chain.
 
 Two writers, both under the run's lock: the worker holding the run's lease (fenced, as an
-outcome is: :func:`delivery_record`), and a provider's signed webhook, which is no worker,
+outcome is: ``ledger.services.fence.deliveries.delivery_record``), and a provider's signed webhook, which is no worker,
 holds no lease and presents no fencing token (:func:`delivery_record_from_provider`, actor
 ``provider:<source>``); its signature is its credential, checked before this module runs.
 
@@ -22,11 +22,10 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from ledger.boundary import check_text
-from ledger.errors import IdempotencyMismatch, InvalidInput, NotFound, WrongPhase, parse_id
-from ledger.models import EffectDelivery, EffectDeliveryRecord, Operation, Run, Tenant, Worker
-from ledger.services.core.fencing import Fenced, fenced, lock
+from ledger.errors import IdempotencyMismatch, InvalidInput, NotFound, WrongPhase
+from ledger.models import EffectDelivery, EffectDeliveryRecord, Operation, Run, Tenant
+from ledger.services.core.fencing import lock
 from ledger.services.evidence.append import ChainBatch, json_safe
-from ledger.services.fence.ending import IN_FLIGHT
 from ledger.states import DELIVERY_TRANSITIONS, DeliveryState
 
 MAX_MESSAGE_ID = 300
@@ -90,26 +89,6 @@ def occurred_at_parsed(value: object) -> datetime:
     if parsed is None or parsed.tzinfo is None:
         raise InvalidInput("occurred_at must be an ISO 8601 time with a zone, or Unix seconds", field="occurred_at")
     return parsed
-
-
-def delivery_record(*, worker: Worker, operation_id: object, fencing_token: int, report: DeliveryReport) -> Recorded:
-    """The worker holding the run's lease records a delivery of the operation's current
-    attempt, under the fence (a stale token: 409 STALE_TOKEN, recorded as every refusal is)."""
-    op_id = parse_id(operation_id, "operation")
-
-    def write(ctx: Fenced) -> Recorded:
-        if ctx.operation is None:
-            raise NotFound("operation not found")
-        return delivery_write(run=ctx.run, op=ctx.operation, report=report, batch=ctx.batch, actor=ctx.actor)
-
-    return fenced(
-        worker=worker,
-        operation_id=op_id,
-        fencing_token=fencing_token,
-        attempted="operation.delivery",
-        write=write,
-        ending=IN_FLIGHT,
-    )
 
 
 def delivery_record_from_provider(

@@ -9,8 +9,9 @@ from django.utils import timezone
 
 from ledger.errors import AlreadyDelivered, ApprovalRequired, ReconcileFirst
 from ledger.models import Event, Operation, WorkerDrain
-from ledger.services.delivery.record import delivery_record, report_checked
+from ledger.services.delivery.record import report_checked
 from ledger.services.fence import outcomes, retry
+from ledger.services.fence.deliveries import delivery_record
 from ledger.services.fleet.lifecycle import worker_change
 from tests.factories import dispatched_operation, leased_run
 from tests.helpers import assert_chain_intact
