@@ -24,7 +24,7 @@ from ledger import selectors as ledger_selectors
 from ledger import trends as ledger_trends
 from ledger.actors import reconciler_actor
 from ledger.errors import NotFound, parse_id
-from ledger.models import Operation, Run, Tenant, Worker
+from ledger.models import EffectDelivery, EffectDeliveryRecord, Operation, Run, Tenant, Worker
 from ledger.pagination import keyset_page
 from ledger.roles import VIEW, tenants_for
 from ledger.services.core.handoff import UnknownTime
@@ -119,9 +119,18 @@ def approval_get(*, tenant: Tenant, approval_id: object) -> ApprovalRequest:
 
 def run_operations(*, run: Run, limit: int = 100) -> list[Operation]:
     """The run's operations in the page's order, each with its reconciliation cases (newest
-    attempt first): two queries."""
+    attempt first), its delivery states (newest attempt first) and its delivery records
+    (newest first): four queries."""
     cases = ReconciliationCase.objects.order_by("-attempt")
-    return list(ledger_selectors.run_operations(run=run).prefetch_related(Prefetch("cases", queryset=cases))[:limit])
+    deliveries = EffectDelivery.objects.order_by("-attempt")
+    records = EffectDeliveryRecord.objects.order_by("-recorded_at", "-pk")
+    return list(
+        ledger_selectors.run_operations(run=run).prefetch_related(
+            Prefetch("cases", queryset=cases),
+            Prefetch("deliveries", queryset=deliveries),
+            Prefetch("delivery_records", queryset=records),
+        )[:limit]
+    )
 
 
 def unknown_time(cases: QuerySet[ReconciliationCase], now: datetime) -> UnknownTime:

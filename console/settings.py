@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -112,6 +113,60 @@ def _reconcilers() -> dict[str, dict[str, Any]]:
     if not isinstance(value, dict) or not all(isinstance(v, dict) and v.get("kind") for v in value.values()):
         raise ImproperlyConfigured('FENCELINE_RECONCILERS must map names to {"kind": ..., ...}')
     return {"sandbox-payments": sandbox, **value}
+
+
+DELIVERY_STYLES = ("stripe", "github")
+DELIVERY_MAP_KEYS = frozenset(
+    {"by", "message_id", "operation_key", "status", "provider_event_id", "occurred_at", "statuses"}
+)
+DELIVERY_SOURCE_KEYS = frozenset({"style", "secret", "tenant", "map", "tolerance_s"})
+
+
+def _delivery_source(name: str, source: object) -> dict[str, Any]:
+    """One source of FENCELINE_DELIVERY_SOURCES, checked: its style, its secret by reference
+    (env:NAME or file:PATH, resolved per request, never read here), its tenant, its map."""
+    where = f"FENCELINE_DELIVERY_SOURCES[{name!r}]"
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", name):
+        raise ImproperlyConfigured(f"{where}: a source name is 1 to 63 of a-z, 0-9, _ and -")
+    if not isinstance(source, dict) or not set(source) <= DELIVERY_SOURCE_KEYS:
+        raise ImproperlyConfigured(f"{where} must be an object with keys among {sorted(DELIVERY_SOURCE_KEYS)}")
+    if source.get("style") not in DELIVERY_STYLES:
+        raise ImproperlyConfigured(f'{where}.style must be "stripe" or "github"')
+    secret = source.get("secret")
+    if not isinstance(secret, str) or not re.fullmatch(r"(env:[A-Za-z_][A-Za-z0-9_]*|file:/.+)", secret):
+        raise ImproperlyConfigured(f"{where}.secret must be a reference: env:NAME or file:/absolute/path")
+    if not isinstance(source.get("tenant"), str) or not source["tenant"]:
+        raise ImproperlyConfigured(f"{where}.tenant must name the tenant (its slug) whose operations it reports")
+    mapping = source.get("map", {})
+    if not isinstance(mapping, dict) or not set(mapping) <= DELIVERY_MAP_KEYS:
+        raise ImproperlyConfigured(f"{where}.map must be an object with keys among {sorted(DELIVERY_MAP_KEYS)}")
+    if mapping.get("by", "message_id") not in ("message_id", "operation_key"):
+        raise ImproperlyConfigured(f'{where}.map.by must be "message_id" or "operation_key"')
+    paths = {k: v for k, v in mapping.items() if k not in ("by", "statuses")}
+    if not all(isinstance(v, str) and v for v in paths.values()):
+        raise ImproperlyConfigured(f"{where}.map: each field's path must be a non-empty string")
+    statuses = mapping.get("statuses", {})
+    if not isinstance(statuses, dict) or not all(v in ("DELIVERED", "BOUNCED", "DEFERRED") for v in statuses.values()):
+        raise ImproperlyConfigured(f"{where}.map.statuses must map provider values to DELIVERED, BOUNCED or DEFERRED")
+    tolerance = source.get("tolerance_s", 300)
+    if type(tolerance) is not int or not 1 <= tolerance <= 3600:
+        raise ImproperlyConfigured(f"{where}.tolerance_s must be an integer from 1 to 3600")
+    return {**source, "map": mapping, "tolerance_s": tolerance}
+
+
+def _delivery_sources() -> dict[str, dict[str, Any]]:
+    """FENCELINE_DELIVERY_SOURCES (or _FILE): the providers whose signed delivery webhooks
+    POST /api/v1/webhooks/deliveries/<source> takes (docs/operations.md)."""
+    raw = env("FENCELINE_DELIVERY_SOURCES")
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise ImproperlyConfigured("FENCELINE_DELIVERY_SOURCES must be a JSON object") from None
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured("FENCELINE_DELIVERY_SOURCES must be a JSON object of sources")
+    return {name: _delivery_source(name, source) for name, source in value.items()}
 
 
 def _local_secret_key() -> str:
@@ -555,6 +610,9 @@ FENCELINE["WEBHOOK_MAX_ATTEMPTS"] = env_int("FENCELINE_WEBHOOK_MAX_ATTEMPTS", 6,
 FENCELINE["WEBHOOK_BACKOFF_BASE_S"] = env_int("FENCELINE_WEBHOOK_BACKOFF_BASE_S", 10, minimum=1)
 FENCELINE["WEBHOOK_BACKOFF_MAX_S"] = env_int("FENCELINE_WEBHOOK_BACKOFF_MAX_S", 3600, minimum=1)
 # --- end of notifications ---
+
+# Delivery evidence from providers' signed webhooks (ledger/services/delivery/webhooks.py).
+FENCELINE["DELIVERY_SOURCES"] = _delivery_sources()
 
 # --- Celery -----------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 An actor is ``worker:<worker name>/<owner id>`` for a worker's fenced call,
 ``user:<username>`` for a person's decision (invariant 8), ``reconciler:<name>`` for a
-provider lookup that settled an UNKNOWN, or ``system:<job>`` for one of Fenceline's own jobs. Actors are stored with every event, so what a worker names itself
+provider lookup that settled an UNKNOWN, ``provider:<source>`` for a provider's signed
+webhook, or ``system:<job>`` for one of Fenceline's own jobs. Actors are stored with every event, so what a worker names itself
 passes the secret boundary first.
 """
 
@@ -31,6 +32,12 @@ def worker_actor(worker: Named, owner_id: str) -> str:
 
 def user_actor(username: str) -> str:
     return f"user:{username}"
+
+
+def provider_actor(source: str) -> str:
+    """A provider's signed webhook (``FENCELINE_DELIVERY_SOURCES``): it holds no lease and
+    presents no fencing token; its signature under the source's secret is its credential."""
+    return f"provider:{source}"
 
 
 def reconciler_actor(name: str) -> str:

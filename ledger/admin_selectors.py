@@ -43,6 +43,7 @@ from ledger.pagination import keyset_page
 from ledger.roles import ROLES, VIEW, tenants_for
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.admission import operations_in_doubt
+from ledger.services.delivery.lookup import deliveries_pending
 from ledger.services.upgrades.changes import KNOWN_CHANGES, change_read
 from ledger.services.upgrades.fleet import fleet_builds
 from ledger.states import (
@@ -226,6 +227,9 @@ def worker_detail_parts(*, worker: Worker) -> dict[str, Any]:
         .order_by("expires_at")[:RECENT]
     )
     drains = list(WorkerDrain.objects.filter(worker=worker).order_by("-started_at")[:RECENT])
+    for drain in drains:  # an open drain reports its pending deliveries live, a closed one as it quiesced
+        if drain.quiesced_at is None:
+            drain.deliveries_pending = deliveries_pending(worker_id=worker.pk)
     boots = list(WorkerBoot.objects.filter(worker=worker).order_by("-reported_at")[:RECENT])
     return {
         "grants": grants,

@@ -263,6 +263,23 @@ class ReconcileFirst(DomainError):
     status = 409
 
 
+class AlreadyDelivered(DomainError):
+    """A retry of a NON_RETRYABLE send whose message the provider reports DELIVERED or
+    DEFERRED (it is delivered, or will be): sending again would deliver it twice.
+    ``delivery_state`` and ``message_id`` name the evidence."""
+
+    code = "ALREADY_DELIVERED"
+    status = 409
+
+
+class BadSignature(DomainError):
+    """A provider webhook whose signature is missing, malformed, wrong or outside the
+    source's tolerance window: nothing was read or written."""
+
+    code = "BAD_SIGNATURE"
+    status = 401
+
+
 class UnknownSchemaVersion(DomainError):
     """A record or request names a schema version this build cannot read (invariant 9).
 

@@ -24,6 +24,7 @@ from ledger.models import (
     CostWindow,
     CredentialLease,
     DiagnosticPayload,
+    EffectDelivery,
     Event,
     LeaseGrant,
     Operation,
@@ -71,6 +72,11 @@ def operation_get(*, tenant: Tenant, operation_id: object) -> Operation:
     if op is None:
         raise NotFound("operation not found")
     return op
+
+
+def operation_delivery(*, operation: Operation) -> EffectDelivery | None:
+    """The delivery evidence of the operation's current attempt, if any was recorded."""
+    return EffectDelivery.objects.filter(operation_id=operation.pk, attempt=operation.attempt).first()
 
 
 def resource_get(*, tenant_id: int, resource_id: object) -> RunResource:

@@ -276,3 +276,23 @@ class BackfillState(models.TextChoices):
 class ConflictStatus(models.TextChoices):
     OPEN = "OPEN"
     RESOLVED = "RESOLVED"
+
+
+class DeliveryState(models.TextChoices):
+    """Delivery evidence of an effect (an email, a webhook sent by a worker), apart from its
+    execution: the audit-trail article's second state machine. Not the state of Fenceline's
+    own notifications (``ledger.models.notifications``)."""
+
+    DEFERRED = "DEFERRED"  # the provider holds it and will try again
+    DELIVERED = "DELIVERED"
+    BOUNCED = "BOUNCED"
+
+
+# DEFERRED -> DELIVERED | BOUNCED; DELIVERED and BOUNCED are final. The first record of an
+# operation sets any state. A record along no edge (a late DEFERRED after DELIVERED, a
+# BOUNCED after DELIVERED) is kept in the history and its event in the chain, and moves nothing.
+DELIVERY_TRANSITIONS: dict[DeliveryState, frozenset[DeliveryState]] = {
+    DeliveryState.DEFERRED: frozenset({DeliveryState.DELIVERED, DeliveryState.BOUNCED}),
+    DeliveryState.DELIVERED: frozenset(),
+    DeliveryState.BOUNCED: frozenset(),
+}

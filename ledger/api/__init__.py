@@ -29,6 +29,8 @@ from ledger.api.schemas import (
     CredentialLeaseIn,
     CredentialLeaseOut,
     DecisionError,
+    DeliveryIn,
+    DeliveryRecordedOut,
     DrainIn,
     EffectIn,
     EffectOut,
@@ -62,14 +64,17 @@ from ledger.api.schemas import (
     TokenIn,
     WorkerOut,
 )
-from ledger.models import Operation, ProgressCheckpoint, Run, RunResource, Worker
+from ledger.models import EffectDelivery, Operation, ProgressCheckpoint, Run, RunResource, Worker
 from ledger.services.authority import capabilities, credential_leases
 from ledger.services.core.fencing import fence_check
 from ledger.services.core.handoff import queues
 from ledger.services.core.intent import Intent
+from ledger.services.delivery import record as delivery
+from ledger.services.delivery.lookup import deliveries_pending
+from ledger.services.delivery.webhooks import delivery_webhook_receive
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.evidence.export import chain_export
-from ledger.services.fence import effects, ending, leases, notes, operations, outcomes, retry, runs
+from ledger.services.fence import deliveries, effects, ending, leases, notes, operations, outcomes, retry, runs
 from ledger.services.fleet import boots, lifecycle
 from ledger.services.fleet.stale_tokens import DIRECTIVE_HEADER, directive_for
 from ledger.services.lifespan import checkpoints, resources
@@ -267,6 +272,19 @@ def _op_out(op: Operation) -> Body:
                 "updated_at",
             )
         },
+        "delivery": _delivery_out(selectors.operation_delivery(operation=op)),
+    }
+
+
+def _delivery_out(found: EffectDelivery | None) -> Body | None:
+    if found is None:
+        return None
+    return {
+        "attempt": found.attempt,
+        "status": found.state,
+        "message_id": found.message_id,
+        "occurred_at": found.occurred_at,
+        "updated_at": found.updated_at,
     }
 
 
@@ -535,7 +553,9 @@ def start_effect(request: WorkerRequest, run_id: str, body: EffectIn) -> Status[
 )
 def retry_operation(request: WorkerRequest, operation_id: str, body: TokenIn) -> Body:
     """Start the next attempt as the retry decision allows. 409 RECONCILE_FIRST while the
-    outcome is UNKNOWN; 202 APPROVAL_REQUIRED for an operation that needs a person."""
+    outcome is UNKNOWN; 202 APPROVAL_REQUIRED for an operation that needs a person; 409
+    ALREADY_DELIVERED for a NON_RETRYABLE send whose delivery is recorded DELIVERED or
+    DEFERRED. Every refusal of the decision leaves a RETRY_REFUSED event in the chain."""
     op = retry.operation_retry(worker=request.worker, operation_id=operation_id, fencing_token=body.fencing_token)
     return {"attempt": op.attempt, "phase": op.phase}
 
@@ -580,6 +600,68 @@ def report_outcome(request: WorkerRequest, operation_id: str, body: OutcomeIn) -
         provider_ref=body.provider_ref.dict(exclude_none=True) if body.provider_ref is not None else None,
     )
     return {"phase": op.phase}
+
+
+@api.post(
+    "/operations/{operation_id}/deliveries",
+    response={201: DeliveryRecordedOut, 200: DeliveryRecordedOut, **BODY, 404: E, 409: PhaseError | Error},
+    tags=["operations"],
+)
+def record_delivery(request: WorkerRequest, operation_id: str, body: DeliveryIn) -> Status[Body]:
+    """Record delivery evidence of the operation's current attempt (DELIVERED, BOUNCED or
+    DEFERRED), apart from its outcome, by the worker holding the run's lease: a
+    DELIVERY_RECORDED event in the run's chain. DEFERRED -> DELIVERED | BOUNCED; DELIVERED
+    and BOUNCED are final (a later record is kept, applied false). The same
+    provider_event_id again answers 200 as the first time; with other content 422
+    IDEMPOTENCY_MISMATCH. Never dispatched: 409 WRONG_PHASE; a stale token: 409 STALE_TOKEN."""
+    report = delivery.report_checked(
+        state=body.status,
+        message_id=body.message_id,
+        provider_event_id=body.provider_event_id,
+        occurred_at=delivery.occurred_at_parsed(body.occurred_at),
+    )
+    recorded = deliveries.delivery_record(
+        worker=request.worker, operation_id=operation_id, fencing_token=body.fencing_token, report=report
+    )
+    return Status(200 if recorded.replayed else 201, _recorded_out(recorded))
+
+
+def _recorded_out(recorded: delivery.Recorded) -> Body:
+    record = recorded.record
+    return {
+        "operation_id": str(record.operation_id),
+        "status": record.state,
+        "applied": record.applied,
+        "replayed": recorded.replayed,
+        "seq": record.seq,
+        "delivery": _delivery_out(recorded.delivery),
+    }
+
+
+@api.post(
+    "/webhooks/deliveries/{source}",
+    auth=None,
+    response={
+        201: DeliveryRecordedOut,
+        200: DeliveryRecordedOut,
+        400: E,
+        401: E,
+        404: E,
+        409: PhaseError | Error,
+        413: E,
+        422: InvalidOut,
+        503: E,
+    },
+    tags=["webhooks"],
+)
+def delivery_webhook(request: HttpRequest, source: str) -> Status[Body]:
+    """A provider's signed delivery webhook (no worker token: the signature under the
+    source's secret is the credential; FENCELINE_DELIVERY_SOURCES, docs/operations.md).
+    Stripe-style (Stripe-Signature, with a tolerance window) or GitHub-style
+    (X-Hub-Signature-256). A missing, wrong or stale signature: 401 BAD_SIGNATURE, nothing
+    written. Recorded as the worker's report is, with the actor provider:<source>."""
+    recorded = delivery_webhook_receive(source=source, headers=request.headers, body=request.body)
+    return Status(200 if recorded.replayed else 201, _recorded_out(recorded))
 
 
 @api.get(
@@ -665,11 +747,13 @@ def issue_credential_lease(request: WorkerRequest, run_id: str, body: Credential
 
 
 def _worker_out(worker: Worker) -> Body:
+    draining = worker.status == "DRAINING"
     return {
         "name": worker.name,
         "status": worker.status,
         "drain_deadline": worker.drain_deadline,
         "last_heartbeat_at": worker.last_heartbeat_at,
+        "deliveries_pending": deliveries_pending(worker_id=worker.pk) if draining else None,
     }
 
 

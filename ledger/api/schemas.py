@@ -374,6 +374,8 @@ class WorkerOut(Schema):
     status: str
     drain_deadline: datetime | None
     last_heartbeat_at: datetime | None
+    # While DRAINING: the sends it dispatched that the provider still reports DEFERRED.
+    deliveries_pending: int | None
 
 
 class ResourceIn(In):
@@ -469,6 +471,41 @@ class ProviderRefOut(Schema):
     id: str
 
 
+DeliveryStatusName = Literal["DELIVERED", "BOUNCED", "DEFERRED"]
+
+
+class DeliveryIn(In):
+    """A delivery report (docs/api.md, "Delivery evidence"); occurred_at is ISO 8601 with a zone."""
+
+    fencing_token: Token
+    status: DeliveryStatusName
+    message_id: Annotated[StrictStr, Field(max_length=300)] = ""
+    provider_event_id: Annotated[StrictStr, Field(min_length=1, max_length=200)]
+    occurred_at: Annotated[StrictStr, Field(min_length=1, max_length=64, json_schema_extra={"format": "date-time"})]
+
+
+class DeliveryOut(Schema):
+    """An attempt's delivery state: ``status`` as the rules left it."""
+
+    attempt: int
+    status: DeliveryStatusName
+    message_id: str
+    occurred_at: datetime
+    updated_at: datetime
+
+
+class DeliveryRecordedOut(Schema):
+    """The answer to a delivery report: the record (``applied``: whether it moved the state;
+    ``replayed``: the same provider_event_id was recorded before) and the state now."""
+
+    operation_id: str
+    status: DeliveryStatusName
+    applied: bool
+    replayed: bool
+    seq: int
+    delivery: DeliveryOut
+
+
 class OperationOut(Schema):
     operation_id: str
     run_id: str
@@ -496,6 +533,8 @@ class OperationOut(Schema):
     actual_cost_cents: int | None
     created_at: datetime
     updated_at: datetime
+    # The delivery evidence of the current attempt (None: nothing recorded).
+    delivery: DeliveryOut | None
 
 
 class TokenIn(In):

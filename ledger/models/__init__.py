@@ -9,6 +9,7 @@ from ledger.models.authority import (
     Credential,
     CredentialLease,
 )
+from ledger.models.delivery import EffectDelivery, EffectDeliveryRecord
 from ledger.models.evidence import Checkpoint, DiagnosticPayload, Event
 from ledger.models.jobs import JobHeartbeat, RunTotals
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
@@ -41,6 +42,8 @@ __all__ = [
     "Credential",
     "CredentialLease",
     "DiagnosticPayload",
+    "EffectDelivery",
+    "EffectDeliveryRecord",
     "Event",
     "FenceGeneration",
     "JobHeartbeat",

@@ -140,6 +140,9 @@ class WorkerDrain(Versioned):
     # revoked), "resumed" or "quarantined" (a person's decision cut it short).
     outcome = models.CharField(max_length=16, blank=True, default="")
     unknown_count = models.PositiveIntegerField(default=0)
+    # Deliveries of effects the worker dispatched still DEFERRED when it quiesced (its open
+    # drain reports them live: ledger.selectors.worker_deliveries_pending).
+    deliveries_pending = models.PositiveIntegerField(default=0)
     stale_claim_rejections = models.PositiveIntegerField(default=0)
 
     class Meta:

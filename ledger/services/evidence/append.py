@@ -501,6 +501,8 @@ NOT_PROGRESS = frozenset(
         "RESOURCE_CLEANUP_FAILED",
         "RESOURCE_RETRY_REQUESTED",
         "RESOURCE_MARKED_RELEASED",
+        "DELIVERY_RECORDED",
+        "RETRY_REFUSED",
     }
 )
 

@@ -15,6 +15,7 @@ from ledger.services.authority.policy import policy_now
 from ledger.services.core.fencing import Fenced, decided, fenced
 from ledger.services.core.handoff import queues
 from ledger.services.core.phases import transition
+from ledger.services.delivery.lookup import delivery_refuses_retry
 from ledger.services.fence.ending import NEW_WORK
 from ledger.states import ApprovalKind, EffectClass, Phase
 
@@ -52,7 +53,9 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
     """A new attempt of a FAILED (or reconciled as not happened) operation, as the retry
     decision allows: RETRY / RETRY_SAME_KEY start attempt + 1 (same idempotency key);
     RECONCILE refuses (RECONCILE_FIRST); APPROVAL asks for, or uses, an approval bound to
-    this operation, attempt, args digest and fencing token."""
+    this operation, attempt, args digest and fencing token. A NON_RETRYABLE send whose
+    delivery is recorded DELIVERED or DEFERRED is refused (ALREADY_DELIVERED). Every refusal
+    of the decision (not a stale token, which the fence records) is a RETRY_REFUSED event."""
     op_id = parse_id(operation_id, "operation")
 
     def write(ctx: Fenced) -> tuple[Operation, DomainError | None]:
@@ -60,15 +63,14 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
         if op is None:
             raise NotFound("operation not found")
         decision, reason = operation_retry_decision(op)
-        if decision == "RECONCILE":
-            raise ReconcileFirst(reason)
-        if decision == "STOP":
-            raise WrongPhase(phase=op.phase, wanted="FAILED, or RECONCILED as not having happened")
         now = policy_now(tenant=ctx.run.tenant, seen=ctx.tenant)
         policy = now.document
-        refusal = breaker_allows(tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=True, stored=now.breaker)
+        refusal = _refusal(op, decision, reason) or breaker_allows(
+            tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=True, stored=now.breaker
+        )
         if refusal is not None:
-            raise refusal
+            _record_refusal(op, ctx, decision=decision, refusal=refusal)
+            return op, refusal
         if decision == "APPROVAL":
             asked = _approval_asked(op, ctx, policy=policy)
             if asked is not None:
@@ -88,6 +90,34 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
     )
     metrics.RETRY_BY_EFFECT_CLASS.labels(worker.tenant.slug, op.effect_class).inc()
     return op
+
+
+def _refusal(op: Operation, decision: str, reason: str) -> DomainError | None:
+    """The retry decision's own refusal, before the breaker is asked: RECONCILE and STOP
+    refuse; a NON_RETRYABLE send the provider reports delivered (or deferred) is refused."""
+    if decision == "RECONCILE":
+        return ReconcileFirst(reason)
+    if decision == "STOP":
+        return WrongPhase(phase=op.phase, wanted="FAILED, or RECONCILED as not having happened")
+    return delivery_refuses_retry(op)
+
+
+def _record_refusal(op: Operation, ctx: Fenced, *, decision: str, refusal: DomainError) -> None:
+    """A refused retry is an event in the run's chain: RETRY_REFUSED with the code and why
+    (the fence commits it, then the refusal is raised)."""
+    ctx.batch.append(
+        ctx.run,
+        "RETRY_REFUSED",
+        actor=ctx.actor,
+        fields={
+            "operation_id": str(op.pk),
+            "attempt": op.attempt,
+            "effect_class": op.effect_class,
+            "decision": decision,
+            "code": refusal.code,
+            "reason": refusal.detail,
+        },
+    )
 
 
 def _approval_asked(op: Operation, ctx: Fenced, *, policy: dict[str, Any]) -> ApprovalRequired | None:

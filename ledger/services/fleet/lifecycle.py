@@ -32,6 +32,7 @@ from ledger.models import Operation, Run, RunLease, Worker, WorkerDrain
 from ledger.roles import ADMINISTER, tenants_for
 from ledger.services.core.decisions import acting_name, admin_action_record, decision_reason
 from ledger.services.core.fencing import locked_runs
+from ledger.services.delivery.lookup import deliveries_pending
 from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.lease_end import leases_end
 from ledger.services.fleet.workers import worker_get
@@ -113,7 +114,8 @@ DRAIN_OUTCOMES: dict[str, str] = {WorkerStatus.QUARANTINED: "quarantined", Worke
 
 def _drain_close(worker: Worker, now: datetime, *, outcome: str, quiesced: list[Run]) -> None:
     """Close the worker's open drain (if any) with its last signals: when it quiesced, how
-    it ended, and how many effects of the worker's runs it left UNKNOWN."""
+    it ended, how many effects of the worker's runs it left UNKNOWN, and how many of the
+    sends it dispatched are still DEFERRED at the provider."""
     drain = WorkerDrain.objects.filter(worker=worker, quiesced_at__isnull=True).first()
     if drain is None:
         return
@@ -125,7 +127,12 @@ def _drain_close(worker: Worker, now: datetime, *, outcome: str, quiesced: list[
     ).count()
     if outcome == "released" and quiesced:
         outcome = "deadline"  # it still held leases: the deadline revoked them
-    WorkerDrain.objects.filter(pk=drain.pk).update(quiesced_at=now, outcome=outcome, unknown_count=unknown)
+    WorkerDrain.objects.filter(pk=drain.pk).update(
+        quiesced_at=now,
+        outcome=outcome,
+        unknown_count=unknown,
+        deliveries_pending=deliveries_pending(worker_id=worker.pk),
+    )
 
 
 def _decided(

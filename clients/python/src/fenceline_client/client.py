@@ -162,6 +162,20 @@ class ReconcileFirst(FencelineError):
     code = "RECONCILE_FIRST"
 
 
+class AlreadyDelivered(FencelineError):
+    """A retry of a NON_RETRYABLE send the provider reports DELIVERED or DEFERRED: sending
+    again would deliver it twice. ``body["delivery_state"]`` and ``body["message_id"]`` say which."""
+
+    code = "ALREADY_DELIVERED"
+
+
+class BadSignature(FencelineError):
+    """A provider webhook whose signature did not verify (the webhook receiver's refusal;
+    listed so that every code the server has is an exception here)."""
+
+    code = "BAD_SIGNATURE"
+
+
 class EffectClassMismatch(FencelineError):
     """The tool contract gives the operation another side-effect class than the one declared."""
 
@@ -305,6 +319,8 @@ ERRORS: dict[str, type[FencelineError]] = {
         RunCompleted,
         RunCancelled,
         ReconcileFirst,
+        AlreadyDelivered,
+        BadSignature,
         BootIdReused,
         EffectClassMismatch,
         ResourceInUse,
@@ -947,6 +963,24 @@ class Lease:
         if done.error_code:
             report["error_code"] = done.error_code
         return str(self.post(f"/operations/{operation_id}/outcome", report)["phase"])
+
+    def delivery(
+        self,
+        operation_id: str,
+        *,
+        status: str,
+        provider_event_id: str,
+        occurred_at: str,
+        message_id: str = "",
+    ) -> dict[str, Any]:
+        """Record delivery evidence of the operation's current attempt, apart from its
+        outcome: ``status`` DELIVERED, BOUNCED or DEFERRED, the provider's event id (recorded
+        once), when it happened (ISO 8601 with a zone). Returns the record and the
+        delivery state now ({"applied", "replayed", "seq", "delivery": {...}})."""
+        report = {"status": status, "provider_event_id": provider_event_id, "occurred_at": occurred_at}
+        if message_id:
+            report["message_id"] = message_id
+        return self.post(f"/operations/{operation_id}/deliveries", report)
 
     # -- the end --
 

@@ -1,0 +1,1 @@
+"""Delivery evidence of effects, apart from their execution (docs/api.md, "Delivery evidence")."""
