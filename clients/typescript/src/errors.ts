@@ -119,6 +119,14 @@ export class UpgradeRefused extends FencelineError {
 export class EffectsHeld extends FencelineError {
   static override readonly code = "EFFECTS_HELD";
 }
+/** A retry of a NON_RETRYABLE send the provider reports DELIVERED or DEFERRED: sending again would deliver it twice. */
+export class AlreadyDelivered extends FencelineError {
+  static override readonly code = "ALREADY_DELIVERED";
+}
+/** A provider webhook whose signature did not verify (the webhook receiver's refusal). */
+export class BadSignature extends FencelineError {
+  static override readonly code = "BAD_SIGNATURE";
+}
 /** An event payload of class user_content for a tenant that has not opted in to keep it. */
 export class UserContentRefused extends FencelineError {
   static override readonly code = "USER_CONTENT_REFUSED";
@@ -197,6 +205,8 @@ export const ERRORS: Readonly<Record<string, ErrorClass & { code: string }>> = O
       TooManyRequests,
       DatabaseUnavailable,
       RestoreUnchecked,
+      AlreadyDelivered,
+      BadSignature,
       KeyUnavailable,
       InvalidRequest,
       MalformedJSON,

@@ -81,6 +81,31 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/operations/{operation_id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Record Delivery
+         * @description Record delivery evidence of the operation's current attempt (DELIVERED, BOUNCED or
+         *     DEFERRED), apart from its outcome, by the worker holding the run's lease: a
+         *     DELIVERY_RECORDED event in the run's chain. DEFERRED -> DELIVERED | BOUNCED; DELIVERED
+         *     and BOUNCED are final (a later record is kept, applied false). The same
+         *     provider_event_id again answers 200 as the first time; with other content 422
+         *     IDEMPOTENCY_MISMATCH. Never dispatched: 409 WRONG_PHASE; a stale token: 409 STALE_TOKEN.
+         */
+        post: operations["ledger_api_record_delivery"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/operations/{operation_id}/dispatch": {
         parameters: {
             query?: never;
@@ -137,7 +162,9 @@ export interface paths {
         /**
          * Retry Operation
          * @description Start the next attempt as the retry decision allows. 409 RECONCILE_FIRST while the
-         *     outcome is UNKNOWN; 202 APPROVAL_REQUIRED for an operation that needs a person.
+         *     outcome is UNKNOWN; 202 APPROVAL_REQUIRED for an operation that needs a person; 409
+         *     ALREADY_DELIVERED for a NON_RETRYABLE send whose delivery is recorded DELIVERED or
+         *     DEFERRED. Every refusal of the decision leaves a RETRY_REFUSED event in the chain.
          */
         post: operations["ledger_api_retry_operation"];
         delete?: never;
@@ -526,6 +553,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/webhooks/deliveries/{source}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Delivery Webhook
+         * @description A provider's signed delivery webhook (no worker token: the signature under the
+         *     source's secret is the credential; FENCELINE_DELIVERY_SOURCES, docs/operations.md).
+         *     Stripe-style (Stripe-Signature, with a tolerance window) or GitHub-style
+         *     (X-Hub-Signature-256). A missing, wrong or stale signature: 401 BAD_SIGNATURE, nothing
+         *     written. Recorded as the worker's report is, with the actor provider:<source>.
+         */
+        post: operations["ledger_api_delivery_webhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/workers/me/boots": {
         parameters: {
             query?: never;
@@ -865,6 +916,77 @@ export interface components {
             /** Error */
             error: string;
         };
+        /**
+         * DeliveryIn
+         * @description A delivery report (docs/api.md, "Delivery evidence"); occurred_at is ISO 8601 with a zone.
+         */
+        DeliveryIn: {
+            /** Fencing Token */
+            fencing_token: number;
+            /**
+             * Message Id
+             * @default
+             */
+            message_id?: string;
+            /**
+             * Occurred At
+             * Format: date-time
+             */
+            occurred_at: string;
+            /** Provider Event Id */
+            provider_event_id: string;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "DELIVERED" | "BOUNCED" | "DEFERRED";
+        };
+        /**
+         * DeliveryOut
+         * @description An attempt's delivery state: ``status`` as the rules left it.
+         */
+        DeliveryOut: {
+            /** Attempt */
+            attempt: number;
+            /** Message Id */
+            message_id: string;
+            /**
+             * Occurred At
+             * Format: date-time
+             */
+            occurred_at: string;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "DELIVERED" | "BOUNCED" | "DEFERRED";
+            /**
+             * Updated At
+             * Format: date-time
+             */
+            updated_at: string;
+        };
+        /**
+         * DeliveryRecordedOut
+         * @description The answer to a delivery report: the record (``applied``: whether it moved the state;
+         *     ``replayed``: the same provider_event_id was recorded before) and the state now.
+         */
+        DeliveryRecordedOut: {
+            /** Applied */
+            applied: boolean;
+            delivery: components["schemas"]["DeliveryOut"];
+            /** Operation Id */
+            operation_id: string;
+            /** Replayed */
+            replayed: boolean;
+            /** Seq */
+            seq: number;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "DELIVERED" | "BOUNCED" | "DEFERRED";
+        };
         /** DomainReadiness */
         DomainReadiness: {
             /**
@@ -1193,6 +1315,7 @@ export interface components {
              * Format: date-time
              */
             created_at: string;
+            delivery: components["schemas"]["DeliveryOut"] | null;
             /** Dispatched At */
             dispatched_at: string | null;
             effect_class: components["schemas"]["EffectClass"];
@@ -1460,6 +1583,8 @@ export interface components {
         };
         /** WorkerOut */
         WorkerOut: {
+            /** Deliveries Pending */
+            deliveries_pending: number | null;
             /** Drain Deadline */
             drain_deadline: string | null;
             /** Last Heartbeat At */
@@ -1748,6 +1873,113 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["DecisionError"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PhaseError"] | components["schemas"]["Error"];
+                };
+            };
+            /** @description Content Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Unprocessable Content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["InvalidOut"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ThrottledError"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    ledger_api_record_delivery: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                operation_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["DeliveryIn"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeliveryRecordedOut"];
+                };
+            };
+            /** @description Created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeliveryRecordedOut"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
                 };
             };
             /** @description Not Found */
@@ -3878,6 +4110,100 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ThrottledError"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    ledger_api_delivery_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                source: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeliveryRecordedOut"];
+                };
+            };
+            /** @description Created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeliveryRecordedOut"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PhaseError"] | components["schemas"]["Error"];
+                };
+            };
+            /** @description Content Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Unprocessable Content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["InvalidOut"];
                 };
             };
             /** @description Service Unavailable */
