@@ -37,12 +37,21 @@ def refusal(api: NinjaAPI, request: HttpRequest, status: int, code: str, detail:
 
 
 def _field_path(error: dict[str, Any]) -> str:
-    """The field of a validation error as a dotted path. A key the schema does not know is
-    the caller's own text and is never echoed: it reads ``*`` (``fields.*``)."""
+    """The field of a validation error as a dotted path. A key is named as
+    ``ledger.boundary.path_segment`` allows: a plain name as it is, anything else (a long,
+    odd or credential-like key) as ``*``."""
     loc = [p for p in error.get("loc", ()) if p not in ("body", "payload", "query", "path")]
-    if error.get("type") == "extra_forbidden" and loc:
-        loc[-1] = "*"
     return ".".join(path_segment(str(p)) for p in loc) or "body"
+
+
+def _problem(error: dict[str, Any], field: str) -> str:
+    """The rule a field broke, in words. An unknown key is named (when it may be shown)."""
+    if error.get("type") != "extra_forbidden":
+        return str(error.get("msg", "invalid"))
+    key = field.rsplit(".", 1)[-1]
+    if key == "*":
+        return "a key this call does not take (not shown: it is not a plain name)"
+    return f"{key!r} is not a field this call takes (see docs/api.md)"
 
 
 def _body_missing(request: HttpRequest, exc: ValidationError) -> bool:
@@ -66,7 +75,8 @@ def install(api: NinjaAPI) -> None:
     def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
         if _body_missing(request, exc):
             return on_domain_error(request, MalformedJSON("the request body is empty; it must be a JSON object"))
-        problems = [{"field": _field_path(err), "problem": err.get("msg", "invalid")} for err in exc.errors]
+        fields = [_field_path(err) for err in exc.errors]
+        problems = [{"field": f, "problem": _problem(err, f)} for err, f in zip(exc.errors, fields, strict=True)]
         summary = "; ".join(f"{p['field']}: {p['problem']}" for p in problems[:5])
         return refusal(api, request, 422, "VALIDATION_ERROR", summary or "invalid request", fields=problems)
 
