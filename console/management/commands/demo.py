@@ -8,6 +8,7 @@ once the server answers. Ctrl-C, ``kill -TERM`` or a closed terminal stops it al
 in their own process group, which is stopped whole (Celery's beat is a process of its own).
 """
 
+import contextlib
 import logging.config
 import os
 import signal
@@ -54,16 +55,17 @@ class Command(BaseCommand):
         if no_serve:
             self.stdout.write(ready)
             return
-        jobs = None if no_jobs else self.start_jobs()
-        self.quiet_requests()
-        # The token and the curl line come last, once the server answers: Celery's and the
-        # server's start-up lines would otherwise scroll them away.
-        threading.Thread(target=self.announce_when_up, args=(host, ready), daemon=True).start()
-        # A `kill` or a closed terminal stops the demo as Ctrl-C does: the jobs with it, and the
-        # embedded database after the last of them.
+        # A `kill` or a closed terminal stops the demo as Ctrl-C does, from before the jobs start:
+        # the jobs with it, and the embedded database after the last of them.
         for stop in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(stop, _interrupt)
+        jobs = None
         try:
+            jobs = None if no_jobs else self.start_jobs()
+            self.quiet_requests()
+            # The token and the curl line come last, once the server answers: Celery's and the
+            # server's start-up lines would otherwise scroll them away.
+            threading.Thread(target=self.announce_when_up, args=(host, ready), daemon=True).start()
             call_command("runserver", addrport, use_reloader=False)
         finally:
             if jobs is not None:
@@ -73,7 +75,7 @@ class Command(BaseCommand):
         """Each request's log lines (and each sign-in's) to ``demo-requests.log``, not the
         terminal. Written into ``settings.LOGGING``: loading the WSGI application configures
         logging again from it."""
-        config = settings.LOGGING
+        config: dict[str, Any] = settings.LOGGING
         config["handlers"]["demo_requests"] = {
             "class": "logging.FileHandler",
             "filename": str(self.requests_log),
@@ -181,10 +183,8 @@ def stop_group(jobs: subprocess.Popen[bytes], *, grace_s: float = 10) -> None:
         os.killpg(jobs.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         jobs.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        pass
     try:
         os.killpg(jobs.pid, signal.SIGKILL)  # the beat process may outlive the worker
     except ProcessLookupError:
