@@ -128,7 +128,7 @@ def test_an_unknown_key_is_named_in_the_field_and_the_problem(leased):
     assert (r.status, r.body["error"]) == (422, "VALIDATION_ERROR"), r
     assert odd not in str(r.body)
     assert r.body["fields"] == [
-        {"field": "*", "problem": "a key this call does not take (not shown: it is not a plain name)"}
+        {"field": "*", "problem": "a key this call does not take (not shown: it does not read as a field name)"}
     ]
     assert snapshot() == before
 
