@@ -51,7 +51,7 @@ def approvals_for(user: User | AnonymousUser) -> QuerySet[ApprovalRequest]:
 CASE_FILTERS = {
     "open": PEOPLE_CASE_STATUSES,  # what waits for people; LOOKUP is still with a reconciler
     "unclaimed": (CaseStatus.OPEN,),  # waiting for someone to take it
-    "mine": (CaseStatus.CLAIMED,),  # claimed by the one asking (see case_queue)
+    "mine": (CaseStatus.CLAIMED, CaseStatus.ESCALATED),  # held by the one asking (see case_queue)
     "LOOKUP": ("LOOKUP",),
     "unresolved": OPEN_CASE_STATUSES,
     "CLAIMED": ("CLAIMED",),

@@ -16,12 +16,21 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+    JsonResponse,
+    UnreadablePostError,
+)
 from django.shortcuts import render
 from django.template.loader import render_to_string
+from django_htmx.http import HttpResponseClientRedirect
 
 from ledger.boundary import check_texts, credential_kind
 from ledger.errors import ForbiddenField
@@ -179,3 +188,40 @@ class DatabaseUnavailableMiddleware:
         response = HttpResponse(page, status=503)
         response["Retry-After"] = str(retry_after_s)
         return response
+
+
+class ConsoleAnswerMiddleware:
+    """Two console answers a browser would otherwise show badly (after django-htmx's
+    middleware, so ``request.htmx`` and ``request.user`` are there):
+
+    - an htmx request from a session that has ended gets the sign-in redirect as
+      ``HX-Redirect`` (the whole browser goes to the sign-in page, then back to the page it was
+      on), instead of htmx following the 302 and swapping the sign-in page into a card;
+    - a console action URL asked with the wrong method (a GET of ``/cases/<id>/claim``) gets
+      the console's 405 page saying the action is a button, not an empty 405.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if request.path.startswith(API_PREFIX):
+            return response
+        if getattr(request, "htmx", False) and _to_sign_in(response):
+            return _sign_in_again(request)
+        if isinstance(response, HttpResponseNotAllowed) and not response.content:
+            page = render(request, "405.html", {"allowed": response["Allow"]}, status=405)
+            page["Allow"] = response["Allow"]
+            return page
+        return response
+
+
+def _to_sign_in(response: HttpResponse) -> bool:
+    return isinstance(response, HttpResponseRedirect) and response["Location"].startswith(settings.LOGIN_URL)
+
+
+def _sign_in_again(request: HttpRequest) -> HttpResponse:
+    """The sign-in page for the whole browser, coming back to the page the person was on."""
+    back = request.htmx.current_url_abs_path or "/"  # type: ignore[attr-defined]  # django-htmx sets it
+    return HttpResponseClientRedirect(f"{settings.LOGIN_URL}?{urlencode({'next': back})}")

@@ -221,6 +221,9 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # An htmx request from an ended session goes to the sign-in page whole; a GET of an action
+    # URL gets the console's 405 page.
+    "console.middleware.ConsoleAnswerMiddleware",
     # Last, as django-axes requires: a locked-out sign-in answers its 429 page.
     "axes.middleware.AxesMiddleware",
 ]

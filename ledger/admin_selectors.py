@@ -440,7 +440,10 @@ def upgrades_overview(*, user: User | AnonymousUser) -> dict[str, Any]:
         "changes": changes,
         "writing": writing,
         "builds": builds,
-        "behind": [b for b in builds if b.live and not b.reads(writing)],
+        # Booted live workers whose build cannot read the version being written; live workers
+        # that never sent a boot report are counted apart (what they read is not known).
+        "behind": [b for b in builds if b.live and b.reads_up_to is not None and not b.reads(writing)],
+        "unreported": [b for b in builds if b.live and b.reads_up_to is None],
         "conflicts": conflicts,
         "open_conflicts": StateConflict.objects.filter(tenant__in=tenants, status=ConflictStatus.OPEN).count(),
         "held": list(tenants.filter(effects_held=True).order_by("slug")),

@@ -257,7 +257,7 @@ def _case_move(
         values: dict[str, Any] = {"status": target}
         if claim_for is not None:
             values.update(claimed_by=claim_for, claimed_at=now if claim_for else None)
-        if target == CaseStatus.ESCALATED:
+        if target == CaseStatus.ESCALATED and CaseStatus.ESCALATED not in sources:
             values.update(escalated_by=name, escalation_reason=reason)
         current = ReconciliationCase.objects.filter(pk=case.pk, status__in=sources)
         if held_by is not None:
@@ -314,18 +314,20 @@ def case_unclaim(*, case_id: object, user: User | AnonymousUser, reason: str) ->
 
 def case_reassign(*, case_id: object, user: User | AnonymousUser, to: str, reason: str) -> ReconciliationCase:
     """Hand an open case to another person who may operate on its tenant, with the reason:
-    OPEN, CLAIMED or ESCALATED -> CLAIMED by ``to``, with a CASE_REASSIGNED event
-    {from, to, reason}. Refused for a person who could not resolve it themselves."""
+    OPEN or CLAIMED -> CLAIMED by ``to``; an ESCALATED case stays ESCALATED (who escalated
+    it and why are kept), now held by ``to``; with a CASE_REASSIGNED event {from, to,
+    reason}. Refused for a person who could not resolve it themselves."""
     reason = decision_reason(reason)
     case = _case_for(case_id)
     target = get_user_model().objects.filter(username=to, is_active=True).first()
     if target is None or not can(target, case.tenant, OPERATE):
         raise InvalidInput(f"{to!r} is not someone who may work cases of this tenant", field="to")
+    escalated = case.status == CaseStatus.ESCALATED
     return _case_move(
         case_id=case_id,
         user=user,
-        sources=(CaseStatus.OPEN, CaseStatus.CLAIMED, CaseStatus.ESCALATED),
-        target=CaseStatus.CLAIMED,
+        sources=(CaseStatus.ESCALATED,) if escalated else (CaseStatus.OPEN, CaseStatus.CLAIMED),
+        target=CaseStatus.ESCALATED if escalated else CaseStatus.CLAIMED,
         event="CASE_REASSIGNED",
         reason=reason,
         claim_for=str(target.username),

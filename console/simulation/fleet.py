@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,7 @@ class Settings:
     people_share: float = 0.25  # share of keys the sandbox answers "cannot tell" about: left to people
     url: str = ""
     mcp_hosts: int = 1  # agent hosts whose tool calls go through the MCP gateway
+    every: int = 5  # seconds between two progress lines
 
 
 @dataclass
@@ -159,7 +160,7 @@ class Report:
             f"  upgrade window       operation records {versions}; {self.with_provider_ref} with provider_ref; "
             f"{self.old_build_workers} of the workers on the old build",
             f"  chaos                {chaos}",
-            f"  worker logs          {self.logs}",
+            f"  logs                 {self.logs} (each worker's, and the server's in server.log)",
         ]
 
 
@@ -422,7 +423,7 @@ class Fleet:
                     plan.pop(0)  # an event that found no healthy worker waits for one
                 self.top_up_runs()
                 self.jobs()
-                if elapsed - last_shown >= 1:
+                if elapsed - last_shown >= self.options.every:
                     self.say(self.progress(elapsed))
                     last_shown = elapsed
                 time.sleep(0.5)
@@ -542,8 +543,34 @@ class Fleet:
         )
 
 
+# What the in-process server and jobs log per request and per job run: to server.log, not the
+# terminal, where the progress lines are.
+CHATTY_LOGGERS = ("fenceline.request", "fenceline.job", "django.server", "django.request", "kombu", "celery")
+
+
+@contextlib.contextmanager
+def logs_to(path: Path) -> Iterator[None]:
+    """The chatty loggers write to ``path`` (and only there) for the duration."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    saved = {}
+    for name in CHATTY_LOGGERS:
+        logger = logging.getLogger(name)
+        saved[name] = (logger.handlers, logger.propagate)
+        logger.handlers, logger.propagate = [handler], False
+    try:
+        yield
+    finally:
+        for name, (handlers, propagate) in saved.items():
+            logger = logging.getLogger(name)
+            logger.handlers, logger.propagate = handlers, propagate
+        handler.close()
+
+
 def simulate(options: Settings, say: Callable[[str], None]) -> Report:
-    report = Fleet(options, say).run()
+    fleet = Fleet(options, say)
+    with logs_to(fleet.logs / "server.log"):
+        report = fleet.run()
     for line in report.lines():
         say(line)
     return report

@@ -12,12 +12,14 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, render
+from django.template.defaultfilters import pluralize
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from approvals import selectors as approvals_selectors
 from console.views.common import BAD_INPUT, HtmxHttpRequest, chosen, done, form_errors
+from fenceline_client.evidence_verifier import Report
 from ledger import selectors
 from ledger.actors import user_actor
 from ledger.errors import DomainError, KeyUnavailable, NotFound
@@ -237,12 +239,24 @@ def run_verify_now(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
         raise PermissionDenied("your role on this tenant does not allow this action")
     report = run_verify(run_id=run.pk)
     if report.finding is None:
-        message = f"Verified {report.events_checked:,} events: {report.status}"
-        if report.last_trusted_checkpoint:
-            message += f", trusted to the checkpoint at seq {report.last_trusted_checkpoint}"
-        return done(request, message + ".", f"/runs/{run.pk}/")
+        return done(request, _verified(report), f"/runs/{run.pk}/")
     finding = report.finding
     return done(request, f"BROKEN at seq {finding.first_seq}: {finding.reason}.", f"/runs/{run.pk}/", error=True)
+
+
+def _verified(report: Report) -> str:
+    """What a clean verification found, in words: every event holds; sealed to the head, or
+    the events past the last checkpoint wait for the next one (normal while a run is active)."""
+    checked = f"Verified {report.events_checked:,} event{pluralize(report.events_checked)}: every hash and link holds"
+    sealed = report.last_trusted_checkpoint or 0
+    if report.status == "VERIFIED":
+        return f"{checked}, sealed up to the latest (seq {report.head_seq})."
+    waiting = report.head_seq - sealed
+    where = f"sealed up to seq {sealed}" if sealed else "none sealed yet"
+    return (
+        f"{checked}; {where}, the {waiting} after it wait for the next checkpoint "
+        "(UNSEALED: normal while a run is active)."
+    )
 
 
 class CancelForm(forms.Form):

@@ -121,7 +121,11 @@ def worker_act(request: HtmxHttpRequest, worker_id: int) -> HttpResponse:
             f"under {pluralize(held, 'it,them')} is now UNKNOWN."
         )
     elif action == "drain":
-        message += f" It may finish its {held} run{pluralize(held)} until {changed.worker.drain_deadline:%H:%M:%S} UTC."
+        deadline = f"{changed.worker.drain_deadline:%H:%M:%S} UTC"
+        if held:
+            message += f" It may finish its {held} run{pluralize(held)} until {deadline}; it takes no new ones."
+        else:
+            message += " It holds no runs and takes no new ones."
     return done(request, message, next_url(request, "/workers/"))
 
 

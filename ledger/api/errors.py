@@ -7,6 +7,7 @@ and the rule, not the value.
 """
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -36,13 +37,29 @@ def refusal(api: NinjaAPI, request: HttpRequest, status: int, code: str, detail:
     return api.create_response(request, {"error": code, "detail": detail, **extra}, status=status)
 
 
+# An unknown key is the caller's own text: it is named only when it reads as a field name
+# (lower-case words joined by underscores, as every field of this API is) and passes the
+# secret boundary; anything else (digits, capitals, punctuation: a token, a password) reads "*".
+_FIELD_NAME = re.compile(r"[a-z]{1,20}(?:_[a-z]{1,20}){0,4}")
+
+
 def _field_path(error: dict[str, Any]) -> str:
-    """The field of a validation error as a dotted path. A key the schema does not know is
-    the caller's own text and is never echoed: it reads ``*`` (``fields.*``)."""
-    loc = [p for p in error.get("loc", ()) if p not in ("body", "payload", "query", "path")]
-    if error.get("type") == "extra_forbidden" and loc:
+    """The field of a validation error as a dotted path (``ledger.boundary.path_segment``
+    for each segment); an unknown key as ``_FIELD_NAME`` allows."""
+    loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "payload", "query", "path")]
+    if error.get("type") == "extra_forbidden" and loc and not _FIELD_NAME.fullmatch(loc[-1]):
         loc[-1] = "*"
-    return ".".join(path_segment(str(p)) for p in loc) or "body"
+    return ".".join(path_segment(p) for p in loc) or "body"
+
+
+def _problem(error: dict[str, Any], field: str) -> str:
+    """The rule a field broke, in words. An unknown key is named (when it may be shown)."""
+    if error.get("type") != "extra_forbidden":
+        return str(error.get("msg", "invalid"))
+    key = field.rsplit(".", 1)[-1]
+    if key == "*":
+        return "a key this call does not take (not shown: it does not read as a field name)"
+    return f"{key!r} is not a field this call takes (see docs/api.md)"
 
 
 def _body_missing(request: HttpRequest, exc: ValidationError) -> bool:
@@ -66,7 +83,8 @@ def install(api: NinjaAPI) -> None:
     def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
         if _body_missing(request, exc):
             return on_domain_error(request, MalformedJSON("the request body is empty; it must be a JSON object"))
-        problems = [{"field": _field_path(err), "problem": err.get("msg", "invalid")} for err in exc.errors]
+        fields = [_field_path(err) for err in exc.errors]
+        problems = [{"field": f, "problem": _problem(err, f)} for err, f in zip(exc.errors, fields, strict=True)]
         summary = "; ".join(f"{p['field']}: {p['problem']}" for p in problems[:5])
         return refusal(api, request, 422, "VALIDATION_ERROR", summary or "invalid request", fields=problems)
 

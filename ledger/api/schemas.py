@@ -29,7 +29,7 @@ from ledger.services.evidence.append import WORKER_EVENT_TYPE
 from ledger.services.fence.leases import MAX_TTL_S, MIN_TTL_S
 from ledger.services.lifespan import resources
 from ledger.states import EffectClass, Phase, ResourceKind
-from ledger.versioning import KNOWN_SCHEMA_VERSIONS
+from ledger.versioning import CURRENT_SCHEMA_VERSION, KNOWN_SCHEMA_VERSIONS
 
 # What ledger/storable.py lets through, as JSON Schema can say it: no NUL in any string or
 # key, no float of magnitude 1e16 or more. (Lone surrogates and -0.0 are refused too; JSON
@@ -154,7 +154,8 @@ class InvalidOut(Error):
 
 
 class RunCreateIn(In):
-    schema_version: SchemaVersion
+    # The run record's version; optional: this build's current one (ledger/versioning.py).
+    schema_version: SchemaVersion = CURRENT_SCHEMA_VERSION
     external_id: Annotated[StrictStr, Field(min_length=1, max_length=length(Run, "external_id"))] | None = None
     parent_run_id: RunId | None = None
     # At most the policy's max_runtime_s (86400 s on the starter policy); the run ends

@@ -82,7 +82,7 @@ def test_malformed_json_is_refused_on_every_post(leased, raw):
         ("lease", {"owner_id": "a", "ttl_s": 1.5}, "ttl_s"),  # 30.0 is an integer (JSON Schema's and ours)
         ("lease", {"owner_id": "a", "ttl_s": True}, "ttl_s"),
         ("lease", {"owner_id": 7, "ttl_s": 10}, "owner_id"),
-        ("lease", {"owner_id": "a", "ttl_s": 10, "extra": 1}, "*"),  # an unknown key is never echoed
+        ("lease", {"owner_id": "a", "ttl_s": 10, "extra": 1}, "extra"),  # an unknown key is named
         ("renew", {"owner_id": "worker-a", "fencing_token": "1", "ttl_s": 10}, "fencing_token"),
         ("operations", {**OP, "fencing_token": 1, "effect_class": "SAFE"}, "effect_class"),
         ("operations", {**OP, "fencing_token": 1, "tool": ""}, "tool"),
@@ -115,6 +115,26 @@ def test_missing_or_wrongly_typed_fields_are_named_in_a_422(leased, path_kind, b
     r = client.post(path, body)
     assert (r.status, r.body["error"]) == (422, "VALIDATION_ERROR"), r
     assert field in [problem["field"] for problem in r.body["fields"]], r
+    assert snapshot() == before
+
+
+def test_an_unknown_key_is_named_in_the_field_and_the_problem(leased):
+    client, run_id, _ = leased
+    before = snapshot()
+    r = client.post(f"/runs/{run_id}/lease", {"owner_id": "a", "ttl_s": 10, "ttl_seconds": 10})
+    assert (r.status, r.body["error"]) == (422, "VALIDATION_ERROR"), r
+    assert r.body["fields"] == [
+        {"field": "ttl_seconds", "problem": "'ttl_seconds' is not a field this call takes (see docs/api.md)"}
+    ]
+    assert r.body["detail"] == "ttl_seconds: 'ttl_seconds' is not a field this call takes (see docs/api.md)"
+    # A key that is not a plain name is still never echoed.
+    odd = "ttl seconds, please"
+    r = client.post(f"/runs/{run_id}/lease", {"owner_id": "a", "ttl_s": 10, odd: 1})
+    assert (r.status, r.body["error"]) == (422, "VALIDATION_ERROR"), r
+    assert odd not in str(r.body)
+    assert r.body["fields"] == [
+        {"field": "*", "problem": "a key this call does not take (not shown: it does not read as a field name)"}
+    ]
     assert snapshot() == before
 
 

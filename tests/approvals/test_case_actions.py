@@ -5,10 +5,17 @@ conditional UPDATE on the status decides who wins."""
 import pytest
 
 from approvals.models import ReconciliationCase
-from approvals.services.cases import case_claim, case_escalate, case_resolve, cases_preview, cases_resolve_bulk
+from approvals.services.cases import (
+    case_claim,
+    case_escalate,
+    case_reassign,
+    case_resolve,
+    cases_preview,
+    cases_resolve_bulk,
+)
 from ledger.errors import Forbidden, InvalidInput, WrongPhase
 from ledger.models import Event, Run
-from tests.factories import unknown_case, unknown_cases
+from tests.factories import unknown_case, unknown_cases, user_with
 from tests.helpers import snapshot
 
 
@@ -48,6 +55,17 @@ def test_claim_then_escalate_each_append_exactly_one_event_naming_the_user(acme,
     assert Run.objects.get(pk=case.run_id).last_seq == seq + 2
     with pytest.raises(WrongPhase):
         case_claim(case_id=case.pk, user=operator)  # only an OPEN case can be claimed
+
+
+def test_reassigning_an_escalated_case_keeps_it_escalated_with_its_note(acme, operator):
+    case = unknown_case(acme.worker)
+    user_with("operator", acme.tenant, "pat")
+    case_escalate(case_id=case.pk, user=operator, reason="provider support ticket needed")
+    moved = case_reassign(case_id=case.pk, user=operator, to="pat", reason="pat owns the provider contact")
+    assert (moved.status, moved.claimed_by) == ("ESCALATED", "pat")
+    assert (moved.escalated_by, moved.escalation_reason) == ("olga", "provider support ticket needed")
+    event = Event.objects.filter(run_id=case.run_id, type="CASE_REASSIGNED").get()
+    assert (event.fields["to"], event.fields["reason"]) == ("pat", "pat owns the provider contact")
 
 
 def test_an_escalation_needs_a_reason(acme, operator):

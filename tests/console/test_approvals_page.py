@@ -127,3 +127,11 @@ def test_the_page_costs_the_same_queries_with_10_and_200_requests(acme, approver
     with_200 = queries_for(browser, URL)
     assert ApprovalRequest.objects.filter(status="PENDING").count() == 200
     assert with_10 == with_200
+
+
+def test_a_request_without_an_args_digest_says_so_instead_of_a_dash(acme, viewer):
+    (approval,) = pending_approvals(acme.worker)
+    ApprovalRequest.objects.filter(pk=approval.pk).update(args_digest="")
+    body = Browser(viewer).get(URL).content.decode()
+    assert "attempt 1 (the worker sent no args digest)" in body
+    assert '<span class="muted">args</span> <span class="mono break">—</span>' not in body

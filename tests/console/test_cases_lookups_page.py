@@ -68,3 +68,15 @@ def test_the_dashboard_counts_unknowns_settled_by_reconcilers_and_by_people(acme
     assert "1 / 0" in page and "by reconcilers / by people" in page
     assert "1 still being looked up" in page
     assert "time in UNKNOWN" in page
+
+
+def test_a_case_a_reconciler_resolved_shows_the_providers_answer_once(acme, sandbox, operator):
+    _, _, case = unknown_payment(acme.worker, "pay-said-once")
+    sandbox_charge(sandbox, "pay-said-once")
+    assert cases_look_up().happened == 1
+    case.refresh_from_db()
+    why = case.lookup_history[-1]["why"]
+    body = Browser(operator).get("/cases/?status=RESOLVED").content.decode()
+    assert f"case-{case.pk}" in body
+    assert body.count(why) == 1, why  # in the lookup's evidence, not again beside the resolution
+    assert "HAPPENED by" in body and "on the provider's answer (lookup 1, in Evidence)" in body

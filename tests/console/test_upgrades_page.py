@@ -5,11 +5,12 @@ Another tenant's conflict is a 404; a bad form is a 422 that changes nothing."""
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
-from ledger.models import AdminAction, Event, Run, StateConflict, Tenant
+from ledger.models import AdminAction, Event, Run, StateConflict, Tenant, Worker
 from ledger.services.upgrades.restore import effects_hold
 from ledger.states import ConflictStatus
-from tests.factories import state_conflict
+from tests.factories import booted, state_conflict, worker_in
 from tests.helpers import Browser
 
 pytestmark = pytest.mark.django_db
@@ -81,3 +82,13 @@ def test_only_an_admin_allows_effects_after_a_restore(acme, outsider, operator, 
     assert not Tenant.objects.get(slug="acme").effects_held
     assert Tenant.objects.get(slug="globex").effects_held  # the other tenant stays held
     assert AdminAction.objects.filter(action="tenant.effects_allow", actor="ada").exists()
+
+
+def test_the_banner_counts_only_booted_workers_behind_and_names_the_unreported_apart(acme, viewer):
+    silent = worker_in(acme.tenant, "ACTIVE", "never-booted")
+    reporting = worker_in(acme.tenant, "ACTIVE", "booted")
+    booted(reporting, reads=1)
+    Worker.objects.filter(pk__in=[silent.pk, reporting.pk, acme.worker.pk]).update(last_seen_at=timezone.now())
+    body = Browser(viewer).get(reverse("upgrades")).content.decode()
+    assert "cannot read v1" not in body  # nobody booted is behind what is written
+    assert "2 live workers have not sent a boot report" in body

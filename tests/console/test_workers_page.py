@@ -127,3 +127,12 @@ def test_the_page_shows_paused_admission_the_boot_error_and_the_quarantine_bundl
     assert "system:state-migration" in body and "column runs.x is missing" in body
     assert "Diagnostic bundle: 3 boots kept" in body and "cfg-3" in body
     assert "none refused" in body and "limit 50 in 60 s" in body
+
+
+def test_the_drain_toast_of_a_worker_holding_no_runs_says_so(acme, admin):
+    answer = Browser(admin).post(
+        reverse("worker-act", args=[acme.worker.pk]), {"action": "drain", "reason": "host patching"}, follow=True
+    )
+    said = answer.content.decode()
+    assert "It holds no runs and takes no new ones." in said
+    assert "finish its 0 runs" not in said

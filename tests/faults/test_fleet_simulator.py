@@ -3,6 +3,7 @@ API server and the sandbox provider, with every kind of chaos; the report is rea
 database and must add up."""
 
 import json
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -78,3 +79,16 @@ def test_a_short_simulation_leaves_real_history_that_adds_up(transactional_db, t
         assert set(calls.values_list("tool", flat=True)) <= {"note_write", "note_read", "note_append"}
         assert all(resource.startswith("note:") for resource in calls.values_list("resource", flat=True))
         assert all(digest.startswith("sha256:") for digest in calls.values_list("args_digest", flat=True))
+
+
+@pytest.mark.slow
+def test_the_simulators_terminal_shows_progress_lines_not_logs(transactional_db, capfd):
+    call_command("simulate", seconds=15, workers=1, seed=5, every=5)
+    printed = capfd.readouterr()
+    progress = [line for line in printed.out.splitlines() if line.startswith("[")]
+    assert 2 <= len(progress) <= 4, printed.out  # one line per 5 s interval of 15 s
+    assert '"logger"' not in printed.err and '"logger"' not in printed.out, printed.err[-2000:]
+    assert "Traceback" not in printed.err, printed.err[-2000:]
+    logs = next(line for line in printed.out.splitlines() if line.strip().startswith("logs "))
+    server_log = Path(logs.split()[1]) / "server.log"
+    assert "fenceline.request" in server_log.read_text()  # the request lines went there

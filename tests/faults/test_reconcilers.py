@@ -122,6 +122,11 @@ def test_cannot_tell_hands_the_case_to_people_with_the_lookup_history(acme, sand
     assert case.status == CaseStatus.OPEN and op.phase == "UNKNOWN"  # never guessed away
     [entry] = case.lookup_history
     assert entry["verdict"] == "CANNOT_TELL" and entry["reconciler"] == RECONCILER
+    # It says what it found and what a person does, not "none of the configured lists".
+    assert entry["why"].startswith(
+        "the provider found the record, but it has a 'status' that this reconciler does not map"
+    )
+    assert "happened: succeeded;" in entry["why"] and entry["why"].endswith("resolve the case by hand")
     rows, _ = case_queue(user=_superuser(), status="open")
     assert case.pk in {row.pk for row in rows}
     assert lookups_of(run)[0].fields["to"] == "OPEN"

@@ -1,7 +1,15 @@
 """`python manage.py demo`: migrate, seed a demo tenant through the real services
 (``console/demo/``), then serve the console and API with the background jobs (a Celery worker
-with beat) and the sandbox payments provider (``console/simulation/provider.py``)."""
+with beat) and the sandbox payments provider (``console/simulation/provider.py``).
 
+The terminal stays readable: each request's log lines go to ``demo-requests.log`` in the state
+directory, the jobs' output to ``demo-jobs.log``, and the URL and the token are printed last,
+once the server answers. Ctrl-C, ``kill -TERM`` or a closed terminal stops it all: the jobs run
+in their own process group, which is stopped whole (Celery's beat is a process of its own).
+"""
+
+import contextlib
+import logging.config
 import os
 import signal
 import subprocess
@@ -21,6 +29,9 @@ from console.simulation.provider import SandboxProvider
 from ledger.services.reconciliation.http import HttpReconciler
 from ledger.services.reconciliation.registry import register
 
+# Loggers that write a line per request (ours, and runserver's own access line) or per sign-in.
+REQUEST_LOGGERS = ("fenceline.request", "django.server", "axes")
+
 
 class Command(BaseCommand):
     help = "Seed a demo tenant and worker, then serve the console and API with background jobs."
@@ -34,6 +45,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, addrport: str, no_serve: bool, no_jobs: bool, **options: Any) -> None:
         self.jobs_log = settings.STATE_DIR / "demo-jobs.log"
+        self.requests_log = settings.STATE_DIR / "demo-requests.log"
         self.stdout.write("migrating the database ...")
         call_command("migrate", interactive=False, verbosity=0)
         self.sandbox = self.start_sandbox()
@@ -43,36 +55,51 @@ class Command(BaseCommand):
         if no_serve:
             self.stdout.write(ready)
             return
-        jobs = None if no_jobs else self.start_jobs()
-        # The token and the curl line come last, once the server answers: Celery's and the
-        # server's start-up lines would otherwise scroll them away.
-        threading.Thread(target=self.announce_when_up, args=(host, ready), daemon=True).start()
-        # A `kill` or a closed terminal stops the demo as Ctrl-C does: the jobs with it, and the
-        # embedded database after the last of them.
+        # A `kill` or a closed terminal stops the demo as Ctrl-C does, from before the jobs start:
+        # the jobs with it, and the embedded database after the last of them.
         for stop in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(stop, _interrupt)
+        jobs = None
         try:
+            jobs = None if no_jobs else self.start_jobs()
+            self.quiet_requests()
+            # The token and the curl line come last, once the server answers: Celery's and the
+            # server's start-up lines would otherwise scroll them away.
+            threading.Thread(target=self.announce_when_up, args=(host, ready), daemon=True).start()
             call_command("runserver", addrport, use_reloader=False)
         finally:
             if jobs is not None:
-                jobs.send_signal(signal.SIGTERM)
-                try:
-                    jobs.wait(10)
-                except subprocess.TimeoutExpired:
-                    jobs.kill()
+                stop_group(jobs)
+
+    def quiet_requests(self) -> None:
+        """Each request's log lines (and each sign-in's) to ``demo-requests.log``, not the
+        terminal. Written into ``settings.LOGGING``: loading the WSGI application configures
+        logging again from it."""
+        config: dict[str, Any] = settings.LOGGING
+        config["handlers"]["demo_requests"] = {
+            "class": "logging.FileHandler",
+            "filename": str(self.requests_log),
+            "formatter": "json",
+            "filters": ["withhold_exception_messages", "withhold_credentials"],
+        }
+        for name in REQUEST_LOGGERS:
+            config["loggers"][name] = {"handlers": ["demo_requests"], "level": "INFO", "propagate": False}
+        logging.config.dictConfig(config)
 
     def ready_text(self, host: str, token: str) -> str:
+        """What to do next, with the URL and the token last (where a terminal leaves them in sight)."""
         return "\n".join(
             [
                 "",
-                f"Fenceline demo at http://{host}/ (sign in as operator / operator-demo; more users above).",
-                f"Tenant {TENANT!r}, worker {WORKER!r}. Its bearer token (a new one each start):",
-                f"  {token}",
+                f"API docs: http://{host}/api/v1/docs · logs: requests {self.requests_log}, jobs {self.jobs_log}",
+                "Another address: make demo DEMO_ADDR=127.0.0.1:8010 (or python manage.py demo 8010).",
+                "Ctrl-C (or kill -TERM) stops the server, the jobs and the database.",
                 "Try it:",
                 f"  curl -s -X POST http://{host}/api/v1/runs -H 'Authorization: Bearer {token}' "
-                "-H 'Content-Type: application/json' -d '{\"schema_version\": 1}'",
-                f"API docs: http://{host}/api/v1/docs · background jobs log: {self.jobs_log}",
-                "Another address: make demo DEMO_ADDR=127.0.0.1:8010 (or python manage.py demo 8010). Ctrl-C stops.",
+                "-H 'Content-Type: application/json' -d '{}'",
+                f"Tenant {TENANT!r}, worker {WORKER!r}. Its bearer token (a new one each start):",
+                f"  {token}",
+                f"Fenceline demo at http://{host}/ (sign in as operator / operator-demo; more users above).",
                 "",
             ]
         )
@@ -135,6 +162,9 @@ class Command(BaseCommand):
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            # Its own process group: Ctrl-C in the terminal reaches the demo only, and stop_group
+            # stops the worker and its beat process together.
+            start_new_session=True,
             env={
                 **os.environ,
                 "FENCELINE_WEBHOOK_ALLOWED_HOSTS": ",".join(sorted(settings.FENCELINE["WEBHOOK_ALLOWED_HOSTS"])),
@@ -144,3 +174,19 @@ class Command(BaseCommand):
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def stop_group(jobs: subprocess.Popen[bytes], *, grace_s: float = 10) -> None:
+    """Stop the jobs' process group: SIGTERM (Celery's warm shutdown), then SIGKILL to whatever
+    of the group is still there after ``grace_s``."""
+    try:
+        os.killpg(jobs.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        jobs.wait(grace_s)
+    try:
+        os.killpg(jobs.pid, signal.SIGKILL)  # the beat process may outlive the worker
+    except ProcessLookupError:
+        return
+    jobs.wait(5)

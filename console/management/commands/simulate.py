@@ -34,6 +34,9 @@ class Command(BaseCommand):
             "--mcp-hosts", type=int, default=defaults.mcp_hosts, help="agent hosts calling tools through fenceline-mcp"
         )
         parser.add_argument("--url", default="", help="a Fenceline already serving (default: one in-process)")
+        parser.add_argument(
+            "--every", type=int, default=defaults.every, help="seconds between progress lines (default 5)"
+        )
         parser.add_argument("--json", dest="json_path", type=Path, help="also write the report to this file as JSON")
 
     def handle(self, *args: Any, json_path: Path | None = None, **options: Any) -> None:
@@ -45,6 +48,8 @@ class Command(BaseCommand):
             )
         if options["seconds"] < 15:
             raise CommandError("--seconds must be at least 15 (the chaos plan needs the time)")
+        if options["every"] < 1:
+            raise CommandError("--every must be at least 1 (second)")
         if not 1 <= options["workers"] <= 32:
             raise CommandError("--workers must be between 1 and 32")
         for name in ("drop", "slow", "fail", "people_share"):

@@ -396,6 +396,10 @@ def fenced[T](
                         ending.after(ctx)
                     ctx.batch.commit()
                     return result
+            elif run.status == "COMPLETED":
+                # Not a stale writer: the run is over (its lease ended with it). Nothing is recorded
+                # in the completed run's chain.
+                refused = RunCompleted("the run is completed: it takes no more writes")
             else:
                 record_refusal(ctx, attempted=attempted, reason=reason)
                 if on_refused is not None:

@@ -112,6 +112,20 @@ class HttpReconciler:
             return Lookup(Verdict.CANNOT_TELL, why="the answer is not JSON", **seen)
         return self._read(record, seen)
 
+    def _unmapped(self, state: object) -> str:
+        """Why a record's status decides nothing, for the person who gets the case. The
+        provider's own value is not echoed: it would go into the chain."""
+        field = self.config["status_field"]
+        lists = "; ".join(
+            f"{label}: {', '.join(map(str, self.config[key])) or 'none'}"
+            for key, label in (("happened", "happened"), ("did_not_happen", "did not happen"), ("pending", "pending"))
+        )
+        found = f"has no {field!r}" if state is None else f"has a {field!r} that this reconciler does not map"
+        return (
+            f"the provider found the record, but it {found} ({lists}): "
+            "look the record up at the provider and resolve the case by hand"
+        )
+
     def _read(self, record: object, seen: dict[str, Any]) -> Lookup:
         request_id = _field(record, self.config["id_field"])
         state = _field(record, self.config["status_field"]) if self.config["status_field"] else None
@@ -124,8 +138,7 @@ class HttpReconciler:
             if state in self.config["did_not_happen"]:
                 return Lookup(Verdict.DID_NOT_HAPPEN, why=f"the provider's record is {state}", **seen)
             if state not in self.config["happened"]:
-                # The provider's own text is not echoed: it would go into the chain.
-                return Lookup(Verdict.CANNOT_TELL, why="the record's status is in none of the configured lists", **seen)
+                return Lookup(Verdict.CANNOT_TELL, why=self._unmapped(state), **seen)
         if not rid:
             return Lookup(Verdict.CANNOT_TELL, why=f"the answer has no {self.config['id_field']}", **seen)
         return Lookup(
