@@ -1514,9 +1514,10 @@ export interface components {
             parent_run_id?: string | null;
             /**
              * Schema Version
+             * @default 1
              * @enum {integer}
              */
-            schema_version: 1;
+            schema_version?: 1;
         };
         /** RunCreatedOut */
         RunCreatedOut: {
