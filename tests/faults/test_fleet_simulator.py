@@ -3,6 +3,7 @@ API server and the sandbox provider, with every kind of chaos; the report is rea
 database and must add up."""
 
 import json
+import re
 
 import pytest
 from django.core.management import call_command
@@ -78,3 +79,17 @@ def test_a_short_simulation_leaves_real_history_that_adds_up(transactional_db, t
         assert set(calls.values_list("tool", flat=True)) <= {"note_write", "note_read", "note_append"}
         assert all(resource.startswith("note:") for resource in calls.values_list("resource", flat=True))
         assert all(digest.startswith("sha256:") for digest in calls.values_list("args_digest", flat=True))
+
+    # An agent host ran the OpenAI Agents SDK agent first (then a LangGraph graph, in turn)
+    # through the adapters: its runs' tool calls are operations named by the adapters'
+    # idempotency key (tests/clients/adapters/test_simulated_agent_host.py runs the host longer).
+    key = re.compile(r"^(?P<run>[0-9a-f-]{36}):(?P<tool>crm_\w+):[0-9a-f]{32}#\d+$")
+    assert report["agent_runs"]["openai-agents"]["runs"] >= 1
+    for framework, counted in report["agent_runs"].items():
+        runs = Run.objects.filter(tenant__slug=report["tenant"], external_id__startswith=f"agent:{framework}:")
+        calls = Operation.objects.filter(run__in=runs)
+        assert counted["runs"] == runs.count() and counted["calls"] == calls.count()
+        assert counted["asked"] == calls.filter(phase="PENDING_APPROVAL", tool="crm_refund").count() <= 1
+        for op in calls:
+            match = key.match(op.idempotency_key)
+            assert match and match["run"] == str(op.run_id) and match["tool"] == op.tool, op.idempotency_key
