@@ -99,7 +99,8 @@ def test_the_agent_hosts_run_the_framework_adapters_and_the_report_counts_them(t
         calls = Operation.objects.filter(run__in=runs)
         assert counted["runs"] == runs.count() and counted["calls"] == calls.count() >= 1
         assert counted["completed"] == runs.filter(status="COMPLETED").count()
-        assert counted["asked"] == calls.filter(phase="PENDING_APPROVAL", tool="crm_refund").count() <= 1
+        # A host's first run of each framework asks a person for a refund (once per host process).
+        assert counted["asked"] == calls.filter(phase="PENDING_APPROVAL", tool="crm_refund").count()
         for op in calls:
             match = key.match(op.idempotency_key)
             assert match and match["run"] == str(op.run_id) and match["tool"] == op.tool, op.idempotency_key
