@@ -4,7 +4,19 @@ the demo prints) and console users, then every story in the order the console sh
 
 from collections.abc import Callable
 
-from console.demo import approvals, credentials, gateway, lifespan, lookups, runs, tenants, upgrade, webhooks, workers
+from console.demo import (
+    adapters,
+    approvals,
+    credentials,
+    gateway,
+    lifespan,
+    lookups,
+    runs,
+    tenants,
+    upgrade,
+    webhooks,
+    workers,
+)
 from console.demo.acting import Acting
 from console.simulation.provider import SandboxProvider
 from ledger.models import Worker
@@ -52,6 +64,7 @@ def stories(acting: Acting, sandbox: SandboxProvider, say: Callable[[str], None]
     upgrade.seed(acting, say)
     approvals.seed(acting)  # from here on, payments need a person and have a contract
     gateway.seed(acting, say)  # an MCP session through fenceline-mcp; git pushes need a person too
+    adapters.seed(acting, say)  # an OpenAI Agents SDK run and a LangGraph run; refunds need a person
     credentials.revoked(acting)
     runs.broken(acting)
     credentials.live(acting)

@@ -8,8 +8,11 @@ the client, against a real API server and the sandbox provider, with chaos, for 
       │                          and the reconciler job: UNKNOWNs looked up at the provider
       ├── N worker processes     ``python -m fenceline_client.simulated_worker`` (+1 with a bad config)
       │     chaos: SIGSTOP past the TTL then SIGCONT, SIGKILL, SIGTERM (drain); restarted
-      └── M agent hosts          ``python -m fenceline_client.simulated_mcp_host``: the MCP SDK's
-            client -> ``fenceline-mcp`` -> the sandbox MCP server, one run per MCP session
+      ├── M agent hosts          ``python -m fenceline_client.simulated_mcp_host``: the MCP SDK's
+      │     client -> ``fenceline-mcp`` -> the sandbox MCP server, one run per MCP session
+      └── A agent hosts          ``python -m fenceline_client.simulated_agent_host``: an OpenAI
+            Agents SDK agent and a LangGraph graph in turn, scripted models, their tools fenced
+            through the adapters; a refund waits for a person (the simulator approves nothing)
 
 Everything it reports is read back from the database (and the provider's own books) at the
 end, never counted on the side: what the console shows is what the report says.
@@ -78,6 +81,14 @@ MCP_CONTRACTS = [
     {"tool": "note_append", "action": "*", "effect_class": "NON_RETRYABLE"},
 ]
 MCP_RUN_PREFIX = "mcp:"  # the external ids of the agent hosts' sessions
+# The framework agents' tools (fenceline_client.simulated_agent_host); refunds need a person.
+AGENT_CONTRACTS = [
+    {"tool": "crm_lookup", "action": "*", "effect_class": "PURE"},
+    {"tool": "crm_note", "action": "*", "effect_class": "IDEMPOTENT"},
+    {"tool": "crm_refund", "action": "*", "effect_class": "NON_RETRYABLE"},
+]
+AGENT_RUN_PREFIX = "agent:"  # the external ids of the framework agents' runs: agent:<framework>:...
+AGENT_FRAMEWORKS = ("openai-agents", "langgraph")
 EXIT_NAMES = {0: "drained", 3: "bad config", 4: "quarantined", 5: "told to stop", -9: "killed"}
 
 
@@ -95,6 +106,7 @@ class Settings:
     url: str = ""
     mcp_hosts: int = 1  # agent hosts whose tool calls go through the MCP gateway
     every: int = 5  # seconds between two progress lines
+    agent_hosts: int = 1  # agent hosts running the OpenAI Agents SDK and LangGraph adapters
 
 
 @dataclass
@@ -126,6 +138,9 @@ class Report:
     # through the MCP gateway: its sessions (runs with an x.mcp.session event) and their calls by phase
     mcp_sessions: int = 0
     mcp_calls: dict[str, int] = field(default_factory=dict)
+    # through the framework adapters, by framework: {"runs", "completed", "calls", "asked"} (calls
+    # left PENDING_APPROVAL: their approvals wait while the host lives, VOID once it stops)
+    agent_runs: dict[str, dict[str, int]] = field(default_factory=dict)
     # operation records by schema version, and how many hold the structured provider_ref
     # (written by both builds' reports: the server dual-writes in EXPAND)
     versions: dict[str, int] = field(default_factory=dict)
@@ -157,11 +172,22 @@ class Report:
             f"  effects the ledger missed  {self.effects_missing_from_ledger}",
             f"  MCP gateway          {self.mcp_sessions} sessions, {sum(self.mcp_calls.values())} tool calls "
             f"({', '.join(f'{n} {phase}' for phase, n in sorted(self.mcp_calls.items())) or 'none'})",
+            f"  agent adapters       {self.agent_line()}",
             f"  upgrade window       operation records {versions}; {self.with_provider_ref} with provider_ref; "
             f"{self.old_build_workers} of the workers on the old build",
             f"  chaos                {chaos}",
             f"  logs                 {self.logs} (each worker's, and the server's in server.log)",
         ]
+
+    def agent_line(self) -> str:
+        return (
+            "; ".join(
+                f"{name} {n['runs']} runs ({n['completed']} completed), {n['calls']} tool calls, "
+                f"{n['asked']} asked a person (the simulator approves nothing)"
+                for name, n in self.agent_runs.items()
+            )
+            or "none"
+        )
 
 
 class QuietHandler(WSGIRequestHandler):
@@ -200,6 +226,7 @@ class Slot:
     bad_config: bool = False
     old_build: bool = False  # the build before operation.provider_ref (reads version 1 only)
     mcp_host: bool = False  # an agent host calling tools through fenceline-mcp
+    agent_host: int = -1  # >= 0: a framework agent host (its index: which framework goes first)
     process: subprocess.Popen[bytes] | None = None
     restart_at: float = 0.0
     resume_at: float = 0.0  # when a SIGSTOPped process gets its SIGCONT
@@ -252,11 +279,13 @@ class Fleet:
                         "worst_case_cost_cents": 500,
                     },
                     *MCP_CONTRACTS,
+                    *AGENT_CONTRACTS,
                 ],
+                "human_approval_tools": ["crm_refund"],
             },
             changed_by="simulator",
             reason="a small restart budget, so the crash-looping worker is quarantined within seconds; "
-            "boot reports required; the payments contract with its reconciler",
+            "boot reports required; the payments contract with its reconciler; the agents' refunds need a person",
         )
         users = set(get_user_model().objects.filter(username__in=CONSOLE_ROLES).values_list("username", flat=True))
         for username in sorted(users):  # the demo's console users see the simulation too
@@ -271,16 +300,20 @@ class Fleet:
         for index in range(self.options.mcp_hosts):
             worker, token = worker_create(tenant=self.tenant, name=f"sim-mcp-host-{index + 1}")
             self.slots.append(Slot(name=worker.name, token=token, mcp_host=True))
+        for index in range(self.options.agent_hosts):
+            worker, token = worker_create(tenant=self.tenant, name=f"sim-agent-host-{index + 1}")
+            self.slots.append(Slot(name=worker.name, token=token, agent_host=index))
         self.top_up_runs()
 
     def top_up_runs(self) -> None:
         """Keep two runs of work per worker on offer, and tell the workers which."""
         if self.dispatcher is None:
             raise RuntimeError("setup() first")
-        active = list(  # a run waiting for a person's decision is not on offer, nor an MCP session's
+        active = list(  # a run waiting for a person's decision is not on offer, nor an agent host's
             Run.objects.filter(tenant=self.tenant, status=RunStatus.ACTIVE)
             .exclude(cases__status__in=OPEN_CASE_STATUSES)
             .exclude(external_id__startswith=MCP_RUN_PREFIX)
+            .exclude(external_id__startswith=AGENT_RUN_PREFIX)
             .values_list("pk", flat=True)
             .distinct()
         )
@@ -299,6 +332,9 @@ class Fleet:
         command += ["--old-build"] if slot.old_build else []
         if slot.mcp_host:
             command = [sys.executable, "-m", "fenceline_client.simulated_mcp_host", "--name", slot.name]
+        if slot.agent_host >= 0:
+            command = [sys.executable, "-m", "fenceline_client.simulated_agent_host", "--name", slot.name]
+            command += ["--index", str(slot.agent_host)]
         slot.log = self.logs / f"{slot.name}.log"
         log = slot.log.open("a")
         slot.log_from = log.tell()
@@ -332,7 +368,9 @@ class Fleet:
         return [
             s
             for s in self.slots
-            if s.process is not None and not (s.bad_config or s.mcp_host or s.resume_at) and s.booted()
+            if s.process is not None
+            and not (s.bad_config or s.mcp_host or s.agent_host >= 0 or s.resume_at)
+            and s.booted()
         ]
 
     def strike(self, kind: str, now: float) -> bool:
@@ -516,6 +554,7 @@ class Fleet:
             provider_faults=stats["faults"],
             effects_missing_from_ledger=len(charged - recorded - self.undecided_keys()),
             **self.mcp_counts(),
+            agent_runs=self.agent_counts(),
             versions={str(v): n for v, n in ops.values_list("schema_version").annotate(n=Count("pk")).order_by()},
             with_provider_ref=ops.exclude(provider_ref__isnull=True).count(),
             old_build_workers=sum(1 for slot in self.slots if slot.old_build),
@@ -533,6 +572,23 @@ class Fleet:
             "mcp_sessions": sessions.count(),
             "mcp_calls": dict(calls.annotate(n=Count("pk")).order_by()),
         }
+
+    def agent_counts(self) -> dict[str, dict[str, int]]:
+        """The framework agents' runs (by the external id their host gives them), how many
+        completed, their tool calls (operations) and those that asked a person."""
+        counts: dict[str, dict[str, int]] = {}
+        for framework in AGENT_FRAMEWORKS:
+            runs = Run.objects.filter(tenant=self.tenant, external_id__startswith=f"{AGENT_RUN_PREFIX}{framework}:")
+            if not runs.exists():
+                continue
+            calls = Operation.objects.filter(tenant=self.tenant, run__in=runs)
+            counts[framework] = {
+                "runs": runs.count(),
+                "completed": runs.filter(status=RunStatus.COMPLETED).count(),
+                "calls": calls.count(),
+                "asked": calls.filter(phase=Phase.PENDING_APPROVAL).count(),
+            }
+        return counts
 
     def undecided_keys(self) -> set[str]:
         """Keys still UNKNOWN (a person's to decide): in doubt, not missed."""

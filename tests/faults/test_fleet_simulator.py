@@ -4,19 +4,20 @@ database and must add up."""
 
 import json
 from pathlib import Path
+import re
 
 import pytest
 from django.core.management import call_command
 
 from approvals.models import ReconciliationCase
 from console.simulation.fleet import RECONCILER
-from ledger.models import Event, Operation, Run, Worker, WorkerBoot
+from ledger.models import Event, LeaseGrant, Operation, Run, Worker, WorkerBoot
 
 
 @pytest.mark.slow
 def test_a_short_simulation_leaves_real_history_that_adds_up(transactional_db, tmp_path):
     out = tmp_path / "report.json"
-    call_command("simulate", seconds=20, workers=2, drop=0.3, seed=3, people_share=0.0, json_path=out)
+    call_command("simulate", seconds=20, workers=2, drop=0.3, seed=3, people_share=0.0, agent_hosts=0, json_path=out)
     report = json.loads(out.read_text())
 
     assert all(report["chaos"][kind] >= 1 for kind in ("paused", "killed", "terminated"))
@@ -83,7 +84,7 @@ def test_a_short_simulation_leaves_real_history_that_adds_up(transactional_db, t
 
 @pytest.mark.slow
 def test_the_simulators_terminal_shows_progress_lines_not_logs(transactional_db, capfd):
-    call_command("simulate", seconds=15, workers=1, seed=5, every=5)
+    call_command("simulate", seconds=15, workers=1, seed=5, every=5, mcp_hosts=0, agent_hosts=0)
     printed = capfd.readouterr()
     progress = [line for line in printed.out.splitlines() if line.startswith("[")]
     assert 2 <= len(progress) <= 4, printed.out  # one line per 5 s interval of 15 s
@@ -92,3 +93,28 @@ def test_the_simulators_terminal_shows_progress_lines_not_logs(transactional_db,
     logs = next(line for line in printed.out.splitlines() if line.strip().startswith("logs "))
     server_log = Path(logs.split()[1]) / "server.log"
     assert "fenceline.request" in server_log.read_text()  # the request lines went there
+def test_the_agent_hosts_run_the_framework_adapters_and_the_report_counts_them(transactional_db, tmp_path):
+    """``--agent-hosts``: an OpenAI Agents SDK agent first, then a LangGraph graph, in turn,
+    through the adapters (tests/clients/adapters/test_simulated_agent_host.py runs the host
+    longer). Their tool calls are operations named by the adapters' idempotency key, the report
+    counts them from the database, and every chain verifies."""
+    out = tmp_path / "report.json"
+    call_command("simulate", seconds=20, workers=1, mcp_hosts=0, agent_hosts=1, seed=5, json_path=out)
+    report = json.loads(out.read_text())
+
+    assert report["chains_broken"] == 0 and report["chains_verified"] == report["runs"]
+    assert report["agent_runs"]["openai-agents"]["runs"] >= 1
+    key = re.compile(r"^(?P<run>[0-9a-f-]{36}):(?P<tool>crm_\w+):[0-9a-f]{32}#\d+$")
+    for framework, counted in report["agent_runs"].items():
+        runs = Run.objects.filter(tenant__slug=report["tenant"], external_id__startswith=f"agent:{framework}:")
+        calls = Operation.objects.filter(run__in=runs)
+        assert counted["runs"] == runs.count() and counted["calls"] == calls.count() >= 1
+        assert counted["completed"] == runs.filter(status="COMPLETED").count()
+        # A host's first run of each framework asks a person for a refund (once per host process).
+        assert counted["asked"] == calls.filter(phase="PENDING_APPROVAL", tool="crm_refund").count()
+        for op in calls:
+            match = key.match(op.idempotency_key)
+            assert match and match["run"] == str(op.run_id) and match["tool"] == op.tool, op.idempotency_key
+    # The agent runs are the host's own: no simulated worker was offered one.
+    grants = LeaseGrant.objects.filter(run__tenant__slug=report["tenant"], run__external_id__startswith="agent:")
+    assert set(grants.values_list("worker__name", flat=True)) == {"sim-agent-host-1"}

@@ -14,7 +14,8 @@ class Command(BaseCommand):
     help = (
         "Run N client workers (and one with a bad config) against a sandbox payments provider for "
         "S seconds, with pauses past the TTL, SIGKILL, SIGTERM drains and dropped responses; "
-        "with agent hosts calling tools through fenceline-mcp; report what the ledger recorded."
+        "with agent hosts calling tools through fenceline-mcp and through the OpenAI Agents SDK and "
+        "LangGraph adapters; report what the ledger recorded."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -33,6 +34,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--mcp-hosts", type=int, default=defaults.mcp_hosts, help="agent hosts calling tools through fenceline-mcp"
         )
+        parser.add_argument(
+            "--agent-hosts",
+            type=int,
+            default=defaults.agent_hosts,
+            help="agent hosts running an OpenAI Agents SDK agent and a LangGraph graph in turn, through the adapters",
+        )
         parser.add_argument("--url", default="", help="a Fenceline already serving (default: one in-process)")
         parser.add_argument(
             "--every", type=int, default=defaults.every, help="seconds between progress lines (default 5)"
@@ -45,6 +52,13 @@ class Command(BaseCommand):
         if options["mcp_hosts"] and importlib.util.find_spec("mcp") is None:
             raise CommandError(
                 "--mcp-hosts needs fenceline-mcp's SDK: pip install './clients/python[gateway]' (or --mcp-hosts 0)"
+            )
+        if not 0 <= options["agent_hosts"] <= 8:
+            raise CommandError("--agent-hosts must be between 0 and 8")
+        if options["agent_hosts"] and any(importlib.util.find_spec(name) is None for name in ("agents", "langgraph")):
+            raise CommandError(
+                "--agent-hosts needs the adapters' frameworks: "
+                "pip install './clients/python[openai-agents,langgraph]' (or --agent-hosts 0)"
             )
         if options["seconds"] < 15:
             raise CommandError("--seconds must be at least 15 (the chaos plan needs the time)")

@@ -32,14 +32,25 @@ def test_demo_seeds_on_the_embedded_postgresql_and_prints_a_working_token(state_
     assert token.startswith("flw_")
     # One lost answer found at the sandbox provider by the reconciler, one it cannot tell about.
     assert "provider lookups: 1 settled by reconciler:sandbox-payments, 1 handed to people" in done.stdout
-    # The webhook to the sandbox's sink: the two pending approvals (a charge, the MCP session's
-    # git push), the quarantine, the cleanup alert and the BROKEN chain, each delivered signed.
-    assert "webhooks: 5 notification(s) for ops-channel, 5 delivered to the sandbox sink (5 signed)" in done.stdout
+    # The webhook to the sandbox's sink: the three pending approvals (a charge, the MCP session's
+    # git push, the OpenAI Agents run's refund), the quarantine, the cleanup alert and the BROKEN
+    # chain, each delivered signed.
+    assert "webhooks: 6 notification(s) for ops-channel, 6 delivered to the sandbox sink (6 signed)" in done.stdout
     # An MCP session through the gateway: reads and a commit confirmed, a commit whose upstream
     # dropped (UNKNOWN, with its case), a push waiting for a person.
     assert (
         "MCP gateway session mcp:claude-desktop:a41c9e7d2b: 5 tool calls (3 CONFIRMED, 1 PENDING_APPROVAL, 1 UNKNOWN)"
         in done.stdout
+    )
+    # The framework adapters' runs: a refund waiting for a person (the SDK's interruption), a
+    # graph's progress checkpoints in the adapter's shape.
+    assert (
+        "OpenAI Agents SDK run openai-agents:support-desk: 3 tool calls (CONFIRMED, CONFIRMED, PENDING_APPROVAL)"
+        in done.stdout
+    )
+    assert (
+        "LangGraph run langgraph:billing-triage: 2 tool calls (CONFIRMED, CONFIRMED), 5 progress checkpoints, "
+        "completed" in done.stdout
     )
     # The upgrade window: an old build's rewrite of a provider id is a state conflict for a person.
     assert "upgrade window: operation.provider_ref in EXPAND" in done.stdout
