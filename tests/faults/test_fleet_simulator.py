@@ -3,8 +3,8 @@ API server and the sandbox provider, with every kind of chaos; the report is rea
 database and must add up."""
 
 import json
-from pathlib import Path
 import re
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -93,6 +93,8 @@ def test_the_simulators_terminal_shows_progress_lines_not_logs(transactional_db,
     logs = next(line for line in printed.out.splitlines() if line.strip().startswith("logs "))
     server_log = Path(logs.split()[1]) / "server.log"
     assert "fenceline.request" in server_log.read_text()  # the request lines went there
+
+
 def test_the_agent_hosts_run_the_framework_adapters_and_the_report_counts_them(transactional_db, tmp_path):
     """``--agent-hosts``: an OpenAI Agents SDK agent first, then a LangGraph graph, in turn,
     through the adapters (tests/clients/adapters/test_simulated_agent_host.py runs the host
