@@ -8,6 +8,8 @@ from ledger.models.authority import (
     CostWindow,
     Credential,
     CredentialLease,
+    FlowBucket,
+    FlowSlot,
 )
 from ledger.models.evidence import Checkpoint, DiagnosticPayload, Event
 from ledger.models.jobs import JobHeartbeat, RunTotals
@@ -43,6 +45,8 @@ __all__ = [
     "DiagnosticPayload",
     "Event",
     "FenceGeneration",
+    "FlowBucket",
+    "FlowSlot",
     "JobHeartbeat",
     "LeaseGrant",
     "Operation",
