@@ -46,6 +46,7 @@ class Migration(migrations.Migration):
                 ('refilled_at', models.DateTimeField()),
                 ('created_at', models.DateTimeField()),
                 ('taken', models.BigIntegerField(default=0)),
+                ('earned', models.FloatField(default=0)),
                 ('tenant', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='flow_buckets', to='ledger.tenant')),
             ],
             options={

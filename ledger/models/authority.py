@@ -264,7 +264,7 @@ class FlowBucket(Versioned):
     takes one whole token from the shard its run hashes to, or from the next one that has
     one, with one UPDATE that first adds what the shard earned since ``refilled_at`` by the
     database's clock (lazily: nothing runs between dispatches). ``taken`` counts the tokens
-    it gave. Concurrent dispatches of a key so write different rows instead of one."""
+    it gave, ``earned`` what refills added. Concurrent dispatches of a key so write different rows instead of one."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="flow_buckets", db_index=False)
     key = models.CharField(max_length=210)
@@ -273,6 +273,8 @@ class FlowBucket(Versioned):
     refilled_at = models.DateTimeField()
     created_at = models.DateTimeField()
     taken = models.BigIntegerField(default=0)
+    # What refills added in all (after the cap): taken == capacity + earned - tokens, always.
+    earned = models.FloatField(default=0)
 
     class Meta:
         constraints = [

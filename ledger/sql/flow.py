@@ -68,19 +68,24 @@ def slots_open(*, tenant_id: object, key: str, places: int, version: int) -> int
 @cache
 def _bucket_take_sql(wait: bool) -> str:
     buckets = _table(FlowBucket)
-    skip = "" if wait else " SKIP LOCKED"
+    # Waiting, in shard order (so two waiters never wait for each other); not waiting, from
+    # the caller's home shard on.
+    order, skip = ("b.shard", "") if wait else ("mod(b.shard - p.home + p.n, p.n)", " SKIP LOCKED")
     return (
         f"WITH {_PARAMS}, c AS (SELECT b.id FROM {buckets} b, p WHERE b.tenant_id = %s AND b.key = %s "
-        f"AND b.shard < p.n AND {_EARNED} >= 1 ORDER BY mod(b.shard - p.home + p.n, p.n) LIMIT 1 FOR UPDATE OF b{skip}) "
+        f"AND b.shard < p.n AND {_EARNED} >= 1 ORDER BY {order} LIMIT 1 FOR UPDATE OF b{skip}) "
         f"UPDATE {buckets} b SET tokens = {_EARNED} - 1, refilled_at = GREATEST(b.refilled_at, p.now), "
-        f"taken = b.taken + 1 FROM p WHERE b.id IN (SELECT id FROM c) AND {_EARNED} >= 1 RETURNING b.id"
+        f"taken = b.taken + 1, earned = b.earned + {_EARNED} - b.tokens FROM p WHERE b.id IN (SELECT id FROM c) AND {_EARNED} >= 1 RETURNING b.id"
     )
 
 
 def bucket_take(*, tenant_id: object, key: str, burst: int, shards: int, per_s: float, home: int, wait: bool) -> bool:
-    """Take one token of ``key``'s bucket: from shard ``home`` or the next one (in shard
-    order, wrapping) that has a whole token once refilled. Without ``wait`` a shard locked by
-    another dispatch is passed over; with it, waited for (and read again after its commit)."""
+    """Take one token of ``key``'s bucket from a shard that has a whole token once refilled.
+    Without ``wait``: from shard ``home`` on (wrapping), passing over a shard another
+    dispatch holds. With ``wait``: in shard order, waiting for a held shard and reading it
+    again after its commit. A shard read again and found empty stays locked by this
+    statement (PostgreSQL's READ COMMITTED recheck): run a statement that fails in a
+    savepoint rolled back, so that no lock outlives it."""
     values = [Int8(burst), Int8(shards), Float8(per_s), Int8(home), tenant_id, key]
     return execute(_bucket_take_sql(wait), values).fetchone() is not None
 
@@ -89,8 +94,8 @@ def bucket_take(*, tenant_id: object, key: str, burst: int, shards: int, per_s: 
 def _buckets_open_sql() -> str:
     return (
         f"WITH {_PARAMS} INSERT INTO {_table(FlowBucket)} AS b "
-        "(schema_version, tenant_id, key, shard, tokens, refilled_at, created_at, taken) "
-        "SELECT %s, %s, %s, g, p.burst / p.n + (g < p.burst %% p.n)::int, p.now, p.now, 0 "
+        "(schema_version, tenant_id, key, shard, tokens, refilled_at, created_at, taken, earned) "
+        "SELECT %s, %s, %s, g, p.burst / p.n + (g < p.burst %% p.n)::int, p.now, p.now, 0, 0 "
         "FROM p, generate_series(0, p.n - 1) g ON CONFLICT DO NOTHING"
     )
 

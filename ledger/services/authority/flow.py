@@ -38,6 +38,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 
 from ledger.errors import Throttled
 from ledger.models import Operation, Tenant
@@ -142,7 +143,11 @@ def _token(op: Operation, tenant: Tenant, limit: FlowLimit) -> bool:
     home = run_shard_hash(op.run_id) % shards
 
     def take(wait: bool) -> bool:
-        return sql_flow.bucket_take(
+        # In a savepoint, rolled back when no token was taken: the shards the statement
+        # found empty after waiting are locked by it, and must not stay locked while this
+        # dispatch waits for another shard (two such waits would deadlock).
+        savepoint = transaction.savepoint_create()
+        taken = sql_flow.bucket_take(
             tenant_id=tenant.pk,
             key=limit.key,
             burst=limit.burst,
@@ -151,6 +156,11 @@ def _token(op: Operation, tenant: Tenant, limit: FlowLimit) -> bool:
             home=home,
             wait=wait,
         )
+        if taken:
+            transaction.savepoint_commit(savepoint)
+        else:
+            transaction.savepoint_rollback(savepoint)
+        return taken
 
     # First without waiting for a shard another dispatch holds, then waiting: a refusal
     # means every shard, read after its lock was free, had less than one token.
