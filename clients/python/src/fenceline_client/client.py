@@ -254,6 +254,19 @@ class RestoreUnchecked(RetryLater):
     code = "RESTORE_UNCHECKED"
 
 
+class Throttled(RetryLater):
+    """A flow limit of the tenant's policy has no room for this dispatch now (409): its
+    concurrency places are all held or its rate limit's tokens are spent. Nothing was decided:
+    the operation stays AUTHORIZED; dispatch it again after ``retry_after_s``. ``key`` names
+    the limit's key (``tenant``, ``tool:<name>``, ``provider:<name>``, ``key:<flow_key>``)."""
+
+    code = "THROTTLED"
+
+    @property
+    def key(self) -> str:
+        return str(self.body.get("key", ""))
+
+
 class KeyUnavailable(FencelineError):
     """A kept value is sealed under a key the server no longer holds (503)."""
 
@@ -285,6 +298,7 @@ ERRORS: dict[str, type[FencelineError]] = {
         TooManyRequests,
         DatabaseUnavailable,
         RestoreUnchecked,
+        Throttled,
         KeyUnavailable,
         InvalidRequest,
         MalformedJSON,
