@@ -2,14 +2,19 @@
 limits and rate limits per key kind, the refusal that leaves the operation AUTHORIZED, and
 the places given back on every way out of DISPATCHED."""
 
+import shlex
 from datetime import timedelta
+from io import StringIO
+from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 
 from ledger.errors import InvalidInput, Throttled
 from ledger.models import CostReservation, Event, FlowBucket, FlowSlot, Operation, Run
 from ledger.policy import validate_policy
+from ledger.services.authority.policy import policy_current
 from ledger.services.core.intent import Intent
 from ledger.services.fence import leases, operations, outcomes
 from ledger.services.fence.ending import run_cancel, runs_enforce_limits
@@ -274,3 +279,16 @@ def test_the_database_refuses_a_place_kept_by_nobody_in_flight(acme):
     op = dispatch(acme, authorized(acme, run, token, "hand"), token)
     Operation.objects.filter(pk=op.pk).update(phase="CONFIRMED")
     assert held(acme.tenant) == 0
+
+
+def test_the_operations_doc_example_applies_as_written(acme, tmp_path):
+    """docs/operations.md, "Flow control at dispatch": its document, applied by its command."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "operations.md").read_text()
+    section = text.split("## Flow control at dispatch", 1)[1].split("\n## ", 1)[0]
+    (tmp_path / "flow.json").write_text(section.split("```json", 1)[1].split("```", 1)[0])
+    command = section.split("`manage.py policy apply ", 1)[1].split("`", 1)[0]
+    args = shlex.split(command.replace("flow.json", str(tmp_path / "flow.json")))
+    call_command("policy", "apply", *args, stdout=StringIO())
+    policy = policy_current(tenant=acme.tenant)[1]
+    assert policy["concurrency"]["tool:email"] == 4
+    assert policy["rate_limits"]["provider:stripe"] == {"per_s": 5, "burst": 10}
