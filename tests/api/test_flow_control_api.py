@@ -4,7 +4,7 @@ stays AUTHORIZED; flow_key is part of the intent; the Python client raises Throt
 
 import pytest
 
-from fenceline_client import Client, Throttled
+from fenceline_client import Client, Done, Throttled
 from ledger.models import Operation
 from tests.factories import set_policy
 
@@ -70,3 +70,23 @@ def test_the_python_client_raises_throttled_naming_the_key(live_server, acme):
         client.post(f"/operations/{ops[1]}/dispatch", {"fencing_token": token})
     assert refused.value.key == "tool:email"
     assert refused.value.retry_after_s > 1
+
+
+def test_effect_start_names_the_flow_key_and_the_same_call_dispatches_once_there_is_room(live_server, acme):
+    set_policy(acme.tenant, concurrency={"key:cust-9": 1})
+    client = Client(live_server.url, token=acme.token, timeout=10)
+    with client.lease(client.create_run(), ttl_s=30) as lease:
+        first = lease.effect_start(
+            tool="email", action="send", resource="mailto:a@example.com", idempotency_key="e-1",
+            effect_class="IDEMPOTENT", flow_key="cust-9",
+        )  # fmt: skip
+        assert first.phase == "DISPATCHED"
+        second = {
+            "tool": "email", "action": "send", "resource": "mailto:b@example.com", "idempotency_key": "e-2",
+            "effect_class": "IDEMPOTENT", "flow_key": "cust-9",
+        }  # fmt: skip
+        with pytest.raises(Throttled) as refused:
+            lease.effect_start(**second)
+        assert refused.value.key == "key:cust-9"
+        lease.effect_outcome(first.operation_id, Done(outcome="CONFIRMED"))
+        assert lease.effect_start(**second).phase == "DISPATCHED"  # the same key, dispatched now

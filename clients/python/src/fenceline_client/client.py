@@ -889,7 +889,10 @@ class Lease:
         operation's phase: DISPATCHED (call the provider now, then ``effect_outcome``),
         PENDING_APPROVAL with ``approval_id`` set (``effect_await_approval``), or a phase an
         earlier attempt under the same key already reached (CONFIRMED, FAILED, UNKNOWN ...:
-        do not call the provider). Every refusal raises its exception."""
+        do not call the provider). Every refusal raises its exception. ``flow_key=`` names
+        the intent's key for the policy's flow control; a limit without room raises
+        ``Throttled``, leaving the operation AUTHORIZED: the same call with the same key
+        dispatches it after ``retry_after_s``."""
         body = {"tool": tool, "action": action, "resource": resource, "idempotency_key": idempotency_key, **intent}
         if effect_class is not None:
             body["effect_class"] = effect_class
