@@ -507,6 +507,11 @@ FENCELINE: dict[str, Any] = {
     # dispatches of one tenant do not queue on one row; a smaller one stays one exact row.
     "COST_ESCROW_MIN_CENTS": env_int("FENCELINE_COST_ESCROW_MIN_CENTS", 100_000, minimum=1),
     "COST_ESCROW_SHARDS": env_int("FENCELINE_COST_ESCROW_SHARDS", 16, minimum=1),
+    # Flow control at dispatch (ledger/services/authority/flow.py): a rate limit's token
+    # bucket is split into at most this many shards (never more than its burst), and a
+    # dispatch refused by a concurrency limit is told to come back after this many seconds.
+    "FLOW_BUCKET_SHARDS": env_int("FENCELINE_FLOW_BUCKET_SHARDS", 8, minimum=1),
+    "FLOW_CONCURRENCY_RETRY_AFTER_S": env_int("FENCELINE_FLOW_CONCURRENCY_RETRY_AFTER_S", 1, minimum=1),
     "DRAIN_INTERVAL_S": env_int("FENCELINE_DRAIN_INTERVAL_S", 15, minimum=1),
     # A QUIESCED worker whose process heartbeat (POST /workers/me/heartbeat) is older is STOPPED.
     "WORKER_HEARTBEAT_LAPSE_S": env_int("FENCELINE_WORKER_HEARTBEAT_LAPSE_S", 60, minimum=1),

@@ -25,6 +25,8 @@ from ledger.models import (
     CostWindow,
     Credential,
     CredentialLease,
+    FlowBucket,
+    FlowSlot,
     LeaseGrant,
     Operation,
     ResourceAlert,
@@ -40,6 +42,7 @@ from ledger.models import (
     WorkerDrain,
 )
 from ledger.pagination import keyset_page
+from ledger.policy import flow_limits_of
 from ledger.roles import ROLES, VIEW, tenants_for
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.admission import operations_in_doubt
@@ -290,9 +293,43 @@ def tenant_roles(*, tenant: Tenant) -> list[dict[str, Any]]:
     return [{"user": u, "role": by_perms.get(frozenset(perms[u.pk]), "custom")} for u in users]
 
 
+def flow_use(*, tenant: Tenant, policy: dict[str, Any], now: datetime) -> list[dict[str, Any]]:
+    """Each flow limit of ``policy`` with its use now: places held of a concurrency limit
+    (for ``key:*``, over the flow keys it limits, with how many there are); tokens left
+    (refilled to ``now``) and given of a rate limit's bucket."""
+    concurrency, rates = flow_limits_of(policy)
+    held: dict[str, int] = dict(
+        FlowSlot.objects.filter(tenant=tenant, operation__isnull=False)
+        .values_list("key")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    rows = []
+    for key, places in sorted(concurrency.items()):
+        if key == "key:*":
+            under = [k for k in held if k.startswith("key:") and k not in concurrency]
+            use = f"{sum(held[k] for k in under)} held over {len(under)} flow keys (each up to {places})"
+        else:
+            use = f"{held.get(key, 0)} of {places} held"
+        rows.append({"key": key, "limit": f"{places} in flight", "use": use})
+    for key, rate in sorted(rates.items()):
+        shards = list(FlowBucket.objects.filter(tenant=tenant, key=key))
+        n = len(shards) or 1
+        left = sum(
+            min(rate["burst"] / n, s.tokens + rate["per_s"] / n * max((now - s.refilled_at).total_seconds(), 0))
+            for s in shards
+        )
+        use = f"{left:.1f} tokens left, {sum(s.taken for s in shards)} given" if shards else "not used yet"
+        if key == "key:*":
+            use = "per flow key"
+        rows.append({"key": key, "limit": f"{rate['per_s']:g}/s, burst {rate['burst']}", "use": use})
+    return rows
+
+
 def tenant_detail_parts(*, tenant: Tenant) -> dict[str, Any]:
     now = timezone.now()
     return {
+        "flow_limits": flow_use(tenant=tenant, policy=policy_current(tenant=tenant)[1], now=now),
         "policies": list(TenantPolicy.objects.filter(tenant=tenant).order_by("-version")[:RECENT]),
         "windows": list(
             CostWindow.objects.filter(tenant=tenant, ends_at__gt=now)

@@ -80,6 +80,22 @@ class DatabaseUnavailable(DomainError):
         self.retry_after_s = retry_after_s
 
 
+class Throttled(DomainError):
+    """Flow control at dispatch (``ledger.services.authority.flow``): a concurrency or rate
+    limit of the tenant's policy has no room for this dispatch now. Nothing was decided or
+    recorded: the operation stays AUTHORIZED and the same dispatch may be sent again after
+    ``retry_after_s`` (also the ``Retry-After`` header). ``key`` names the limit's key
+    (``tenant``, ``tool:<name>``, ``provider:<name>`` or ``key:<flow_key>``) and ``limit``
+    its kind (``concurrency`` or ``rate``)."""
+
+    code = "THROTTLED"
+    status = 409
+
+    def __init__(self, detail: str, *, retry_after_s: int, key: str, limit: str) -> None:
+        super().__init__(detail, retry_after_s=retry_after_s, key=key, limit=limit)
+        self.retry_after_s = retry_after_s
+
+
 class KeyUnavailable(DomainError):
     """A kept value is sealed under a key this server no longer holds (a user-content key
     removed from FENCELINE_USER_CONTENT_KEYS): nothing is wrong with the request."""

@@ -66,10 +66,20 @@ module only reads documents; ``ledger.services.policy`` stores and changes them.
          "worst_case_cost_cents": 5000,     # an integer >= 0, or null (the default)
          "human_approval": false}           # a person approves every operation of it
       ],                                    # (the starter's: []); (tool, action) unique
-      "unknown_tool_class": "WORKER_DECLARED"  # a tool with no contract: "WORKER_DECLARED"
+      "unknown_tool_class": "WORKER_DECLARED", # a tool with no contract: "WORKER_DECLARED"
                                             # (the starter's: the worker's declared class is
                                             # taken), "REFUSE", or an EffectClass imposed
+      "concurrency": {                      # flow control at dispatch: most DISPATCHED at once
+        "tenant": 20, "tool:email": 4       # per key (an integer >= 1); the starter's: {}
+      },
+      "rate_limits": {                      # token buckets: per_s (a number > 0) refilled,
+        "provider:stripe": {"per_s": 5, "burst": 10}  # burst (an integer >= 1) at most
+      }                                     # (the starter's: {})
     }
+
+A flow key is ``tenant``, ``tool:<name>``, ``provider:<name>``, ``key:<flow_key>`` (the
+operation's intent names it) or ``key:*`` (one limit for each distinct flow_key value; a
+``key:<value>`` entry wins over it). See ``ledger.services.authority.flow``.
 
 A contract names its tool exactly (``contract_for``: the exact action's contract, else the
 tool's "*" one). A policy stored before a key existed reads as the starter's
@@ -139,6 +149,8 @@ STARTER_POLICY: PolicyDocument = {
     "breaker": {"throttled_at": 0.6, "degraded_at": 0.85, "open_at": 1.0, "throttled_max_dispatched": 2},
     "tool_contracts": [],
     "unknown_tool_class": WORKER_DECLARED,
+    "concurrency": {},
+    "rate_limits": {},
 }
 
 
@@ -186,6 +198,7 @@ def validate_policy(document: object, *, reconcilers: Collection[str] | None = N
     _validate_admission(merged["admission"])
     _validate_breaker(merged["breaker"])
     merged["tool_contracts"] = _validate_contracts(merged["tool_contracts"], reconcilers)
+    _validate_flow(merged["concurrency"], merged["rate_limits"])
     if merged["unknown_tool_class"] not in UNKNOWN_TOOL_CLASSES:
         raise _invalid("policy.unknown_tool_class", f"must be one of {', '.join(UNKNOWN_TOOL_CLASSES)}")
     return merged
@@ -359,6 +372,55 @@ def _validate_admission(admission: object) -> None:
         raise _invalid("policy.admission", "must be {boot_report_required}")
     if not isinstance(admission["boot_report_required"], bool):
         raise _invalid("policy.admission.boot_report_required", "must be true or false")
+
+
+# The kinds of flow key and how long a key's name may be (a tool's, a provider's or a flow_key).
+FLOW_KEY_KINDS = ("tenant", "tool", "provider", "key")
+FLOW_KEY_NAME_MAX = 100
+
+
+def flow_key_kind(key: object) -> str | None:
+    """The kind of a policy's flow key (``tenant``, ``tool``, ``provider``, ``key``), or
+    None when it is not one."""
+    if key == "tenant":
+        return "tenant"
+    if not isinstance(key, str) or ":" not in key:
+        return None
+    kind, name = key.split(":", 1)
+    if kind in FLOW_KEY_KINDS[1:] and 0 < len(name) <= FLOW_KEY_NAME_MAX and name.isprintable():
+        return kind
+    return None
+
+
+def _flow_keys(limits: object, name: str) -> dict[str, Any]:
+    if not isinstance(limits, dict):
+        raise _invalid(f"policy.{name}", "must map flow keys to limits")
+    for key in limits:
+        if flow_key_kind(key) is None:
+            raise _invalid(
+                f"policy.{name}.{key}",
+                "is not a flow key (tenant, tool:<name>, provider:<name>, key:<flow_key> or key:*)",
+            )
+    return limits
+
+
+def _validate_flow(concurrency: object, rate_limits: object) -> None:
+    for key, places in _flow_keys(concurrency, "concurrency").items():
+        if type(places) is not int or places < 1:
+            raise _invalid(f"policy.concurrency.{key}", "must be an integer >= 1")
+    for key, limit in _flow_keys(rate_limits, "rate_limits").items():
+        if not isinstance(limit, dict) or set(limit) != {"per_s", "burst"}:
+            raise _invalid(f"policy.rate_limits.{key}", "must have per_s and burst")
+        per_s = limit["per_s"]
+        if type(per_s) not in (int, float) or not 0 < per_s <= 1_000_000:
+            raise _invalid(f"policy.rate_limits.{key}.per_s", "must be a number > 0 (tokens per second)")
+        if type(limit["burst"]) is not int or not 1 <= limit["burst"] <= 1_000_000:
+            raise _invalid(f"policy.rate_limits.{key}.burst", "must be an integer >= 1")
+
+
+def flow_limits_of(policy: PolicyDocument) -> tuple[dict[str, int], dict[str, dict[str, Any]]]:
+    """The policy's (concurrency, rate_limits) (a policy stored before they existed has none)."""
+    return policy.get("concurrency", {}), policy.get("rate_limits", {})
 
 
 def boot_report_required(policy: PolicyDocument) -> bool:

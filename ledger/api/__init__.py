@@ -258,6 +258,7 @@ def _op_out(op: Operation) -> Body:
                 "provider",
                 "reconciler",
                 "trace_id",
+                "flow_key",
                 "phase",
                 "attempt",
                 "fencing_token",

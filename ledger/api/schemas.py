@@ -427,6 +427,10 @@ class OperationIn(In):
     provider: Annotated[StrictStr, Field(max_length=length(Operation, "provider"))] = ""
     estimated_cost_cents: EstimatedCents | None = None
     payload_bytes: Annotated[StrictInt, bounds(Operation, "payload_bytes", ge=0), WHOLE] | None = None
+    # The flow-control key of the policy's "key:<flow_key>" / "key:*" limits ('' for none).
+    flow_key: Annotated[
+        StrictStr, Field(max_length=length(Operation, "flow_key"), pattern=r"^[A-Za-z0-9._:@/\-]*$")
+    ] = ""
 
 
 class OperationCreatedOut(Schema):
@@ -520,6 +524,7 @@ class OperationOut(Schema):
     reconciler: str
     # The W3C trace id of the call that recorded the intent ('' when it sent no traceparent).
     trace_id: str
+    flow_key: str
     phase: Phase
     attempt: int
     fencing_token: int | None

@@ -8,6 +8,8 @@ from ledger.models.authority import (
     CostWindow,
     Credential,
     CredentialLease,
+    FlowBucket,
+    FlowSlot,
 )
 from ledger.models.delivery import EffectDelivery, EffectDeliveryRecord
 from ledger.models.evidence import Checkpoint, DiagnosticPayload, Event
@@ -46,6 +48,8 @@ __all__ = [
     "EffectDeliveryRecord",
     "Event",
     "FenceGeneration",
+    "FlowBucket",
+    "FlowSlot",
     "JobHeartbeat",
     "LeaseGrant",
     "Operation",

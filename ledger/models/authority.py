@@ -228,3 +228,56 @@ class CostReservation(Versioned):
         # time (issue 16): with the id in the index that is a walk from the front, not a sort
         # of everything due.
         indexes = [models.Index(fields=["state", "expires_at", "id"], name="reservation_state_expiry")]
+
+
+class FlowSlot(Versioned):
+    """One place of a concurrency limit (policy ``concurrency``): a tenant's key has one row
+    per place, ``slot`` 0 .. N-1, created on first use. A dispatch takes a free place
+    (``operation`` set) in the transaction that moves its operation to DISPATCHED; the
+    trigger ``flowslot_release`` (migration 0042) frees it in the statement that moves the
+    operation out of DISPATCHED, whichever path moves it (outcome, UNKNOWN by lease end or
+    cancel grace, restore). So a place is held exactly while its operation is DISPATCHED,
+    and the places held for a key are never more than its rows below N."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="flow_slots", db_index=False)
+    key = models.CharField(max_length=210)
+    slot = models.PositiveIntegerField()
+    operation = models.ForeignKey(
+        Operation, on_delete=models.PROTECT, null=True, blank=True, related_name="flow_slots", db_index=False
+    )
+    taken_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "key", "slot"], name="flowslot_unique"),
+            # One place per key and operation; also the trigger's way to its operation's places.
+            models.UniqueConstraint(
+                fields=["operation", "key"], condition=Q(operation__isnull=False), name="flowslot_one_per_operation"
+            ),
+        ]
+
+
+class FlowBucket(Versioned):
+    """One shard of a rate limit's token bucket (policy ``rate_limits``): a key of
+    ``burst`` B and ``per_s`` R has n = min(FLOW_BUCKET_SHARDS, B) shards, shard i holding
+    up to B // n (+1 for i < B % n) tokens and refilled at R / n per second. A dispatch
+    takes one whole token from the shard its run hashes to, or from the next one that has
+    one, with one UPDATE that first adds what the shard earned since ``refilled_at`` by the
+    database's clock (lazily: nothing runs between dispatches). ``taken`` counts the tokens
+    it gave, ``earned`` what refills added. Concurrent dispatches of a key so write different rows instead of one."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="flow_buckets", db_index=False)
+    key = models.CharField(max_length=210)
+    shard = models.PositiveSmallIntegerField()
+    tokens = models.FloatField()
+    refilled_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    taken = models.BigIntegerField(default=0)
+    # What refills added in all (after the cap): taken == capacity + earned - tokens, always.
+    earned = models.FloatField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "key", "shard"], name="flowbucket_unique"),
+            models.CheckConstraint(condition=Q(tokens__gte=0), name="flowbucket_tokens_not_negative"),
+        ]

@@ -312,6 +312,9 @@ class Operation(Versioned):
     provider = models.CharField(max_length=100, blank=True, default="")
     # The W3C trace id of the call that recorded the intent ('' when it carried none).
     trace_id = models.CharField(max_length=32, blank=True, default="")
+    # The flow-control key the intent names ('' for none): policy keys "key:<flow_key>" and
+    # "key:*" limit it (ledger/services/authority/flow.py).
+    flow_key = models.CharField(max_length=100, blank=True, default="")
     estimated_cost_cents = models.BigIntegerField(null=True, blank=True)
     phase = models.CharField(max_length=20, choices=Phase.choices, default=Phase.PLANNED)
     attempt = models.PositiveIntegerField(default=1)

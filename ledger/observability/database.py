@@ -23,6 +23,7 @@ from ledger.models import (
     CostShard,
     CostWindow,
     CredentialLease,
+    FlowSlot,
     JobHeartbeat,
     LeaseGrant,
     ResourceAlert,
@@ -357,6 +358,27 @@ def jobs(scrape: Scrape) -> Iterator[Metric]:
     yield counter("fenceline_lease_expiries", "Expired leases the lease reaper ended", [], [(reaped,)])
 
 
+def flow_in_flight(scrape: Scrape) -> Iterator[Metric]:
+    """Concurrency places held now (operations DISPATCHED under a limit), by key kind."""
+    held: dict[tuple[int, str], int] = {}
+    rows = (
+        FlowSlot.objects.filter(operation__isnull=False).values("tenant_id", "key").annotate(n=Count("id")).order_by()
+    )
+    for row in rows:
+        kind = row["key"].split(":", 1)[0]
+        held[row["tenant_id"], kind] = held.get((row["tenant_id"], kind), 0) + row["n"]
+    yield gauge(
+        "fenceline_flow_in_flight",
+        "Operations DISPATCHED holding a concurrency place, by key kind (tenant, tool, provider, key)",
+        ["tenant", "kind"],
+        [
+            (scrape.slug(tenant_id), kind, n)
+            for (tenant_id, kind), n in sorted(held.items())
+            if tenant_id in scrape.tenants
+        ],
+    )
+
+
 class DatabaseMetrics(DatabaseCollector):
     """The ledger's families."""
 
@@ -366,6 +388,7 @@ class DatabaseMetrics(DatabaseCollector):
         run_totals,
         leases_and_instances,
         cost_windows,
+        flow_in_flight,
         credential_leases,
         resources,
         workers,

@@ -56,6 +56,12 @@ THROTTLED = Counter(
     "or worker_token (failed worker tokens per address)",
     ["kind"],
 )
+FLOW_THROTTLED = Counter(
+    "fenceline_flow_throttled",
+    "Dispatches refused 409 THROTTLED by the policy's flow control, by the refusing key's kind "
+    "(tenant, tool, provider, key) and limit (concurrency or rate)",
+    ["tenant", "kind", "limit"],
+)
 REQUEST_SECONDS = Histogram(
     "fenceline_http_request_duration_seconds",
     "Server time per request, by route pattern (never the path itself), method and status code",

@@ -11,7 +11,7 @@ from ledger.models import TenantPolicy
 from ledger.roles import VIEW, can
 from ledger.services.authority.policy import policy_change
 from ledger.services.tenancy.tenants import tenant_ensure
-from tests.factories import user_with
+from tests.factories import dispatched_operation, leased_run, set_policy, user_with
 from tests.helpers import Browser
 
 URL = reverse("tenants")
@@ -122,3 +122,22 @@ def test_the_pages_cost_the_same_queries_with_10_and_200_rows(acme, admin):
     grow(190, "b")
     with_200 = (queries_for(browser, URL), queries_for(browser, detail()))
     assert with_10 == with_200
+
+
+def test_the_tenant_page_shows_the_flow_limits_and_their_use(acme, viewer):
+    set_policy(
+        acme.tenant,
+        concurrency={"tool:email": 3, "key:*": 1},
+        rate_limits={"tenant": {"per_s": 0.001, "burst": 4}},
+    )
+    run, token = leased_run(acme.worker)
+    dispatched_operation(acme.worker, run, token, "flow-1")
+
+    page = Browser(viewer).get(detail())
+
+    rows = {row["key"]: row for row in page.context["flow_limits"]}
+    assert rows["tool:email"]["use"] == "1 of 3 held"
+    assert rows["key:*"]["use"] == "0 held over 0 flow keys (each up to 1)"
+    assert rows["tenant"]["limit"] == "0.001/s, burst 4" and "1 given" in rows["tenant"]["use"]
+    body = page.content.decode()
+    assert "Flow control at dispatch" in body and "1 of 3 held" in body

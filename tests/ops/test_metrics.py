@@ -37,6 +37,8 @@ NAMES = {
     "fenceline_lease_takeovers",
     "fenceline_lease_expiries",
     "fenceline_breaker_state",
+    "fenceline_flow_throttled",
+    "fenceline_flow_in_flight",
     "fenceline_cost_limit_cents",
     "fenceline_cost_reserved_cents",
     "fenceline_cost_settled_cents",

@@ -19,3 +19,6 @@ class Intent:
     provider: str = ""
     estimated_cost_cents: int | None = None
     payload_bytes: int | None = None
+    # The flow-control key the worker names ('' for none): the policy's "key:<flow_key>" or
+    # "key:*" limits it at dispatch (ledger/services/authority/flow.py).
+    flow_key: str = ""

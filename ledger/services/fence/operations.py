@@ -16,7 +16,7 @@ from ledger.errors import ApprovalRequired, Denied, DomainError, IdempotencyMism
 from ledger.models import Operation, Run, Tenant, Worker
 from ledger.observability import metrics
 from ledger.observability.tracing import current_trace_id
-from ledger.services.authority import evaluation
+from ledger.services.authority import evaluation, flow
 from ledger.services.core.fencing import Fenced, decided, effects_held, fenced, worker_refused
 from ledger.services.core.handoff import queues
 from ledger.services.core.intent import Intent
@@ -42,6 +42,7 @@ INTENT_PARAMETERS = (
     "provider",
     "estimated_cost_cents",
     "payload_bytes",
+    "flow_key",
 )
 
 
@@ -99,6 +100,7 @@ def _planned(intent: Intent, *, reconciler: str, tenant: Tenant, ctx: Fenced) ->
         payload_bytes=intent.payload_bytes,
         reconciler=reconciler,
         trace_id=current_trace_id(),
+        flow_key=intent.flow_key,
         phase=Phase.PLANNED,
         updated_at=ctx.now,
         schema_version=provider_ref.version_for_new(upgrade_phase(provider_ref.CHANGE)),
@@ -120,6 +122,7 @@ def _planned_fields(op: Operation, ctx: Fenced) -> dict[str, Any]:
         "fencing_token": ctx.fencing_token,
         **({"provider": op.provider} if op.provider else {}),
         **({"reconciler": op.reconciler} if op.reconciler else {}),
+        **({"flow_key": op.flow_key} if op.flow_key else {}),
     }
 
 
@@ -253,7 +256,9 @@ def _allow(op: Operation, ctx: Fenced, grounds: evaluation.Grounds) -> None:
 def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: int) -> Operation:
     """AUTHORIZED -> DISPATCHED after every authorize check passes again under the current
     policy and the reservations hold. Only after this succeeds may the worker call the
-    provider. A refusal moves the operation to DENIED (and reserves nothing). A DRAINING
+    provider. A refusal moves the operation to DENIED (and reserves nothing); a flow limit
+    without room (409 THROTTLED, ``ledger.services.authority.flow``) records nothing and
+    leaves it AUTHORIZED, to be dispatched again after ``retry_after_s``. A DRAINING
     worker dispatches nothing new (409 WORKER_DRAINING): the operation stays AUTHORIZED for
     the replacement, under the same idempotency key."""
     if worker.status == WorkerStatus.DRAINING:
@@ -271,6 +276,9 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
                 raise Denied("DENY_POLICY", "the approval this operation needs is missing, used, expired or void")
             # All or nothing: a refusal while reserving leaves nothing reserved.
             evaluation.reserve(op=op, ctx=ctx, grounds=grounds)
+            # Flow control: THROTTLED rolls this transaction back (the reservation too) and
+            # leaves the operation AUTHORIZED, to be dispatched again later.
+            flow.flow_take(op=op, tenant=ctx.run.tenant, policy=grounds.policy, now=ctx.now)
             transition(
                 op,
                 Phase.DISPATCHED,

@@ -268,6 +268,19 @@ class RestoreUnchecked(RetryLater):
     code = "RESTORE_UNCHECKED"
 
 
+class Throttled(RetryLater):
+    """A flow limit of the tenant's policy has no room for this dispatch now (409): its
+    concurrency places are all held or its rate limit's tokens are spent. Nothing was decided:
+    the operation stays AUTHORIZED; dispatch it again after ``retry_after_s``. ``key`` names
+    the limit's key (``tenant``, ``tool:<name>``, ``provider:<name>``, ``key:<flow_key>``)."""
+
+    code = "THROTTLED"
+
+    @property
+    def key(self) -> str:
+        return str(self.body.get("key", ""))
+
+
 class KeyUnavailable(FencelineError):
     """A kept value is sealed under a key the server no longer holds (503)."""
 
@@ -299,6 +312,7 @@ ERRORS: dict[str, type[FencelineError]] = {
         TooManyRequests,
         DatabaseUnavailable,
         RestoreUnchecked,
+        Throttled,
         KeyUnavailable,
         InvalidRequest,
         MalformedJSON,
@@ -897,7 +911,10 @@ class Lease:
         dispatched it and reported nothing: the provider gets the same idempotency key),
         PENDING_APPROVAL with ``approval_id`` set (``effect_await_approval``), or a phase an
         earlier attempt under the same key already reached (CONFIRMED, FAILED, UNKNOWN,
-        DENIED ...: do not call the provider). Every refusal raises its exception."""
+        DENIED ...: do not call the provider). Every refusal raises its exception. ``flow_key=``
+        names the intent's key for the policy's flow control; a limit without room raises
+        ``Throttled``, leaving the operation AUTHORIZED: the same call with the same key
+        dispatches it after ``retry_after_s``."""
         body = {"tool": tool, "action": action, "resource": resource, "idempotency_key": idempotency_key, **intent}
         if effect_class is not None:
             body["effect_class"] = effect_class
