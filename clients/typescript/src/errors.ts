@@ -165,6 +165,10 @@ export class TooManyRequests extends RetryLater {
 export class DatabaseUnavailable extends RetryLater {
   static override readonly code = "DATABASE_UNAVAILABLE";
 }
+/** A flow-control limit of the tenant's policy has no room now (409): the operation stays AUTHORIZED; send the same call again after `retryAfterS`. */
+export class Throttled extends RetryLater {
+  static override readonly code = "THROTTLED";
+}
 /** The server's database is a restored image its fence has not been moved on yet (503): nothing was decided. */
 export class RestoreUnchecked extends RetryLater {
   static override readonly code = "RESTORE_UNCHECKED";
@@ -205,6 +209,7 @@ export const ERRORS: Readonly<Record<string, ErrorClass & { code: string }>> = O
       TooManyRequests,
       DatabaseUnavailable,
       RestoreUnchecked,
+      Throttled,
       AlreadyDelivered,
       BadSignature,
       KeyUnavailable,

@@ -1033,6 +1033,11 @@ export interface components {
             estimated_cost_cents?: number | null;
             /** Fencing Token */
             fencing_token: number;
+            /**
+             * Flow Key
+             * @default
+             */
+            flow_key?: string;
             /** Idempotency Key */
             idempotency_key: string;
             /** Payload Bytes */
@@ -1286,6 +1291,11 @@ export interface components {
             estimated_cost_cents?: number | null;
             /** Fencing Token */
             fencing_token: number;
+            /**
+             * Flow Key
+             * @default
+             */
+            flow_key?: string;
             /** Idempotency Key */
             idempotency_key: string;
             /** Payload Bytes */
@@ -1325,6 +1335,8 @@ export interface components {
             estimated_cost_cents: number | null;
             /** Fencing Token */
             fencing_token: number | null;
+            /** Flow Key */
+            flow_key: string;
             /** Idempotency Key */
             idempotency_key: string;
             /** Operation Id */
