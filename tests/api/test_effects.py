@@ -243,12 +243,14 @@ def test_an_effect_that_needs_a_person_waits_then_the_same_call_dispatches(acme,
         "attempt": 1,
         "schema_version": op.schema_version,
         "approval_id": asked.body["approval_id"],
+        "dispatched": False,
     }
     again = start(client, run_id, "pay:2", **PAYMENT)
     assert (again.status, again.body["approval_id"]) == (202, asked.body["approval_id"])  # no second request
     approval_decide(approval_id=asked.body["approval_id"], approve=True, decided_by="alice", reason="checked")
     approved = start(client, run_id, "pay:2", **PAYMENT)
     assert (approved.status, approved.body["phase"], approved.body["approval_id"]) == (200, "DISPATCHED", None)
+    assert approved.body["dispatched"] is True
     assert client.get(f"/approvals/{asked.body['approval_id']}").body["status"] == "USED"
     assert transitions(run_id) == [
         "OPERATION_PLANNED",

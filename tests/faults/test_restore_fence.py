@@ -26,6 +26,7 @@ from ledger.services.fence import leases, operations
 from ledger.services.fence.generation import token_floor
 from ledger.services.fence.restore import fence_restore
 from ledger.services.upgrades.restore import effects_allow
+from ledger.sql import fence as sql_fence
 from tests.factories import credential_lease, expire, new_run
 from tests.faults.test_fence_reads_under_the_lock import wait_until_blocked_on_a_lock
 from tests.faults.test_migration_restore import _manage
@@ -77,6 +78,8 @@ def test_after_a_restore_no_token_is_issued_again_and_what_was_live_is_ended(acm
     operations.operation_dispatch(worker=acme.worker, operation_id=in_flight.pk, fencing_token=first)
     waiting = _authorized(acme, run, first, "issue:2", lent.pk)  # authorized, not yet dispatched
 
+    # The fence's row as migration 0036 leaves it (a transactional test's flush removed it): its home.
+    FenceGeneration.objects.update_or_create(pk=1, defaults={"home": sql_fence.database_identity()})
     source = connection.settings_dict["NAME"]
     dump = tmp_path / "fenceline.dump"
     taken = _manage(source, "backup", "--output", str(dump), "--label", "before the takeovers")

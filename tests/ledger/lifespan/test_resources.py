@@ -103,7 +103,7 @@ def test_the_run_resource_quota_is_counted_per_kind(leased, acme):
         ({"provider": "sk_live_" + "51HxQ2aLkT9vW3mZr8YbC4dN7pJ6sF0g"}, "provider"),
         ({"ttl_s": 0}, "ttl_s"),
         ({"idle_s": "60"}, "idle_s"),
-        ({"extra": 1}, "*"),  # an unknown key is not echoed back
+        ({"extra": 1}, "extra"),  # an unknown key that reads as a field name is named
     ],
 )
 def test_bad_input_is_refused_naming_the_field_and_nothing_is_stored(leased, change, field):
