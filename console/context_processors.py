@@ -20,7 +20,7 @@ ACTIONS_ON: tuple[tuple[str, str, str], ...] = (
 
 
 def role_line(path: str, roles: list[tuple[Any, str]]) -> str:
-    """"Operators and admins of acme may claim and resolve cases (you are a viewer there)."
+    """ "Operators and admins of acme may claim and resolve cases (you are a viewer there)."
     for the tenants where the user's role hides this page's actions; "" where it hides none."""
     for prefix, perm, what in ACTIONS_ON:
         if not path.startswith(prefix):

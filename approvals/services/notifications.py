@@ -410,7 +410,9 @@ def my_case_notify(
             },
             path="/cases/?status=mine" if what == "reassigned" else "/cases/",
         )
-        rows.append(_route_delivery(route, tenant=tenant, kind=PersonalKind.MY_CASE, key=found.key, found=found, now=now))
+        rows.append(
+            _route_delivery(route, tenant=tenant, kind=PersonalKind.MY_CASE, key=found.key, found=found, now=now)
+        )
     WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)
     return len(rows)
 
@@ -419,4 +421,4 @@ def tenant_admins(tenant_id: int) -> list[str]:
     """The usernames of the tenant's admins (an escalated case goes up to them)."""
     tenant = Tenant.objects.get(pk=tenant_id)
     users = get_users_with_perms(tenant, only_with_perms_in=["administer_tenant"], with_superusers=False)
-    return sorted(str(u.username) for u in users)
+    return sorted(str(getattr(u, "username", u)) for u in users)

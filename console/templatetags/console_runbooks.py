@@ -15,7 +15,7 @@ def _guides(context: template.Context, tenant_id: int) -> dict[tuple[str, str], 
     request = context.get("request")
     cache: dict[int, dict[tuple[str, str], str]] = getattr(request, "_runbook_guides", None) or {}
     if request is not None:
-        request._runbook_guides = cache  # type: ignore[attr-defined]
+        request._runbook_guides = cache
     if tenant_id not in cache:
         cache[tenant_id] = runbook_guides(tenant_id=tenant_id)
     return cache[tenant_id]

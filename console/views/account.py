@@ -35,7 +35,7 @@ class RouteForm(forms.Form):
 
 
 def _context(request: HtmxHttpRequest, **extra: Any) -> dict[str, Any]:
-    route = PersonalRoute.objects.filter(user_id=request.user.pk).first()
+    route = PersonalRoute.objects.filter(user_id=request.user.pk).first() if request.user.pk else None
     deliveries = (
         list(WebhookDelivery.objects.filter(route=route).select_related("tenant").order_by("-created_at")[:RECENT])
         if route

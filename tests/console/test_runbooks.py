@@ -85,7 +85,9 @@ def test_the_latest_verdicts_runbook_shows_beside_the_reasons(acme, admin, viewe
     ReconciliationCase.objects.filter(pk=case.pk).update(
         lookup_history=[{"verdict": "CANNOT_TELL", "reconciler": "sandbox-payments", "why": "?"}]
     )
-    runbook_set(tenant=acme.tenant, subject="verdict", name="CANNOT_TELL", text="Ask **payments**.", reason="r", user=admin)
+    runbook_set(
+        tenant=acme.tenant, subject="verdict", name="CANNOT_TELL", text="Ask **payments**.", reason="r", user=admin
+    )
     body = Browser(viewer).get(reverse("cases")).content.decode()
     assert "for verdict CANNOT_TELL" in body and "<strong>payments</strong>" in body
     assert "for WORKER_REPORTED_UNKNOWN" not in body  # none written for the reason
@@ -93,7 +95,9 @@ def test_the_latest_verdicts_runbook_shows_beside_the_reasons(acme, admin, viewe
 
 def test_an_empty_text_removes_the_runbook(acme, admin):
     runbook_set(tenant=acme.tenant, subject="reason", name="LEASE_LOST", text="x", reason="r", user=admin)
-    assert runbook_set(tenant=acme.tenant, subject="reason", name="LEASE_LOST", text="  ", reason="r", user=admin) is None
+    assert (
+        runbook_set(tenant=acme.tenant, subject="reason", name="LEASE_LOST", text="  ", reason="r", user=admin) is None
+    )
     assert not Runbook.objects.exists()
 
 
@@ -113,7 +117,14 @@ def test_an_admin_sees_the_form(acme, admin):
 
 def test_another_tenants_runbook_is_404_and_not_shown(acme, outsider, admin, outsider_admin):
     assert save(Browser(admin), slug="globex").status_code == 404
-    runbook_set(tenant=outsider.tenant, subject="reason", name="WORKER_REPORTED_UNKNOWN", text="globex-only", reason="r", user=outsider_admin)
+    runbook_set(
+        tenant=outsider.tenant,
+        subject="reason",
+        name="WORKER_REPORTED_UNKNOWN",
+        text="globex-only",
+        reason="r",
+        user=outsider_admin,
+    )
     unknown_case(acme.worker)
     assert "globex-only" not in Browser(admin).get(reverse("cases")).content.decode()
 
