@@ -31,7 +31,7 @@ REASON_RUN_CANCELLED = """The run was cancelled while this effect was in flight.
 
 REASON_WORKER_REPORTED_UNKNOWN = """The worker itself could not tell (a timeout or a dropped connection).
 
-- Its evidence column may hold a provider request id reported under a fenced token: verify it at the provider before you use it.
+- Its evidence column may hold a provider request id reported by a worker whose lease had been taken over; verify it at the provider before you use it.
 - Escalate to an admin if the provider's status page shows an incident."""
 
 VERDICT_CANNOT_TELL = """The reconciler asked the provider and could not read an answer it trusts (a status in none of the configured lists).
