@@ -19,7 +19,9 @@ def fits(page) -> bool:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_a_viewer_sees_their_role_who_may_act_and_the_runbook(live_server, page, screenshot, acme, admin, viewer, width):
+def test_a_viewer_sees_their_role_who_may_act_and_the_runbook(
+    live_server, page, screenshot, acme, admin, viewer, width
+):
     unknown_case(acme.worker)
     runbook_set(
         tenant=acme.tenant,
