@@ -2,6 +2,7 @@
 page's actions, one line says which role may act; the settings page lists the roles."""
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.urls import reverse
 
 from console.context_processors import role_line
@@ -88,3 +89,9 @@ def test_an_admin_sees_the_buttons_and_no_line(acme, admin, something_on_every_p
     body = Browser(admin).get(path).content.decode()
     assert 'class="role-line' not in body
     assert f">{ACTION_PAGES[path][1]}" in body
+
+
+def test_a_superuser_is_shown_as_such_and_told_nothing(acme, something_on_every_page):
+    root = get_user_model().objects.create_superuser("root", "root@example.com", "x")
+    body = Browser(root).get("/cases/").content.decode()
+    assert ">superuser</span>" in body and 'class="role-line' not in body
