@@ -19,7 +19,7 @@ from ledger.services.notifications.routes import route_secret, route_set
 from ledger.services.notifications.targets import signature
 from ledger.services.tenancy.roles import role_grant
 from tests.factories import pending_approvals, unknown_case, user_with, webhook_endpoint
-from tests.helpers import Browser, Sink
+from tests.helpers import Browser, Sink, run_concurrently
 
 INTERNAL = [
     "https://169.254.169.254/latest/meta-data/",
@@ -209,3 +209,14 @@ def test_a_route_to_an_address_refused_at_send_gives_up_and_sends_nothing(acme, 
     deliveries_send()
     delivery = WebhookDelivery.objects.get()
     assert delivery.status == "GAVE_UP" and delivery.last_error == "refused_address" and sink.requests == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_scans_at_once_route_each_approval_once(acme):
+    approver = user_with("approver", acme.tenant, "alice")
+    mailed(approver)
+    pending_approvals(acme.worker, 6)
+    results = run_concurrently(lambda i: notifications_scan(), 4)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert sum(r.by_kind.get("my_approval", 0) for r in results) == 6
+    assert len(routed_to(approver)) == 6
