@@ -248,6 +248,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "console.context_processors.console_roles",
             ],
         },
     },
@@ -617,6 +618,25 @@ FENCELINE["WEBHOOK_TIMEOUT_S"] = env_int("FENCELINE_WEBHOOK_TIMEOUT_S", 5, minim
 FENCELINE["WEBHOOK_MAX_ATTEMPTS"] = env_int("FENCELINE_WEBHOOK_MAX_ATTEMPTS", 6, minimum=1)
 FENCELINE["WEBHOOK_BACKOFF_BASE_S"] = env_int("FENCELINE_WEBHOOK_BACKOFF_BASE_S", 10, minimum=1)
 FENCELINE["WEBHOOK_BACKOFF_MAX_S"] = env_int("FENCELINE_WEBHOOK_BACKOFF_MAX_S", 3600, minimum=1)
+# A person's own route may be an email address (ledger/services/notifications/routes.py): sent
+# through Django's default mailer, SMTP at FENCELINE_EMAIL_HOST (default localhost:25), or
+# another backend (FENCELINE_EMAIL_BACKEND, e.g. django.core.mail.backends.console.EmailBackend).
+MAILERS = {
+    "default": {
+        "BACKEND": env("FENCELINE_EMAIL_BACKEND") or "django.core.mail.backends.smtp.EmailBackend",
+        "OPTIONS": {
+            "host": env("FENCELINE_EMAIL_HOST") or "localhost",
+            "port": env_int("FENCELINE_EMAIL_PORT", 25, minimum=1),
+            "username": env("FENCELINE_EMAIL_USER") or "",
+            "password": env("FENCELINE_EMAIL_PASSWORD") or "",  # or FENCELINE_EMAIL_PASSWORD_FILE
+            "use_tls": env_bool("FENCELINE_EMAIL_STARTTLS", False),
+            "timeout": env_int("FENCELINE_WEBHOOK_TIMEOUT_S", 5, minimum=1),
+        }
+        if not env("FENCELINE_EMAIL_BACKEND")
+        else {},
+    }
+}
+DEFAULT_FROM_EMAIL = env("FENCELINE_EMAIL_FROM") or "fenceline@localhost"
 # --- end of notifications ---
 
 # Delivery evidence from providers' signed webhooks (ledger/services/delivery/webhooks.py).

@@ -3,6 +3,7 @@ from django.urls import include, path
 
 from approvals.api import router as approvals_api
 from console.views import (
+    account,
     approvals,
     cases,
     credentials,
@@ -66,6 +67,7 @@ urlpatterns = [
     path("tenants/<slug:slug>/", tenants.tenant_detail, name="tenant_detail"),
     path("tenants/<slug:slug>/policy", tenants.change_policy, name="tenant-policy"),
     path("tenants/<slug:slug>/grant", tenants.grant_role, name="tenant-grant"),
+    path("tenants/<slug:slug>/runbooks", tenants.set_runbook, name="tenant-runbook"),
     path("tenants/<slug:slug>/contracts", tenants.put_contract, name="tenant-contract-put"),
     path("tenants/<slug:slug>/contracts/remove", tenants.remove_contract, name="tenant-contract-remove"),
     path("tenants/<slug:slug>/unknown-tools", tenants.set_unknown_tool_class, name="tenant-unknown-tool-class"),
@@ -82,6 +84,8 @@ urlpatterns = [
     path(
         "tenants/<slug:slug>/webhooks/<uuid:endpoint_id>/rotate", webhooks.webhook_rotate, name="tenant-webhook-rotate"
     ),
+    path("settings/", account.settings_page, name="my-settings"),
+    path("settings/route", account.route_save, name="my-route"),
     path("accounts/login/", site.SignIn.as_view(), name="login"),
     path("accounts/logout/", site.SignOut.as_view(), name="logout"),
     path("accounts/", include("django.contrib.auth.urls")),

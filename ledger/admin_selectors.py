@@ -31,6 +31,7 @@ from ledger.models import (
     Operation,
     ResourceAlert,
     Run,
+    Runbook,
     RunLease,
     RunResource,
     SchemaChange,
@@ -47,6 +48,8 @@ from ledger.roles import ROLES, VIEW, tenants_for
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.admission import operations_in_doubt
 from ledger.services.delivery.lookup import deliveries_pending
+from ledger.services.tenancy.runbooks import NAMES as RUNBOOK_NAMES
+from ledger.services.tenancy.runbooks import runbook_html
 from ledger.services.upgrades.changes import KNOWN_CHANGES, change_read
 from ledger.services.upgrades.fleet import fleet_builds
 from ledger.states import (
@@ -484,4 +487,28 @@ def upgrades_overview(*, user: User | AnonymousUser) -> dict[str, Any]:
         "conflicts": conflicts,
         "open_conflicts": StateConflict.objects.filter(tenant__in=tenants, status=ConflictStatus.OPEN).count(),
         "held": list(tenants.filter(effects_held=True).order_by("slug")),
+    }
+
+
+# --- runbooks (the tenant page's editor, the cases' guidance) ---------------------------------
+
+
+def tenant_runbooks(*, tenant: Tenant) -> list[dict[str, Any]]:
+    """Every runbook the tenant may write, in the documented order, with its text ("" when
+    none is written) and who wrote it when (one query)."""
+    written = {(r.subject, r.name): r for r in Runbook.objects.filter(tenant=tenant)}
+    rows = []
+    for subject, names in RUNBOOK_NAMES.items():
+        for name in names:
+            runbook = written.get((subject, name))
+            html = runbook_html(runbook.text) if runbook else ""
+            rows.append({"subject": subject, "name": name, "runbook": runbook, "html": html})
+    return rows
+
+
+def runbook_guides(*, tenant_id: int) -> dict[tuple[str, str], str]:
+    """The tenant's runbooks as sanitised HTML by (subject, name) (one query)."""
+    return {
+        (subject, name): runbook_html(text)
+        for subject, name, text in Runbook.objects.filter(tenant_id=tenant_id).values_list("subject", "name", "text")
     }

@@ -13,11 +13,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import OPEN_CASE_STATUSES, CaseComment, CaseStatus, ReconciliationCase
+from approvals.services.notifications import my_case_notify, tenant_admins
 from ledger.actors import user_actor
 from ledger.boundary import check_text
 from ledger.errors import Forbidden, InvalidInput, NotFound, StateConflictError, WrongPhase, parse_id
 from ledger.models import Operation
-from ledger.roles import OPERATE, can, tenants_for
+from ledger.roles import ADMINISTER, OPERATE, can, tenants_for
 from ledger.services.authority.reservations import cost_resolve
 from ledger.services.core.decisions import acting_name, decision_reason
 from ledger.services.core.fencing import Fenced, locked_runs
@@ -323,7 +324,7 @@ def case_reassign(*, case_id: object, user: User | AnonymousUser, to: str, reaso
     if target is None or not can(target, case.tenant, OPERATE):
         raise InvalidInput(f"{to!r} is not someone who may work cases of this tenant", field="to")
     escalated = case.status == CaseStatus.ESCALATED
-    return _case_move(
+    moved = _case_move(
         case_id=case_id,
         user=user,
         sources=(CaseStatus.ESCALATED,) if escalated else (CaseStatus.OPEN, CaseStatus.CLAIMED),
@@ -334,6 +335,16 @@ def case_reassign(*, case_id: object, user: User | AnonymousUser, to: str, reaso
         held_by=case.claimed_by if case.status == CaseStatus.CLAIMED else None,
         extra_fields={"from": case.claimed_by or None, "to": str(target.username)},
     )
+    if target.pk != user.pk:  # routed to the person it was handed to (their own route, if any)
+        my_case_notify(
+            case=moved,
+            usernames=[str(target.username)],
+            perm=OPERATE,
+            what="reassigned",
+            headline=f"Case {str(moved.pk)[:8]} ({_what(moved)}, {moved.reason}) was handed to you by "
+            f"{user.username}: {reason}",
+        )
+    return moved
 
 
 COMMENT_MAX_LENGTH = 1000
@@ -371,7 +382,7 @@ def case_escalate(*, case_id: object, user: User | AnonymousUser, reason: str) -
     if not reason or not reason.strip():
         raise InvalidInput("an escalation says why")
     check_text(reason, path="reason")
-    return _case_move(
+    moved = _case_move(
         case_id=case_id,
         user=user,
         sources=(CaseStatus.LOOKUP, CaseStatus.OPEN, CaseStatus.CLAIMED),
@@ -379,6 +390,20 @@ def case_escalate(*, case_id: object, user: User | AnonymousUser, reason: str) -
         event="CASE_ESCALATED",
         reason=reason.strip(),
     )
+    # An escalation goes up to the tenant's admins: routed to each one's own route, if any.
+    my_case_notify(
+        case=moved,
+        usernames=[name for name in tenant_admins(moved.tenant_id) if name != user.username],
+        perm=ADMINISTER,
+        what="escalated",
+        headline=f"Case {str(moved.pk)[:8]} ({_what(moved)}, {moved.reason}) was escalated by {user.username}: "
+        f"{reason.strip()}",
+    )
+    return moved
+
+
+def _what(case: ReconciliationCase) -> str:
+    return f"{case.operation.tool}.{case.operation.action}"
 
 
 BULK_RESOLUTIONS = ("DID_NOT_HAPPEN", "COMPENSATED")  # HAPPENED needs each case's own provider id

@@ -14,6 +14,19 @@ are the ledger's (``ledger/services/notifications/``).
 | quarantine       | a QUARANTINED worker                       | quarantine:<worker id>:<since>           |
 | chain_broken     | a run whose chain the verifier found BROKEN| broken:<run id>                          |
 | breaker_change   | a breaker change after the endpoint began  | breaker:<tenant id>:<state>:<changed at> |
+
+A person's own route (``PersonalRoute``, ``ledger/services/notifications/routes.py``) gets:
+
+| kind        | when                                                    | dedupe key                      |
+|-------------|---------------------------------------------------------|---------------------------------|
+| my_approval | (this scan) a PENDING approval, not expired, asked since| myapproval:<approval id>        |
+|             | the route was set, on a tenant where the person now     |                                 |
+|             | holds APPROVE                                           |                                 |
+| my_case     | (``my_case_notify``, called by the case services) a case| mycase:<case id>:<what>:<at>    |
+|             | handed to the person, or escalated on a tenant they     |                                 |
+|             | administer, while they hold the role there              |                                 |
+
+Neither ever names a case or approval of a tenant where the person holds no such role.
 """
 
 import logging
@@ -26,10 +39,12 @@ from django.conf import settings
 from django.db.models import CharField, Exists, OuterRef, Q, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
+from guardian.shortcuts import get_users_with_perms
 
 from approvals.models import OPEN_CASE_STATUSES, ApprovalRequest, ApprovalStatus, ReconciliationCase
-from ledger.models import ResourceAlert, Run, Tenant, WebhookDelivery, WebhookEndpoint, Worker
-from ledger.models.notifications import DeliveryStatus, NotificationKind
+from ledger.models import PersonalRoute, ResourceAlert, Run, Tenant, WebhookDelivery, WebhookEndpoint, Worker
+from ledger.models.notifications import DeliveryStatus, NotificationKind, PersonalKind
+from ledger.roles import APPROVE, can, tenants_for
 from ledger.services.notifications.body import build_body
 from ledger.states import WorkerStatus
 
@@ -290,6 +305,120 @@ def notifications_scan(*, batch_size: int | None = None, now: datetime | None = 
             result.by_kind[kind] = result.by_kind.get(kind, 0) + 1
             result.created += 1
             result.refused += status == DeliveryStatus.GAVE_UP
+    _routes_scan(now=now, limit=limit, result=result)
     if result.refused:
         logger.warning("notifications: %d body(ies) refused by the secret boundary, not sent", result.refused)
     return result
+
+
+# --- a person's own route ------------------------------------------------------------------
+
+
+def _route_delivery(
+    route: PersonalRoute, *, tenant: Tenant, kind: str, key: str, found: Found, now: datetime
+) -> WebhookDelivery:
+    body = build_body(
+        kind=kind, tenant_slug=tenant.slug, headline=found.headline, subject=found.subject, path=found.path, at=now
+    )
+    return WebhookDelivery(
+        route=route,
+        tenant=tenant,
+        kind=kind,
+        dedupe_key=key[:200],
+        body=body or {},
+        status=DeliveryStatus.PENDING if body else DeliveryStatus.GAVE_UP,
+        last_error="" if body else "secret_boundary",
+        next_attempt_at=now,
+        created_at=now,
+    )
+
+
+def _routes_scan(*, now: datetime, limit: int, result: ScanPass) -> None:
+    """my_approval: each enabled route that asks for it gets the PENDING approvals of the
+    tenants where its person holds APPROVE now, asked since the route was set."""
+    routes = PersonalRoute.objects.filter(enabled=True, kinds__contains=[PersonalKind.MY_APPROVAL])
+    for route in routes.select_related("user").order_by("pk"):
+        if not route.user.is_active:
+            continue
+        qs = ApprovalRequest.objects.filter(
+            tenant__in=tenants_for(route.user, APPROVE),
+            status=ApprovalStatus.PENDING,
+            expires_at__gt=now,
+            requested_at__gte=route.created_at,
+        )
+        qs = qs.annotate(dedupe=_key("myapproval:", "id")).filter(
+            ~Exists(WebhookDelivery.objects.filter(route_id=route.pk, dedupe_key=OuterRef("dedupe")))
+        )
+        rows = []
+        for approval in qs.select_related("tenant", "operation").order_by("requested_at")[:limit]:
+            op = approval.operation
+            what = f"{op.tool}.{op.action}" if op else approval.kind
+            found = Found(
+                key=f"myapproval:{approval.pk}",
+                headline=f"Approval awaits you: {what} (run {str(approval.run_id)[:8]}), "
+                f"expires {approval.expires_at:%H:%M} UTC",
+                subject={
+                    "approval_id": str(approval.pk),
+                    "run_id": str(approval.run_id),
+                    "approval_kind": approval.kind,
+                    "tool": op.tool if op else None,
+                    "action": op.action if op else None,
+                    "expires_at": approval.expires_at,
+                },
+                path="/approvals/",
+            )
+            rows.append(
+                _route_delivery(
+                    route, tenant=approval.tenant, kind=PersonalKind.MY_APPROVAL, key=found.key, found=found, now=now
+                )
+            )
+        if rows:
+            WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)
+            made = WebhookDelivery.objects.filter(pk__in=[row.pk for row in rows]).count()
+            result.created += made
+            result.by_kind[PersonalKind.MY_APPROVAL] = result.by_kind.get(PersonalKind.MY_APPROVAL, 0) + made
+
+
+def my_case_notify(
+    *, case: ReconciliationCase, usernames: list[str], perm: str, what: str, headline: str, now: datetime | None = None
+) -> int:
+    """A case was handed to (or escalated towards) ``usernames``: each of them whose route
+    asks for my_case, and who holds ``perm`` on the case's tenant now, gets one delivery
+    (``what`` tells this hand-over from another: "reassigned", "escalated"). Returns how
+    many were made. Called by the case services after their transition committed."""
+    now = now or timezone.now()
+    routes = PersonalRoute.objects.filter(
+        enabled=True, kinds__contains=[PersonalKind.MY_CASE], user__username__in=usernames, user__is_active=True
+    ).select_related("user")
+    tenant = Tenant.objects.get(pk=case.tenant_id)
+    op = case.operation
+    rows = []
+    for route in routes:
+        if not can(route.user, tenant, perm):  # never another tenant's case
+            continue
+        found = Found(
+            key=f"mycase:{case.pk}:{what}:{now.isoformat()}",
+            headline=headline,
+            subject={
+                "case_id": str(case.pk),
+                "run_id": str(case.run_id),
+                "operation_id": str(case.operation_id),
+                "tool": op.tool,
+                "action": op.action,
+                "case_reason": case.reason,
+                "case_status": case.status,
+            },
+            path="/cases/?status=mine" if what == "reassigned" else "/cases/",
+        )
+        rows.append(
+            _route_delivery(route, tenant=tenant, kind=PersonalKind.MY_CASE, key=found.key, found=found, now=now)
+        )
+    WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)
+    return len(rows)
+
+
+def tenant_admins(tenant_id: int) -> list[str]:
+    """The usernames of the tenant's admins (an escalated case goes up to them)."""
+    tenant = Tenant.objects.get(pk=tenant_id)
+    users = get_users_with_perms(tenant, only_with_perms_in=["administer_tenant"], with_superusers=False)
+    return sorted(str(getattr(u, "username", u)) for u in users)

@@ -11,6 +11,7 @@ from console.demo import (
     gateway,
     lifespan,
     lookups,
+    runbooks,
     runs,
     tenants,
     upgrade,
@@ -52,6 +53,7 @@ def seed(sandbox: SandboxProvider, say: Callable[[str], None]) -> str:
     result = ledger_verify(limit=1000)
     say(f"verified {result.runs} runs ({result.broken} BROKEN, as seeded)")
     webhooks.seed(tenant, sandbox, say)
+    runbooks.seed(tenant, say)
     show_users(say)
     return token
 

@@ -27,6 +27,9 @@ from ledger.services.authority.policy import (
     unknown_tool_class_set,
 )
 from ledger.services.tenancy.roles import role_grant
+from ledger.services.tenancy.runbooks import MAX_TEXT as RUNBOOK_MAX_TEXT
+from ledger.services.tenancy.runbooks import NAMES as RUNBOOK_NAMES
+from ledger.services.tenancy.runbooks import runbook_set
 from ledger.states import EffectClass
 
 TEMPLATE = "console/tenant_detail.html"
@@ -118,6 +121,7 @@ def _detail_context(request: HtmxHttpRequest, tenant: Tenant, **extra: Any) -> d
         "effect_classes": EffectClass.values,
         "reconciler_names": sorted(configured_reconcilers()),
         "role_names": list(ROLES),
+        "runbooks": admin_selectors.tenant_runbooks(tenant=tenant),
         **admin_selectors.tenant_detail_parts(tenant=tenant),
         **extra,
     }
@@ -255,3 +259,35 @@ def set_unknown_tool_class(request: HtmxHttpRequest, slug: str) -> HttpResponse:
         return _contracts_answer(request, tenant, errors=[exc.detail], status=exc.status)
     message = f"Tools without a contract: {unknown_tool_label(value)} (policy version {row.version})."
     return _contracts_answer(request, tenant, message=message)
+
+
+class RunbookForm(forms.Form):
+    subject = forms.ChoiceField(choices=[(s, s) for s in RUNBOOK_NAMES])
+    name = forms.CharField(max_length=32)
+    text = forms.CharField(max_length=RUNBOOK_MAX_TEXT, required=False, strip=True, widget=forms.Textarea)
+    reason = forms.CharField(max_length=500, strip=True)
+
+
+@require_POST
+@login_required
+def set_runbook(request: HtmxHttpRequest, slug: str) -> HttpResponse:
+    """Write (or, emptied, remove) one runbook; the service checks the name, the text and
+    the admin role again."""
+    tenant = tenant_for_action(request, slug, ADMINISTER)
+    form = RunbookForm(request.POST)
+    if not form.is_valid():
+        return _refused(request, tenant, form_errors(form), BAD_INPUT)
+    data = form.cleaned_data
+    try:
+        row = runbook_set(
+            tenant=tenant,
+            subject=data["subject"],
+            name=data["name"],
+            text=data["text"],
+            reason=data["reason"],
+            user=request.user,
+        )
+    except DomainError as exc:
+        return _refused(request, tenant, exc.detail, exc.status)
+    what = "saved" if row is not None else "removed"
+    return done(request, f"Runbook for {data['subject']} {data['name']} {what}.", f"/tenants/{tenant.slug}/#runbooks")

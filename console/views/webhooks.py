@@ -82,7 +82,8 @@ def _context(request: HtmxHttpRequest, tenant: Tenant, **extra: Any) -> dict[str
         EndpointRow(endpoint, target_label(endpoint.target), endpoint.unknown_after_s // 60)
         for endpoint in WebhookEndpoint.objects.filter(tenant=tenant).order_by("name")
     ]
-    log = WebhookDelivery.objects.filter(tenant=tenant).select_related("endpoint")
+    # A person's own deliveries (PersonalRoute) are theirs, not the tenant's log.
+    log = WebhookDelivery.objects.filter(tenant=tenant, endpoint__isnull=False).select_related("endpoint")
     deliveries, next_cursor = keyset_page(
         log, order_field="created_at", cursor=request.GET.get("before") or None, size=LOG_PAGE_SIZE, descending=True
     )

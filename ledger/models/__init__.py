@@ -15,7 +15,8 @@ from ledger.models.delivery import EffectDelivery, EffectDeliveryRecord
 from ledger.models.evidence import Checkpoint, DiagnosticPayload, Event
 from ledger.models.jobs import JobHeartbeat, RunTotals
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
-from ledger.models.notifications import WebhookDelivery, WebhookEndpoint
+from ledger.models.notifications import PersonalRoute, WebhookDelivery, WebhookEndpoint
+from ledger.models.runbooks import Runbook
 from ledger.models.runs import RUN_IN_FLIGHT, RUN_UNCERTAIN, FenceGeneration, LeaseGrant, Operation, Run, RunLease
 from ledger.models.tenancy import (
     RESTART_EPISODE_BEGINS,
@@ -53,12 +54,14 @@ __all__ = [
     "JobHeartbeat",
     "LeaseGrant",
     "Operation",
+    "PersonalRoute",
     "ProgressCheckpoint",
     "ResourceAlert",
     "Run",
     "RunLease",
     "RunResource",
     "RunTotals",
+    "Runbook",
     "SchemaChange",
     "StateConflict",
     "Tenant",

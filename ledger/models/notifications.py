@@ -6,6 +6,7 @@ a delivery is sent."""
 
 import uuid
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
@@ -20,6 +21,13 @@ class NotificationKind(models.TextChoices):
     QUARANTINE = "quarantine", "a worker is quarantined"
     CHAIN_BROKEN = "chain_broken", "a run's chain is BROKEN"
     BREAKER_CHANGE = "breaker_change", "the cost breaker changed"
+
+
+class PersonalKind(models.TextChoices):
+    """What a person's own route carries (``PersonalRoute``), beside the tenants' kinds."""
+
+    MY_CASE = "my_case", "a case is handed or escalated to me"
+    MY_APPROVAL = "my_approval", "an approval awaits my role"
 
 
 class DeliveryStatus(models.TextChoices):
@@ -55,12 +63,39 @@ class WebhookEndpoint(Versioned):
         return f"{self.tenant_id}/{self.name}"
 
 
-class WebhookDelivery(Versioned):
-    """One notification to one endpoint, made at most once per condition (``dedupe_key``)."""
+class PersonalRoute(Versioned):
+    """Where one person's own notifications go ("my cases", "my approvals"): an https URL
+    (checked as a tenant's webhook target is, signed with a secret derived as an endpoint's)
+    or ``mailto:<address>`` (sent through Django's email backend). Set by the person on their
+    settings page; what it carries is limited, at each scan, to the tenants where they still
+    hold the role (``approvals/services/notifications.py``)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.PROTECT, related_name="deliveries")
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="personal_route")
+    target = models.CharField(max_length=500)
+    kinds = models.JSONField(default=list)  # PersonalKind values
+    key_id = models.CharField(max_length=64)
+    key_version = models.PositiveIntegerField(default=1)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"route of user {self.user_id}"
+
+
+class WebhookDelivery(Versioned):
+    """One notification to one endpoint (or one person's route), made at most once per
+    condition (``dedupe_key``)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Exactly one of the two: a tenant's endpoint, or a person's own route.
+    endpoint = models.ForeignKey(
+        WebhookEndpoint, on_delete=models.PROTECT, null=True, blank=True, related_name="deliveries"
+    )
+    route = models.ForeignKey(PersonalRoute, on_delete=models.CASCADE, null=True, blank=True, related_name="deliveries")
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    # A NotificationKind value (an endpoint's delivery) or a PersonalKind value (a route's).
     kind = models.CharField(max_length=32, choices=NotificationKind.choices)
     dedupe_key = models.CharField(max_length=200)
     body = models.JSONField(default=dict)
@@ -79,6 +114,10 @@ class WebhookDelivery(Versioned):
         ordering = ["-created_at"]
         constraints = [
             models.UniqueConstraint(fields=["endpoint", "dedupe_key"], name="delivery_unique_per_endpoint"),
+            models.UniqueConstraint(fields=["route", "dedupe_key"], name="delivery_unique_per_route"),
+            models.CheckConstraint(
+                condition=Q(endpoint__isnull=True) ^ Q(route__isnull=True), name="delivery_endpoint_or_route"
+            ),
             models.CheckConstraint(condition=Q(status__in=DeliveryStatus.values), name="delivery_status_valid"),
         ]
         indexes = [

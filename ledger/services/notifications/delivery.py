@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import random
+import smtplib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,13 +29,15 @@ from typing import Any
 
 import requests
 from django.conf import settings
+from django.core.mail import send_mail
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger.models import WebhookDelivery
+from ledger.models import PersonalRoute, WebhookDelivery
 from ledger.models.notifications import DeliveryStatus
 from ledger.services.notifications.addresses import REFUSED, AddressRefused, ConnectRefused, host_check, session_for
+from ledger.services.notifications.routes import MAILTO, route_secret
 from ledger.services.notifications.targets import (
     SigningKeyMissing,
     signature,
@@ -98,7 +101,7 @@ def _claim(limit: int, *, now: datetime) -> tuple[list[WebhookDelivery], datetim
     with transaction.atomic():
         rows = list(
             WebhookDelivery.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("endpoint")
+            .select_related("endpoint", "route")
             .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
             .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
             .order_by("next_attempt_at")[:limit]
@@ -109,8 +112,25 @@ def _claim(limit: int, *, now: datetime) -> tuple[list[WebhookDelivery], datetim
     return rows, claimed_until
 
 
+def _prepare_route(delivery: WebhookDelivery, route: PersonalRoute) -> Prepared:
+    """A person's own route: an email address (no secret), or a URL signed as an endpoint is."""
+    if not route.enabled:
+        return Prepared(delivery, None, None, "disabled")
+    if route.target.startswith(MAILTO):
+        return Prepared(delivery, route.target, "", "")
+    try:
+        secret = route_secret(route)
+    except SigningKeyMissing:
+        return Prepared(delivery, None, None, "signing_key")
+    return Prepared(delivery, target_url(route.target), secret, "")
+
+
 def _prepare(delivery: WebhookDelivery) -> Prepared:
+    if delivery.route is not None:
+        return _prepare_route(delivery, delivery.route)
     endpoint = delivery.endpoint
+    if endpoint is None:
+        return Prepared(delivery, None, None, "target_unset")
     if not endpoint.enabled:
         return Prepared(delivery, None, None, "disabled")
     url = target_url(endpoint.target)
@@ -143,10 +163,29 @@ def _send(prepared: Prepared, url: str, secret: str) -> requests.Response:
         )
 
 
+def _mail(delivery: WebhookDelivery, address: str) -> Attempt:
+    """A route's email: the body's text and its console link, through Django's email
+    backend (settings EMAIL_*); a failure is retried like a connection error."""
+    body = delivery.body
+    link = body.get("fenceline", {}).get("console_url", "")
+    try:
+        send_mail(
+            subject=f"Fenceline: {body.get('text', '')}"[:150],
+            message=f"{body.get('text', '')}\n\n{link}\n",
+            from_email=None,
+            recipient_list=[address],
+        )
+    except (smtplib.SMTPException, OSError):
+        return Attempt(None, "email", retry=True)
+    return Attempt(None, "", retry=False)
+
+
 def _post(prepared: Prepared) -> Attempt:
     """One HTTP request (no database here: it runs in a pool thread)."""
     if prepared.error or prepared.url is None or prepared.secret is None:
         return Attempt(None, prepared.error or "target_unset", retry=prepared.error != "disabled")
+    if prepared.url.startswith(MAILTO):
+        return _mail(prepared.delivery, prepared.url.removeprefix(MAILTO))
     try:
         response = _send(prepared, prepared.url, prepared.secret)
     except (AddressRefused, ConnectRefused):
@@ -183,7 +222,7 @@ def _record(delivery: WebhookDelivery, attempt: Attempt, *, claimed_until: datet
         logger.info(
             "webhook delivery %s (endpoint %s, %s): attempt %d failed: %s",
             delivery.pk,
-            delivery.endpoint_id,
+            delivery.endpoint_id or f"route:{delivery.route_id}",
             delivery.kind,
             attempts,
             attempt.error,

@@ -36,6 +36,8 @@ def test_demo_seeds_on_the_embedded_postgresql_and_prints_a_working_token(state_
     # git push, the OpenAI Agents run's refund), the quarantine, the cleanup alert and the BROKEN
     # chain, each delivered signed.
     assert "webhooks: 6 notification(s) for ops-channel, 6 delivered to the sandbox sink (6 signed)" in done.stdout
+    # Runbooks for every case reason and for the verdicts that leave a case to people.
+    assert "wrote 7 runbooks for tenant demo" in done.stdout
     # An MCP session through the gateway: reads and a commit confirmed, a commit whose upstream
     # dropped (UNKNOWN, with its case), a push waiting for a person.
     assert (
