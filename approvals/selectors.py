@@ -27,9 +27,9 @@ from ledger.errors import NotFound, parse_id
 from ledger.models import EffectDelivery, EffectDeliveryRecord, Operation, Run, Tenant, Worker
 from ledger.pagination import keyset_page
 from ledger.policy import case_timers_of
-from ledger.services.core.policy_documents import policy_document
 from ledger.roles import VIEW, tenants_for
 from ledger.services.core.handoff import UnknownTime
+from ledger.services.core.policy_documents import policy_document
 from ledger.sql import rows as sql_rows
 from ledger.sql.reads import CappedCount
 

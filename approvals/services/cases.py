@@ -428,7 +428,10 @@ def _bulk_cases(
         if not can(user, case.tenant, OPERATE):
             raise Forbidden("your role on this tenant does not allow this action")
         if case.status not in sources:
-            raise WrongPhase(phase=f"case {case.status}", wanted="an open case" if sources == OPEN_CASE_STATUSES else " or ".join(sources))
+            raise WrongPhase(
+                phase=f"case {case.status}",
+                wanted="an open case" if sources == OPEN_CASE_STATUSES else " or ".join(sources),
+            )
     return found
 
 

@@ -41,5 +41,7 @@ def escalated_by_the_timer(acting: Acting) -> None:
     run, token = acting.leased("demo-unclaimed")
     op = acting.dispatch(run, token, "demo:dns:1", tool="dns", action="update", resource="zone:example.com")
     acting.outcome(op, token, Outcome.UNKNOWN, error_code="READ_TIMEOUT")
-    ReconciliationCase.objects.filter(operation=op).update(opened_at=timezone.now() - timedelta(hours=3))  # the demo's clock
+    ReconciliationCase.objects.filter(operation=op).update(
+        opened_at=timezone.now() - timedelta(hours=3)
+    )  # the demo's clock
     cases_enforce_timers()

@@ -26,7 +26,9 @@ def later(**delta) -> timezone.datetime:
 
 def timer_events(case) -> list[tuple[str, str]]:
     return list(
-        Event.objects.filter(run_id=case.run_id, actor="system:case-timers").order_by("seq").values_list("type", "actor")
+        Event.objects.filter(run_id=case.run_id, actor="system:case-timers")
+        .order_by("seq")
+        .values_list("type", "actor")
     )
 
 
@@ -75,7 +77,7 @@ def test_an_expired_claim_past_the_escalation_time_escalates_in_the_same_pass(ac
 
 
 def test_the_job_run_twice_writes_once(acme, operator):
-    claimed, waiting = unknown_cases(acme.worker, 2)
+    claimed, _waiting = unknown_cases(acme.worker, 2)
     case_claim(case_id=claimed.pk, user=operator)
     first = enforce_case_timers_task.apply(kwargs={}).get()
     assert first == {"claims_expired": 0, "escalated": 0}  # nothing due yet

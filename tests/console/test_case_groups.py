@@ -89,7 +89,9 @@ def test_a_group_resolve_uses_one_verdict_and_evidence_for_all(acme, operator):
     body = browser.post(BULK, fields, headers={"HX-Request": "true"}).content.decode()
     assert "Group resolve: 2 cases will be resolved as DID_NOT_HAPPEN" in body and "Reason: outage" in body
     ids = [str(c.pk) for c in cases]
-    browser.post(BULK, {"case": ids, "action": "resolve", "resolution": "DID_NOT_HAPPEN", "reason": "outage", "confirm": "1"})
+    browser.post(
+        BULK, {"case": ids, "action": "resolve", "resolution": "DID_NOT_HAPPEN", "reason": "outage", "confirm": "1"}
+    )
     assert set(ReconciliationCase.objects.filter(pk__in=ids).values_list("status", "resolution_reason")) == {
         ("RESOLVED", "outage")
     }
@@ -121,7 +123,7 @@ def test_bulk_claim_and_escalate_are_all_or_none(acme, operator):
 
 
 def test_every_open_case_row_shows_its_age_and_time_left(acme, operator):
-    waiting, held = unknown_cases(acme.worker, 2)
+    _waiting, held = unknown_cases(acme.worker, 2)
     case_claim(case_id=held.pk, user=operator)
     page = Browser(operator).get(URL).content.decode()
     assert page.count('data-label="timer"') == 2
