@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import AnonymousUser, User
-from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Min, OuterRef, Prefetch, Q, QuerySet
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, OuterRef, Prefetch, Q, QuerySet
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
@@ -301,7 +301,7 @@ def _unknown_per_hour(ids: list[int], hours: list[datetime]) -> dict[str, Any]:
 # A group is formed among at most this many of the cases waiting for people, the longest
 # waiting first (a LIMITed walk of an index, whatever the queue's length); past it the page
 # says the groups are of the oldest ones.
-GROUP_SCAN_CAP = 5000
+GROUP_SCAN_CAP = 2000
 GROUPS_SHOWN = 12
 # The most cases one group action touches (its preview lists each).
 GROUP_ACTION_CAP = 200
@@ -312,28 +312,36 @@ def case_groups(*, user: User | AnonymousUser, cap: int = GROUP_SCAN_CAP) -> dic
     """Similar cases waiting for people (OPEN, CLAIMED, ESCALATED), grouped by tenant, tool,
     provider, reason and the reconciler's last verdict: the groups of two or more, largest
     first, each with its count and age range (oldest and newest opened_at), among the ``cap``
-    longest-waiting cases the user sees. One statement: the LIMITed inner walk reads index
-    ``case_open_queue`` in (opened_at, id) order; the outer one groups at most ``cap`` rows."""
+    longest-waiting cases the user sees. One LIMITed walk of index ``case_open_queue`` in
+    (opened_at, id) order reads their keys; they are counted here (a GROUP BY over an
+    ``IN (subquery)`` makes PostgreSQL scan the whole table)."""
     ids = _visible_tenant_ids(user)
     if not ids:
         return {"groups": [], "capped": False, "cap": cap}
-    waiting = (
+    rows = list(
         ReconciliationCase.objects.filter(tenant_id__in=ids, status__in=PEOPLE_CASE_STATUSES)
         .order_by("opened_at", "id")
-        .values("pk")[: cap + 1]
+        .values_list(*GROUP_KEY, "opened_at")[: cap + 1]
     )
-    scanned = ReconciliationCase.objects.filter(pk__in=waiting)
-    groups = list(
-        scanned.values(*GROUP_KEY)
-        .annotate(n=Count("pk"), oldest=Min("opened_at"), newest=Max("opened_at"))
-        .filter(n__gte=2)
-        .order_by("-n", "oldest")[:GROUPS_SHOWN]
-    )
-    total = scanned.count() if groups else 0
+    capped = len(rows) > cap
+    counted: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for *key, opened_at in rows[:cap]:
+        group = counted.get(tuple(key))
+        if group is None:
+            counted[tuple(key)] = {
+                **dict(zip(GROUP_KEY, key, strict=True)),
+                "n": 1,
+                "oldest": opened_at,
+                "newest": opened_at,
+            }
+        else:
+            group["n"] += 1
+            group["newest"] = opened_at  # rows come oldest first
+    groups = sorted((g for g in counted.values() if g["n"] >= 2), key=lambda g: (-g["n"], g["oldest"]))[:GROUPS_SHOWN]
     slugs = dict(Tenant.objects.filter(pk__in={g["tenant_id"] for g in groups}).values_list("pk", "slug"))
     for group in groups:
         group["tenant_slug"] = slugs.get(group["tenant_id"], "")
-    return {"groups": groups, "capped": total > cap, "cap": cap}
+    return {"groups": groups, "capped": capped, "cap": cap}
 
 
 def group_case_ids(*, user: User | AnonymousUser, key: dict[str, Any], limit: int = GROUP_ACTION_CAP) -> list[str]:
