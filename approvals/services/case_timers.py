@@ -68,7 +68,8 @@ type Move = Callable[[int, dict[str, int], datetime, ChainBatch, int], tuple[int
 
 def _sweep(tenant: Tenant, move: Move, timers: dict[str, int], *, now: datetime | None, batch_size: int) -> int:
     """``move`` in batches, each its own transaction, until a batch finds fewer than a full
-    batch of due cases (or every run it needs is busy elsewhere: the next pass takes them)."""
+    batch of due cases, or moves none (every run it needs is busy elsewhere: the next pass
+    takes them)."""
     moved = 0
     while True:
         with transaction.atomic():
@@ -77,7 +78,7 @@ def _sweep(tenant: Tenant, move: Move, timers: dict[str, int], *, now: datetime 
             won, seen = move(tenant.pk, timers, at, batch, batch_size)
             batch.commit()
         moved += won
-        if seen < batch_size:
+        if seen < batch_size or not won:
             return moved
 
 
