@@ -43,6 +43,14 @@ class ReconciliationCase(Versioned):
     # Who handed the case up, and why (also in the CASE_ESCALATED event).
     escalated_by = models.CharField(max_length=150, blank=True, default="")
     escalation_reason = models.CharField(max_length=500, blank=True, default="")
+    # When it was escalated (by a person, or by the case timers' job: escalated_by
+    # "system:case-timers"); the webhook's case_escalated notifications are of these.
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    # What groups similar cases (the queue's case groups): the operation's tool and provider
+    # when the case opened, and the verdict of the reconciler's last lookup ("" before any).
+    tool = models.CharField(max_length=100, blank=True, default="", db_default="")
+    provider = models.CharField(max_length=100, blank=True, default="", db_default="")
+    verdict = models.CharField(max_length=16, blank=True, default="", db_default="")
     # HAPPENED (with the provider's request id), DID_NOT_HAPPEN, or COMPENSATED.
     resolution = models.CharField(max_length=16, blank=True, default="")
     resolution_reason = models.CharField(max_length=500, blank=True, default="")
@@ -81,6 +89,15 @@ class ReconciliationCase(Versioned):
             models.Index(fields=["tenant"], condition=Q(status__in=OPEN_CASE_STATUSES), name="case_open_tenant"),
             # The lookup job's claim: due cases, oldest first.
             models.Index(fields=["next_lookup_at"], condition=Q(status=CaseStatus.LOOKUP), name="case_lookup_due"),
+            # The case groups: what waits for people, grouped by what makes cases similar,
+            # with their age range (an index-only walk, approvals.selectors.case_groups).
+            models.Index(
+                fields=["tenant", "tool", "provider", "reason", "verdict", "opened_at"],
+                condition=Q(status__in=PEOPLE_CASE_STATUSES),
+                name="case_group",
+            ),
+            # The case timers' job: claims oldest first (expiry), ESCALATED ones by when.
+            models.Index(fields=["claimed_at"], condition=Q(status=CaseStatus.CLAIMED), name="case_claim_timer"),
             # The dashboard's settled-in-the-last-24-h figures.
             models.Index(
                 fields=["tenant", "resolved_at"], condition=Q(status=CaseStatus.RESOLVED), name="case_resolved_recent"

@@ -26,8 +26,10 @@ from ledger.actors import reconciler_actor
 from ledger.errors import NotFound, parse_id
 from ledger.models import EffectDelivery, EffectDeliveryRecord, Operation, Run, Tenant, Worker
 from ledger.pagination import keyset_page
+from ledger.policy import case_timers_of
 from ledger.roles import VIEW, tenants_for
 from ledger.services.core.handoff import UnknownTime
+from ledger.services.core.policy_documents import policy_document
 from ledger.sql import rows as sql_rows
 from ledger.sql.reads import CappedCount
 
@@ -292,3 +294,93 @@ def _unknown_per_hour(ids: list[int], hours: list[datetime]) -> dict[str, Any]:
         "by_people": sum(r["by_people"] for r in rows),
         "by_reconciler": sum(r["by_reconciler"] for r in rows),
     }
+
+
+# --- case groups and timers -----------------------------------------------------------------
+
+# A group is formed among at most this many of the cases waiting for people, the longest
+# waiting first (a LIMITed walk of an index, whatever the queue's length); past it the page
+# says the groups are of the oldest ones.
+GROUP_SCAN_CAP = 2000
+GROUPS_SHOWN = 12
+# The most cases one group action touches (its preview lists each).
+GROUP_ACTION_CAP = 200
+GROUP_KEY = ("tenant_id", "tool", "provider", "reason", "verdict")
+
+
+def case_groups(*, user: User | AnonymousUser, cap: int = GROUP_SCAN_CAP) -> dict[str, Any]:
+    """Similar cases waiting for people (OPEN, CLAIMED, ESCALATED), grouped by tenant, tool,
+    provider, reason and the reconciler's last verdict: the groups of two or more, largest
+    first, each with its count and age range (oldest and newest opened_at), among the ``cap``
+    longest-waiting cases the user sees. One LIMITed walk of index ``case_open_queue`` in
+    (opened_at, id) order reads their keys; they are counted here (a GROUP BY over an
+    ``IN (subquery)`` makes PostgreSQL scan the whole table)."""
+    ids = _visible_tenant_ids(user)
+    if not ids:
+        return {"groups": [], "capped": False, "cap": cap}
+    rows = list(
+        ReconciliationCase.objects.filter(tenant_id__in=ids, status__in=PEOPLE_CASE_STATUSES)
+        .order_by("opened_at", "id")
+        .values_list(*GROUP_KEY, "opened_at")[: cap + 1]
+    )
+    capped = len(rows) > cap
+    counted: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for *key, opened_at in rows[:cap]:
+        group = counted.get(tuple(key))
+        if group is None:
+            counted[tuple(key)] = {
+                **dict(zip(GROUP_KEY, key, strict=True)),
+                "n": 1,
+                "oldest": opened_at,
+                "newest": opened_at,
+            }
+        else:
+            group["n"] += 1
+            group["newest"] = opened_at  # rows come oldest first
+    groups = sorted((g for g in counted.values() if g["n"] >= 2), key=lambda g: (-g["n"], g["oldest"]))[:GROUPS_SHOWN]
+    slugs = dict(Tenant.objects.filter(pk__in={g["tenant_id"] for g in groups}).values_list("pk", "slug"))
+    for group in groups:
+        group["tenant_slug"] = slugs.get(group["tenant_id"], "")
+    return {"groups": groups, "capped": capped, "cap": cap}
+
+
+def group_case_ids(*, user: User | AnonymousUser, key: dict[str, Any], limit: int = GROUP_ACTION_CAP) -> list[str]:
+    """The ids of the cases in the group ``key`` (GROUP_KEY's fields) that wait for people and
+    the user sees, the longest waiting first, at most ``limit`` (index ``case_group``)."""
+    ids = _visible_tenant_ids(user)
+    if key.get("tenant_id") not in ids:
+        return []
+    rows = ReconciliationCase.objects.filter(status__in=PEOPLE_CASE_STATUSES, **{k: key[k] for k in GROUP_KEY})
+    return [str(pk) for pk in rows.order_by("opened_at", "id").values_list("pk", flat=True)[:limit]]
+
+
+def case_timers_by_tenant(tenant_ids: set[int]) -> dict[int, dict[str, int]]:
+    """Each tenant's case timers (its current policy's ``case_timers``)."""
+    return {
+        tenant.pk: case_timers_of(policy_document(tenant, tenant.policy_version))
+        for tenant in Tenant.objects.filter(pk__in=tenant_ids).only("pk", "slug", "policy_version")
+    }
+
+
+def with_case_deadlines(cases: list[ReconciliationCase], *, now: datetime | None = None) -> list[ReconciliationCase]:
+    """Each case with its timer: ``deadline`` (when its claim expires, CLAIMED;
+    when it escalates, OPEN; None otherwise), ``deadline_kind`` ("claim expires" /
+    "escalates") and ``overdue`` (the job has not caught up yet). One query for the timers."""
+    now = now or timezone.now()
+    timers = case_timers_by_tenant({case.tenant_id for case in cases})
+    for case in cases:
+        deadline, kind = _deadline(case, timers.get(case.tenant_id))
+        setattr(case, "deadline", deadline)  # noqa: B010 - shown beside the row, not a field
+        setattr(case, "deadline_kind", kind)  # noqa: B010
+        setattr(case, "overdue", deadline is not None and deadline <= now)  # noqa: B010
+    return cases
+
+
+def _deadline(case: ReconciliationCase, timers: dict[str, int] | None) -> tuple[datetime | None, str]:
+    if timers is None:
+        return None, ""
+    if case.status == CaseStatus.CLAIMED and case.claimed_at is not None:
+        return case.claimed_at + timedelta(seconds=timers["ack_s"]), "claim expires"
+    if case.status == CaseStatus.OPEN:
+        return case.opened_at + timedelta(seconds=timers["escalate_s"]), "escalates"
+    return None, ""

@@ -2,6 +2,7 @@
 ``ledger.tasks.job``)."""
 
 from approvals.services.approvals import approvals_expire
+from approvals.services.case_timers import cases_enforce_timers
 from approvals.services.lookups import cases_look_up
 from approvals.services.notifications import notifications_scan
 from ledger.tasks import job
@@ -26,6 +27,14 @@ def reconcile_unknown_task() -> dict[str, int]:
         "to_people": result.to_people,
         "lost": result.lost,
     }
+
+
+@job()
+def enforce_case_timers_task() -> dict[str, int]:
+    """Claims past their tenant's acknowledge time expire; cases unclaimed past its
+    escalation time escalate (and are notified through the webhooks)."""
+    result = cases_enforce_timers()
+    return {"claims_expired": result.claims_expired, "escalated": result.escalated}
 
 
 # Named as when it lived in ledger/tasks.py: the beat entry (console/settings.py, "notify-scan")

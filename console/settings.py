@@ -552,6 +552,11 @@ FENCELINE: dict[str, Any] = {
     "RECONCILE_BACKOFF_MAX_S": env_int("FENCELINE_RECONCILE_BACKOFF_MAX_S", 600, minimum=1),
     "RECONCILE_MAX_ATTEMPTS": env_int("FENCELINE_RECONCILE_MAX_ATTEMPTS", 5, minimum=1),
     "RECONCILE_CLAIM_S": env_int("FENCELINE_RECONCILE_CLAIM_S", 120, minimum=1),
+    # The case timers (approvals/services/case_timers.py; each tenant's policy case_timers
+    # says when a claim expires and an unclaimed case escalates): how often, how many cases
+    # one transaction moves.
+    "CASE_TIMERS_INTERVAL_S": env_int("FENCELINE_CASE_TIMERS_INTERVAL_S", 30, minimum=1),
+    "CASE_TIMERS_BATCH_SIZE": env_int("FENCELINE_CASE_TIMERS_BATCH_SIZE", 500, minimum=1),
     # /readyz: a periodic job is stale when it has not finished within this many of its
     # intervals (plus the grace); stored schema versions are checked at most this often.
     "JOB_STALE_AFTER_INTERVALS": env_int("FENCELINE_JOB_STALE_AFTER_INTERVALS", 3, minimum=1),
@@ -695,6 +700,8 @@ CELERY_BEAT_SCHEDULE = {
     "enforce-drains": _every("ledger.tasks.enforce_drains_task", "DRAIN_INTERVAL_S"),
     # UNKNOWN effects looked up at their provider before anyone is asked.
     "reconcile-unknown": _every("approvals.tasks.reconcile_unknown_task", "RECONCILE_INTERVAL_S"),
+    # Claims past the tenant's acknowledge time expire; cases unclaimed past its escalation time escalate.
+    "enforce-case-timers": _every("approvals.tasks.enforce_case_timers_task", "CASE_TIMERS_INTERVAL_S"),
 }
 # --- notifications: conditions become deliveries; deliveries are sent with retries ---
 # (the scan's task is approvals/tasks.py's, under the name it has always had)

@@ -19,6 +19,7 @@ SYSTEM_RESOURCE_REAPER = "system:resource-reaper"
 SYSTEM_APPROVAL_EXPIRY = "system:approval-expiry"
 SYSTEM_RESERVATION_EXPIRY = "system:reservation-expiry"
 SYSTEM_RESTORE = "system:restore"
+SYSTEM_CASE_TIMERS = "system:case-timers"  # claims that expire, unclaimed cases that escalate
 
 
 class Named(Protocol):

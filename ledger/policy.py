@@ -32,6 +32,9 @@ module only reads documents; ``ledger.services.policy`` stores and changes them.
       "stale_token_limit": {                # stale-token rejections of one worker in a window
         "max_rejections": 50, "window_s": 60  # before it is told to stop and QUARANTINED
       },
+      "case_timers": {                      # the reconciliation queue's timers: a claim not
+        "ack_s": 1800, "escalate_s": 7200   # acted on within ack_s expires (back to OPEN); an
+      },                                    # unclaimed case older than escalate_s is ESCALATED
       "runtime_audit": null,                # null: not enforced; else what a boot's container
                                             # self-audit must show to be admitted:
                                             # {"allow_root": false, "allowed_capabilities": [],
@@ -137,6 +140,7 @@ STARTER_POLICY: PolicyDocument = {
     "cancel_grace_s": 60,
     "restart_budget": {"max_restarts": 5, "window_s": 600},
     "stale_token_limit": {"max_rejections": 50, "window_s": 60},
+    "case_timers": {"ack_s": 1800, "escalate_s": 7200},
     "runtime_audit": None,
     "admission": {"boot_report_required": False},
     "quotas": {
@@ -194,6 +198,7 @@ def validate_policy(document: object, *, reconcilers: Collection[str] | None = N
     _validate_quotas(merged)
     _validate_window(merged, "restart_budget", "max_restarts")
     _validate_window(merged, "stale_token_limit", "max_rejections")
+    _validate_case_timers(merged["case_timers"])
     _validate_runtime_audit(merged["runtime_audit"])
     _validate_admission(merged["admission"])
     _validate_breaker(merged["breaker"])
@@ -316,6 +321,23 @@ def _validate_window(merged: PolicyDocument, name: str, count: str) -> None:
         or any(type(v) is not int or v < 1 for v in window.values())
     ):
         raise _invalid(f"policy.{name}", f"must be {{{count}, window_s}}: positive integers")
+
+
+def _validate_case_timers(timers: object) -> None:
+    if (
+        not isinstance(timers, dict)
+        or set(timers) != {"ack_s", "escalate_s"}
+        or any(type(v) is not int or v < 1 for v in timers.values())
+    ):
+        raise _invalid("policy.case_timers", "must be {ack_s, escalate_s}: positive integers (seconds)")
+
+
+def case_timers_of(policy: PolicyDocument) -> dict[str, int]:
+    """The reconciliation queue's timers under ``policy`` (a policy stored before they
+    existed has the starter's: a claim expires after 30 min, an unclaimed case escalates
+    after 2 h)."""
+    timers: dict[str, int] = {**STARTER_POLICY["case_timers"], **policy.get("case_timers", {})}
+    return timers
 
 
 RUNTIME_AUDIT_RULES = {

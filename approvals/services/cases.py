@@ -211,6 +211,7 @@ def lookup_history_update(case: ReconciliationCase, lookup: dict[str, Any], *, n
     entry = {"at": now, **lookup}
     return {
         "lookup_history": [*case.lookup_history, json_safe(entry)],
+        "verdict": str(lookup.get("verdict") or "")[:16],
         "lookup_attempts": case.lookup_attempts + 1,
         "lookup_claimed_until": None,
     }
@@ -259,7 +260,7 @@ def _case_move(
         if claim_for is not None:
             values.update(claimed_by=claim_for, claimed_at=now if claim_for else None)
         if target == CaseStatus.ESCALATED and CaseStatus.ESCALATED not in sources:
-            values.update(escalated_by=name, escalation_reason=reason)
+            values.update(escalated_by=name, escalation_reason=reason, escalated_at=now)
         current = ReconciliationCase.objects.filter(pk=case.pk, status__in=sources)
         if held_by is not None:
             current = current.filter(claimed_by=held_by)
@@ -407,11 +408,21 @@ def _what(case: ReconciliationCase) -> str:
 
 
 BULK_RESOLUTIONS = ("DID_NOT_HAPPEN", "COMPENSATED")  # HAPPENED needs each case's own provider id
+# What a bulk action (the queue's ticked cases, or a case group's) does, and the statuses a
+# case must be in for it to be touched: the single actions' sources.
+BULK_ACTIONS: dict[str, tuple[CaseStatus, ...]] = {
+    "resolve": OPEN_CASE_STATUSES,
+    "claim": (CaseStatus.LOOKUP, CaseStatus.OPEN),
+    "escalate": (CaseStatus.LOOKUP, CaseStatus.OPEN, CaseStatus.CLAIMED),
+}
 
 
-def cases_preview(*, case_ids: Iterable[object], user: User | AnonymousUser) -> list[ReconciliationCase]:
-    """Exactly the cases a bulk action by ``user`` on ``case_ids`` will touch: those still
-    open, on tenants where the user may operate, in the order they will be resolved."""
+def cases_preview(
+    *, case_ids: Iterable[object], user: User | AnonymousUser, action: str = "resolve"
+) -> list[ReconciliationCase]:
+    """Exactly the cases a bulk ``action`` by ``user`` on ``case_ids`` will touch: those in a
+    status the action applies to, on tenants where the user may operate, in the order they
+    will be acted on."""
     ids: set[uuid.UUID] = set()
     for raw in case_ids:
         try:
@@ -420,11 +431,33 @@ def cases_preview(*, case_ids: Iterable[object], user: User | AnonymousUser) -> 
             continue
     return list(
         ReconciliationCase.objects.filter(
-            pk__in=ids, status__in=OPEN_CASE_STATUSES, tenant__in=tenants_for(user, OPERATE)
+            pk__in=ids, status__in=BULK_ACTIONS.get(action, ()), tenant__in=tenants_for(user, OPERATE)
         )
         .select_related("operation", "run")
         .order_by("opened_at", "id")
     )
+
+
+def _bulk_cases(
+    *, case_ids: Iterable[object], user: User | AnonymousUser, sources: tuple[CaseStatus, ...]
+) -> list[ReconciliationCase]:
+    """The cases of a bulk action, each visible, on a tenant where ``user`` may operate and in
+    one of ``sources``, or a refusal naming the first that is not (nothing changes)."""
+    wanted = {parse_id(raw, "case") for raw in case_ids}
+    if not wanted:
+        raise InvalidInput("choose at least one case", field="case")
+    found = list(ReconciliationCase.objects.filter(pk__in=wanted).select_related("tenant").order_by("opened_at", "id"))
+    if len(found) != len(wanted):
+        raise NotFound("case not found")
+    for case in found:
+        if not can(user, case.tenant, OPERATE):
+            raise Forbidden("your role on this tenant does not allow this action")
+        if case.status not in sources:
+            raise WrongPhase(
+                phase=f"case {case.status}",
+                wanted="an open case" if sources == OPEN_CASE_STATUSES else " or ".join(sources),
+            )
+    return found
 
 
 def cases_resolve_bulk(
@@ -433,19 +466,26 @@ def cases_resolve_bulk(
     """Resolve several cases with one resolution and reason, all or none: every case must
     still be open and on a tenant where ``user`` may operate, or nothing changes."""
     if resolution not in BULK_RESOLUTIONS:
-        raise InvalidInput(f"bulk resolution must be one of {', '.join(BULK_RESOLUTIONS)}")
+        raise InvalidInput(f"bulk resolution must be one of {', '.join(BULK_RESOLUTIONS)}", field="resolution")
     if not reason or not reason.strip():
-        raise InvalidInput("a resolution says why")
-    wanted = {parse_id(raw, "case") for raw in case_ids}
-    if not wanted:
-        raise InvalidInput("choose at least one case")
-    found = list(ReconciliationCase.objects.filter(pk__in=wanted).select_related("tenant").order_by("opened_at", "id"))
-    if len(found) != len(wanted):
-        raise NotFound("case not found")
-    for case in found:
-        if not can(user, case.tenant, OPERATE):
-            raise Forbidden("your role on this tenant does not allow this action")
-        if case.status not in OPEN_CASE_STATUSES:
-            raise WrongPhase(phase=f"case {case.status}", wanted="an open case")
+        raise InvalidInput("a resolution says why", field="reason")
+    found = _bulk_cases(case_ids=case_ids, user=user, sources=BULK_ACTIONS["resolve"])
     with transaction.atomic():
         return [case_resolve(case_id=case.pk, user=user, resolution=resolution, reason=reason) for case in found]
+
+
+def cases_claim_bulk(*, case_ids: Iterable[object], user: User | AnonymousUser) -> list[ReconciliationCase]:
+    """Claim several cases for ``user``, all or none (each as :func:`case_claim`)."""
+    found = _bulk_cases(case_ids=case_ids, user=user, sources=BULK_ACTIONS["claim"])
+    with transaction.atomic():
+        return [case_claim(case_id=case.pk, user=user) for case in found]
+
+
+def cases_escalate_bulk(
+    *, case_ids: Iterable[object], user: User | AnonymousUser, reason: str
+) -> list[ReconciliationCase]:
+    """Escalate several cases with one reason, all or none (each as :func:`case_escalate`)."""
+    reason = decision_reason(reason)
+    found = _bulk_cases(case_ids=case_ids, user=user, sources=BULK_ACTIONS["escalate"])
+    with transaction.atomic():
+        return [case_escalate(case_id=case.pk, user=user, reason=reason) for case in found]

@@ -39,6 +39,8 @@ def cases_open(*, operations: Sequence[Operation], reason: CaseReason, now: date
             attempt=op.attempt,
             reason=reason,
             opened_at=now,
+            tool=op.tool,
+            provider=op.provider or "",
             # An effect with a reconciler is looked up at its provider before people see it.
             status=CaseStatus.LOOKUP if op.reconciler else CaseStatus.OPEN,
             reconciler=op.reconciler,

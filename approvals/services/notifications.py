@@ -14,6 +14,8 @@ are the ledger's (``ledger/services/notifications/``).
 | quarantine       | a QUARANTINED worker                       | quarantine:<worker id>:<since>           |
 | chain_broken     | a run whose chain the verifier found BROKEN| broken:<run id>                          |
 | breaker_change   | a breaker change after the endpoint began  | breaker:<tenant id>:<state>:<changed at> |
+| case_escalated   | a case escalated (by a person or the case  | escalated:<case id>                      |
+|                  | timers) after the endpoint began           |                                          |
 
 A person's own route (``PersonalRoute``, ``ledger/services/notifications/routes.py``) gets:
 
@@ -41,7 +43,7 @@ from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 from guardian.shortcuts import get_users_with_perms
 
-from approvals.models import OPEN_CASE_STATUSES, ApprovalRequest, ApprovalStatus, ReconciliationCase
+from approvals.models import OPEN_CASE_STATUSES, ApprovalRequest, ApprovalStatus, CaseStatus, ReconciliationCase
 from ledger.models import PersonalRoute, ResourceAlert, Run, Tenant, WebhookDelivery, WebhookEndpoint, Worker
 from ledger.models.notifications import DeliveryStatus, NotificationKind, PersonalKind
 from ledger.roles import APPROVE, can, tenants_for
@@ -250,6 +252,46 @@ def _breaker_change(endpoint: WebhookEndpoint, now: datetime, limit: int) -> Ite
         )
 
 
+def _case_escalated(endpoint: WebhookEndpoint, now: datetime, limit: int) -> Iterator[Found]:
+    qs = ReconciliationCase.objects.filter(
+        tenant_id=endpoint.tenant_id, status=CaseStatus.ESCALATED, escalated_at__gte=endpoint.created_at
+    )
+    qs = qs.annotate(dedupe=_key("escalated:", "id")).filter(_undelivered(endpoint)).order_by("escalated_at")
+    for row in qs.values(
+        "dedupe",
+        "id",
+        "run_id",
+        "operation_id",
+        "tool",
+        "provider",
+        "reason",
+        "opened_at",
+        "escalated_at",
+        "escalated_by",
+        "escalation_reason",
+        "claimed_by",
+    )[:limit]:
+        yield Found(
+            key=row["dedupe"],
+            headline=f"Case {str(row['id'])[:8]} ({row['tool']}, {row['reason']}) escalated by "
+            f"{row['escalated_by']}: {row['escalation_reason']}",
+            subject={
+                "case_id": str(row["id"]),
+                "run_id": str(row["run_id"]),
+                "operation_id": str(row["operation_id"]),
+                "tool": row["tool"],
+                "provider": row["provider"],
+                "case_reason": row["reason"],
+                "opened_at": row["opened_at"],
+                "escalated_at": row["escalated_at"],
+                "escalated_by": row["escalated_by"],
+                "reason": row["escalation_reason"],
+                "held_by": row["claimed_by"],
+            },
+            path="/cases/?status=ESCALATED",
+        )
+
+
 FINDERS: dict[str, Callable[[WebhookEndpoint, datetime, int], Iterator[Found]]] = {
     NotificationKind.UNKNOWN_AGED: _unknown_aged,
     NotificationKind.APPROVAL_PENDING: _approval_pending,
@@ -257,6 +299,7 @@ FINDERS: dict[str, Callable[[WebhookEndpoint, datetime, int], Iterator[Found]]] 
     NotificationKind.QUARANTINE: _quarantine,
     NotificationKind.CHAIN_BROKEN: _chain_broken,
     NotificationKind.BREAKER_CHANGE: _breaker_change,
+    NotificationKind.CASE_ESCALATED: _case_escalated,
 }
 
 

@@ -14,6 +14,7 @@ from console.demo import (
     runbooks,
     runs,
     tenants,
+    triage,
     upgrade,
     webhooks,
     workers,
@@ -62,6 +63,7 @@ def stories(acting: Acting, sandbox: SandboxProvider, say: Callable[[str], None]
     runs.confirmed(acting)
     runs.takeover(acting)
     runs.timed_out(acting)
+    triage.seed(acting)  # a group of similar cases, and one the case timers escalated
     lookups.seed(acting, sandbox, say)
     upgrade.seed(acting, say)
     approvals.seed(acting)  # from here on, payments need a person and have a contract

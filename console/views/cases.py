@@ -9,15 +9,25 @@ from uuid import UUID
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpResponse, QueryDict
+from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals.models import ReconciliationCase
-from approvals.selectors import CASE_FILTERS, SORTS, case_queue, cases_for
+from approvals.selectors import (
+    CASE_FILTERS,
+    GROUP_ACTION_CAP,
+    SORTS,
+    case_groups,
+    case_queue,
+    cases_for,
+    group_case_ids,
+    with_case_deadlines,
+)
 from approvals.services.cases import (
+    BULK_ACTIONS,
     BULK_RESOLUTIONS,
     COMMENT_MAX_LENGTH,
     RESOLUTIONS,
@@ -27,6 +37,8 @@ from approvals.services.cases import (
     case_reassign,
     case_resolve,
     case_unclaim,
+    cases_claim_bulk,
+    cases_escalate_bulk,
     cases_preview,
     cases_resolve_bulk,
 )
@@ -75,12 +87,19 @@ class CommentForm(forms.Form):
 
 
 class BulkForm(forms.Form):
-    case = forms.TypedMultipleChoiceField(
-        coerce=str, choices=(), error_messages={"required": "Choose at least one case."}
-    )
-    resolution = forms.ChoiceField(choices=[(r, _label(r)) for r in BULK_RESOLUTIONS])
-    reason = forms.CharField(max_length=500, strip=True)
+    """One bulk action on the ticked cases (``case``) or on a case group (``group_*``, the
+    group's key): resolve (one resolution and reason for all), claim, or escalate (one reason)."""
+
+    action = forms.ChoiceField(choices=[(a, a) for a in BULK_ACTIONS], required=False)
+    case = forms.TypedMultipleChoiceField(coerce=str, choices=(), required=False)
+    resolution = forms.ChoiceField(choices=[(r, _label(r)) for r in BULK_RESOLUTIONS], required=False)
+    reason = forms.CharField(max_length=500, strip=True, required=False)
     confirm = forms.BooleanField(required=False)
+    group_tenant = forms.IntegerField(required=False)
+    group_tool = forms.CharField(max_length=100, required=False, strip=False)
+    group_provider = forms.CharField(max_length=100, required=False, strip=False)
+    group_reason = forms.CharField(max_length=32, required=False, strip=False)
+    group_verdict = forms.CharField(max_length=16, required=False, strip=False)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -90,6 +109,29 @@ class BulkForm(forms.Form):
             raise TypeError("BulkForm.case must be a multiple choice field")
         submitted = self.data.getlist("case") if isinstance(self.data, QueryDict) else []
         field.choices = [(v, v) for v in submitted]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        data["action"] = data.get("action") or "resolve"
+        if not data.get("case") and data.get("group_tenant") is None:
+            self.add_error("case", "Choose at least one case.")
+        if data["action"] == "resolve" and not data.get("resolution"):
+            self.add_error("resolution", "Choose a resolution.")
+        if data["action"] != "claim" and not data.get("reason"):
+            self.add_error("reason", "Say why (the evidence for all of them).")
+        return data
+
+    def group_key(self) -> dict[str, Any] | None:
+        data = self.cleaned_data
+        if data.get("group_tenant") is None:
+            return None
+        return {
+            "tenant_id": data["group_tenant"],
+            "tool": data["group_tool"],
+            "provider": data["group_provider"],
+            "reason": data["group_reason"],
+            "verdict": data["group_verdict"],
+        }
 
 
 STATUS_LABELS = {
@@ -108,7 +150,7 @@ def _queue_context(request: HtmxHttpRequest) -> dict[str, Any]:
     rows, next_cursor = case_queue(user=request.user, status=status, cursor=request.GET.get("after"), sort=sort)
     operable = set(tenants_for(request.user, OPERATE).values_list("pk", flat=True))
     return {
-        "rows": rows,
+        "rows": with_case_deadlines(rows),
         "next_cursor": next_cursor,
         "status": status,
         "sort": sort,
@@ -125,13 +167,17 @@ def _queue_context(request: HtmxHttpRequest) -> dict[str, Any]:
     }
 
 
+def _page_context(request: HtmxHttpRequest) -> dict[str, Any]:
+    """The whole page's: the queue's, with the case groups above it."""
+    return {**_queue_context(request), **case_groups(user=request.user), "group_action_cap": GROUP_ACTION_CAP}
+
+
 @require_GET
 @login_required
 def queue(request: HtmxHttpRequest) -> HttpResponse:
-    context = _queue_context(request)
     if request.htmx and request.htmx.target == "cases-table":
-        return render(request, f"{TEMPLATE}#table", context)
-    return render(request, TEMPLATE, context)
+        return render(request, f"{TEMPLATE}#table", _queue_context(request))
+    return render(request, TEMPLATE, _page_context(request))
 
 
 def _case_to_act_on(request: HtmxHttpRequest, case_id: UUID) -> ReconciliationCase:
@@ -146,7 +192,7 @@ def _done(request: HtmxHttpRequest, message: str, *, error: bool = False, status
     return queue_answer(
         request,
         template=TEMPLATE,
-        context=lambda: _queue_context(request),
+        context=lambda: _page_context(request),
         message=message,
         back_to=reverse("cases") + (f"?{request.GET.urlencode()}" if request.GET else ""),
         error=error,
@@ -254,30 +300,46 @@ def comment(request: HtmxHttpRequest, case_id: UUID) -> HttpResponse:
 @require_POST
 @login_required
 def bulk(request: HtmxHttpRequest) -> HttpResponse:
-    """First POST (no ``confirm``): show exactly the cases it will touch. Second POST with
-    ``confirm``: resolve exactly those, all or none."""
+    """One way to act on several cases, ticked ones or a case group's: the first POST (no
+    ``confirm``) shows exactly the cases it will touch; the second, with ``confirm`` and
+    those cases' ids, acts on exactly those, all or none."""
     form = BulkForm(request.POST)
     if not form.is_valid():
         return _done(request, form_errors(form), error=True, status=BAD_INPUT)
-    ids = form.cleaned_data["case"]
+    data = form.cleaned_data
+    action = data["action"]
+    group = form.group_key()
+    if group is not None:
+        ids = group_case_ids(user=request.user, key=group)
+        if not ids:
+            raise Http404("case group not found")
+    else:
+        ids = data["case"]
     selected_for_action(request, cases_for(request.user), ids, OPERATE, "case")
-    touched = cases_preview(case_ids=ids, user=request.user)
-    if not form.cleaned_data["confirm"]:
+    if not data["confirm"]:
+        touched = cases_preview(case_ids=ids, user=request.user, action=action)
         preview = {
             "preview": touched,
             "skipped": len(ids) - len(touched),
-            "resolution": form.cleaned_data["resolution"],
-            "reason": form.cleaned_data["reason"],
+            "action": action,
+            "resolution": data["resolution"],
+            "reason": data["reason"],
+            "group": group,
+            "group_capped": group is not None and len(ids) >= GROUP_ACTION_CAP,
         }
-        return bulk_preview(request, TEMPLATE, preview, lambda: _queue_context(request))
+        return bulk_preview(request, TEMPLATE, preview, lambda: _page_context(request))
     try:
-        resolved = cases_resolve_bulk(
-            case_ids=ids,
-            user=request.user,
-            resolution=form.cleaned_data["resolution"],
-            reason=form.cleaned_data["reason"],
-        )
+        done = _bulk_act(request, action, ids, data)
     except DomainError as exc:
         return _done(request, f"Nothing changed: {exc.detail}", error=True, status=exc.status)
-    count = len(resolved)
-    return _done(request, f"{count} case{pluralize(count)} resolved as {form.cleaned_data['resolution']}.")
+    count = len(done)
+    said = {"resolve": f"resolved as {data['resolution']}", "claim": "claimed", "escalate": "escalated"}[action]
+    return _done(request, f"{count} case{pluralize(count)} {said}.")
+
+
+def _bulk_act(request: HtmxHttpRequest, action: str, ids: list[str], data: dict[str, Any]) -> list[ReconciliationCase]:
+    if action == "claim":
+        return cases_claim_bulk(case_ids=ids, user=request.user)
+    if action == "escalate":
+        return cases_escalate_bulk(case_ids=ids, user=request.user, reason=data["reason"])
+    return cases_resolve_bulk(case_ids=ids, user=request.user, resolution=data["resolution"], reason=data["reason"])

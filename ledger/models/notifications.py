@@ -21,6 +21,7 @@ class NotificationKind(models.TextChoices):
     QUARANTINE = "quarantine", "a worker is quarantined"
     CHAIN_BROKEN = "chain_broken", "a run's chain is BROKEN"
     BREAKER_CHANGE = "breaker_change", "the cost breaker changed"
+    CASE_ESCALATED = "case_escalated", "a reconciliation case is escalated"
 
 
 class PersonalKind(models.TextChoices):

@@ -34,8 +34,9 @@ def test_demo_seeds_on_the_embedded_postgresql_and_prints_a_working_token(state_
     assert "provider lookups: 1 settled by reconciler:sandbox-payments, 1 handed to people" in done.stdout
     # The webhook to the sandbox's sink: the three pending approvals (a charge, the MCP session's
     # git push, the OpenAI Agents run's refund), the quarantine, the cleanup alert and the BROKEN
-    # chain, each delivered signed.
-    assert "webhooks: 6 notification(s) for ops-channel, 6 delivered to the sandbox sink (6 signed)" in done.stdout
+    # chain, and the UNKNOWN left unclaimed three hours (the case timers escalated it), each
+    # delivered signed.
+    assert "webhooks: 7 notification(s) for ops-channel, 7 delivered to the sandbox sink (7 signed)" in done.stdout
     # Runbooks for every case reason and for the verdicts that leave a case to people.
     assert "wrote 7 runbooks for tenant demo" in done.stdout
     # An MCP session through the gateway: reads and a commit confirmed, a commit whose upstream

@@ -6,10 +6,14 @@ or approval; sends go through the webhook delivery machinery (signed) or Django'
 
 import json
 
+from datetime import timedelta
+
 import pytest
 from django.core import mail
+from django.utils import timezone
 from django.urls import reverse
 
+from approvals.services.case_timers import cases_enforce_timers
 from approvals.services.cases import case_claim, case_escalate, case_reassign
 from approvals.services.notifications import notifications_scan
 from ledger.errors import InvalidInput
@@ -124,6 +128,19 @@ def test_an_escalated_case_is_routed_to_the_tenants_admins_not_to_the_escalator(
     case = unknown_case(acme.worker)
     case_escalate(case_id=case.pk, user=operator, reason="the provider's status page shows an incident")
     assert len(routed_to(admin)) == 1 and routed_to(operator) == [] and routed_to(approver) == []
+
+
+def test_a_case_the_timers_escalate_is_routed_to_the_tenants_admins(
+    acme, operator, admin, django_capture_on_commit_callbacks
+):
+    for person in (operator, admin):
+        mailed(person)
+    unknown_case(acme.worker)
+    with django_capture_on_commit_callbacks(execute=True):  # routed once the escalation commits
+        assert cases_enforce_timers(now=timezone.now() + timedelta(hours=3)).escalated == 1
+    assert len(routed_to(admin)) == 1 and routed_to(operator) == []
+    delivery = WebhookDelivery.objects.get(route__user=admin)
+    assert "escalated by the case timers" in json.dumps(delivery.body)
 
 
 def test_a_route_that_does_not_ask_for_cases_gets_none(acme, operator, admin):

@@ -9,12 +9,21 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import ReconciliationCase
+from approvals.services.cases import case_escalate
 from approvals.services.notifications import notifications_scan
 from ledger.models import ResourceAlert, Run, Tenant, WebhookDelivery
 from ledger.models.notifications import NotificationKind
 from ledger.services.lifespan.reaper import resources_reap
 from ledger.services.notifications.endpoints import endpoint_disable
-from tests.factories import leased_run, pending_approvals, stuck_resource, unknown_case, webhook_endpoint, worker_in
+from tests.factories import (
+    leased_run,
+    pending_approvals,
+    stuck_resource,
+    unknown_case,
+    user_with,
+    webhook_endpoint,
+    worker_in,
+)
 from tests.helpers import run_concurrently
 
 ALL = list(NotificationKind.values)
@@ -25,10 +34,12 @@ def keys() -> list[tuple[str, str]]:
 
 
 def every_condition(identity) -> dict[str, object]:
-    """One of each of the six conditions on ``identity``'s tenant, through the services
+    """One of each of the seven conditions on ``identity``'s tenant, through the services
     where a worker or a job makes them (the verifier's BROKEN mark and the breaker's change
     are written as those services write them)."""
     case = unknown_case(identity.worker)
+    escalated = unknown_case(identity.worker, key="escalated-1")
+    case_escalate(case_id=escalated.pk, user=user_with("operator", identity.tenant), reason="provider ticket needed")
     approval = pending_approvals(identity.worker)[0]
     stuck_resource(identity.worker)
     resources_reap()
@@ -39,7 +50,14 @@ def every_condition(identity) -> dict[str, object]:
     Tenant.objects.filter(pk=identity.tenant.pk).update(
         breaker_state="OPEN", breaker_reason="spend past the daily limit", breaker_changed_at=timezone.now()
     )
-    return {"case": case, "approval": approval, "alert": alert, "worker": quarantined, "run": run}
+    return {
+        "case": case,
+        "escalated": escalated,
+        "approval": approval,
+        "alert": alert,
+        "worker": quarantined,
+        "run": run,
+    }
 
 
 def test_each_condition_becomes_one_delivery_and_a_second_scan_adds_none(acme):
@@ -49,7 +67,7 @@ def test_each_condition_becomes_one_delivery_and_a_second_scan_adds_none(acme):
     ReconciliationCase.objects.filter(pk=found["case"].pk).update(opened_at=timezone.now() - timedelta(hours=1))
 
     first = notifications_scan()
-    assert first.created == 6 and first.refused == 0
+    assert first.created == 7 and first.refused == 0
     assert first.by_kind == dict.fromkeys(ALL, 1)
     by_kind = dict(keys())
     assert by_kind["unknown_aged"] == f"unknown:{found['case'].pk}"
@@ -58,8 +76,9 @@ def test_each_condition_becomes_one_delivery_and_a_second_scan_adds_none(acme):
     assert by_kind["quarantine"].startswith(f"quarantine:{found['worker'].pk}:")
     assert by_kind["chain_broken"] == f"broken:{found['run'].pk}"
     assert by_kind["breaker_change"].startswith(f"breaker:{acme.tenant.pk}:OPEN:")
+    assert by_kind["case_escalated"] == f"escalated:{found['escalated'].pk}"
     assert notifications_scan().created == 0
-    assert WebhookDelivery.objects.filter(endpoint=made).count() == 6
+    assert WebhookDelivery.objects.filter(endpoint=made).count() == 7
 
 
 def test_bodies_are_slack_compatible_and_carry_only_ids_kinds_and_stored_reasons(acme, settings, monkeypatch):
