@@ -23,9 +23,9 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from approvals.models import CaseStatus, ReconciliationCase
+from approvals.services.notifications import my_case_notify, tenant_admins
 from ledger.actors import SYSTEM_CASE_TIMERS
 from ledger.errors import WrongPhase
-from approvals.services.notifications import my_case_notify, tenant_admins
 from ledger.models import Run, Tenant
 from ledger.policy import case_timers_of
 from ledger.roles import ADMINISTER

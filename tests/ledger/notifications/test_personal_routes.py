@@ -5,13 +5,12 @@ approval only the approvers of its own tenant; a route never carries another ten
 or approval; sends go through the webhook delivery machinery (signed) or Django's mail."""
 
 import json
-
 from datetime import timedelta
 
 import pytest
 from django.core import mail
-from django.utils import timezone
 from django.urls import reverse
+from django.utils import timezone
 
 from approvals.services.case_timers import cases_enforce_timers
 from approvals.services.cases import case_claim, case_escalate, case_reassign
