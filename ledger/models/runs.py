@@ -352,6 +352,9 @@ class Operation(Versioned):
     # The reconciler an UNKNOWN of this operation is looked up with, chosen at intent from
     # the tool contract or the provider (blank: none; its UNKNOWN goes to people).
     reconciler = models.CharField(max_length=100, blank=True, default="")
+    # The worker's outcome said it used one of the breaker's fallbacks for this attempt
+    # (policy breaker.levers): True / False as reported, null when it said nothing.
+    fallback_used = models.BooleanField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -367,6 +370,9 @@ class Operation(Versioned):
         indexes = [
             models.Index(fields=["run", "created_at"], name="operation_run"),
             models.Index(Upper("tool"), "run", name="operation_tool"),  # runs search by tool
+            # Denials by reason over a recent window (tenant page, metrics): only DENIED rows
+            # are in it, so the hot path's dispatches and outcomes never write to it.
+            models.Index("tenant", "updated_at", name="operation_tenant_denied", condition=Q(phase=Phase.DENIED)),
         ]
 
     def __str__(self) -> str:
