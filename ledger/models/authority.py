@@ -257,6 +257,7 @@ class FlowSlot(Versioned):
     operation = models.ForeignKey(
         Operation, on_delete=models.PROTECT, null=True, blank=True, related_name="flow_slots", db_index=False
     )
+    # When the place was last taken (kept once it is given back: idle keys are pruned by it).
     taken_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -789,7 +789,7 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ended = False
-        # The breaker's levers the last dispatch through ``effect`` handed over (None: none):
+        # The breaker's levers the last dispatch through ``operation`` handed over (None: none):
         # ``perform`` reads them to hold its output or take a fallback.
         self.levers: Levers | None = None
 
