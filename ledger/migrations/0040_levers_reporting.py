@@ -43,8 +43,8 @@ class Migration(migrations.Migration):
             index=models.Index(models.F('tenant'), condition=models.Q(('state', 'UNKNOWN')), include=('estimated_cents',), name='reservation_tenant_unknown'),
         ),
         migrations.AddIndex(
-            model_name='operation',
-            index=models.Index(models.F('tenant'), models.F('updated_at'), condition=models.Q(('phase', 'DENIED')), name='operation_tenant_denied'),
+            model_name='event',
+            index=models.Index(condition=models.Q(('type', 'OPERATION_DENIED')), fields=['occurred_at'], include=('run',), name='event_denied_recent'),
         ),
         migrations.RunSQL(RELEASE_KEEPING_TAKEN_AT, RELEASE_CLEARING_TAKEN_AT),
     ]

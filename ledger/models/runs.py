@@ -370,9 +370,6 @@ class Operation(Versioned):
         indexes = [
             models.Index(fields=["run", "created_at"], name="operation_run"),
             models.Index(Upper("tool"), "run", name="operation_tool"),  # runs search by tool
-            # Denials by reason over a recent window (tenant page, metrics): only DENIED rows
-            # are in it, so the hot path's dispatches and outcomes never write to it.
-            models.Index("tenant", "updated_at", name="operation_tenant_denied", condition=Q(phase=Phase.DENIED)),
         ]
 
     def __str__(self) -> str:

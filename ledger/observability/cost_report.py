@@ -10,7 +10,9 @@ bounded by the window or by a partial index holding only the rows it counts:
   attempt with an estimate or a cost limit (under a tenant limit, every dispatch), with its
   operation's ``fallback_used`` joined by primary key;
 * the UNKNOWN reservations, whenever made (``reservation_tenant_unknown``: the UNKNOWN rows only);
-* the operations DENIED in the window (``operation_tenant_denied``: the DENIED rows only).
+* the OPERATION_DENIED events of the window (``event_denied_recent``: those events only), by
+  their ``decision`` (the operation's own row is not indexed by phase: its phase changes stay
+  HOT updates).
 """
 
 from collections.abc import Callable
@@ -18,10 +20,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db.models import Count, Q, Sum
+from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 
-from ledger.models import CostReservation, Operation
-from ledger.states import Phase, ReservationState
+from ledger.models import CostReservation, Event
+from ledger.states import ReservationState
 
 # How far back the report looks (the UNKNOWN cents excepted: they are held until reconciled).
 REPORT_WINDOW = timedelta(hours=1)
@@ -88,13 +91,16 @@ def lever_reports(*, since: datetime, tenant_id: int | None = None) -> dict[int,
         r = report(row["tenant_id"])
         r.unknown_reserved_cents, r.unknown_reservations = int(row["cents"] or 0), row["n"]
     denied = (
-        Operation.objects.filter(scope, phase=Phase.DENIED, updated_at__gte=since)
-        .values("tenant_id", "decision_code")
+        Event.objects.filter(
+            Q() if tenant_id is None else Q(run__tenant_id=tenant_id), type="OPERATION_DENIED", occurred_at__gte=since
+        )
+        .annotate(code=KT("fields__decision"))
+        .values("run__tenant_id", "code")
         .annotate(n=Count("id"))
         .order_by()
     )
     for denial in denied:
-        report(denial["tenant_id"]).denials[denial["decision_code"] or "DENIED"] = denial["n"]
+        report(denial["run__tenant_id"]).denials[denial["code"] or "DENIED"] = denial["n"]
     for r in reports.values():
         r.denials = dict(sorted(r.denials.items(), key=lambda kv: (-kv[1], kv[0])))
     return reports

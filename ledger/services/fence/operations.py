@@ -291,42 +291,10 @@ def operation_dispatch_terms(*, worker: Worker, operation_id: object, fencing_to
         if op.phase != Phase.AUTHORIZED:
             raise WrongPhase(phase=op.phase, wanted=Phase.AUTHORIZED)
         try:
-            grounds = evaluation.evaluate(op=op, ctx=ctx, at_dispatch=True)  # reads only
-            if grounds.needs_approval:
-                raise Denied("DENY_POLICY", "the approval this operation needs is missing, used, expired or void")
-            # All or nothing: a refusal while reserving leaves nothing reserved.
-            reservation = evaluation.reserve(op=op, ctx=ctx, grounds=grounds)
-            # Flow control: THROTTLED rolls this transaction back (the reservation too) and
-            # leaves the operation AUTHORIZED, to be dispatched again later.
-            flow.flow_take(op=op, tenant=ctx.run.tenant, policy=grounds.policy, now=ctx.now)
-            transition(
-                op,
-                Phase.DISPATCHED,
-                ctx,
-                dispatched_at=ctx.now,
-                fencing_token=ctx.fencing_token,
-                dispatch_owner_id=ctx.lease.owner_id,
-                policy_version_at_dispatch=grounds.policy_version,
-                credential_version_at_dispatch=grounds.lease.version if grounds.lease else None,
-                event_fields={
-                    "policy_version": grounds.policy_version,
-                    **_digest_field(ctx, grounds.policy_version),
-                    "credential_version": grounds.lease.version if grounds.lease else None,
-                },
-            )
+            terms.append(_dispatch(op, ctx))
         except Denied as denial:
             op.refresh_from_db()
             return op, _deny(op, ctx, denial)
-        state = breaker_after_dispatch(
-            tenant=ctx.run.tenant, seen=ctx.tenant.breaker if ctx.tenant is not None else None, now=ctx.now
-        )
-        terms.append(
-            Dispatched(
-                op,
-                reservation_id=reservation.pk if reservation is not None else None,
-                levers=breaker_levers(policy=grounds.policy, state=state),
-            )
-        )
         return op, None
 
     op = decided(
@@ -341,3 +309,39 @@ def operation_dispatch_terms(*, worker: Worker, operation_id: object, fencing_to
         )
     )
     return terms[-1] if terms else Dispatched(op)
+
+
+def _dispatch(op: Operation, ctx: Fenced) -> Dispatched:
+    """Under the fence: the checks again, the reservations, the flow limits, the move to
+    DISPATCHED; then the terms the worker is handed."""
+    grounds = evaluation.evaluate(op=op, ctx=ctx, at_dispatch=True)  # reads only
+    if grounds.needs_approval:
+        raise Denied("DENY_POLICY", "the approval this operation needs is missing, used, expired or void")
+    # All or nothing: a refusal while reserving leaves nothing reserved.
+    reservation = evaluation.reserve(op=op, ctx=ctx, grounds=grounds)
+    # Flow control: THROTTLED rolls this transaction back (the reservation too) and
+    # leaves the operation AUTHORIZED, to be dispatched again later.
+    flow.flow_take(op=op, tenant=ctx.run.tenant, policy=grounds.policy, now=ctx.now)
+    transition(
+        op,
+        Phase.DISPATCHED,
+        ctx,
+        dispatched_at=ctx.now,
+        fencing_token=ctx.fencing_token,
+        dispatch_owner_id=ctx.lease.owner_id,
+        policy_version_at_dispatch=grounds.policy_version,
+        credential_version_at_dispatch=grounds.lease.version if grounds.lease else None,
+        event_fields={
+            "policy_version": grounds.policy_version,
+            **_digest_field(ctx, grounds.policy_version),
+            "credential_version": grounds.lease.version if grounds.lease else None,
+        },
+    )
+    state = breaker_after_dispatch(
+        tenant=ctx.run.tenant, seen=ctx.tenant.breaker if ctx.tenant is not None else None, now=ctx.now
+    )
+    return Dispatched(
+        op,
+        reservation_id=reservation.pk if reservation is not None else None,
+        levers=breaker_levers(policy=grounds.policy, state=state),
+    )
