@@ -86,7 +86,7 @@ def test_the_tenant_page_shows_the_report_in_a_constant_number_of_queries(acme, 
     with CaptureQueriesContext(connection) as after:
         page = browser.get(reverse("tenant_detail", args=["acme"]))
     body = page.content.decode()
-    assert "Cost and refusals since" in body and "openai" in body and "DENY_BUDGET" in body
+    assert "Cost and refusals in the last hour" in body and "openai" in body and "DENY_BUDGET" in body
     assert "20% <span" in body  # the fallback rate: 1 of 5
     assert page.context["levers_report"].unknown_reserved_cents == 70
     assert len(after) == len(before)
