@@ -102,3 +102,68 @@ def test_the_retention_job_and_command_prune_idle_intent_keys(acme):
     call_command("retention", stdout=out)
     assert "pruned 3 places" in out.getvalue()
     assert not FlowSlot.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pruning_while_dispatches_race_never_lets_a_key_hold_more_than_its_limit(acme):
+    """Threads dispatch and confirm under one intent-named key of concurrency 1 while another
+    prunes it as hard as it can (idle 0 s): at no moment are two of them in flight."""
+    import threading
+    import time
+
+    from django.db import connections
+
+    from ledger.errors import Throttled
+
+    set_policy(acme.tenant, concurrency={"key:*": 1})
+    in_flight, most, lock, done = [0], [0], threading.Lock(), threading.Event()
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            run, token = leased_run(acme.worker, owner=f"owner-{n}")
+            for i in range(4):
+                op, _ = operations.operation_intend(
+                    worker=acme.worker, run_id=run.pk, fencing_token=token,
+                    intent=Intent(tool="email", action="send", resource="mailto:x@example.com",
+                                  effect_class="IDEMPOTENT", idempotency_key=f"w{n}-{i}", flow_key="hot"),
+                )  # fmt: skip
+                operations.operation_authorize(worker=acme.worker, operation_id=op.pk, fencing_token=token)
+                while True:
+                    try:
+                        operations.operation_dispatch(worker=acme.worker, operation_id=op.pk, fencing_token=token)
+                        break
+                    except Throttled:
+                        time.sleep(0.005)
+                with lock:
+                    in_flight[0] += 1
+                    most[0] = max(most[0], in_flight[0])
+                time.sleep(0.01)  # in flight a moment: the others' dispatches and the pruner go on
+                with lock:  # counted out before the outcome that frees the place commits
+                    in_flight[0] -= 1
+                confirm(acme.worker, op, token)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def pruner() -> None:
+        try:
+            while not done.is_set():
+                flow_keys_prune(now=timezone.now(), idle_s=0)
+        finally:
+            connections.close_all()
+
+    prune = threading.Thread(target=pruner)
+    prune.start()
+    workers = [threading.Thread(target=worker, args=(n,)) for n in range(5)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    done.set()
+    prune.join()
+
+    assert errors == []
+    assert most[0] == 1
+    assert FlowSlot.objects.filter(key="key:hot", operation__isnull=False).count() == 0
