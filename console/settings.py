@@ -513,6 +513,8 @@ FENCELINE: dict[str, Any] = {
     # dispatch refused by a concurrency limit is told to come back after this many seconds.
     "FLOW_BUCKET_SHARDS": env_int("FENCELINE_FLOW_BUCKET_SHARDS", 8, minimum=1),
     "FLOW_CONCURRENCY_RETRY_AFTER_S": env_int("FENCELINE_FLOW_CONCURRENCY_RETRY_AFTER_S", 1, minimum=1),
+    # Rows of an intent-named flow key (key:<flow_key>) idle this long are pruned by the retention job.
+    "FLOW_KEY_IDLE_S": env_int("FENCELINE_FLOW_KEY_IDLE_S", 86400, minimum=60),
     "DRAIN_INTERVAL_S": env_int("FENCELINE_DRAIN_INTERVAL_S", 15, minimum=1),
     # A QUIESCED worker whose process heartbeat (POST /workers/me/heartbeat) is older is STOPPED.
     "WORKER_HEARTBEAT_LAPSE_S": env_int("FENCELINE_WORKER_HEARTBEAT_LAPSE_S", 60, minimum=1),

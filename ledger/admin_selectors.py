@@ -42,8 +42,9 @@ from ledger.models import (
     WorkerBoot,
     WorkerDrain,
 )
+from ledger.observability.cost_report import lever_report
 from ledger.pagination import keyset_page
-from ledger.policy import flow_limits_of
+from ledger.policy import LEVER_STATES, flow_limits_of, levers_of, retry_budget_of
 from ledger.roles import ROLES, VIEW, tenants_for
 from ledger.services.authority.policy import policy_current
 from ledger.services.core.admission import operations_in_doubt
@@ -331,8 +332,14 @@ def flow_use(*, tenant: Tenant, policy: dict[str, Any], now: datetime) -> list[d
 
 def tenant_detail_parts(*, tenant: Tenant) -> dict[str, Any]:
     now = timezone.now()
+    policy = policy_current(tenant=tenant)[1]
     return {
-        "flow_limits": flow_use(tenant=tenant, policy=policy_current(tenant=tenant)[1], now=now),
+        "flow_limits": flow_use(tenant=tenant, policy=policy, now=now),
+        "levers_policy": [
+            {"state": state, **lever} for state in LEVER_STATES if (lever := levers_of(policy, state)) is not None
+        ],
+        "retry_budget": retry_budget_of(policy),
+        "levers_report": lever_report(tenant_id=tenant.pk, now=now),
         "policies": list(TenantPolicy.objects.filter(tenant=tenant).order_by("-version")[:RECENT]),
         "windows": list(
             CostWindow.objects.filter(tenant=tenant, ends_at__gt=now)

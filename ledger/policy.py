@@ -57,8 +57,20 @@ module only reads documents; ``ledger.services.policy`` stores and changes them.
       },
       "breaker": {                          # share of the tenant limit (reserved + settled)
         "throttled_at": 0.6, "degraded_at": 0.85, "open_at": 1.0,
-        "throttled_max_dispatched": 2       # in-flight operations allowed while THROTTLED
+        "throttled_max_dispatched": 2,      # in-flight operations allowed while THROTTLED
+        "levers": {                         # optional: what a dispatch hands the worker while
+          "THROTTLED": {                    # the breaker is THROTTLED or DEGRADED (each state
+            "max_output_tokens": 1024,      # optional): an output ceiling (an integer >= 1,
+            "fallbacks": ["small-model"]    # or null) and cheaper choices to use instead,
+          },                                # best first (names, at most 16; default [])
+          "DEGRADED": {"max_output_tokens": 256, "fallbacks": []}
+        }
       },
+      "retry_budget": {                     # what retries of one operation may take
+        "automatic_attempts": 3,            # attempts before a retry needs a person
+        "max_attempts": null,               # most attempts, even with approval (null: no cap)
+        "max_cost_cents": null              # most cents its attempts may have cost before
+      },                                    # another is refused (null: no cap)
       "tool_contracts": [                   # per tool (and action): what the effect is,
         {"tool": "payments",                # whatever the worker declares
          "action": "charge",                # "*" (the default): every action of the tool
@@ -151,6 +163,7 @@ STARTER_POLICY: PolicyDocument = {
         "resource_max_age_s": 86400,
     },
     "breaker": {"throttled_at": 0.6, "degraded_at": 0.85, "open_at": 1.0, "throttled_max_dispatched": 2},
+    "retry_budget": {"automatic_attempts": 3, "max_attempts": None, "max_cost_cents": None},
     "tool_contracts": [],
     "unknown_tool_class": WORKER_DECLARED,
     "concurrency": {},
@@ -202,6 +215,7 @@ def validate_policy(document: object, *, reconcilers: Collection[str] | None = N
     _validate_runtime_audit(merged["runtime_audit"])
     _validate_admission(merged["admission"])
     _validate_breaker(merged["breaker"])
+    _validate_retry_budget(merged)
     merged["tool_contracts"] = _validate_contracts(merged["tool_contracts"], reconcilers)
     _validate_flow(merged["concurrency"], merged["rate_limits"])
     if merged["unknown_tool_class"] not in UNKNOWN_TOOL_CLASSES:
@@ -248,9 +262,20 @@ def _validate_cost_limits(limits: object) -> None:
         raise _invalid("policy.cost_limits_cents.provider", "must map provider names to cents")
 
 
+# The breaker states that hand the worker levers on dispatch, and a lever's keys.
+LEVER_STATES = ("THROTTLED", "DEGRADED")
+LEVER_DEFAULTS: dict[str, Any] = {"max_output_tokens": None, "fallbacks": []}
+MAX_FALLBACKS = 16
+FALLBACK_NAME_MAX = 100
+
+
 def _validate_breaker(breaker: object) -> None:
-    if not isinstance(breaker, dict) or set(breaker) != set(STARTER_POLICY["breaker"]):
-        raise _invalid("policy.breaker", "must have throttled_at, degraded_at, open_at, throttled_max_dispatched")
+    required = set(STARTER_POLICY["breaker"])
+    if not isinstance(breaker, dict) or not required <= set(breaker) <= {*required, "levers"}:
+        raise _invalid(
+            "policy.breaker",
+            "must have throttled_at, degraded_at, open_at, throttled_max_dispatched (and may have levers)",
+        )
     shares = [breaker["throttled_at"], breaker["degraded_at"], breaker["open_at"]]
     if (
         not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in shares)
@@ -259,6 +284,65 @@ def _validate_breaker(breaker: object) -> None:
         raise _invalid("policy.breaker", "thresholds must satisfy 0 < throttled_at <= degraded_at <= open_at <= 1")
     if type(breaker["throttled_max_dispatched"]) is not int or breaker["throttled_max_dispatched"] < 1:
         raise _invalid("policy.breaker.throttled_max_dispatched", "must be a positive integer")
+    if "levers" in breaker:
+        breaker["levers"] = _validate_levers(breaker["levers"])
+
+
+def _validate_levers(levers: object) -> dict[str, dict[str, Any]]:
+    """``breaker.levers`` completed with each lever's defaults, or InvalidInput naming the key."""
+    if not isinstance(levers, dict):
+        raise _invalid("policy.breaker.levers", f"must map {' / '.join(LEVER_STATES)} to levers")
+    completed: dict[str, dict[str, Any]] = {}
+    for state, lever in levers.items():
+        path = f"policy.breaker.levers.{state}"
+        if state not in LEVER_STATES:
+            raise _invalid(path, f"is not a breaker state with levers ({', '.join(LEVER_STATES)})")
+        if not isinstance(lever, dict) or not set(lever) <= set(LEVER_DEFAULTS):
+            raise _invalid(path, "must be {max_output_tokens?, fallbacks?}")
+        lever = {**copy.deepcopy(LEVER_DEFAULTS), **lever}
+        ceiling = lever["max_output_tokens"]
+        if ceiling is not None and (type(ceiling) is not int or not 1 <= ceiling <= 10_000_000):
+            raise _invalid(f"{path}.max_output_tokens", "must be a positive integer or null")
+        fallbacks = lever["fallbacks"]
+        if (
+            not isinstance(fallbacks, list)
+            or len(fallbacks) > MAX_FALLBACKS
+            or not all(isinstance(f, str) and f.strip() and len(f) <= FALLBACK_NAME_MAX for f in fallbacks)
+            or len(set(fallbacks)) != len(fallbacks)
+        ):
+            raise _invalid(
+                f"{path}.fallbacks",
+                f"must be a list of at most {MAX_FALLBACKS} distinct names (1 to {FALLBACK_NAME_MAX} characters)",
+            )
+        completed[state] = lever
+    return completed
+
+
+def levers_of(policy: PolicyDocument, state: str) -> dict[str, Any] | None:
+    """What the policy hands a worker on dispatch while the breaker is ``state``: {max_output_tokens,
+    fallbacks}, or None (not THROTTLED / DEGRADED, or no levers set for it)."""
+    lever = (policy.get("breaker") or {}).get("levers", {}).get(state)
+    return {**LEVER_DEFAULTS, **lever} if lever is not None else None
+
+
+def _validate_retry_budget(merged: PolicyDocument) -> None:
+    budget = merged["retry_budget"]
+    if not isinstance(budget, dict) or not set(budget) <= set(STARTER_POLICY["retry_budget"]):
+        raise _invalid("policy.retry_budget", f"may have only {', '.join(STARTER_POLICY['retry_budget'])}")
+    merged["retry_budget"] = budget = {**STARTER_POLICY["retry_budget"], **budget}
+    if type(budget["automatic_attempts"]) is not int or budget["automatic_attempts"] < 1:
+        raise _invalid("policy.retry_budget.automatic_attempts", "must be a positive integer")
+    if budget["max_attempts"] is not None and (type(budget["max_attempts"]) is not int or budget["max_attempts"] < 1):
+        raise _invalid("policy.retry_budget.max_attempts", "must be a positive integer or null")
+    cost = budget["max_cost_cents"]
+    if cost is not None and (type(cost) is not int or cost < 0):
+        raise _invalid("policy.retry_budget.max_cost_cents", "must be cents (an integer >= 0) or null")
+
+
+def retry_budget_of(policy: PolicyDocument) -> dict[str, Any]:
+    """The policy's retry budget, completed with the starter's (a policy stored before it
+    existed: 3 automatic attempts, no cap on attempts or cost)."""
+    return {**STARTER_POLICY["retry_budget"], **policy.get("retry_budget", {})}
 
 
 def _name(value: object) -> bool:
@@ -497,6 +581,7 @@ def completed_policy(document: PolicyDocument) -> PolicyDocument:
         **starter_policy(),
         **copy.deepcopy(document),
         "quotas": quotas_of(document),
+        "retry_budget": retry_budget_of(document),
         "tool_contracts": contracts_of(document),
     }
 

@@ -15,8 +15,10 @@ from typing import Protocol, cast
 from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
+from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
+from ledger.services.authority.flow import flow_keys_prune
 from ledger.services.authority.reservations import reservations_expire
 from ledger.services.evidence.retention import retention_apply
 from ledger.services.evidence.verification import ledger_verify
@@ -160,8 +162,10 @@ def verify_ledger_task(run_id: str | None = None) -> dict[str, int]:
 
 @job()
 def retention_task() -> dict[str, int]:
-    """Diagnostic payloads past their tenant's retention lose their bytes (bounded batches, SKIP LOCKED)."""
-    return {"removed": retention_apply().removed}
+    """Diagnostic payloads past their tenant's retention lose their bytes; the flow-control rows
+    of idle intent-named keys go (bounded batches, SKIP LOCKED)."""
+    pruned = flow_keys_prune(now=timezone.now())
+    return {"removed": retention_apply().removed, "flow_places": pruned.places, "flow_shards": pruned.shards}
 
 
 @job()

@@ -1,5 +1,6 @@
 """Worker API v1. Views are thin: parse, call one service, shape the response."""
 
+import uuid
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
@@ -31,6 +32,7 @@ from ledger.api.schemas import (
     DecisionError,
     DeliveryIn,
     DeliveryRecordedOut,
+    DispatchOut,
     DrainIn,
     EffectIn,
     EffectOut,
@@ -66,6 +68,7 @@ from ledger.api.schemas import (
 )
 from ledger.models import EffectDelivery, Operation, ProgressCheckpoint, Run, RunResource, Worker
 from ledger.services.authority import capabilities, credential_leases
+from ledger.services.authority.breaker import Levers
 from ledger.services.core.fencing import fence_check
 from ledger.services.core.handoff import queues
 from ledger.services.core.intent import Intent
@@ -479,17 +482,33 @@ def authorize_operation(request: WorkerRequest, operation_id: str, body: Authori
 
 @api.post(
     "/operations/{operation_id}/dispatch",
-    response={200: PhaseOut, **BODY, 403: DecisionError, 404: E, 409: PhaseError | Error},
+    response={200: DispatchOut, **BODY, 403: DecisionError, 404: E, 409: PhaseError | Error},
     tags=["operations"],
 )
 def dispatch_operation(request: WorkerRequest, operation_id: str, body: TokenIn) -> Body:
     """AUTHORIZED -> DISPATCHED after every check of authorize passes again under the current
     policy, and one capability call and the worst-case cost are reserved. Only after a 200
-    here may the worker call the provider. 403 when authorization no longer holds."""
-    op = operations.operation_dispatch(
+    here may the worker call the provider. 403 when authorization no longer holds. The answer
+    carries the cost reservation made (`reservation_id`) and, while the tenant's cost breaker
+    is THROTTLED or DEGRADED, the policy's `levers`: an output ceiling and fallbacks."""
+    dispatched = operations.operation_dispatch_terms(
         worker=request.worker, operation_id=operation_id, fencing_token=body.fencing_token
     )
-    return {"phase": op.phase}
+    return {"phase": dispatched.operation.phase, **_terms(dispatched.reservation_id, dispatched.levers)}
+
+
+def _terms(reservation_id: uuid.UUID | None, levers: Levers | None) -> dict[str, object]:
+    """A dispatch's reservation id and the breaker's levers, as the answers carry them."""
+    return {
+        "reservation_id": str(reservation_id) if reservation_id else None,
+        "levers": {
+            "state": levers.state,
+            "max_output_tokens": levers.max_output_tokens,
+            "fallbacks": list(levers.fallbacks),
+        }
+        if levers
+        else None,
+    }
 
 
 @api.post(
@@ -536,6 +555,7 @@ def start_effect(request: WorkerRequest, run_id: str, body: EffectIn) -> Status[
             "schema_version": op.schema_version,
             "approval_id": str(started.approval_id) if started.approval_id else None,
             "dispatched": started.dispatched,
+            **_terms(started.reservation_id, started.levers),
         },
     )
 
@@ -599,6 +619,7 @@ def report_outcome(request: WorkerRequest, operation_id: str, body: OutcomeIn) -
         actual_cost_cents=body.actual_cost_cents,
         error_code=body.error_code or "",
         provider_ref=body.provider_ref.dict(exclude_none=True) if body.provider_ref is not None else None,
+        fallback_used=body.fallback_used,
     )
     return {"phase": op.phase}
 
@@ -672,7 +693,7 @@ def delivery_webhook(request: HttpRequest, source: str) -> Status[Body]:
 )
 def retry_decision(request: WorkerRequest, operation_id: str) -> Body:
     op = selectors.operation_get(tenant=request.worker.tenant, operation_id=operation_id)
-    decision, reason = retry.operation_retry_decision(op)
+    decision, reason = retry.retry_decision_now(op)
     return {
         "decision": decision,
         "reason": reason,

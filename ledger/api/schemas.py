@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import AfterValidator, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import AfterValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from ledger.api.columns import WHOLE, bounds, length
 from ledger.models import (
@@ -454,6 +454,24 @@ class EffectIn(OperationIn):
     ) = None
 
 
+class LeversOut(Schema):
+    """What the tenant's policy hands the worker while its cost breaker is THROTTLED or
+    DEGRADED (policy ``breaker.levers``): hold output to ``max_output_tokens`` (null: no
+    ceiling) and prefer ``fallbacks``, best first (e.g. cheaper model names)."""
+
+    state: Literal["THROTTLED", "DEGRADED"]
+    max_output_tokens: int | None
+    fallbacks: list[str]
+
+
+class DispatchOut(Schema):
+    phase: Phase
+    # The cost reservation this dispatch made for the attempt (null: nothing was reserved).
+    reservation_id: str | None = None
+    # The breaker's levers as this dispatch left it (null: NORMAL, or none set for its state).
+    levers: LeversOut | None = None
+
+
 class EffectOut(Schema):
     operation_id: str
     phase: Phase  # DISPATCHED: call the provider; PENDING_APPROVAL: wait for approval_id; else decided before
@@ -462,6 +480,9 @@ class EffectOut(Schema):
     approval_id: str | None  # the approval a person must decide (202), else null
     # This call dispatched it; false for a DISPATCHED an earlier call left without an outcome
     dispatched: bool
+    # When this call dispatched: the reservation it made and the breaker's levers (see DispatchOut).
+    reservation_id: str | None = None
+    levers: LeversOut | None = None
 
 
 class ProviderRefIn(In):
@@ -569,6 +590,8 @@ class OutcomeIn(In):
     provider_ref: ProviderRefIn | None = None
     actual_cost_cents: ActualCents | None = None
     error_code: Code | None = None
+    # The worker used one of the breaker's fallbacks (dispatch's levers) for this attempt.
+    fallback_used: StrictBool | None = None
 
 
 class RetryDecisionOut(Schema):

@@ -203,7 +203,8 @@ class CostShard(Versioned):
 
 class CostReservation(Versioned):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="cost_reservations")
+    # Found through reservation_tenant_created (tenant, created_at), not an index of its own.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="cost_reservations", db_index=False)
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="cost_reservations")
     # Found through reservation_one_per_attempt (operation, attempt), not an index of its own:
     # every dispatch in authority mode writes one, and each index is one more entry to write.
@@ -227,7 +228,18 @@ class CostReservation(Versioned):
         # The expiry job reads the RESERVED ones due in (expires_at, id) order a batch at a
         # time (issue 16): with the id in the index that is a walk from the front, not a sort
         # of everything due.
-        indexes = [models.Index(fields=["state", "expires_at", "id"], name="reservation_state_expiry")]
+        indexes = [
+            models.Index(fields=["state", "expires_at", "id"], name="reservation_state_expiry"),
+            # The tenant's cost report over a recent window (by provider, retries, fallbacks).
+            models.Index(fields=["tenant", "created_at"], name="reservation_tenant_created"),
+            # The cents held by UNKNOWN reservations, per tenant: the few UNKNOWN rows only.
+            models.Index(
+                "tenant",
+                name="reservation_tenant_unknown",
+                include=["estimated_cents"],
+                condition=Q(state=ReservationState.UNKNOWN),
+            ),
+        ]
 
 
 class FlowSlot(Versioned):
@@ -245,6 +257,7 @@ class FlowSlot(Versioned):
     operation = models.ForeignKey(
         Operation, on_delete=models.PROTECT, null=True, blank=True, related_name="flow_slots", db_index=False
     )
+    # When the place was last taken (kept once it is given back: idle keys are pruned by it).
     taken_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -44,6 +44,15 @@ class Event(Versioned):
                 condition=Q(type="STALE_TOKEN_REJECTED"),
                 name="event_stale_recent",
             ),
+            # Denials by reason over a recent window (the tenant page's and /metrics' report,
+            # ledger/observability/cost_report.py): events are never updated, so this costs
+            # a denial one entry and every other event none.
+            models.Index(
+                fields=["occurred_at"],
+                include=["run"],
+                condition=Q(type="OPERATION_DENIED"),
+                name="event_denied_recent",
+            ),
             # The verifier's pass over the payloads a chain commits to by digest.
             models.Index(fields=["run", "seq"], condition=Q(schema_version=2), name="event_payload_refs"),
         ]

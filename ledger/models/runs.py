@@ -352,6 +352,9 @@ class Operation(Versioned):
     # The reconciler an UNKNOWN of this operation is looked up with, chosen at intent from
     # the tool contract or the provider (blank: none; its UNKNOWN goes to people).
     reconciler = models.CharField(max_length=100, blank=True, default="")
+    # The worker's outcome said it used one of the breaker's fallbacks for this attempt
+    # (policy breaker.levers): True / False as reported, null when it said nothing.
+    fallback_used = models.BooleanField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -35,6 +35,7 @@ from ledger.models import (
     WorkerBoot,
     WorkerDrain,
 )
+from ledger.observability.cost_report import REPORT_WINDOW, lever_reports
 from ledger.observability.totals import TOTALS, run_totals_read
 from ledger.states import BreakerState, InstanceState, ResourceState, RunStatus
 
@@ -379,6 +380,68 @@ def flow_in_flight(scrape: Scrape) -> Iterator[Metric]:
     )
 
 
+def levers(scrape: Scrape) -> Iterator[Metric]:
+    """What the cost breaker's levers did over the last hour (``ledger/observability/cost_report.py``):
+    cost by provider, UNKNOWN cents, retry cost, fallback rate and denials by reason."""
+    reports = {
+        scrape.tenants[pk]: r
+        for pk, r in lever_reports(since=scrape.now - REPORT_WINDOW).items()
+        if pk in scrape.tenants
+    }
+    window = "over the last hour"
+    yield gauge(
+        "fenceline_cost_by_provider_cents",
+        f"Cents of the dispatches reserved {window}, by provider and reservation state (settled, reserved, unknown)",
+        ["tenant", "provider", "state"],
+        [
+            (slug, p.provider, state, value)
+            for slug, r in reports.items()
+            for p in r.providers
+            for state, value in (
+                ("settled", p.settled_cents),
+                ("reserved", p.reserved_cents),
+                ("unknown", p.unknown_cents),
+            )
+        ],
+    )
+    yield gauge(
+        "fenceline_unknown_reserved_cents",
+        "Cents held by the tenant's UNKNOWN cost reservations (whenever made), until reconciled",
+        ["tenant"],
+        [(slug, r.unknown_reserved_cents) for slug, r in reports.items()],
+    )
+    yield gauge(
+        "fenceline_retry_cost_cents",
+        f"Cents settled or still held by attempts 2 and later, dispatched {window}",
+        ["tenant"],
+        [(slug, r.retry_cents) for slug, r in reports.items()],
+    )
+    yield gauge(
+        "fenceline_reserved_dispatches",
+        f"Dispatches that reserved cost {window} (the fallback rate's denominator)",
+        ["tenant"],
+        [(slug, r.dispatches) for slug, r in reports.items()],
+    )
+    yield gauge(
+        "fenceline_fallback_dispatches",
+        f"Of those, dispatches whose worker reported fallback_used: true {window}",
+        ["tenant"],
+        [(slug, r.fallback_dispatches) for slug, r in reports.items()],
+    )
+    yield gauge(
+        "fenceline_fallback_rate",
+        f"fallback_dispatches / reserved_dispatches {window}",
+        ["tenant"],
+        [(slug, r.fallback_rate) for slug, r in reports.items() if r.fallback_rate is not None],
+    )
+    yield gauge(
+        "fenceline_denials",
+        f"Operations DENIED {window}, by decision code (DENY_BUDGET, DENY_POLICY, ...)",
+        ["tenant", "reason"],
+        [(slug, code, n) for slug, r in reports.items() for code, n in r.denials.items()],
+    )
+
+
 class DatabaseMetrics(DatabaseCollector):
     """The ledger's families."""
 
@@ -389,6 +452,7 @@ class DatabaseMetrics(DatabaseCollector):
         leases_and_instances,
         cost_windows,
         flow_in_flight,
+        levers,
         credential_leases,
         resources,
         workers,

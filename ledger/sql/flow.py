@@ -120,3 +120,56 @@ def bucket_wait_s(*, tenant_id: object, key: str, burst: int, shards: int, per_s
     values = [Int8(burst), Int8(shards), Float8(per_s), Int8(0), tenant_id, key]
     row = execute(_bucket_wait_sql(), values).fetchone()
     return max(float(row[0]), 0.0) if row and row[0] is not None else 0.0
+
+
+# The flow keys an intent names (``key:<flow_key>``): one set of rows per distinct value, so
+# the idle ones are pruned (``ledger.services.authority.flow.flow_keys_prune``).
+INTENT_KEYS = "key:%"
+
+
+@cache
+def _slots_prune_sql() -> str:
+    slots = _table(FlowSlot)
+    # A key is idle when none of its places is held or was taken since the cutoff; its free
+    # places are removed (a dispatch locking one is passed over, and keeps it). Removing a free
+    # place never lets a key hold more than its limit: slots_open makes the missing ones again.
+    return (
+        f"DELETE FROM {slots} s WHERE s.operation_id IS NULL AND s.id IN ("
+        f"SELECT f.id FROM {slots} f WHERE f.key LIKE %s AND f.operation_id IS NULL "
+        "AND (f.taken_at IS NULL OR f.taken_at < %s) "
+        f"AND NOT EXISTS (SELECT 1 FROM {slots} g WHERE g.tenant_id = f.tenant_id AND g.key = f.key "
+        "AND (g.operation_id IS NOT NULL OR g.taken_at >= %s)) "
+        "ORDER BY f.id LIMIT %s FOR UPDATE SKIP LOCKED)"
+    )
+
+
+def slots_prune(*, cutoff: datetime, batch: int) -> int:
+    """Remove up to ``batch`` places of idle intent-named keys (none held, none taken since
+    ``cutoff``); how many were removed."""
+    return execute(_slots_prune_sql(), [INTENT_KEYS, cutoff, cutoff, Int8(batch)]).rowcount
+
+
+@cache
+def _buckets_prune_sql() -> str:
+    buckets = _table(FlowBucket)
+    # A shard untouched since the cutoff is full (the caller's cutoff is at least the time a
+    # shard takes to fill): removing it gives nothing back that buckets_open would not.
+    return (
+        f"DELETE FROM {buckets} b WHERE b.refilled_at < %s AND b.id IN ("
+        f"SELECT f.id FROM {buckets} f WHERE f.tenant_id = %s AND f.key LIKE %s AND f.refilled_at < %s "
+        "ORDER BY f.id LIMIT %s FOR UPDATE SKIP LOCKED)"
+    )
+
+
+def buckets_prune(*, tenant_id: object, cutoff: datetime, batch: int) -> int:
+    """Remove up to ``batch`` shards of ``tenant_id``'s intent-named keys not taken from since
+    ``cutoff``; how many were removed."""
+    return execute(_buckets_prune_sql(), [cutoff, tenant_id, INTENT_KEYS, cutoff, Int8(batch)]).rowcount
+
+
+def bucket_tenants() -> list[int]:
+    """The tenants with a shard of an intent-named key."""
+    return [
+        int(pk)
+        for pk in FlowBucket.objects.filter(key__startswith="key:").values_list("tenant_id", flat=True).distinct()
+    ]

@@ -42,6 +42,8 @@ def test_one_call_intends_authorizes_and_dispatches(leased):
         "schema_version": op.schema_version,
         "approval_id": None,
         "dispatched": True,
+        "reservation_id": None,  # no estimate and no cost limit: nothing reserved
+        "levers": None,  # the breaker is NORMAL
     }
     assert (op.phase, op.fencing_token) == ("DISPATCHED", 1)
     assert transitions(run_id) == ["OPERATION_PLANNED", "OPERATION_AUTHORIZED", "OPERATION_DISPATCHED"]
@@ -244,6 +246,8 @@ def test_an_effect_that_needs_a_person_waits_then_the_same_call_dispatches(acme,
         "schema_version": op.schema_version,
         "approval_id": asked.body["approval_id"],
         "dispatched": False,
+        "reservation_id": None,
+        "levers": None,
     }
     again = start(client, run_id, "pay:2", **PAYMENT)
     assert (again.status, again.body["approval_id"]) == (202, asked.body["approval_id"])  # no second request

@@ -69,14 +69,27 @@ export type Done = {
   errorCode?: string;
   /** The provider's record, `{id, provider?}`: beside or instead of providerRequestId. */
   providerRef?: { id: string; provider?: string };
+  /** This attempt used one of the breaker's fallbacks (`Effect.levers`); left out: not said. */
+  fallbackUsed?: boolean;
 };
 
-/** Where `effectStart` left an operation: its phase and, while a person must decide, the approval. */
+/**
+ * What the tenant's policy hands a dispatch while its cost breaker is THROTTLED or DEGRADED:
+ * an output ceiling (`max_output_tokens`, null: none) and `fallbacks` (e.g. cheaper models), best first.
+ */
+export type Levers = Schemas["LeversOut"];
+
+/**
+ * Where `effectStart` left an operation: its phase and, while a person must decide, the approval.
+ * When the call dispatched it: the cost reservation it made and the breaker's levers (null: none).
+ */
 export type Effect = {
   operationId: string;
   phase: string;
   approvalId: string | null;
   credentialLeaseId: string | null;
+  reservationId?: string | null;
+  levers?: Levers | null;
 };
 
 export type ClientOptions = {
@@ -636,7 +649,14 @@ export class Lease {
       options,
     );
     const effect = this.client.readable(started.data as Schemas["EffectOut"], "operation");
-    return { operationId: effect.operation_id, phase: effect.phase, approvalId: effect.approval_id, credentialLeaseId };
+    return {
+      operationId: effect.operation_id,
+      phase: effect.phase,
+      approvalId: effect.approval_id,
+      credentialLeaseId,
+      reservationId: effect.reservation_id ?? null,
+      levers: effect.levers ?? null,
+    };
   }
 
   #authorize(operationId: string, credentialLeaseId: string | null, options?: CallOptions) {
@@ -652,14 +672,15 @@ export class Lease {
     );
   }
 
-  async #dispatch(operationId: string, options?: CallOptions): Promise<void> {
+  async #dispatch(operationId: string, options?: CallOptions): Promise<Schemas["DispatchOut"]> {
     const path = { operation_id: operationId };
-    await this.fenced(
+    const dispatched = await this.fenced(
       "dispatch",
       (fencing_token, signal) =>
         this.client.api.POST("/api/v1/operations/{operation_id}/dispatch", { params: { path }, body: { fencing_token }, signal }),
       options,
     );
+    return dispatched.data as Schemas["DispatchOut"];
   }
 
   /**
@@ -679,8 +700,14 @@ export class Lease {
       const decided = await this.client.getApproval(effect.approvalId, options);
       if (decided.status === "APPROVED") {
         await this.#authorize(effect.operationId, effect.credentialLeaseId, options);
-        await this.#dispatch(effect.operationId, options);
-        return { ...effect, phase: "DISPATCHED", approvalId: null };
+        const dispatched = await this.#dispatch(effect.operationId, options);
+        return {
+          ...effect,
+          phase: "DISPATCHED",
+          approvalId: null,
+          reservationId: dispatched.reservation_id ?? null,
+          levers: dispatched.levers ?? null,
+        };
       }
       if (["DENIED", "EXPIRED", "VOID"].includes(decided.status)) {
         const detail = decided.reason || decided.status.toLowerCase();
@@ -701,6 +728,7 @@ export class Lease {
         if (done.providerRef !== undefined) body.provider_ref = done.providerRef;
         if (done.actualCostCents !== undefined) body.actual_cost_cents = done.actualCostCents;
         if (done.errorCode) body.error_code = done.errorCode;
+        if (done.fallbackUsed !== undefined) body.fallback_used = done.fallbackUsed;
         return this.client.api.POST("/api/v1/operations/{operation_id}/outcome", { params: { path }, body, signal });
       },
       options,

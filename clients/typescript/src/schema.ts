@@ -119,7 +119,9 @@ export interface paths {
          * Dispatch Operation
          * @description AUTHORIZED -> DISPATCHED after every check of authorize passes again under the current
          *     policy, and one capability call and the worst-case cost are reserved. Only after a 200
-         *     here may the worker call the provider. 403 when authorization no longer holds.
+         *     here may the worker call the provider. 403 when authorization no longer holds. The answer
+         *     carries the cost reservation made (`reservation_id`) and, while the tenant's cost breaker
+         *     is THROTTLED or DEGRADED, the policy's `levers`: an output ceiling and fallbacks.
          */
         post: operations["ledger_api_dispatch_operation"];
         delete?: never;
@@ -987,6 +989,13 @@ export interface components {
              */
             status: "DELIVERED" | "BOUNCED" | "DEFERRED";
         };
+        /** DispatchOut */
+        DispatchOut: {
+            levers?: components["schemas"]["LeversOut"] | null;
+            phase: components["schemas"]["Phase"];
+            /** Reservation Id */
+            reservation_id?: string | null;
+        };
         /** DomainReadiness */
         DomainReadiness: {
             /**
@@ -1062,9 +1071,12 @@ export interface components {
             attempt: number;
             /** Dispatched */
             dispatched: boolean;
+            levers?: components["schemas"]["LeversOut"] | null;
             /** Operation Id */
             operation_id: string;
             phase: components["schemas"]["Phase"];
+            /** Reservation Id */
+            reservation_id?: string | null;
             /** Schema Version */
             schema_version: number;
         };
@@ -1268,6 +1280,23 @@ export interface components {
             /** Run Status */
             run_status: string;
         };
+        /**
+         * LeversOut
+         * @description What the tenant's policy hands the worker while its cost breaker is THROTTLED or
+         *     DEGRADED (policy ``breaker.levers``): hold output to ``max_output_tokens`` (null: no
+         *     ceiling) and prefer ``fallbacks``, best first (e.g. cheaper model names).
+         */
+        LeversOut: {
+            /** Fallbacks */
+            fallbacks: string[];
+            /** Max Output Tokens */
+            max_output_tokens: number | null;
+            /**
+             * State
+             * @enum {string}
+             */
+            state: "THROTTLED" | "DEGRADED";
+        };
         /** OperationCreatedOut */
         OperationCreatedOut: {
             /** Operation Id */
@@ -1371,6 +1400,8 @@ export interface components {
             actual_cost_cents?: number | null;
             /** Error Code */
             error_code?: string | null;
+            /** Fallback Used */
+            fallback_used?: boolean | null;
             /** Fencing Token */
             fencing_token: number;
             /**
@@ -2072,7 +2103,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["PhaseOut"];
+                    "application/json": components["schemas"]["DispatchOut"];
                 };
             };
             /** @description Bad Request */

@@ -1,11 +1,14 @@
 """`manage.py retention [--dry-run]`: remove what the diagnostic plane kept past its
-retention (also the beat job apply-retention). `manage.py retention --tenant T --days
+retention, then the flow-control rows of idle intent-named keys (also the beat job
+apply-retention). `manage.py retention --tenant T --days
 CLASS=N ... [--user-content yes|no] --by NAME --reason ...`: a person sets the tenant's
 retention per class and whether it accepts user content."""
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from ledger.errors import DomainError
+from ledger.services.authority.flow import flow_keys_prune
 from ledger.services.evidence.retention import Due, retention_apply
 from ledger.services.tenancy.tenants import tenant_planes_set
 
@@ -50,6 +53,10 @@ class Command(BaseCommand):
             self.stdout.write(f"dry run: {sum(d.count for d in result.due):,} items due, none removed")
         else:
             self.stdout.write(f"removed {result.removed:,} items by retention")
+            pruned = flow_keys_prune(now=timezone.now(), batch=batch if isinstance(batch, int) else None)
+            self.stdout.write(
+                f"pruned {pruned.places:,} places and {pruned.shards:,} bucket shards of idle intent-named flow keys"
+            )
 
     def _configure(self, options: dict[str, object]) -> None:
         if not options["by"] or not options["reason"]:

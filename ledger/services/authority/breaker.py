@@ -21,6 +21,7 @@ transaction; a change is a conditional UPDATE of the tenant row and a BREAKER_CH
 event in the chain of the run whose action caused it.
 """
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +30,7 @@ from django.utils import timezone
 
 from ledger.errors import Denied
 from ledger.models import RUN_IN_FLIGHT, CostReservation, CostWindow, Operation, Run, Tenant
-from ledger.policy import contract_for
+from ledger.policy import contract_for, levers_of
 from ledger.services.authority.windows import window_bounds
 from ledger.services.evidence.append import ChainBatch
 from ledger.states import BreakerState, BudgetKind, EffectClass, Phase, ReservationState
@@ -222,3 +223,31 @@ def breaker_allows(
 
 def _breaker_refusal(detail: str) -> Denied:
     return Denied("DENY_BUDGET", detail, budget="tenant:breaker")
+
+
+@dataclass(frozen=True)
+class Levers:
+    """What a dispatch hands the worker while the tenant's breaker is THROTTLED or DEGRADED
+    (policy ``breaker.levers``): an output ceiling and cheaper choices, best first."""
+
+    state: str
+    max_output_tokens: int | None
+    fallbacks: tuple[str, ...]
+
+
+def breaker_levers(*, policy: dict[str, Any], state: str) -> Levers | None:
+    """The levers ``policy`` sets for the breaker ``state``, or None (NORMAL, OPEN, UNKNOWN,
+    or a state the policy sets none for)."""
+    lever = levers_of(policy, state)
+    if lever is None:
+        return None
+    return Levers(state=state, max_output_tokens=lever["max_output_tokens"], fallbacks=tuple(lever["fallbacks"]))
+
+
+def breaker_after_dispatch(*, tenant: Tenant, seen: tuple[str, str, datetime | None] | None, now: datetime) -> str:
+    """The breaker's state once a dispatch's reservation is in: the one the reservation moved
+    it to (``breaker_update`` changed the tenant row in this transaction, at ``now``), else
+    the one stored when the run was locked (``seen``), else the tenant object's."""
+    if tenant.breaker_changed_at == now or seen is None:
+        return str(tenant.breaker_state)
+    return seen[0]

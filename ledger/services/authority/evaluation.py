@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.errors import Denied, parse_id
-from ledger.models import CapabilityBudget, Credential, CredentialLease, Operation
+from ledger.models import CapabilityBudget, CostReservation, Credential, CredentialLease, Operation
 from ledger.policy import allows, contract_for, needs_human
 from ledger.services.authority.breaker import breaker_allows
 from ledger.services.authority.policy import policy_now
@@ -133,12 +133,12 @@ def _check_capability(op: Operation, ctx: Fenced, policy: dict[str, Any], ground
     raise Denied("DENY_BUDGET", f"the run's capability for {op.tool} has no {spent} left", budget=f"capability:{spent}")
 
 
-def reserve(*, op: Operation, ctx: Fenced, grounds: Grounds) -> None:
+def reserve(*, op: Operation, ctx: Fenced, grounds: Grounds) -> CostReservation | None:
     """At dispatch: one call (and bytes) of the capability and the worst-case cost on every
     budget key, all or nothing (``cost_reserve``), then the approval, conditional: a
-    refusal leaves nothing reserved."""
+    refusal leaves nothing reserved. Returns the cost reservation (None: nothing to reserve)."""
     breaker = ctx.tenant.breaker if ctx.tenant is not None else None
-    cost_reserve(
+    reservation = cost_reserve(
         op=op,
         run=ctx.run,
         policy=grounds.policy,
@@ -151,3 +151,4 @@ def reserve(*, op: Operation, ctx: Fenced, grounds: Grounds) -> None:
     )
     if grounds.approval is not None:
         queues().approval_use(approval=grounds.approval, run=ctx.run, batch=ctx.batch, actor=ctx.actor)
+    return reservation

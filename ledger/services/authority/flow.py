@@ -33,8 +33,10 @@ places before tokens, after the cost reservation: every dispatch locks in the sa
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -44,6 +46,7 @@ from ledger.errors import Throttled
 from ledger.models import Operation, Tenant
 from ledger.observability import metrics
 from ledger.policy import PolicyDocument, flow_key_kind, flow_limits_of
+from ledger.services.authority.policy import policy_current
 from ledger.services.authority.windows import run_shard_hash
 from ledger.sql import flow as sql_flow
 from ledger.versioning import CURRENT_SCHEMA_VERSION
@@ -175,3 +178,48 @@ def _token(op: Operation, tenant: Tenant, limit: FlowLimit) -> bool:
 def _throttled(tenant: Tenant, limit: FlowLimit, which: str, retry_after_s: int, detail: str) -> Throttled:
     metrics.FLOW_THROTTLED.labels(tenant.slug, limit.kind, which).inc()
     return Throttled(detail, retry_after_s=retry_after_s, key=limit.key, limit=which)
+
+
+@dataclass(frozen=True)
+class Pruned:
+    places: int = 0
+    shards: int = 0
+
+
+def flow_keys_prune(*, now: datetime, idle_s: int | None = None, batch: int | None = None) -> Pruned:
+    """Remove the flow-control rows of intent-named keys (``key:<flow_key>``: one set per
+    distinct value, created on first use) idle for ``idle_s`` (FENCELINE["FLOW_KEY_IDLE_S"]):
+    a concurrency key's places when none is held or was taken since, a rate key's shards
+    not taken from since (and never before they are full again under the tenant's current
+    ``key:*`` rate, so a key used again starts as it would have). In bounded batches, each
+    its own transaction, passing over rows a dispatch holds; running it again removes
+    nothing more. The retention job's second step (``manage.py retention``)."""
+    idle = timedelta(seconds=idle_s if idle_s is not None else settings.FENCELINE["FLOW_KEY_IDLE_S"])
+    size = batch or settings.FENCELINE["RETENTION_BATCH_SIZE"]
+    places = _in_batches(partial(sql_flow.slots_prune, cutoff=now - idle, batch=size), size)
+    shards = 0
+    for tenant_id in sql_flow.bucket_tenants():
+        cutoff = now - max(idle, _refill_time(Tenant.objects.get(pk=tenant_id)))
+        shards += _in_batches(partial(sql_flow.buckets_prune, tenant_id=tenant_id, cutoff=cutoff, batch=size), size)
+    return Pruned(places=places, shards=shards)
+
+
+def _refill_time(tenant: Tenant) -> timedelta:
+    """The longest an intent-named key's shard takes to fill again under the tenant's
+    current rate limits (burst plus a token per shard, at per_s)."""
+    _, rates = flow_limits_of(policy_current(tenant=tenant)[1])
+    slowest = 0.0
+    for key, rate in rates.items():
+        if key.startswith("key:"):
+            slowest = max(slowest, (rate["burst"] + settings.FENCELINE["FLOW_BUCKET_SHARDS"]) / rate["per_s"])
+    return timedelta(seconds=math.ceil(slowest))
+
+
+def _in_batches(step: Callable[[], int], size: int) -> int:
+    removed = 0
+    while True:
+        with transaction.atomic():
+            n = step()
+        removed += n
+        if n < size:
+            return removed

@@ -23,6 +23,7 @@ LOGGED_CHANGES = {
     "provider_ref": "provider_ref",
     "actual_cost_cents": "actual_cost_cents",
     "error_code": "error_code",
+    "fallback_used": "fallback_used",
 }
 
 

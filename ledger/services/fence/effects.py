@@ -32,8 +32,9 @@ from django.db import transaction
 
 from ledger.errors import ApprovalRequired, DomainError
 from ledger.models import Operation, Worker
+from ledger.services.authority.breaker import Levers
 from ledger.services.core.intent import Intent
-from ledger.services.fence.operations import operation_authorize, operation_dispatch, operation_intend
+from ledger.services.fence.operations import operation_authorize, operation_dispatch_terms, operation_intend
 from ledger.states import Phase
 
 # The phases an operation is authorized from by this call.
@@ -53,6 +54,9 @@ class Started:
     # This call dispatched it (False for an operation an earlier call dispatched and that no
     # outcome has moved since: the caller cannot know whether the effect happened).
     dispatched: bool = False
+    # What this call's dispatch reserved and the breaker's levers (``operations.Dispatched``).
+    reservation_id: uuid.UUID | None = None
+    levers: Levers | None = None
 
 
 def operation_start(
@@ -107,5 +111,8 @@ def _start(
             return Started(op, Phase.PENDING_APPROVAL, created, uuid.UUID(str(asked.approval_id)))
     if op.phase != Phase.AUTHORIZED:
         return Started(op, Phase(op.phase), created)
-    op = operation_dispatch(worker=worker, operation_id=op.pk, fencing_token=fencing_token)
-    return Started(op, Phase(op.phase), created, dispatched=True)
+    terms = operation_dispatch_terms(worker=worker, operation_id=op.pk, fencing_token=fencing_token)
+    op = terms.operation
+    return Started(
+        op, Phase(op.phase), created, dispatched=True, reservation_id=terms.reservation_id, levers=terms.levers
+    )

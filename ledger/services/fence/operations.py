@@ -6,7 +6,8 @@ the fence (run and lease rows locked), and appends exactly one event to the run'
 ``retry.py``, the move to UNKNOWN in ``unknown.py``.
 """
 
-from dataclasses import asdict
+import uuid
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from django.db import IntegrityError
@@ -17,6 +18,7 @@ from ledger.models import Operation, Run, Tenant, Worker
 from ledger.observability import metrics
 from ledger.observability.tracing import current_trace_id
 from ledger.services.authority import evaluation, flow
+from ledger.services.authority.breaker import Levers, breaker_after_dispatch, breaker_levers
 from ledger.services.core.fencing import Fenced, decided, effects_held, fenced, worker_refused
 from ledger.services.core.handoff import queues
 from ledger.services.core.intent import Intent
@@ -253,17 +255,35 @@ def _allow(op: Operation, ctx: Fenced, grounds: evaluation.Grounds) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Dispatched:
+    """What a dispatch hands the worker: the operation, the cost reservation it made for this
+    attempt (None: nothing was reserved), and the breaker's levers while it is THROTTLED or
+    DEGRADED (policy ``breaker.levers``; None otherwise)."""
+
+    operation: Operation
+    reservation_id: uuid.UUID | None = None
+    levers: Levers | None = None
+
+
 def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: int) -> Operation:
+    """:func:`operation_dispatch_terms`, answering the operation only."""
+    return operation_dispatch_terms(worker=worker, operation_id=operation_id, fencing_token=fencing_token).operation
+
+
+def operation_dispatch_terms(*, worker: Worker, operation_id: object, fencing_token: int) -> Dispatched:
     """AUTHORIZED -> DISPATCHED after every authorize check passes again under the current
     policy and the reservations hold. Only after this succeeds may the worker call the
     provider. A refusal moves the operation to DENIED (and reserves nothing); a flow limit
     without room (409 THROTTLED, ``ledger.services.authority.flow``) records nothing and
     leaves it AUTHORIZED, to be dispatched again after ``retry_after_s``. A DRAINING
     worker dispatches nothing new (409 WORKER_DRAINING): the operation stays AUTHORIZED for
-    the replacement, under the same idempotency key."""
+    the replacement, under the same idempotency key. Answers the reservation made and the
+    breaker's levers as the reservation left the breaker."""
     if worker.status == WorkerStatus.DRAINING:
         raise worker_refused(worker, "dispatches nothing new")
     op_id = parse_id(operation_id, "operation")
+    terms: list[Dispatched] = []
 
     def write(ctx: Fenced) -> tuple[Operation, DomainError | None]:
         effects_held(ctx)
@@ -271,35 +291,13 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
         if op.phase != Phase.AUTHORIZED:
             raise WrongPhase(phase=op.phase, wanted=Phase.AUTHORIZED)
         try:
-            grounds = evaluation.evaluate(op=op, ctx=ctx, at_dispatch=True)  # reads only
-            if grounds.needs_approval:
-                raise Denied("DENY_POLICY", "the approval this operation needs is missing, used, expired or void")
-            # All or nothing: a refusal while reserving leaves nothing reserved.
-            evaluation.reserve(op=op, ctx=ctx, grounds=grounds)
-            # Flow control: THROTTLED rolls this transaction back (the reservation too) and
-            # leaves the operation AUTHORIZED, to be dispatched again later.
-            flow.flow_take(op=op, tenant=ctx.run.tenant, policy=grounds.policy, now=ctx.now)
-            transition(
-                op,
-                Phase.DISPATCHED,
-                ctx,
-                dispatched_at=ctx.now,
-                fencing_token=ctx.fencing_token,
-                dispatch_owner_id=ctx.lease.owner_id,
-                policy_version_at_dispatch=grounds.policy_version,
-                credential_version_at_dispatch=grounds.lease.version if grounds.lease else None,
-                event_fields={
-                    "policy_version": grounds.policy_version,
-                    **_digest_field(ctx, grounds.policy_version),
-                    "credential_version": grounds.lease.version if grounds.lease else None,
-                },
-            )
+            terms.append(_dispatch(op, ctx))
         except Denied as denial:
             op.refresh_from_db()
             return op, _deny(op, ctx, denial)
         return op, None
 
-    return decided(
+    op = decided(
         fenced(
             worker=worker,
             operation_id=op_id,
@@ -309,4 +307,41 @@ def operation_dispatch(*, worker: Worker, operation_id: object, fencing_token: i
             ending=NEW_WORK,
             capabilities=True,
         )
+    )
+    return terms[-1] if terms else Dispatched(op)
+
+
+def _dispatch(op: Operation, ctx: Fenced) -> Dispatched:
+    """Under the fence: the checks again, the reservations, the flow limits, the move to
+    DISPATCHED; then the terms the worker is handed."""
+    grounds = evaluation.evaluate(op=op, ctx=ctx, at_dispatch=True)  # reads only
+    if grounds.needs_approval:
+        raise Denied("DENY_POLICY", "the approval this operation needs is missing, used, expired or void")
+    # All or nothing: a refusal while reserving leaves nothing reserved.
+    reservation = evaluation.reserve(op=op, ctx=ctx, grounds=grounds)
+    # Flow control: THROTTLED rolls this transaction back (the reservation too) and
+    # leaves the operation AUTHORIZED, to be dispatched again later.
+    flow.flow_take(op=op, tenant=ctx.run.tenant, policy=grounds.policy, now=ctx.now)
+    transition(
+        op,
+        Phase.DISPATCHED,
+        ctx,
+        dispatched_at=ctx.now,
+        fencing_token=ctx.fencing_token,
+        dispatch_owner_id=ctx.lease.owner_id,
+        policy_version_at_dispatch=grounds.policy_version,
+        credential_version_at_dispatch=grounds.lease.version if grounds.lease else None,
+        event_fields={
+            "policy_version": grounds.policy_version,
+            **_digest_field(ctx, grounds.policy_version),
+            "credential_version": grounds.lease.version if grounds.lease else None,
+        },
+    )
+    state = breaker_after_dispatch(
+        tenant=ctx.run.tenant, seen=ctx.tenant.breaker if ctx.tenant is not None else None, now=ctx.now
+    )
+    return Dispatched(
+        op,
+        reservation_id=reservation.pk if reservation is not None else None,
+        levers=breaker_levers(policy=grounds.policy, state=state),
     )

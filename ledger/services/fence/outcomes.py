@@ -28,6 +28,7 @@ def operation_report_outcome(
     actual_cost_cents: int | None = None,
     error_code: str = "",
     provider_ref: dict[str, Any] | None = None,
+    fallback_used: bool | None = None,
 ) -> Operation:
     """DISPATCHED -> CONFIRMED / FAILED / UNKNOWN (UNKNOWN opens a reconciliation case).
 
@@ -36,7 +37,9 @@ def operation_report_outcome(
     in the representations the operation.provider_ref change writes now (``upgrades``).
     The same report sent twice returns the operation unchanged. A report carrying a
     fenced token is refused; if it names a provider request id, that id is kept on the
-    operation's reconciliation case as unverified evidence."""
+    operation's reconciliation case as unverified evidence. ``fallback_used``: the worker
+    used one of the breaker's fallbacks (policy ``breaker.levers``) for this attempt; kept
+    on the operation and in the outcome's event (None: not said)."""
     op_id = parse_id(operation_id, "operation")
     target = OUTCOME_PHASE[Outcome(outcome)]
     # The boundary first, under the names the caller sent (an id is stored and put in events).
@@ -49,7 +52,12 @@ def operation_report_outcome(
 
     def write(ctx: Fenced) -> Operation:
         return _outcome_write(
-            ctx, target=target, reported=reported, actual_cost_cents=actual_cost_cents, error_code=error_code
+            ctx,
+            target=target,
+            reported=reported,
+            actual_cost_cents=actual_cost_cents,
+            error_code=error_code,
+            fallback_used=fallback_used,
         )
 
     def on_refused(ctx: Fenced, reason: str) -> None:
@@ -73,6 +81,7 @@ def _outcome_write(
     reported: upgrades_ref.ProviderRef | None,
     actual_cost_cents: int | None,
     error_code: str,
+    fallback_used: bool | None = None,
 ) -> Operation:
     """The report under the fence: the operation DISPATCHED under this token moves to
     ``target``, its usage settling the cost reservation; the same report again returns it
@@ -99,6 +108,8 @@ def _outcome_write(
         "actual_cost_cents": actual_cost_cents,
         "error_code": error_code,
     }
+    if fallback_used is not None:
+        changes["fallback_used"] = fallback_used
     if target != Phase.UNKNOWN:
         transition(op, target, ctx, **changes)
         _settle(op, ctx, actual_cost_cents)

@@ -2,14 +2,21 @@
 attempt it allows.
 
 The decision is explainable without asking the model: it depends only on the operation's
-phase, its side-effect class and its attempt count.
+phase, its side-effect class, its attempt count and the policy's retry budget
+(``retry_budget``, ``ledger.policy``): ``automatic_attempts`` before a person must approve,
+``max_attempts`` and ``max_cost_cents`` past which a retry is refused outright (403
+DENY_BUDGET naming ``retry_budget:attempts`` or ``retry_budget:cents``; a RETRY_REFUSED
+event in the chain names the budget too).
 """
 
 from typing import Any
 
-from ledger.errors import ApprovalRequired, DomainError, NotFound, ReconcileFirst, WrongPhase, parse_id
-from ledger.models import Operation, Worker
+from django.db.models import Case, F, Sum, When
+
+from ledger.errors import ApprovalRequired, Denied, DomainError, NotFound, ReconcileFirst, WrongPhase, parse_id
+from ledger.models import CostReservation, Operation, Worker
 from ledger.observability import metrics
+from ledger.policy import STARTER_POLICY, retry_budget_of
 from ledger.services.authority.breaker import breaker_allows
 from ledger.services.authority.policy import policy_now
 from ledger.services.core.fencing import Fenced, decided, fenced
@@ -17,14 +24,16 @@ from ledger.services.core.handoff import queues
 from ledger.services.core.phases import transition
 from ledger.services.delivery.lookup import delivery_refuses_retry
 from ledger.services.fence.ending import NEW_WORK
-from ledger.states import ApprovalKind, EffectClass, Phase
+from ledger.states import ApprovalKind, EffectClass, Phase, ReservationState
 
-MAX_AUTOMATIC_ATTEMPTS = 3
+RetryBudget = dict[str, Any]
 
 
-def operation_retry_decision(op: Operation) -> tuple[str, str]:
+def operation_retry_decision(op: Operation, *, budget: RetryBudget | None = None) -> tuple[str, str]:
     """Returns ``(decision, reason)`` with decision one of STOP, RETRY, RETRY_SAME_KEY,
-    RECONCILE, APPROVAL."""
+    RECONCILE, APPROVAL, under the policy's ``budget`` (None: the starter's, three
+    automatic attempts). The budget's caps (``retry_budget_refusal``) are not asked here."""
+    automatic = (budget or STARTER_POLICY["retry_budget"])["automatic_attempts"]
     phase = Phase(op.phase)
     if phase == Phase.CONFIRMED:
         return "STOP", "the provider confirmed the effect"
@@ -38,15 +47,66 @@ def operation_retry_decision(op: Operation) -> tuple[str, str]:
         return "STOP", f"reconciled: the effect {op.reconciliation.lower().replace('_', ' ') or 'was resolved'}"
     # FAILED, or RECONCILED: decide by side-effect class and attempts spent.
     effect = EffectClass(op.effect_class)
-    if effect == EffectClass.PURE and op.attempt < MAX_AUTOMATIC_ATTEMPTS:
-        return "RETRY", f"PURE operation, attempt {op.attempt} of {MAX_AUTOMATIC_ATTEMPTS}"
-    if effect == EffectClass.IDEMPOTENT and op.attempt < MAX_AUTOMATIC_ATTEMPTS:
-        return "RETRY_SAME_KEY", f"IDEMPOTENT operation, attempt {op.attempt} of {MAX_AUTOMATIC_ATTEMPTS}"
+    if effect == EffectClass.PURE and op.attempt < automatic:
+        return "RETRY", f"PURE operation, attempt {op.attempt} of {automatic}"
+    if effect == EffectClass.IDEMPOTENT and op.attempt < automatic:
+        return "RETRY_SAME_KEY", f"IDEMPOTENT operation, attempt {op.attempt} of {automatic}"
     if effect == EffectClass.REPLAYABLE:
         return "RECONCILE", "REPLAYABLE operation: check the durable record before repeating"
     if effect in (EffectClass.PURE, EffectClass.IDEMPOTENT):
-        return "APPROVAL", f"{MAX_AUTOMATIC_ATTEMPTS} attempts spent"
+        return "APPROVAL", f"{automatic} automatic attempts spent"
     return "APPROVAL", f"{effect} operation: repeating needs a human decision"
+
+
+def attempts_cost_cents(op: Operation) -> int:
+    """What ``op``'s attempts have cost so far: the settled actuals, and the estimates still
+    reserved or UNKNOWN (a released reservation cost nothing). Read through the unique
+    index of (operation, attempt)."""
+    total = CostReservation.objects.filter(operation=op).aggregate(
+        cents=Sum(
+            Case(
+                When(state=ReservationState.SETTLED, then=F("actual_cents")),
+                When(state__in=(ReservationState.RESERVED, ReservationState.UNKNOWN), then=F("estimated_cents")),
+                default=0,
+            )
+        )
+    )["cents"]
+    return int(total or 0)
+
+
+def retry_budget_refusal(op: Operation, budget: RetryBudget) -> Denied | None:
+    """The refusal of another attempt of ``op`` past the policy's caps, or None: its
+    ``max_attempts`` (the next attempt would be beyond it) or its ``max_cost_cents`` (the
+    attempts so far have cost that much). The refusal names the budget."""
+    most = budget["max_attempts"]
+    if most is not None and op.attempt >= most:
+        return Denied(
+            "DENY_BUDGET",
+            f"the retry budget allows {most} attempt(s) of an operation; attempt {op.attempt} was the last",
+            budget="retry_budget:attempts",
+        )
+    cap = budget["max_cost_cents"]
+    if cap is not None:
+        spent = attempts_cost_cents(op)
+        if spent >= cap:
+            return Denied(
+                "DENY_BUDGET",
+                f"the retry budget allows {cap} cents over an operation's attempts; its {op.attempt} cost {spent}",
+                budget="retry_budget:cents",
+            )
+    return None
+
+
+def retry_decision_now(op: Operation) -> tuple[str, str]:
+    """``GET /operations/{id}/retry-decision``: the decision under the tenant's current
+    policy; a retry the budget's caps refuse is STOP, with the budget named in the reason."""
+    budget = retry_budget_of(policy_now(tenant=op.tenant).document)
+    decision, reason = operation_retry_decision(op, budget=budget)
+    if decision in ("RETRY", "RETRY_SAME_KEY", "APPROVAL"):
+        refusal = retry_budget_refusal(op, budget)
+        if refusal is not None:
+            return "STOP", f"{refusal.extra['budget']}: {refusal.detail}"
+    return decision, reason
 
 
 def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int) -> Operation:
@@ -62,11 +122,14 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
         op = ctx.operation
         if op is None:
             raise NotFound("operation not found")
-        decision, reason = operation_retry_decision(op)
         now = policy_now(tenant=ctx.run.tenant, seen=ctx.tenant)
         policy = now.document
-        refusal = _refusal(op, decision, reason) or breaker_allows(
-            tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=True, stored=now.breaker
+        budget = retry_budget_of(policy)
+        decision, reason = operation_retry_decision(op, budget=budget)
+        refusal = (
+            _refusal(op, decision, reason)
+            or retry_budget_refusal(op, budget)
+            or breaker_allows(tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=True, stored=now.breaker)
         )
         if refusal is not None:
             _record_refusal(op, ctx, decision=decision, refusal=refusal)
@@ -103,8 +166,8 @@ def _refusal(op: Operation, decision: str, reason: str) -> DomainError | None:
 
 
 def _record_refusal(op: Operation, ctx: Fenced, *, decision: str, refusal: DomainError) -> None:
-    """A refused retry is an event in the run's chain: RETRY_REFUSED with the code and why
-    (the fence commits it, then the refusal is raised)."""
+    """A refused retry is an event in the run's chain: RETRY_REFUSED with the code, why, and
+    the budget that refused it if one did (the fence commits it, then the refusal is raised)."""
     ctx.batch.append(
         ctx.run,
         "RETRY_REFUSED",
@@ -116,6 +179,7 @@ def _record_refusal(op: Operation, ctx: Fenced, *, decision: str, refusal: Domai
             "decision": decision,
             "code": refusal.code,
             "reason": refusal.detail,
+            "budget": str(refusal.extra.get("budget") or ""),
         },
     )
 
@@ -159,4 +223,5 @@ def _next_attempt(op: Operation, ctx: Fenced, *, reason: str) -> None:
         error_code="",
         reconciliation="",
         decision_code="",
+        fallback_used=None,
     )

@@ -561,12 +561,40 @@ class Done:
     # The provider's record as {"id": ..., "provider": ...} (provider optional: the
     # operation's own); sent beside or instead of provider_request_id.
     provider_ref: dict[str, str] | None = None
+    # This attempt used one of the breaker's fallbacks (``Effect.levers``): True / False;
+    # None says nothing (the tenant's fallback rate counts only what is said).
+    fallback_used: bool | None = None
+
+
+@dataclass(frozen=True)
+class Levers:
+    """What the tenant's policy hands a dispatch while its cost breaker is THROTTLED or
+    DEGRADED: hold the output to ``max_output_tokens`` (None: no ceiling) and prefer
+    ``fallbacks`` (e.g. cheaper model names), best first."""
+
+    state: str
+    max_output_tokens: int | None = None
+    fallbacks: tuple[str, ...] = ()
+
+    @classmethod
+    def from_answer(cls, answer: object) -> Levers | None:
+        """From a dispatch answer's ``levers`` (None when it carries none)."""
+        if not isinstance(answer, dict):
+            return None
+        ceiling = answer.get("max_output_tokens")
+        return cls(
+            state=str(answer.get("state", "")),
+            max_output_tokens=int(ceiling) if ceiling is not None else None,
+            fallbacks=tuple(str(f) for f in answer.get("fallbacks") or ()),
+        )
 
 
 @dataclass(frozen=True)
 class Effect:
     """Where ``Lease.effect_start`` left an operation: its id, its phase and, while a person
-    must decide, the approval to wait for."""
+    must decide, the approval to wait for. When this call dispatched it: the cost
+    reservation the dispatch made (``reservation_id``) and the breaker's ``levers`` (None
+    while the breaker is NORMAL, or the policy sets none for its state)."""
 
     operation_id: str
     phase: str
@@ -575,6 +603,8 @@ class Effect:
     # This call dispatched it. False for a DISPATCHED that an earlier attempt under the same key
     # left without an outcome: whether that effect happened is not known.
     dispatched: bool = False
+    reservation_id: str | None = None
+    levers: Levers | None = None
 
 
 class Client:
@@ -759,6 +789,9 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ended = False
+        # The breaker's levers the last dispatch through ``operation`` handed over (None: none):
+        # ``perform`` reads them to hold its output or take a fallback.
+        self.levers: Levers | None = None
 
     # -- lifetime --
 
@@ -868,7 +901,8 @@ class Lease:
     ) -> dict[str, Any]:
         """Intent, authorize and dispatch in one call (waiting for a person's approval when
         one is needed) -> ``perform()`` -> outcome: two calls when nothing waits for a
-        person. The idempotency key is the caller's and stays
+        person. While ``perform`` runs, ``self.levers`` holds the breaker's levers its
+        dispatch handed over (None: none); ``Done(fallback_used=...)`` says whether it took one. The idempotency key is the caller's and stays
         the same on every retry, so a replacement worker replays the same operation. If
         ``perform`` raises, the outcome is reported UNKNOWN (nobody knows whether the effect
         happened) and the exception propagates. ``effect_class`` may be left out where the
@@ -887,6 +921,7 @@ class Lease:
             started = self.effect_await_approval(started, timeout_s=approval_timeout_s, poll_s=poll_s)
         if started.phase != "DISPATCHED":
             return {"operation_id": started.operation_id, "phase": started.phase}  # decided by an earlier attempt
+        self.levers = started.levers
         try:
             done = perform()
         except BaseException:
@@ -924,12 +959,15 @@ class Lease:
         body["reads_schema_versions"] = sorted(self.client.reads)
         started = self.client.readable(self.post(f"/runs/{self.run_id}/effects", body), "operation")
         approval = started.get("approval_id")
+        reservation = started.get("reservation_id")
         return Effect(
             str(started["operation_id"]),
             str(started["phase"]),
             str(approval) if approval else None,
             credential_lease_id,
             dispatched=bool(started.get("dispatched")),
+            reservation_id=str(reservation) if reservation else None,
+            levers=Levers.from_answer(started.get("levers")),
         )
 
     def effect_await_approval(
@@ -959,8 +997,17 @@ class Lease:
                 if effect.credential_lease_id:
                     auth["credential_lease_id"] = effect.credential_lease_id
                 self.post(f"/operations/{effect.operation_id}/authorize", auth)
-                self.post(f"/operations/{effect.operation_id}/dispatch")
-                return Effect(effect.operation_id, "DISPATCHED", None, effect.credential_lease_id, dispatched=True)
+                dispatched = self.post(f"/operations/{effect.operation_id}/dispatch")
+                reservation = dispatched.get("reservation_id")
+                return Effect(
+                    effect.operation_id,
+                    "DISPATCHED",
+                    None,
+                    effect.credential_lease_id,
+                    dispatched=True,
+                    reservation_id=str(reservation) if reservation else None,
+                    levers=Levers.from_answer(dispatched.get("levers")),
+                )
             if decided["status"] in ("DENIED", "EXPIRED", "VOID"):
                 raise ApprovalDenied(
                     403, {"error": "APPROVAL_DENIED", "detail": decided.get("reason") or decided["status"].lower()}
@@ -979,6 +1026,8 @@ class Lease:
             report["actual_cost_cents"] = done.actual_cost_cents
         if done.error_code:
             report["error_code"] = done.error_code
+        if done.fallback_used is not None:
+            report["fallback_used"] = done.fallback_used
         return str(self.post(f"/operations/{operation_id}/outcome", report)["phase"])
 
     def delivery(
