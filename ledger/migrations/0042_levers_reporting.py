@@ -20,7 +20,7 @@ RELEASE_CLEARING_TAKEN_AT = RELEASE_KEEPING_TAKEN_AT.replace("operation_id = NUL
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0039_flow_control'),
+        ('ledger', '0041_cases_escalation_kind'),
     ]
 
     operations = [
