@@ -83,14 +83,19 @@ def _context(request: HtmxHttpRequest, tenant: Tenant, **extra: Any) -> dict[str
         for endpoint in WebhookEndpoint.objects.filter(tenant=tenant).order_by("name")
     ]
     log = WebhookDelivery.objects.filter(tenant=tenant).select_related("endpoint")
-    deliveries, next_cursor = keyset_page(
-        log, order_field="created_at", cursor=request.GET.get("before") or None, size=LOG_PAGE_SIZE, descending=True
+    log_page = keyset_page(
+        log,
+        order_field="created_at",
+        cursor=request.GET.get("before") or None,
+        size=LOG_PAGE_SIZE,
+        descending=True,
+        count=False,
     )
     return {
         "tenant": tenant,
         "endpoints": endpoints,
-        "deliveries": deliveries,
-        "next_cursor": next_cursor,
+        "deliveries": log_page.rows,
+        "next_cursor": log_page.next_cursor,
         "kind_choices": NotificationKind.choices,
         "kind_labels": dict(NotificationKind.choices),
         **extra,

@@ -16,6 +16,7 @@ from ledger.models.evidence import Checkpoint, DiagnosticPayload, Event
 from ledger.models.jobs import JobHeartbeat, RunTotals
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
 from ledger.models.notifications import WebhookDelivery, WebhookEndpoint
+from ledger.models.preferences import SavedView
 from ledger.models.runs import RUN_IN_FLIGHT, RUN_UNCERTAIN, FenceGeneration, LeaseGrant, Operation, Run, RunLease
 from ledger.models.tenancy import (
     RESTART_EPISODE_BEGINS,
@@ -59,6 +60,7 @@ __all__ = [
     "RunLease",
     "RunResource",
     "RunTotals",
+    "SavedView",
     "SchemaChange",
     "StateConflict",
     "Tenant",
