@@ -5,8 +5,8 @@ newest first, narrowed by who acted, what kind of actor, tenant, type and time r
 Two sources, one order: (occurred_at, source, id) descending, chain events before admin
 records at the same moment. Each page reads at most ``size + 1`` rows of each source past
 the cursor, merges them and keeps ``size``: the same few queries on any page, each a walk
-of an index (``event_recent``; ``event_not_by_workers`` for people and jobs;
-``adminaction_recent``), never a sort of the whole table."""
+of an index (``event_recent``; ``event_type_recent`` for one type; ``event_not_by_workers``
+for people and jobs), never a sort of the whole table."""
 
 from dataclasses import dataclass
 from datetime import datetime

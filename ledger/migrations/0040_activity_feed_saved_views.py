@@ -1,5 +1,5 @@
 # The activity feed (ledger/activity.py) reads every tenant's events newest first from
-# event_recent, and the few events people and jobs wrote (not workers) by actor from the
+# event_recent, one type's from event_type_recent, and the few events people and jobs wrote (not workers) by actor from the
 # partial event_not_by_workers; both are built CONCURRENTLY, as appends go on meanwhile.
 # Saved views: a console user's names for a list's query string (ledger/models/preferences.py).
 
@@ -44,6 +44,7 @@ class Migration(migrations.Migration):
             constraint=models.UniqueConstraint(fields=("user", "list_name", "name"), name="savedview_unique_name"),
         ),
         AddIndexConcurrently("event", models.Index(fields=["occurred_at", "id"], name="event_recent")),
+        AddIndexConcurrently("event", models.Index(fields=["type", "occurred_at", "id"], name="event_type_recent")),
         AddIndexConcurrently(
             "event",
             models.Index(
