@@ -1167,6 +1167,7 @@ def measure(args, info: dict, database: str) -> int:
         ("activity ?kind=job", "/activity/?kind=job", {}),
         ("activity ?kind=worker", "/activity/?kind=worker", {}),
         ("activity ?type=STALE_TOKEN_REJECTED", "/activity/?type=STALE_TOKEN_REJECTED", {}),
+        ("activity ?type=<in no event>", "/activity/?type=CASE_RESOLVED", {}),
         ("runs, next page then back", "prev:runs", {}),
         # Not a page: what a Prometheus scrape costs at this size (every DB-derived metric; the
         # run totals as the count-run-totals job keeps them, counted just before).
