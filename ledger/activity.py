@@ -17,7 +17,7 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Q, QuerySet
 
 from ledger.models import AdminAction, Event, Tenant
-from ledger.pagination import COUNT_CAP, PAGE_SIZE, decode_raw_cursor, encode_cursor
+from ledger.pagination import PAGE_SIZE, decode_raw_cursor, encode_cursor
 from ledger.roles import tenants_for
 
 # Who acted, by the start of the actor string (ledger.actors spells them).
@@ -247,14 +247,4 @@ def activity_page(
         rows[-1].cursor if more and rows else None,
         rows[0].cursor if at is not None and rows else None,
         size,
-    )
-
-
-def activity_types(*, user: User | AnonymousUser) -> list[str]:
-    """The admin record types the user's tenants have (a short list, for suggestions)."""
-    return list(
-        AdminAction.objects.filter(tenant__in=tenants_for(user))
-        .order_by()
-        .values_list("action", flat=True)
-        .distinct()[:COUNT_CAP]
     )

@@ -93,3 +93,11 @@ def test_pages_go_forward_and_back(admin, acme):
 
 def test_signed_out_users_are_sent_to_sign_in(client):
     assert client.get(URL).status_code == 302
+
+
+def test_without_a_role_the_feed_shows_nothing(roleless_client, acme, outsider):
+    new_run(acme.worker), new_run(outsider.worker)
+    admin_action_record(tenant=acme.tenant, actor="user:ada", action="policy.change", subject="acme", reason="r")
+    page = roleless_client.get(URL)
+    assert page.status_code == 200 and page.context["rows"] == []
+    assert "Nothing happened that matches" in page.content.decode()
