@@ -25,7 +25,7 @@ from ledger import trends as ledger_trends
 from ledger.actors import reconciler_actor
 from ledger.errors import NotFound, parse_id
 from ledger.models import EffectDelivery, EffectDeliveryRecord, Operation, Run, Tenant, Worker
-from ledger.pagination import keyset_page
+from ledger.pagination import PAGE_SIZE, Page, keyset_page
 from ledger.policy import case_timers_of
 from ledger.roles import VIEW, tenants_for
 from ledger.services.core.handoff import UnknownTime
@@ -66,8 +66,14 @@ SORTS = ("oldest", "newest")
 
 
 def case_queue(
-    *, user: User | AnonymousUser, status: str = "open", cursor: str | None = None, sort: str = "oldest"
-) -> tuple[list[ReconciliationCase], str | None]:
+    *,
+    user: User | AnonymousUser,
+    status: str = "open",
+    cursor: str | None = None,
+    back: str | None = None,
+    size: int = PAGE_SIZE,
+    sort: str = "oldest",
+) -> Page[ReconciliationCase]:
     """A page of the cases ``user`` sees in filter ``status`` (CASE_FILTERS; "mine" are the
     cases the user holds), by age, with their comment threads."""
     statuses = CASE_FILTERS.get(status, PEOPLE_CASE_STATUSES)
@@ -75,7 +81,9 @@ def case_queue(
     if status == "mine":
         queryset = queryset.filter(claimed_by=user.get_username())
     queryset = queryset.select_related("operation", "run", "tenant").prefetch_related("comments")
-    return keyset_page(queryset, order_field="opened_at", cursor=cursor, descending=sort == "newest")
+    return keyset_page(
+        queryset, order_field="opened_at", cursor=cursor, back=back, size=size, descending=sort == "newest"
+    )
 
 
 APPROVAL_FILTERS = {
@@ -93,15 +101,23 @@ APPROVAL_SORTS = ("expiring", "oldest", "newest")
 
 
 def approval_queue(
-    *, user: User | AnonymousUser, status: str = "PENDING", cursor: str | None = None, sort: str = "expiring"
-) -> tuple[list[ApprovalRequest], str | None]:
+    *,
+    user: User | AnonymousUser,
+    status: str = "PENDING",
+    cursor: str | None = None,
+    back: str | None = None,
+    size: int = PAGE_SIZE,
+    sort: str = "expiring",
+) -> Page[ApprovalRequest]:
     statuses = APPROVAL_FILTERS.get(status, APPROVAL_FILTERS["PENDING"])
     queryset = (
         approvals_for(user).filter(status__in=statuses).select_related("operation", "capability", "run", "tenant")
     )
     if sort == "expiring":
-        return keyset_page(queryset, order_field="expires_at", cursor=cursor)
-    return keyset_page(queryset, order_field="requested_at", cursor=cursor, descending=sort == "newest")
+        return keyset_page(queryset, order_field="expires_at", cursor=cursor, back=back, size=size)
+    return keyset_page(
+        queryset, order_field="requested_at", cursor=cursor, back=back, size=size, descending=sort == "newest"
+    )
 
 
 # --- the worker API -------------------------------------------------------------------------

@@ -4,10 +4,12 @@ from django.urls import include, path
 from approvals.api import router as approvals_api
 from console.views import (
     account,
+    activity,
     approvals,
     cases,
     credentials,
     dashboard,
+    lists,
     probes,
     resources,
     runs,
@@ -33,6 +35,9 @@ urlpatterns = [
     path("readyz/jobs", probes.readyz_jobs, name="readyz-jobs"),
     path("metrics", probes.metrics_view, name="metrics"),
     path("favicon.ico", site.favicon, name="favicon"),
+    path("activity/", activity.activity, name="activity"),
+    path("views/save", lists.save_view, name="saved-view-save"),
+    path("views/<int:view_id>/delete", lists.delete_view, name="saved-view-delete"),
     path("runs/", runs.run_list, name="runs"),
     path("runs/<uuid:run_id>/", runs.run_detail, name="run_detail"),
     path("runs/<uuid:run_id>/cancel", runs.run_cancel_view, name="run-cancel"),

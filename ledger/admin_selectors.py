@@ -43,7 +43,7 @@ from ledger.models import (
     WorkerDrain,
 )
 from ledger.observability.cost_report import lever_report
-from ledger.pagination import keyset_page
+from ledger.pagination import PAGE_SIZE, Page, keyset_page
 from ledger.policy import LEVER_STATES, flow_limits_of, levers_of, retry_budget_of
 from ledger.roles import ROLES, VIEW, tenants_for
 from ledger.services.authority.policy import policy_current
@@ -89,7 +89,9 @@ def credential_lease_list(
     state: str = "active",
     prefix: str = "",
     cursor: str | None = None,
-) -> tuple[list[CredentialLease], str | None]:
+    back: str | None = None,
+    size: int = PAGE_SIZE,
+) -> Page[CredentialLease]:
     """Leases visible to ``user``, newest first, filtered; a bad prefix raises InvalidInput."""
     now = timezone.now()
     leases = CredentialLease.objects.filter(tenant__in=visible_tenants(user=user)).select_related(
@@ -108,10 +110,10 @@ def credential_lease_list(
     if prefix:
         low, high = lease_id_prefix_range(prefix)
         leases = leases.filter(pk__gte=low, pk__lte=high)
-    rows, next_cursor = keyset_page(leases, order_field="issued_at", cursor=cursor, descending=True)
-    for lease in rows:
+    page = keyset_page(leases, order_field="issued_at", cursor=cursor, back=back, size=size, descending=True)
+    for lease in page.rows:
         lease.state = lease_state(lease, now)
-    return rows, next_cursor
+    return page
 
 
 def lease_state(lease: CredentialLease, now: datetime) -> str:

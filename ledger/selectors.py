@@ -35,7 +35,7 @@ from ledger.models import (
     Tenant,
     Worker,
 )
-from ledger.pagination import keyset_page
+from ledger.pagination import Page, keyset_page
 from ledger.roles import DIAGNOSTICS, can, tenants_for
 from ledger.services.core.handoff import UnknownTime
 from ledger.services.evidence.append import phase_count_field
@@ -298,12 +298,14 @@ def runs_search(
 
 
 def runs_page(
-    qs: QuerySet[Run], *, before: str = "", size: int = RUN_PAGE, oldest_first: bool = False
-) -> tuple[list[Run], str | None]:
-    """One page of ``qs`` newest first (or oldest first), after the cursor ``before``; and
-    the next cursor."""
+    qs: QuerySet[Run], *, before: str = "", back: str = "", size: int = RUN_PAGE, oldest_first: bool = False
+) -> Page[Run]:
+    """One page of ``qs`` newest first (or oldest first), after the cursor ``before`` (or
+    the page ending at the cursor ``back``), with its neighbours' cursors and capped total."""
     qs = qs.select_related("tenant", "lease", "lease__worker")
-    return keyset_page(qs, order_field="created_at", cursor=before, size=size, descending=not oldest_first)
+    return keyset_page(
+        qs, order_field="created_at", cursor=before, back=back or None, size=size, descending=not oldest_first
+    )
 
 
 def run_events_page(*, run: Run, after: int = 0, size: int = EVENT_PAGE) -> tuple[list[Event], int | None]:

@@ -30,6 +30,7 @@ from console.views.common import (
     queue_answer,
     selected_for_action,
 )
+from console.views.paging import pager, paging
 from ledger.errors import DomainError
 from ledger.roles import APPROVE, can, tenants_for
 
@@ -90,7 +91,11 @@ class QueueRow:
 def _queue_context(request: HtmxHttpRequest) -> dict[str, Any]:
     status, status_notice = chosen(request, "status", APPROVAL_FILTERS, "PENDING")
     sort, sort_notice = chosen(request, "sort", APPROVAL_SORTS, "expiring")
-    page, next_cursor = approval_queue(user=request.user, status=status, cursor=request.GET.get("after"), sort=sort)
+    where = paging(request)
+    found = approval_queue(
+        user=request.user, status=status, cursor=where.cursor, back=where.back, size=where.size, sort=sort
+    )
+    page, next_cursor = found.rows, found.next_cursor
     now = timezone.now()
     rows = [QueueRow.of(approval, now) for approval in page]
     approvable = set(tenants_for(request.user, APPROVE).values_list("pk", flat=True))
@@ -99,8 +104,11 @@ def _queue_context(request: HtmxHttpRequest) -> dict[str, Any]:
         "next_cursor": next_cursor,
         "status": status,
         "sort": sort,
-        "notices": [n for n in (status_notice, sort_notice) if n],
-        "query": f"status={status}&sort={sort}",
+        "notices": [n for n in (status_notice, sort_notice, where.notice) if n],
+        "query": f"status={status}&sort={sort}&size={where.size}",
+        "pager": pager(
+            request, found, where, list_name="approvals", total=found.total, capped=found.capped, noun="requests"
+        ),
         "statuses": [(key, STATUS_LABELS.get(key, key.lower())) for key in APPROVAL_FILTERS],
         "sorts": list(SORT_LABELS.items()),
         "approvable": approvable,

@@ -51,6 +51,7 @@ from console.views.common import (
     queue_answer,
     selected_for_action,
 )
+from console.views.paging import pager, paging
 from ledger.errors import DomainError
 from ledger.roles import OPERATE, can, tenants_for
 
@@ -147,16 +148,21 @@ STATUS_LABELS = {
 def _queue_context(request: HtmxHttpRequest) -> dict[str, Any]:
     status, status_notice = chosen(request, "status", CASE_FILTERS, "open")
     sort, sort_notice = chosen(request, "sort", SORTS, "newest" if status in ("all", "RESOLVED") else "oldest")
-    rows, next_cursor = case_queue(user=request.user, status=status, cursor=request.GET.get("after"), sort=sort)
+    where = paging(request)
+    page = case_queue(
+        user=request.user, status=status, cursor=where.cursor, back=where.back, size=where.size, sort=sort
+    )
+    rows = page.rows
     operable = set(tenants_for(request.user, OPERATE).values_list("pk", flat=True))
     return {
         "rows": with_case_deadlines(rows),
-        "next_cursor": next_cursor,
+        "next_cursor": page.next_cursor,
+        "pager": pager(request, page, where, list_name="cases", total=page.total, capped=page.capped, noun="cases"),
         "status": status,
         "sort": sort,
         "sorts": SORTS,
-        "notices": [n for n in (status_notice, sort_notice) if n],
-        "query": f"status={status}&sort={sort}",
+        "notices": [n for n in (status_notice, sort_notice, where.notice) if n],
+        "query": f"status={status}&sort={sort}&size={where.size}",
         "statuses": [(key, STATUS_LABELS.get(key, key.lower())) for key in CASE_FILTERS],
         "show_resolved": status in ("all", "RESOLVED"),
         "selectable": any(row.tenant_id in operable and row.status != "RESOLVED" for row in rows),

@@ -15,8 +15,10 @@ from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from console.views.common import BAD_INPUT, HtmxHttpRequest, chosen, done, form_errors, tenant_for_action
+from console.views.paging import pager, paging
 from ledger import admin_selectors
 from ledger.errors import DomainError
+from ledger.pagination import Page
 from ledger.roles import ADMINISTER, VIEW, tenants_for
 from ledger.services.authority.credential_leases import credential_lease_revoke, credential_leases_revoke
 from ledger.services.authority.credentials import credential_rotate
@@ -69,17 +71,22 @@ def _filters(request: HtmxHttpRequest) -> tuple[dict[str, str], str]:
 def _page_context(request: HtmxHttpRequest, **extra: Any) -> dict[str, Any]:
     filters, notice = _filters(request)
     errors = list(extra.pop("errors", []))
+    where = paging(request)
     try:
-        rows, next_cursor = admin_selectors.credential_lease_list(
-            user=request.user, cursor=request.GET.get("after"), **filters
+        page = admin_selectors.credential_lease_list(
+            user=request.user, cursor=where.cursor, back=where.back, size=where.size, **filters
         )
     except DomainError as exc:
-        rows, next_cursor = [], None
+        page = Page([], None, None, 0, False, where.size)
         errors.append(exc.detail)
-    query = urlencode({k: v for k, v in filters.items() if v})
+    sized = {"size": where.size} if request.GET.get("size") else {}
+    query = urlencode({**{k: v for k, v in filters.items() if v}, **sized})
     return {
-        "rows": rows,
-        "next_cursor": next_cursor,
+        "rows": page.rows,
+        "next_cursor": page.next_cursor,
+        "pager": pager(
+            request, page, where, list_name="credentials", total=page.total, capped=page.capped, noun="leases"
+        ),
         "filters": filters,
         "query": query,
         "states": admin_selectors.LEASE_STATES,
@@ -87,7 +94,7 @@ def _page_context(request: HtmxHttpRequest, **extra: Any) -> dict[str, Any]:
         "credentials": admin_selectors.credentials_list(user=request.user, tenant=filters["tenant"]),
         "administrable": set(tenants_for(request.user, ADMINISTER).values_list("pk", flat=True)),
         "errors": errors,
-        "notices": [notice] if notice else [],
+        "notices": [n for n in (notice, where.notice) if n],
         **extra,
     }
 

@@ -19,6 +19,7 @@ from django.views.decorators.vary import vary_on_headers
 
 from approvals import selectors as approvals_selectors
 from console.views.common import BAD_INPUT, HtmxHttpRequest, chosen, done, form_errors
+from console.views.paging import POSITION, pager, paging
 from fenceline_client.evidence_verifier import Report
 from ledger import selectors
 from ledger.actors import user_actor
@@ -29,7 +30,6 @@ from ledger.services.core.decisions import acting_name
 from ledger.services.evidence.export import chain_export
 from ledger.services.evidence.verification import run_verify
 from ledger.services.fence.ending import run_cancel
-from ledger.sql import reads as sql_reads
 from ledger.states import EffectClass, Phase, RunStatus
 
 BADGE = {
@@ -112,29 +112,30 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
     filters, sort, notices = _run_filters(request)
     searched: RunFilters = {**filters, "indicators": {k: v for k, v in filters["indicators"].items() if v}}
     qs = selectors.runs_search(user=request.user, **searched)
-    rows, next_cursor = selectors.runs_page(qs, before=params.get("before", ""), oldest_first=sort == "oldest")
-    try:
-        page = max(int(params.get("page", 1)), 1) if params.get("before") else 1
-    except ValueError:
-        page = 1
-    # The planner's estimate (one query whatever the size, so every page costs the same
-    # queries); the exact number when everything is on this page.
-    total: int | None = sql_reads.estimated_count(qs)
-    exact = page == 1 and next_cursor is None
-    if exact:
-        total = len(rows)
+    where = paging(request, cursor_param="before")
+    found = selectors.runs_page(
+        qs, before=where.cursor or "", back=where.back or "", size=where.size, oldest_first=sort == "oldest"
+    )
     query = params.copy()
-    for name in ("before", "page"):
+    for name in POSITION:
         query.pop(name, None)
     context = {
-        "rows": [{"run": run, "badges": badges(run)} for run in rows],
-        "next_cursor": next_cursor,
-        "page": page,
-        "total": total,
-        "total_exact": exact,
-        "paged": bool(params.get("before")),
+        "rows": [{"run": run, "badges": badges(run)} for run in found.rows],
+        "next_cursor": found.next_cursor,
+        "page": where.number,
+        "pager": pager(
+            request,
+            found,
+            where,
+            list_name="runs",
+            cursor_param="before",
+            total=found.total,
+            capped=found.capped,
+            noun="runs",
+        ),
+        "paged": bool(where.cursor or where.back),
         "base_query": query.urlencode(),
-        "notices": notices,
+        "notices": [*notices, *([where.notice] if where.notice else [])],
         "search_help": selectors.SEARCH_HELP,
         "sort": sort,
         "sorts": SORTS,

@@ -84,14 +84,19 @@ def _context(request: HtmxHttpRequest, tenant: Tenant, **extra: Any) -> dict[str
     ]
     # A person's own deliveries (PersonalRoute) are theirs, not the tenant's log.
     log = WebhookDelivery.objects.filter(tenant=tenant, endpoint__isnull=False).select_related("endpoint")
-    deliveries, next_cursor = keyset_page(
-        log, order_field="created_at", cursor=request.GET.get("before") or None, size=LOG_PAGE_SIZE, descending=True
+    log_page = keyset_page(
+        log,
+        order_field="created_at",
+        cursor=request.GET.get("before") or None,
+        size=LOG_PAGE_SIZE,
+        descending=True,
+        count=False,
     )
     return {
         "tenant": tenant,
         "endpoints": endpoints,
-        "deliveries": deliveries,
-        "next_cursor": next_cursor,
+        "deliveries": log_page.rows,
+        "next_cursor": log_page.next_cursor,
         "kind_choices": NotificationKind.choices,
         "kind_labels": dict(NotificationKind.choices),
         **extra,

@@ -16,6 +16,7 @@ from ledger.models.evidence import Checkpoint, DiagnosticPayload, Event
 from ledger.models.jobs import JobHeartbeat, RunTotals
 from ledger.models.lifespan import ProgressCheckpoint, ResourceAlert, RunResource
 from ledger.models.notifications import PersonalRoute, WebhookDelivery, WebhookEndpoint
+from ledger.models.preferences import SavedView
 from ledger.models.runbooks import Runbook
 from ledger.models.runs import RUN_IN_FLIGHT, RUN_UNCERTAIN, FenceGeneration, LeaseGrant, Operation, Run, RunLease
 from ledger.models.tenancy import (
@@ -62,6 +63,7 @@ __all__ = [
     "RunResource",
     "RunTotals",
     "Runbook",
+    "SavedView",
     "SchemaChange",
     "StateConflict",
     "Tenant",

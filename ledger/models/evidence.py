@@ -55,6 +55,16 @@ class Event(Versioned):
             ),
             # The verifier's pass over the payloads a chain commits to by digest.
             models.Index(fields=["run", "seq"], condition=Q(schema_version=2), name="event_payload_refs"),
+            # The activity feed (ledger/activity.py): every tenant's events newest first, those
+            # of one type newest first, and the few written by people and jobs (not workers)
+            # by actor, newest first.
+            models.Index(fields=["occurred_at", "id"], name="event_recent"),
+            models.Index(fields=["type", "occurred_at", "id"], name="event_type_recent"),
+            models.Index(
+                fields=["actor", "occurred_at", "id"],
+                condition=~Q(actor__startswith="worker:"),
+                name="event_not_by_workers",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -1091,6 +1091,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 NEXT_LINK = re.compile(r'<a href="([^"]+)"[^>]*>\s*Next page')
+PREV_LINK = re.compile(r'<a href="([^"]+)" rel="prev"')
 
 
 def measure(args, info: dict, database: str) -> int:
@@ -1156,6 +1157,18 @@ def measure(args, info: dict, database: str) -> int:
         ("cases, next page", "next:cases", {}),
         ("approvals (approval queue)", "/approvals/", {}),
         ("approvals, next page", "next:approvals", {}),
+        # The activity feed (ledger/activity.py): every tenant's events and admin records.
+        ("activity (feed)", "/activity/", {}),
+        ("activity, next page", "next:activity", {}),
+        ("activity, live poll (htmx)", "/activity/", {**htmx, "HX-Target": "activity-feed"}),
+        ("activity ?tenant=<one of two>", f"/activity/?tenant={TENANTS[1]}", {}),
+        ("activity ?within=1h", "/activity/?within=1h", {}),
+        ("activity ?who=<a person>", f"/activity/?who={BENCH_USER}", {}),
+        ("activity ?kind=job", "/activity/?kind=job", {}),
+        ("activity ?kind=worker", "/activity/?kind=worker", {}),
+        ("activity ?type=STALE_TOKEN_REJECTED", "/activity/?type=STALE_TOKEN_REJECTED", {}),
+        ("activity ?type=<in no event>", "/activity/?type=CASE_RESOLVED", {}),
+        ("runs, next page then back", "prev:runs", {}),
         # Not a page: what a Prometheus scrape costs at this size (every DB-derived metric; the
         # run totals as the count-run-totals job keeps them, counted just before).
         ("/metrics (a scrape)", "/metrics", {}),
@@ -1174,11 +1187,13 @@ def measure(args, info: dict, database: str) -> int:
             client = Client(raise_request_exception=False)  # a failing page is reported, not fatal
             client.force_login(user)
             next_links: dict[str, str] = {}
+            prev_links: dict[str, str] = {}
             for name, path, headers in pages:
-                if path.startswith("next:"):
-                    path = next_links.get(path[5:])
+                if path.startswith(("next:", "prev:")):
+                    links = next_links if path.startswith("next:") else prev_links
+                    path = links.get(path[5:], "")
                     if not path:
-                        results.append({"page": name, "user": who, "error": "no next page"})
+                        results.append({"page": name, "user": who, "error": f"no {name.split()[-1]} page"})
                         continue
                 if path == "/metrics":  # as the count-run-totals job keeps them (every 15 s)
                     t0 = time.perf_counter()
@@ -1206,6 +1221,9 @@ def measure(args, info: dict, database: str) -> int:
                 area = path.split("?")[0].strip("/").split("/")[0] or "home"
                 if match and area not in next_links:
                     next_links[area] = urljoin(path, html.unescape(match.group(1)))
+                back = PREV_LINK.search(response.content.decode())
+                if back and area not in prev_links:
+                    prev_links[area] = urljoin(path, html.unescape(back.group(1)))
                 for q in captured.captured_queries:
                     ms = float(q["time"]) * 1000
                     if ms >= args.slow_ms and ms > slow.get(q["sql"], {}).get("ms", -1):

@@ -40,9 +40,9 @@ def test_an_unknown_with_a_reconciler_waits_for_the_lookup_before_people_see_it(
 
     assert op.reconciler == RECONCILER  # the provider's reconciler, chosen at intent
     assert case.status == CaseStatus.LOOKUP and case.reconciler == RECONCILER
-    rows, _ = case_queue(user=_superuser(), status="open")
+    rows = case_queue(user=_superuser(), status="open").rows
     assert case.pk not in {row.pk for row in rows}  # not in the people's queue yet
-    rows, _ = case_queue(user=_superuser(), status="LOOKUP")
+    rows = case_queue(user=_superuser(), status="LOOKUP").rows
     assert case.pk in {row.pk for row in rows}
 
 
@@ -127,7 +127,7 @@ def test_cannot_tell_hands_the_case_to_people_with_the_lookup_history(acme, sand
         "the provider found the record, but it has a 'status' that this reconciler does not map"
     )
     assert "happened: succeeded;" in entry["why"] and entry["why"].endswith("resolve the case by hand")
-    rows, _ = case_queue(user=_superuser(), status="open")
+    rows = case_queue(user=_superuser(), status="open").rows
     assert case.pk in {row.pk for row in rows}
     assert lookups_of(run)[0].fields["to"] == "OPEN"
 
