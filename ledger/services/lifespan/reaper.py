@@ -504,9 +504,10 @@ def instances_settle(*, batch_size: int, result: ResourceReapResult) -> None:
     conditional UPDATE (it never rests in REAPING). When it held resources (all released
     since), both transitions are recorded, the second with its cleanup verified; when it
     never held one, cleanup had nothing to verify, and one INSTANCE_RELEASED event names
-    both states (``from`` EXPIRED, ``cleanup`` "nothing held"). Every UPDATE is conditional on the state read and answers which rows it moved, and
-    only those get their events: an instance another reaper moved between the read and
-    the lock is left alone."""
+    both states (``from`` EXPIRED, ``cleanup`` "nothing held"). Every UPDATE is
+    conditional on the state read and answers which rows it moved, and only those get
+    their events: an instance another reaper moved between the read and the lock is left
+    alone."""
     after: tuple[datetime | None, int] | None = None
     while True:
         with transaction.atomic():
