@@ -13,7 +13,7 @@
 # make schema: after a change to the worker API, the snapshot of its OpenAPI schema
 # (clients/typescript/openapi.json) and the TypeScript client's types generated from it
 # Benchmarks (docs/performance.md): make bench, make bench-all, make bench-ledger, make bench-console, make bench-reapers,
-# make bench-reconcilers, make bench-contention, make bench-backfill, make bench-gateway
+# make bench-reconcilers, make bench-contention, make bench-backfill, make bench-gateway, make bench-server
 
 DATABASE_URL_TEST ?= postgres://postgres@127.0.0.1:5432/fenceline
 REDIS_URL_TEST ?= redis://127.0.0.1:6379/15
@@ -25,7 +25,7 @@ DEMO_ADDR ?=
 # Where make serve listens (host:port).
 SERVE_ADDR ?= 127.0.0.1:8000
 
-.PHONY: demo serve simulate test test-ha lint schema bench bench-all bench-ledger bench-console bench-reapers bench-reconcilers bench-contention bench-backfill bench-gateway
+.PHONY: demo serve simulate test test-ha lint schema bench bench-all bench-ledger bench-console bench-reapers bench-reconcilers bench-contention bench-backfill bench-gateway bench-server
 
 demo:
 	@.ci/bootstrap
@@ -84,6 +84,13 @@ bench-all:
 	$(MAKE) bench-ledger BENCH_ARGS=
 	$(MAKE) bench-reapers BENCH_ARGS="--items 100000"
 	$(MAKE) bench-backfill BENCH_ARGS="--operations 1000000"
+
+# Statements, WAL and backend CPU per fenced transition against pgbench's tpcb-like transaction,
+# on a throwaway PostgreSQL of the benchmark's own (pg_stat_statements loaded): the figures the
+# load on the machine does not change. BENCH_ARGS="--database-url URL" uses a running server.
+bench-server:
+	@.ci/bootstrap
+	.venv/bin/python tests/bench/server_side.py $(BENCH_ARGS)
 
 bench-ledger:
 	@.ci/bootstrap

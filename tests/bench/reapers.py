@@ -376,9 +376,12 @@ def measure(name: str, items: int, fn) -> dict:
     """Time one sweep, in --processes copies at once (each forked from this process)."""
     from ledger.services.operating.processes import in_processes
 
+    _checkpoint()  # every sweep starts from clean buffers: its WAL has the same full-page images
+    wal_before = _wal_lsn()
     started = time.perf_counter()
     copies = in_processes(lambda index: _sweep_once(name, fn), PROCESSES)
     seconds = time.perf_counter() - started
+    wal = _wal_lsn() - wal_before
     done = sum(copy["done"] for copy in copies)
     statements = sum(copy["statements"] for copy in copies)
     peak = max(copy["peak_python"] for copy in copies)
@@ -393,6 +396,7 @@ def measure(name: str, items: int, fn) -> dict:
         "per_s": per_s,
         "seconds_100k": 100_000 / per_s if per_s else 0,
         "statements_per_item": statements / done if done else 0,
+        "wal_per_item": wal / done if done else 0,
         "peak_python_mb": peak / 2**20,
         "peak_rss_mb": row_rss,
         "rss_scope": scope,
@@ -402,12 +406,33 @@ def measure(name: str, items: int, fn) -> dict:
     traced = f"; peak Python memory {row['peak_python_mb']:.1f} MB" if TRACE_MEMORY else ""
     say(
         f"[{name}] {done:,} items in {seconds:.1f} s{_in_processes()} = {per_s:,.0f}/s ({row['seconds_100k']:.1f} s per 100k); "
-        f"{row['statements_per_item']:.3f} statements per item{traced}; "
+        f"{row['statements_per_item']:.3f} statements and {row['wal_per_item']:,.0f} B of WAL per item{traced}; "
         f"peak RSS {row['peak_rss_mb']:.0f} MB ({row['rss_scope']}; +{row['rss_growth_mb']:.0f} MB over its start)"
     )
     if done != items:
         say(f"[{name}] WARNING: expected {items:,} items")
     return row
+
+
+def _wal_lsn() -> int:
+    """The server's WAL position in bytes (every database's writes: read it on a quiet server)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+        return int(cursor.fetchone()[0])
+
+
+def _checkpoint() -> None:
+    """CHECKPOINT, where this role may (a superuser): else the WAL per item depends on when
+    the server last wrote one."""
+    from django.db import DatabaseError, connection
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("CHECKPOINT")
+    except DatabaseError:
+        pass
 
 
 def _in_processes() -> str:
@@ -494,13 +519,13 @@ def main() -> None:
     say("")
     rss = "peak RSS MB" if all(row["rss_scope"] == "sweep" for row in rows) else "max RSS MB"
     say(
-        f"{'sweep':<21}{'procs':>6}{'items':>10}{'items/s':>10}{'s per 100k':>12}{'stmts/item':>12}"
+        f"{'sweep':<21}{'procs':>6}{'items':>10}{'items/s':>10}{'s per 100k':>12}{'stmts/item':>12}{'WAL/item':>10}"
         f"{'peak Py MB':>12}{rss:>13}{'RSS +MB':>11}"
     )
     for row in rows:
         say(
             f"{row['sweep']:<21}{row['processes']:>6}{row['items']:>10,}{row['per_s']:>10,.0f}{row['seconds_100k']:>12.1f}"
-            f"{row['statements_per_item']:>12.3f}"
+            f"{row['statements_per_item']:>12.3f}{row['wal_per_item']:>10,.0f}"
             f"{(format(row['peak_python_mb'], '.1f') if TRACE_MEMORY else '-'):>12}{row['peak_rss_mb']:>13.0f}"
             f"{row['rss_growth_mb']:>11.0f}"
         )

@@ -49,9 +49,17 @@ def leases_end(
         {"owner_id": None, "worker": None, "expires_at": batch.now, "end_reason": end, "instance_state": ""},
     )
     grant_end: dict[str, Any] = {"ended_at": batch.now, "end_reason": end}
-    if hand_back and lost:  # the instances become EXPIRED in the same statement
+    # What instances_end still has to move: nothing when the statement that closes the grants
+    # moves them too (each closed grant is its run's live instance, in a source state of
+    # every end state): a lost lease's to EXPIRED, and a release's to RELEASED or REAPING
+    # when every instance goes to the same one (one run, or none with an open resource).
+    pending = plan
+    if hand_back and lost:
         grant_end.update(state=InstanceState.EXPIRED, state_changed_at=batch.now)
-        plan = {}
+        pending = {}
+    elif hand_back and len(set(plan.values())) == 1:
+        grant_end.update(state=next(iter(plan.values())), state_changed_at=batch.now)
+        pending = {}
     sql_lifespan.set_for_runs(LeaseGrant, run_ids, grant_end, unset="ended_at")
     entries = []
     for run in runs:
@@ -75,5 +83,5 @@ def leases_end(
         reason=END_CASE_REASONS[end],
     )
     if hand_back:
-        instances_end(runs=runs, plan=plan, batch=batch, actor=actor, reason=reason or end.lower())
+        instances_end(runs=runs, plan=pending, batch=batch, actor=actor, reason=reason or end.lower())
     return len(orphans)

@@ -18,8 +18,9 @@ lock, and one event in the run's chain records it:
 A transition that happens with another event records itself in that event's fields
 (``instance_state`` on LEASE_ACQUIRED, LEASE_RENEWED, LEASE_EXPIRED / RELEASED / REVOKED /
 CANCELLED, WORKER_DRAINING, PROGRESS_CHECKPOINTED, RUN_COMPLETED / CANCELLED / TIMED_OUT);
-the reaper's own transitions append INSTANCE_REAPING and INSTANCE_RELEASED. Each
-transition is recorded exactly once.
+the reaper's own transitions append INSTANCE_REAPING and INSTANCE_RELEASED (an EXPIRED
+instance that never held a resource goes on to RELEASED in one INSTANCE_RELEASED that names
+both states: cleanup had nothing to verify). Each transition is recorded exactly once.
 
 The quotas count live instances (``INSTANCE_LIVE``). Two allocations racing for the last
 slot are serialised by a transaction-scoped advisory lock per quota and subject, taken only

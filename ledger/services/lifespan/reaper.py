@@ -22,7 +22,9 @@ One pass (``resources_reap``, run by beat and by ``manage.py reap_resources``):
    ``RESOURCE_ALERT_AFTER_FAILURES`` failures, or once past its deadline, a resource raises
    an alert that carries who owns it.
 5. **Instances.** EXPIRED instances go on to REAPING, and REAPING ones to RELEASED once no
-   resource of theirs is open (cleanup verified).
+   resource of theirs is open (cleanup verified). An EXPIRED instance that never held a
+   resource has nothing to verify: it goes to RELEASED (through REAPING) in one event that
+   names both states.
 
 Nothing here touches a credential lease: its expiry is its own, and never waits for cleanup.
 """
@@ -499,10 +501,13 @@ def instances_settle(*, batch_size: int, result: ResourceReapResult) -> None:
     per pass, not once per batch; runs are claimed with SKIP LOCKED.
 
     An EXPIRED instance with nothing open goes through REAPING to RELEASED in one
-    conditional UPDATE (it never rests in REAPING), and both transitions are recorded.
-    Every UPDATE is conditional on the state read and answers which rows it moved, and
-    only those get their events: an instance another reaper moved between the read and
-    the lock is left alone."""
+    conditional UPDATE (it never rests in REAPING). When it held resources (all released
+    since), both transitions are recorded, the second with its cleanup verified; when it
+    never held one, cleanup had nothing to verify, and one INSTANCE_RELEASED event names
+    both states (``from`` EXPIRED, ``cleanup`` "nothing held"). Every UPDATE is
+    conditional on the state read and answers which rows it moved, and only those get
+    their events: an instance another reaper moved between the read and the lock is left
+    alone."""
     after: tuple[datetime | None, int] | None = None
     while True:
         with transaction.atomic():
@@ -546,36 +551,34 @@ def _instances_advance(rows: list[_Instance], now: datetime) -> int:
     """Move the instances of ``rows`` whose runs this pass can lock (SKIP LOCKED) and
     commit their INSTANCE_REAPING and INSTANCE_RELEASED events. Returns how many became
     RELEASED."""
-    holding = set(
-        RunResource.objects.filter(instance_id__in=[r[0] for r in rows])
-        .exclude(state=ResourceState.RELEASED)
-        .values_list("instance_id", flat=True)
-        .distinct()
-    )
-    movable = [r for r in rows if r[2] == InstanceState.EXPIRED or r[0] not in holding]
+    held = _resources_held(rows)  # instance id -> whether one of its resources is open
+    movable = [r for r in rows if r[2] == InstanceState.EXPIRED or not held.get(r[0], False)]
     runs = {run.pk: run for run in runs_locked_for_sweep(run_ids={r[1] for r in movable})}
     mine = [r for r in movable if r[1] in runs]  # the others' runs are being written to: the next pass
     # Each UPDATE only for the rows read in its source state (one found in another
     # state was moved by another reaper meanwhile: the next pass reads it again).
-    free = [r for r in mine if r[0] not in holding]
+    free = [r for r in mine if not held.get(r[0], False)]
     expired = [r[0] for r in free if r[2] == InstanceState.EXPIRED]
     through = _grants_move(expired, InstanceState.EXPIRED, InstanceState.RELEASED, now)  # via REAPING
     cleaned = [r[0] for r in free if r[2] == InstanceState.REAPING]
     released = _grants_move(cleaned, InstanceState.REAPING, InstanceState.RELEASED, now)
-    reaping = _grants_move([r[0] for r in mine if r[0] in holding], InstanceState.EXPIRED, InstanceState.REAPING, now)
+    reaping = _grants_move(
+        [r[0] for r in mine if held.get(r[0], False)], InstanceState.EXPIRED, InstanceState.REAPING, now
+    )
+    bare = {pk for pk in through if pk not in held}  # held nothing: nothing to verify
     batch = ChainBatch(now)
     batch.append_many(
         [
             (runs[run_id], {"fencing_token": fencing_token})
             for pk, run_id, _, fencing_token, _ in mine
-            if pk in through or pk in reaping
+            if (pk in through and pk not in bare) or pk in reaping
         ],
         "INSTANCE_REAPING",
         actor=SYSTEM_RESOURCE_REAPER,
     )
     batch.append_many(
         [
-            (runs[run_id], {"fencing_token": fencing_token, "cleanup": "verified"})
+            (runs[run_id], _released_fields(fencing_token, bare=pk in bare))
             for pk, run_id, _, fencing_token, _ in mine
             if pk in through or pk in released
         ],
@@ -584,6 +587,29 @@ def _instances_advance(rows: list[_Instance], now: datetime) -> int:
     )
     batch.commit()
     return len(through) + len(released)
+
+
+def _resources_held(rows: list[_Instance]) -> dict[int, bool]:
+    """For each instance of ``rows`` that ever held a resource: whether one is still open
+    (not RELEASED). An instance absent held none."""
+    held: dict[int, bool] = {}
+    states = RunResource.objects.filter(instance_id__in=[r[0] for r in rows]).values_list("instance_id", "state")
+    for instance_id, state in states.distinct():
+        held[instance_id] = held.get(instance_id, False) or state != ResourceState.RELEASED
+    return held
+
+
+def _released_fields(fencing_token: int, *, bare: bool) -> dict[str, object]:
+    """INSTANCE_RELEASED's fields: cleanup verified, or (``bare``: an EXPIRED instance that
+    never held a resource, moved in one step) both states named and nothing to verify."""
+    if bare:
+        return {
+            "fencing_token": fencing_token,
+            "from": InstanceState.EXPIRED.value,
+            "to": InstanceState.RELEASED.value,
+            "cleanup": "nothing held",
+        }
+    return {"fencing_token": fencing_token, "cleanup": "verified"}
 
 
 def _grants_move(ids: list[int], source: InstanceState, target: InstanceState, now: datetime) -> set[int]:

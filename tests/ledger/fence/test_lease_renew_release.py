@@ -1,6 +1,8 @@
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import ReconciliationCase
@@ -9,6 +11,7 @@ from ledger.models import Event, LeaseGrant, Operation, Run, RunLease
 from ledger.services.authority.policy import policy_change
 from ledger.services.fence import leases, runs
 from ledger.services.fence.notes import event_append
+from ledger.services.lifespan.resources import Attach, resource_attach
 from tests.factories import dispatched_operation, expire, leased_run
 
 
@@ -67,6 +70,23 @@ def test_release_frees_the_lease_and_makes_in_flight_effects_unknown(acme):
     with pytest.raises(LeaseLost) as refused:
         leases.lease_release(worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token)
     assert refused.value.reason == "released"
+
+
+@pytest.mark.parametrize(("holds_open", "instance_state"), [(False, "RELEASED"), (True, "REAPING")])
+def test_a_release_closes_and_moves_its_instance_in_one_update_of_the_grant(acme, holds_open, instance_state):
+    run, token = leased_run(acme.worker)
+    if holds_open:
+        attach = Attach(kind="connection", provider="sandbox", handle="still-open")
+        resource_attach(worker=acme.worker, run_id=run.pk, fencing_token=token, attach=attach)
+    with CaptureQueriesContext(connection) as queries:
+        leases.lease_release(worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token)
+
+    grant = LeaseGrant.objects.get(run=run)
+    assert (grant.state, grant.end_reason) == (instance_state, "RELEASED")
+    assert grant.ended_at == grant.state_changed_at
+    grant_updates = [q["sql"] for q in queries.captured_queries if q["sql"].startswith('UPDATE "ledger_leasegrant"')]
+    assert len(grant_updates) == 1, grant_updates
+    assert Event.objects.get(run=run, type="LEASE_RELEASED").fields["instance_state"] == instance_state
 
 
 @pytest.mark.parametrize("ttl_s", [0, 3601, -1])
