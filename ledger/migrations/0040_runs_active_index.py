@@ -1,0 +1,25 @@
+# Issue 40: the runs list's "stuck" filter and the stuck-run counts (dashboard, /metrics) walk
+# the ACTIVE runs newest first instead of every run. The condition reads the status only (not
+# last_progress_at, which every transition writes), so the run head's updates stay HOT. Built
+# without blocking writes.
+
+from django.db import migrations, models
+
+from django.contrib.postgres.operations import AddIndexConcurrently
+
+
+class Migration(migrations.Migration):
+    atomic = False  # the index is built CONCURRENTLY on PostgreSQL
+
+    dependencies = [
+        ("ledger", "0039_flow_control"),
+    ]
+
+    operations = [
+        AddIndexConcurrently(
+            model_name="run",
+            index=models.Index(
+                fields=["-created_at", "-id"], condition=models.Q(status="ACTIVE"), name="run_active_recent"
+            ),
+        ),
+    ]
