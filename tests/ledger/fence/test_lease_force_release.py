@@ -110,7 +110,9 @@ def test_force_release_racing_the_worker_leaves_nothing_dispatched_without_a_hol
                 return leases.lease_force_release(user=admin, run_id=run.pk, fencing_token=token, reason="race")
             if step == "dispatch":
                 return operations.operation_dispatch(worker=acme.worker, operation_id=op.pk, fencing_token=token)
-            return leases.lease_renew(worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token, ttl_s=30)
+            return leases.lease_renew(
+                worker=acme.worker, run_id=run.pk, owner_id="owner-a", fencing_token=token, ttl_s=30
+            )
 
         results = run_concurrently(act, 2)
         assert not isinstance(results[0], Exception), results
