@@ -36,9 +36,7 @@ urlpatterns = [
     path("runs/<uuid:run_id>/", runs.run_detail, name="run_detail"),
     path("runs/<uuid:run_id>/cancel", runs.run_cancel_view, name="run-cancel"),
     path("runs/<uuid:run_id>/force-release", runs.run_force_release_view, name="run-force-release"),
-    path(
-        "runs/<uuid:run_id>/operations/<uuid:operation_id>/retry", runs.operation_retry_view, name="operation-retry"
-    ),
+    path("runs/<uuid:run_id>/operations/<uuid:operation_id>/retry", runs.operation_retry_view, name="operation-retry"),
     path("runs/<uuid:run_id>/chain.json", runs.run_export, name="run-export"),
     path("runs/<uuid:run_id>/events/<int:seq>/payload", runs.event_payload, name="event-payload"),
     path("runs/<uuid:run_id>/verify", runs.run_verify_now, name="run-verify"),

@@ -60,6 +60,7 @@ def stories(acting: Acting, sandbox: SandboxProvider, say: Callable[[str], None]
     runs.confirmed(acting)
     runs.takeover(acting)
     runs.timed_out(acting)
+    runs.stuck(acting)
     lookups.seed(acting, sandbox, say)
     upgrade.seed(acting, say)
     approvals.seed(acting)  # from here on, payments need a person and have a contract

@@ -18,6 +18,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from approvals import selectors as approvals_selectors
+from approvals.run_axis import run_time_axis
 from console.views.common import BAD_INPUT, HtmxHttpRequest, chosen, done, form_errors
 from fenceline_client.evidence_verifier import Report
 from ledger import selectors
@@ -210,8 +211,15 @@ def run_detail(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
             seen = run.last_seq
         context = _detail_context(request, run, seen=seen, new_events=max(run.last_seq - seen, 0), oob=True)
         return render(request, "console/run_detail.html#live", context)
-    template = "console/run_detail.html#timeline" if partial(request) else "console/run_detail.html"
-    return render(request, template, _detail_context(request, run, seen=run.last_seq, new_events=0))
+    if partial(request):
+        return render(
+            request, "console/run_detail.html#timeline", _detail_context(request, run, seen=run.last_seq, new_events=0)
+        )
+    context = _detail_context(request, run, seen=run.last_seq, new_events=0)
+    context["axis"] = run_time_axis(
+        run=run, operations=context["operations"], grants=context["grants"], now=context["now"]
+    )
+    return render(request, "console/run_detail.html", context)
 
 
 @login_required
