@@ -93,7 +93,9 @@ def _lease_lane(run: Run, grants: list[LeaseGrant], *, end: datetime) -> Lane:
             )
         )
         cursor = stop or end
-    if cursor < end - timedelta(seconds=1):
+    held_now = run.lease.owner_id is not None and run.lease.expires_at is not None and run.lease.expires_at > end
+    # Since the last end (or the creation) nobody holds it; not the instant a run's end took it.
+    if not held_now and cursor <= end and (run.completed_at is None or cursor < end - timedelta(seconds=1)):
         lane.spans.append(_no_lease(cursor, end if run.completed_at else None))
     return lane
 
