@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Case, DateTimeField, F, OuterRef, Q, Value, When
+from django.db.models import Case, DateTimeField, F, OuterRef, Q, Subquery, Value, When
 from django.db.models.fields.json import KT
+from django.db.models.functions import Coalesce
+from django.db.models.lookups import LessThan
 
-from ledger.models import Run, Tenant, TenantPolicy
+from ledger.models import Run, RunLease, Tenant, TenantPolicy
 from ledger.policy import STARTER_POLICY
 from ledger.sql.reads import CappedCount
 from ledger.states import RunStatus
@@ -46,12 +48,12 @@ def stuck_limits(tenant_ids: list[int]) -> dict[int, int]:
 def _quiet_before(cutoff: Any) -> Q:
     """No progress, or no lease, since before ``cutoff`` (a time or an OuterRef to one). A
     lease that ended (or expired) sets its ``expires_at`` to when; a run never leased has
-    neither, and counts from its creation."""
-    return (
-        Q(last_progress_at__lt=cutoff)
-        | Q(last_progress_at__isnull=True, created_at__lt=cutoff)
-        | Q(lease__expires_at__lt=cutoff)
-        | Q(lease__expires_at__isnull=True, created_at__lt=cutoff)
+    neither, and counts from its creation. The lease's expiry is read per run by its key (a
+    scalar subquery): a join here let the planner hash every lease of the table to count a
+    thousand runs (200 ms at 200k runs)."""
+    lease_end = Subquery(RunLease.objects.filter(run_id=OuterRef("pk")).values("expires_at")[:1])
+    return Q(LessThan(Coalesce("last_progress_at", "created_at"), cutoff)) | Q(
+        LessThan(Coalesce(lease_end, "created_at"), cutoff)
     )
 
 
