@@ -112,16 +112,6 @@ class Stuck:
             return f"{self.limit_s} s"
         return f"{minutes // 60} h" if minutes % 60 == 0 else f"{minutes} min"
 
-    @property
-    def since(self) -> datetime:
-        """The older of the two moments that flag it."""
-        moments = [
-            m
-            for m, flagged in ((self.no_lease_since, self.no_lease), (self.quiet_since, self.no_progress))
-            if flagged and m
-        ]
-        return min(moments)
-
 
 def stuck_reason(run: Run, *, limit_s: int, now: datetime) -> Stuck | None:
     """Whether ``run`` (with its lease loaded) is stuck at ``now``: the :class:`Stuck`, or None."""
