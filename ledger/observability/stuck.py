@@ -58,10 +58,14 @@ def _quiet_before(cutoff: Any) -> Q:
 
 
 def stuck_condition(limits: dict[int, int], *, now: datetime) -> Q:
-    """The runs of these tenants (``stuck_limits``) that are stuck at ``now``."""
-    condition = Q(pk__in=[])
+    """The runs of these tenants (``stuck_limits``) that are stuck at ``now``: one condition
+    per distinct limit (most tenants share the starter's)."""
+    by_limit: dict[int, list[int]] = {}
     for tenant_id, limit_s in limits.items():
-        condition |= Q(tenant_id=tenant_id) & _quiet_before(now - timedelta(seconds=limit_s))
+        by_limit.setdefault(limit_s, []).append(tenant_id)
+    condition = Q(pk__in=[])
+    for limit_s, tenant_ids in sorted(by_limit.items()):
+        condition |= Q(tenant_id__in=tenant_ids) & _quiet_before(now - timedelta(seconds=limit_s))
     return Q(status=RunStatus.ACTIVE) & condition
 
 

@@ -14,7 +14,7 @@ from ledger.models import Run, RunLease
 from ledger.observability import stuck as stuck_module
 from ledger.observability.metrics import scrape
 from ledger.selectors import runs_stuck_flags
-from tests.factories import leased_run, new_run, set_policy
+from tests.factories import leased_run, new_run, set_policy, user_with
 from tests.helpers import logged_in, metric_value, parse_metrics
 
 
@@ -123,3 +123,15 @@ def test_the_run_page_says_why_and_offers_what_applies(acme, admin, viewer_clien
     as_viewer = viewer_client.get(url).content.decode()
     assert "STUCK" in as_viewer and "Operators may cancel it" in as_viewer
     assert reverse("run-force-release", args=[quiet.pk]) not in as_viewer
+
+
+def test_the_filter_applies_each_tenants_own_limit(acme, outsider):
+    root = user_with(None, acme.tenant, "root")
+    root.is_superuser = True
+    root.save()
+    set_policy(acme.tenant, stuck_after_s=300)
+    ours = aged(new_run(acme.worker), minutes=10)  # past acme's 5 min
+    theirs = aged(new_run(outsider.worker), minutes=10)  # within globex's 15 min
+    page = logged_in(root).get(reverse("runs"), {"stuck": "yes"})
+    assert {row["run"].pk for row in page.context["rows"]} == {ours.pk}
+    assert theirs.pk not in {row["run"].pk for row in page.context["rows"]}
