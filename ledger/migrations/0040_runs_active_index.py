@@ -1,5 +1,5 @@
-# Issue 40: the runs list's "stuck" filter and the stuck-run counts (dashboard, /metrics) walk
-# the ACTIVE runs newest first instead of every run. The condition reads the status only (not
+# Issue 40: the runs list's "stuck" filter walks the ACTIVE runs newest first instead of every
+# run, and the stuck-run counts (dashboard, /metrics) one tenant's ACTIVE runs. The condition reads the status only (not
 # last_progress_at, which every transition writes), so the run head's updates stay HOT. Built
 # without blocking writes.
 
@@ -20,6 +20,12 @@ class Migration(migrations.Migration):
             model_name="run",
             index=models.Index(
                 fields=["-created_at", "-id"], condition=models.Q(status="ACTIVE"), name="run_active_recent"
+            ),
+        ),
+        AddIndexConcurrently(
+            model_name="run",
+            index=models.Index(
+                fields=["tenant", "-created_at"], condition=models.Q(status="ACTIVE"), name="run_active_tenant"
             ),
         ),
     ]

@@ -4,7 +4,7 @@ for longer than its tenant's ``stuck_after_s`` (the policy; 900 s on the starter
 
 One definition, read three ways: the runs list's "stuck" filter (:func:`stuck_condition`),
 the dashboard's card and ``/metrics``' ``fenceline_stuck_runs`` (:func:`stuck_counts`, each
-count a LIMITed walk of the ACTIVE runs' index ``run_active_recent``), and the flag on a run
+count a LIMITed walk of one tenant's ACTIVE runs, index ``run_active_tenant``), and the flag on a run
 row or page (:func:`stuck_reason`, from columns the page has read already).
 
 No index reads ``last_progress_at`` (every transition writes it: an index on it would make
@@ -71,7 +71,7 @@ def stuck_condition(limits: dict[int, int], *, now: datetime) -> Q:
 
 def stuck_counts(tenant_ids: list[int], *, cap: int, now: datetime) -> dict[int, int]:
     """Per tenant, its stuck runs counted up to ``cap + 1`` (one more: "more than the cap"),
-    in one statement: each count a LIMITed walk of its ACTIVE runs."""
+    in one statement: each count a LIMITed walk of its ACTIVE runs (``run_active_tenant``)."""
     if not tenant_ids:
         return {}
     limits = stuck_limits(tenant_ids)
