@@ -372,7 +372,7 @@ def run_detail_parts(*, run: Run, limit: int = 100) -> dict[str, Any]:
 
 
 # What ``fenceline-mcp`` (the MCP gateway, clients/python) appends to the run of an MCP session.
-MCP_SESSION, MCP_REDACTED = "x.mcp.session", "x.mcp.redacted"
+MCP_SESSION, MCP_REDACTED = "x.mcp.session", "x.mcp.redacted"  # index event_mcp names both
 
 
 def run_mcp_session(*, run: Run, limit: int = 100) -> dict[str, Any] | None:
