@@ -22,6 +22,9 @@ module only reads documents; ``ledger.services.policy`` stores and changes them.
       "reservation_ttl_s": 900,             # a reservation older than this becomes UNKNOWN
       "idle_limit_s": 900,                  # a renewal after this long without progress ends
                                             # the lease instead (null: no idle limit)
+      "stuck_after_s": 900,                 # an ACTIVE run with no lease, or no progress, for
+                                            # longer than this is flagged stuck in the console
+                                            # and in /metrics (fenceline_stuck_runs)
       "max_runtime_s": 86400,               # a run older than this ends TIMED_OUT; a run may ask
                                             # for less at creation (null: no limit)
       "cancel_grace_s": 60,                 # after a cancel, how long DISPATCHED effects may
@@ -148,6 +151,7 @@ STARTER_POLICY: PolicyDocument = {
     "cost_limits_cents": {"run": None, "tenant": None, "retry": None, "provider": {}},
     "reservation_ttl_s": 900,
     "idle_limit_s": 900,
+    "stuck_after_s": 900,
     "max_runtime_s": 86400,
     "cancel_grace_s": 60,
     "restart_budget": {"max_restarts": 5, "window_s": 600},
@@ -169,6 +173,13 @@ STARTER_POLICY: PolicyDocument = {
     "concurrency": {},
     "rate_limits": {},
 }
+
+
+def stuck_after_s_of(document: PolicyDocument) -> int:
+    """How long an ACTIVE run may go without a lease or progress before it is flagged stuck
+    (a policy stored before the key existed: the starter's)."""
+    value = document.get("stuck_after_s")
+    return value if type(value) is int and value > 0 else int(STARTER_POLICY["stuck_after_s"])
 
 
 def starter_policy() -> PolicyDocument:
@@ -244,7 +255,15 @@ def _validate_scalars(merged: PolicyDocument) -> None:
     for flag in ("require_credential", "require_capability"):
         if not isinstance(merged[flag], bool):
             raise _invalid(f"policy.{flag}", "must be true or false")
-    for name in ("max_ttl_s", "max_calls", "approval_ttl_s", "cost_window_s", "reservation_ttl_s", "cancel_grace_s"):
+    for name in (
+        "max_ttl_s",
+        "max_calls",
+        "approval_ttl_s",
+        "cost_window_s",
+        "reservation_ttl_s",
+        "cancel_grace_s",
+        "stuck_after_s",
+    ):
         _positive_int(merged, name)
     for name in ("max_bytes", "idle_limit_s", "max_runtime_s"):
         _positive_int(merged, name, nullable=True)

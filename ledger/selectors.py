@@ -35,11 +35,14 @@ from ledger.models import (
     Tenant,
     Worker,
 )
+from ledger.observability.stuck import Stuck, stuck_condition, stuck_counts, stuck_limits, stuck_reason
 from ledger.pagination import Page, keyset_page
 from ledger.roles import DIAGNOSTICS, can, tenants_for
 from ledger.services.core.handoff import UnknownTime
+from ledger.services.delivery.lookup import delivery_refuses_retry
 from ledger.services.evidence.append import phase_count_field
 from ledger.services.evidence.planes import opened
+from ledger.services.fence.retry import operation_retry_decision
 from ledger.services.fleet.workers import token_digest
 from ledger.sql import rows as sql_rows
 from ledger.sql.reads import CappedCount
@@ -211,7 +214,11 @@ def runs_for_user(*, user: User | AnonymousUser) -> QuerySet[Run]:
     """Runs of the tenants on which ``user`` may view (none without a role). The tenant ids
     are read first (one small query) so that the runs query is a plain ``tenant_id IN
     (...)`` the planner can combine with the page-order indexes."""
-    return Run.objects.filter(tenant_id__in=list(tenants_for(user).values_list("pk", flat=True)))
+    return Run.objects.filter(tenant_id__in=_visible_tenant_ids(user))
+
+
+def _visible_tenant_ids(user: User | AnonymousUser) -> list[int]:
+    return list(tenants_for(user).values_list("pk", flat=True))
 
 
 SEARCH_HELP = "run id or its first 8+ characters, external id, worker or lease owner (name or its start), tool"
@@ -267,13 +274,16 @@ def runs_search(
     tool: str = "",
     effect_class: str = "",
     phase: str = "",
+    stuck: bool = False,
 ) -> QuerySet[Run]:
     """Runs visible to ``user`` matching the search (run id or its start, external id,
     worker or owner, tool) and the filters: status, the indicators (conditions on the run's
     own columns), tenant (slug), worker (name, any case: it held the run's lease), tool
     (any case) and effect class (of one of its operations), phase (one of its operations is
-    in it: the run's own phase counts)."""
-    qs = runs_for_user(user=user)
+    in it: the run's own phase counts), stuck (ACTIVE with no lease or no progress past its
+    tenant's ``stuck_after_s``: ``ledger.observability.stuck``, over index run_active_recent)."""
+    tenant_ids = _visible_tenant_ids(user)
+    qs = Run.objects.filter(tenant_id__in=tenant_ids)
     q = q.strip()
     if q:
         qs = qs.filter(_search_condition(q))
@@ -294,7 +304,21 @@ def runs_search(
         qs = qs.filter(Exists(Operation.objects.filter(run_id=OuterRef("pk"), effect_class=effect_class)))
     if phase:
         qs = qs.filter(**{f"{phase_count_field(phase)}__gt": 0})
+    if stuck:
+        qs = qs.filter(stuck_condition(stuck_limits(tenant_ids), now=timezone.now()))
     return qs
+
+
+def runs_stuck_flags(runs: list[Run], *, now: datetime | None = None) -> dict[uuid.UUID, Stuck]:
+    """Which of ``runs`` (with their leases loaded) are stuck, and why: one query for their
+    tenants' limits, none per run."""
+    now = now or timezone.now()
+    active = [run for run in runs if run.status == "ACTIVE"]
+    if not active:
+        return {}
+    limits = stuck_limits(sorted({run.tenant_id for run in active}))
+    flags = {run.pk: stuck_reason(run, limit_s=limits[run.tenant_id], now=now) for run in active}
+    return {pk: flag for pk, flag in flags.items() if flag is not None}
 
 
 def runs_page(
@@ -350,7 +374,7 @@ def run_detail_parts(*, run: Run, limit: int = 100) -> dict[str, Any]:
 
 
 # What ``fenceline-mcp`` (the MCP gateway, clients/python) appends to the run of an MCP session.
-MCP_SESSION, MCP_REDACTED = "x.mcp.session", "x.mcp.redacted"
+MCP_SESSION, MCP_REDACTED = "x.mcp.session", "x.mcp.redacted"  # index event_mcp names both
 
 
 def run_mcp_session(*, run: Run, limit: int = 100) -> dict[str, Any] | None:
@@ -424,6 +448,7 @@ def dashboard_counts(*, user: User | AnonymousUser) -> dict[str, Any]:
             "expiring_leases": 0,
             "stale_rejections": 0,
             "broken_runs": 0,
+            "stuck_runs": 0,
             "last_verified_at": None,
             "capped": set(),  # the counts that stopped at DASHBOARD_COUNT_CAP: "at least"
         }
@@ -449,6 +474,10 @@ def dashboard_counts(*, user: User | AnonymousUser) -> dict[str, Any]:
             .order_by()
         ):
             rows[r["tenant_id"]]["broken_runs"] = r["n"]
+        for tenant_id, n in stuck_counts(ids, cap=DASHBOARD_COUNT_CAP, now=now).items():
+            rows[tenant_id]["stuck_runs"] = min(n, DASHBOARD_COUNT_CAP)
+            if n > DASHBOARD_COUNT_CAP:
+                rows[tenant_id]["capped"].add("stuck_runs")
         for tenant_id, verified_at in _newest_verifications(ids):
             rows[tenant_id]["last_verified_at"] = verified_at
     per_tenant = list(rows.values())
@@ -459,6 +488,7 @@ def dashboard_counts(*, user: User | AnonymousUser) -> dict[str, Any]:
         "expiring_leases": sum(r["expiring_leases"] for r in per_tenant),
         "stale_rejections": sum(r["stale_rejections"] for r in per_tenant),
         "broken_runs": sum(r["broken_runs"] for r in per_tenant),
+        "stuck_runs": sum(r["stuck_runs"] for r in per_tenant),
         "breakers_not_normal": [t for t in tenants if t.breaker_state != "NORMAL"],
         "last_verified_at": max(verified) if verified else None,
         "capped": set().union(*(r["capped"] for r in per_tenant)),  # a total of an "at least" is one too
@@ -571,4 +601,63 @@ def diagnostic_payload(*, user: User | AnonymousUser, run: Run, seq: int) -> dic
         "created_at": kept.created_at,
         "removed_at": kept.removed_at,
         "payload": None if kept.body is None else opened(run.pk, kept.klass, kept.body),
+    }
+
+
+# --- an admin's run-level fixes (issue 40): what each will do, before it is confirmed -----
+
+PREVIEW_LIMIT = 100
+
+
+def force_release_preview(*, run: Run, limit: int = PREVIEW_LIMIT) -> dict[str, Any]:
+    """What a force-release of ``run``'s lease (``lease_force_release``) would do now: whose
+    lease and which token it ends, the DISPATCHED operations that become UNKNOWN with a case
+    each (the first ``limit``; ``dispatched`` counts them all), and what the run holds that
+    goes to the reaper. Read, not locked: the confirmation names the token, and a lease that
+    changed hands since is refused."""
+    lease, now = run.lease, timezone.now()
+    dispatched = run.n_dispatched
+    operations = (
+        list(Operation.objects.filter(run=run, phase="DISPATCHED").order_by("created_at", "id")[:limit])
+        if dispatched
+        else []
+    )
+    return {
+        "held": lease.owner_id is not None,
+        "expired": lease.owner_id is not None and lease.expires_at is not None and lease.expires_at <= now,
+        "lease": lease,
+        "operations": operations,
+        "dispatched": dispatched,
+        "resources_open": RunResource.objects.filter(run=run).exclude(state="RELEASED").count()
+        if run.n_resources
+        else 0,
+        "limit": limit,
+    }
+
+
+def operation_retry_preview(*, run: Run, operation_id: object) -> dict[str, Any]:
+    """What an admin's retry of one of ``run``'s operations (``operation_retry_by_admin``)
+    would do now: the retry decision (the worker's own, by phase, class and attempts) and
+    what follows from it — refused (RECONCILE, STOP, a delivery recorded), an approval asked
+    (APPROVAL: or used, when one is approved for this attempt and token), or attempt + 1
+    PLANNED under the same idempotency key. NotFound for another run's operation."""
+    op = Operation.objects.filter(run=run, pk=parse_id(operation_id, "operation")).first()
+    if op is None:
+        raise NotFound("operation not found")
+    decision, reason = operation_retry_decision(op)
+    refused = None
+    if decision in ("RECONCILE", "STOP"):
+        refused = reason
+    else:
+        delivered = delivery_refuses_retry(op)
+        refused = delivered.detail if delivered is not None else None
+    return {
+        "operation": op,
+        "decision": decision,
+        "reason": reason,
+        "refused": refused,
+        "needs_approval": decision == "APPROVAL" and refused is None,
+        "next_attempt": op.attempt + 1,
+        "fencing_token": run.lease.fencing_token,
+        "run_active": run.status == "ACTIVE",
     }

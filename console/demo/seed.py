@@ -64,6 +64,7 @@ def stories(acting: Acting, sandbox: SandboxProvider, say: Callable[[str], None]
     runs.takeover(acting)
     runs.timed_out(acting)
     triage.seed(acting)  # a group of similar cases, and one the case timers escalated
+    runs.stuck(acting)
     lookups.seed(acting, sandbox, say)
     upgrade.seed(acting, say)
     approvals.seed(acting)  # from here on, payments need a person and have a contract

@@ -14,22 +14,25 @@ from django.http import Http404, HttpResponse, JsonResponse, StreamingHttpRespon
 from django.shortcuts import get_object_or_404, render
 from django.template.defaultfilters import pluralize
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from approvals import selectors as approvals_selectors
+from approvals.run_axis import run_time_axis
 from console.views.common import BAD_INPUT, HtmxHttpRequest, chosen, done, form_errors
 from console.views.paging import POSITION, pager, paging
 from fenceline_client.evidence_verifier import Report
 from ledger import selectors
 from ledger.actors import user_actor
-from ledger.errors import DomainError, KeyUnavailable, NotFound
+from ledger.errors import ApprovalRequired, DomainError, KeyUnavailable, NotFound
 from ledger.models import Run
-from ledger.roles import DIAGNOSTICS, OPERATE, can, tenants_for
+from ledger.roles import ADMINISTER, DIAGNOSTICS, OPERATE, can, tenants_for
 from ledger.services.core.decisions import acting_name
 from ledger.services.evidence.export import chain_export
 from ledger.services.evidence.verification import run_verify
 from ledger.services.fence.ending import run_cancel
+from ledger.services.fence.leases import lease_force_release
+from ledger.services.fence.retry import operation_retry_by_admin
 from ledger.states import EffectClass, Phase, RunStatus
 
 BADGE = {
@@ -72,6 +75,7 @@ class RunFilters(TypedDict):
     tool: str
     effect_class: str
     phase: str
+    stuck: bool
 
 
 def _run_filters(request: HtmxHttpRequest) -> tuple[RunFilters, str, list[str]]:
@@ -92,6 +96,8 @@ def _run_filters(request: HtmxHttpRequest) -> tuple[RunFilters, str, list[str]]:
     notices.append(notice)
     sort, notice = chosen(request, "sort", SORTS, "newest")
     notices.append(notice)
+    stuck, notice = chosen(request, "stuck", ("yes",), "")
+    notices.append(notice)
     filters = RunFilters(
         q=request.GET.get("q", "").strip()[:200],
         status=status,
@@ -101,6 +107,7 @@ def _run_filters(request: HtmxHttpRequest) -> tuple[RunFilters, str, list[str]]:
         tool=request.GET.get("tool", "").strip()[:100],
         effect_class=effect_class,
         phase=phase,
+        stuck=stuck == "yes",
     )
     return filters, sort, [n.replace("There is no status", "There is no run status") for n in notices if n]
 
@@ -119,8 +126,9 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
     query = params.copy()
     for name in POSITION:
         query.pop(name, None)
+    stuck = selectors.runs_stuck_flags(found.rows)
     context = {
-        "rows": [{"run": run, "badges": badges(run)} for run in found.rows],
+        "rows": [{"run": run, "badges": badges(run), "stuck": stuck.get(run.pk)} for run in found.rows],
         "next_cursor": found.next_cursor,
         "page": where.number,
         "pager": pager(
@@ -167,6 +175,8 @@ def _detail_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[st
         "run": run,
         "badges": badges(run),
         "can_cancel": run.status == RunStatus.ACTIVE and can(request.user, run.tenant, OPERATE),
+        "can_fix": can(request.user, run.tenant, ADMINISTER),
+        "stuck": selectors.runs_stuck_flags([run]).get(run.pk),
         "can_verify": can(request.user, run.tenant, OPERATE),
         "can_read_payloads": can(request.user, run.tenant, DIAGNOSTICS),
         "checkpoint_every": settings.FENCELINE["CHECKPOINT_EVERY"],
@@ -202,8 +212,15 @@ def run_detail(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
             seen = run.last_seq
         context = _detail_context(request, run, seen=seen, new_events=max(run.last_seq - seen, 0), oob=True)
         return render(request, "console/run_detail.html#live", context)
-    template = "console/run_detail.html#timeline" if partial(request) else "console/run_detail.html"
-    return render(request, template, _detail_context(request, run, seen=run.last_seq, new_events=0))
+    if partial(request):
+        return render(
+            request, "console/run_detail.html#timeline", _detail_context(request, run, seen=run.last_seq, new_events=0)
+        )
+    context = _detail_context(request, run, seen=run.last_seq, new_events=0)
+    context["axis"] = run_time_axis(
+        run=run, operations=context["operations"], grants=context["grants"], now=context["now"]
+    )
+    return render(request, "console/run_detail.html", context)
 
 
 @login_required
@@ -291,3 +308,107 @@ def run_cancel_view(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     else:
         message = f"Run is {run.status}."
     return done(request, message, f"/runs/{run.pk}/")
+
+
+# --- an admin's run-level fixes (issue 40): each previewed, then confirmed ----------------
+
+
+def _admin_run(request: HtmxHttpRequest, run_id: UUID) -> Run:
+    """The run, for a user with the admin role on its tenant: 404 when they cannot see it,
+    403 when they see it but may not act."""
+    run = _visible_run(request, run_id)
+    if not can(request.user, run.tenant, ADMINISTER):
+        raise PermissionDenied("only an admin of this tenant may force-release a lease or retry an operation")
+    return run
+
+
+class ForceReleaseForm(forms.Form):
+    reason = forms.CharField(max_length=500, strip=True)
+    fencing_token = forms.IntegerField(min_value=0)
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+@vary_on_headers("HX-Request")
+def run_force_release_view(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
+    """GET: what a force-release of the run's lease will do (its holder, token, the
+    DISPATCHED operations that become UNKNOWN with a case each); htmx gets the fragment.
+    POST: do it, for the token the preview showed (a lease that changed hands since is
+    refused), with the admin's reason."""
+    run = _admin_run(request, run_id)
+    error, status = "", 200
+    if request.method == "POST":
+        form = ForceReleaseForm(request.POST)
+        if form.is_valid():
+            try:
+                ended = lease_force_release(
+                    user=request.user,
+                    run_id=run.pk,
+                    fencing_token=form.cleaned_data["fencing_token"],
+                    reason=form.cleaned_data["reason"],
+                )
+            except DomainError as exc:
+                error, status = exc.detail, exc.status
+            else:
+                moved = ended.operations_unknown
+                return done(
+                    request,
+                    f"Lease of {ended.owner_id} (token {ended.fencing_token}) released: "
+                    f"{moved} dispatched operation{pluralize(moved)} now UNKNOWN with a case{pluralize(moved)}.",
+                    f"/runs/{run.pk}/",
+                )
+        else:
+            error, status = form_errors(form), BAD_INPUT
+        run = _visible_run(request, run_id)  # as it is now
+    context = {"run": run, "preview": selectors.force_release_preview(run=run), "error": error}
+    template = "console/run_force_release.html" + ("#preview" if partial(request) else "")
+    return render(request, template, context, status=status)
+
+
+class RetryForm(forms.Form):
+    reason = forms.CharField(max_length=500, strip=True)
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+@vary_on_headers("HX-Request")
+def operation_retry_view(request: HtmxHttpRequest, run_id: UUID, operation_id: UUID) -> HttpResponse:
+    """GET: what a retry of the operation will do (the retry decision; for a NON_RETRYABLE
+    one, an approval asked first); htmx gets the fragment. POST: do it with the admin's
+    reason: a new attempt PLANNED, or the approval asked (or used, once approved)."""
+    run = _admin_run(request, run_id)
+    try:
+        preview = selectors.operation_retry_preview(run=run, operation_id=operation_id)
+    except NotFound as exc:
+        raise Http404(str(exc)) from None
+    error, status = "", 200
+    if request.method == "POST":
+        form = RetryForm(request.POST)
+        if form.is_valid():
+            try:
+                op = operation_retry_by_admin(
+                    user=request.user, operation_id=operation_id, reason=form.cleaned_data["reason"]
+                )
+            except ApprovalRequired as asked:
+                return done(
+                    request,
+                    f"Sent to the approvers (approval {str(asked.approval_id)[:8]}): once approved, retry again here "
+                    "or let the worker's retry use it.",
+                    f"/runs/{run.pk}/#op-{operation_id}",
+                )
+            except DomainError as exc:
+                error, status = exc.detail, exc.status
+            else:
+                return done(
+                    request,
+                    f"Attempt {op.attempt} of {op.tool} · {op.action} is PLANNED: the lease holder's replay of its "
+                    "intent (same idempotency key) takes it from here.",
+                    f"/runs/{run.pk}/#op-{op.pk}",
+                )
+        else:
+            error, status = form_errors(form), BAD_INPUT
+        run = _visible_run(request, run_id)
+        preview = selectors.operation_retry_preview(run=run, operation_id=operation_id)
+    context = {"run": run, "preview": preview, "error": error}
+    template = "console/operation_retry.html" + ("#preview" if partial(request) else "")
+    return render(request, template, context, status=status)

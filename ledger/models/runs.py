@@ -146,6 +146,17 @@ class Run(Versioned):
                 condition=Q(may_be_in_flight=True) | Q(n_unknown__gt=0),
                 name="run_uncertain",
             ),
+            # The ACTIVE runs newest first: the runs list's "stuck" filter and the stuck counts
+            # (ledger/observability/stuck.py) walk these instead of every run. The condition
+            # reads the status only, which changes once or twice in a run's life (the limits'
+            # indexes read it already): the head's updates stay HOT.
+            models.Index(fields=["-created_at", "-id"], condition=Q(status=RunStatus.ACTIVE), name="run_active_recent"),
+            # ... and per tenant, for the stuck counts (dashboard, /metrics): a LIMITed walk of
+            # one tenant's ACTIVE runs (4 ms at 1M runs, against 23-79 ms combining the tenant's
+            # half a million entries of run_tenant_recent with run_active_recent).
+            models.Index(
+                fields=["tenant", "-created_at"], condition=Q(status=RunStatus.ACTIVE), name="run_active_tenant"
+            ),
             # A tenant's runs that may have operations active (the breaker's THROTTLED count,
             # the resources page): its unfinished runs and the few finished with one still in
             # flight, keyed by the tenant; not its runs with UNKNOWN operations.

@@ -36,6 +36,7 @@ from ledger.models import (
     WorkerDrain,
 )
 from ledger.observability.cost_report import REPORT_WINDOW, lever_reports
+from ledger.observability.stuck import STUCK_METRIC_CAP, stuck_counts
 from ledger.observability.totals import TOTALS, run_totals_read
 from ledger.states import BreakerState, InstanceState, ResourceState, RunStatus
 
@@ -195,6 +196,19 @@ def leases_and_instances(scrape: Scrape) -> Iterator[Metric]:
         "Operations AUTHORIZED or DISPATCHED (in flight), to set against the live instances",
         ["tenant"],
         scrape.by_tenant(scrape.runs, value="in_flight"),
+    )
+
+
+def stuck_runs(scrape: Scrape) -> Iterator[Metric]:
+    """ACTIVE runs with no lease or no progress past their tenant's ``stuck_after_s``
+    (``ledger.observability.stuck``), counted up to STUCK_METRIC_CAP + 1 per tenant."""
+    counts = stuck_counts(list(scrape.tenants), cap=STUCK_METRIC_CAP, now=scrape.now)
+    yield gauge(
+        "fenceline_stuck_runs",
+        f"ACTIVE runs with no lease or no progress for longer than the tenant's stuck_after_s "
+        f"(counted up to {STUCK_METRIC_CAP + 1}: more reads as {STUCK_METRIC_CAP + 1})",
+        ["tenant"],
+        [(scrape.slug(pk), n) for pk, n in sorted(counts.items())],
     )
 
 
@@ -450,6 +464,7 @@ class DatabaseMetrics(DatabaseCollector):
         stale_writes,
         run_totals,
         leases_and_instances,
+        stuck_runs,
         cost_windows,
         flow_in_flight,
         levers,

@@ -1143,6 +1143,8 @@ def measure(args, info: dict, database: str) -> int:
         ("runs ?tool=<tool, 1 run in 1,000>", f"/runs/?tool={RARE_TOOL}", {}),
         ("runs ?class=NON_RETRYABLE", "/runs/?class=NON_RETRYABLE", {}),
         ("runs ?phase=UNKNOWN", "/runs/?phase=UNKNOWN", {}),
+        ("runs ?stuck=yes", "/runs/?stuck=yes", {}),
+        ("runs ?stuck=yes&sort=oldest", "/runs/?stuck=yes&sort=oldest", {}),
         ("runs ?sort=oldest", "/runs/?sort=oldest", {}),
         ("run page, live poll (htmx)", f"/runs/{probes['typical_run']}/?live=1", htmx),
         ("dashboard, trends partial (htmx)", "/", {**htmx, "HX-Target": "trends"}),

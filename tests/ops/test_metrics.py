@@ -31,6 +31,7 @@ NAMES = {
     "fenceline_verification_lag_events",
     "fenceline_seconds_since_verified_checkpoint",
     "fenceline_active_runs",
+    "fenceline_stuck_runs",
     "fenceline_run_totals_age_seconds",
     "fenceline_lease_acquisitions",
     "fenceline_lease_renewals",

@@ -18,18 +18,31 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from ledger.actors import SYSTEM_LIMITS, SYSTEM_REAPER, worker_actor
+from ledger.actors import SYSTEM_LIMITS, SYSTEM_REAPER, user_actor, worker_actor
 from ledger.boundary import check_text
-from ledger.errors import DomainError, InvalidInput, LeaseHeld, LeaseLost, RunCompleted, WorkerNotAccepting
-from ledger.models import LeaseGrant, Run, RunLease, Worker
+from ledger.errors import (
+    DomainError,
+    InvalidInput,
+    LeaseHeld,
+    LeaseLost,
+    NotFound,
+    RunCompleted,
+    WorkerNotAccepting,
+    WrongPhase,
+    parse_id,
+)
+from ledger.models import LeaseGrant, Run, RunLease, Tenant, Worker
 from ledger.observability import metrics
+from ledger.roles import ADMINISTER
 from ledger.services.authority.policy import policy_now
 from ledger.services.core.admission import admission_refusal, worker_executing
+from ledger.services.core.decisions import acting_name, admin_action_record, decision_reason
 from ledger.services.core.fencing import (
     Fenced,
     conflicted,
     fenced,
     lock,
+    lock_run,
     run_cancelled,
     runs_locked_for_sweep,
     worker_refused,
@@ -319,6 +332,70 @@ def lease_release(*, worker: Worker, run_id: object, owner_id: str, fencing_toke
         refusal=LeaseLost,
         ending=IN_FLIGHT,
     )
+
+
+@dataclass(frozen=True)
+class ForceRelease:
+    """What an admin's force-release ended: the owner and token it took the lease from, and
+    how many DISPATCHED operations became UNKNOWN (each with a reconciliation case)."""
+
+    run: Run
+    owner_id: str
+    fencing_token: int
+    operations_unknown: int
+
+
+FORCE_RELEASE_ACTION = "run.force_release"
+
+
+def lease_force_release(*, user: Any, run_id: object, fencing_token: int, reason: object) -> ForceRelease:
+    """An admin takes the lease away from its holder now: exactly the end a takeover gives
+    the old owner (``lease_end.leases_end``: its DISPATCHED operations become UNKNOWN with a
+    case each, the approvals asked under its token are void, its instance EXPIRED and its
+    resources handed to the reaper), as LEASE_REVOKED naming the admin (the actor) and the
+    reason, and an AdminAction of the tenant. The holder's token is stale from the commit
+    on: its next write is refused (409 STALE_TOKEN, LEASE_LOST ``revoked`` for a renewal).
+
+    ``fencing_token`` is the token the admin's preview showed: when the lease has changed
+    hands since (or ended), nothing is done (409 WRONG_PHASE naming the lease now). 403
+    FORBIDDEN without the admin role on the run's tenant; 404 for an unknown run."""
+    reason = decision_reason(reason)
+    run_uuid = parse_id(run_id, "run")
+    tenant = Tenant.objects.filter(runs__pk=run_uuid).first()
+    if tenant is None:
+        raise NotFound("run not found")
+    actor = user_actor(acting_name(user=user, name="", tenant_id=tenant.pk, perm=ADMINISTER))
+    with transaction.atomic():
+        run = lock_run(tenant=tenant, run_id=run_uuid)
+        lease, now = run.lease, timezone.now()
+        if lease.owner_id is None:
+            raise WrongPhase(
+                phase=f"not held ({(lease.end_reason or 'never leased').lower()})",
+                wanted="a held lease",
+                subject="lease",
+            )
+        if lease.fencing_token != fencing_token:
+            raise WrongPhase(
+                phase=f"held under token {lease.fencing_token}",
+                wanted=f"token {fencing_token}, the one the preview showed",
+                subject="lease",
+            )
+        owner_id = lease.owner_id
+        batch = ChainBatch(now)
+        moved = leases_end(
+            runs=[run], batch=batch, actor=actor, end=LeaseEnd.REVOKED, reason=f"force-released: {reason}"
+        )
+        admin_action_record(
+            tenant=tenant,
+            actor=actor,
+            action=FORCE_RELEASE_ACTION,
+            subject=str(run.pk),
+            reason=reason,
+            fields={"owner_id": owner_id, "fencing_token": fencing_token, "operations_unknown": moved},
+            now=now,
+        )
+        batch.commit()
+    return ForceRelease(run=run, owner_id=owner_id, fencing_token=fencing_token, operations_unknown=moved)
 
 
 @dataclass

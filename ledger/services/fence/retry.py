@@ -11,18 +11,24 @@ event in the chain names the budget too).
 
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Case, F, Sum, When
+from django.utils import timezone
 
+from ledger.actors import user_actor
 from ledger.errors import ApprovalRequired, Denied, DomainError, NotFound, ReconcileFirst, WrongPhase, parse_id
-from ledger.models import CostReservation, Operation, Worker
+from ledger.models import CostReservation, Operation, Tenant, Worker
 from ledger.observability import metrics
 from ledger.policy import STARTER_POLICY, retry_budget_of
+from ledger.roles import ADMINISTER
 from ledger.services.authority.breaker import breaker_allows
 from ledger.services.authority.policy import policy_now
-from ledger.services.core.fencing import Fenced, decided, fenced
+from ledger.services.core.decisions import acting_name, admin_action_record, decision_reason
+from ledger.services.core.fencing import Fenced, conflicted, decided, fenced, lock
 from ledger.services.core.handoff import queues
 from ledger.services.core.phases import transition
 from ledger.services.delivery.lookup import delivery_refuses_retry
+from ledger.services.evidence.append import ChainBatch
 from ledger.services.fence.ending import NEW_WORK
 from ledger.states import ApprovalKind, EffectClass, Phase, ReservationState
 
@@ -117,41 +123,98 @@ def operation_retry(*, worker: Worker, operation_id: object, fencing_token: int)
     delivery is recorded DELIVERED or DEFERRED is refused (ALREADY_DELIVERED). Every refusal
     of the decision (not a stale token, which the fence records) is a RETRY_REFUSED event."""
     op_id = parse_id(operation_id, "operation")
-
-    def write(ctx: Fenced) -> tuple[Operation, DomainError | None]:
-        op = ctx.operation
-        if op is None:
-            raise NotFound("operation not found")
-        now = policy_now(tenant=ctx.run.tenant, seen=ctx.tenant)
-        policy = now.document
-        budget = retry_budget_of(policy)
-        decision, reason = operation_retry_decision(op, budget=budget)
-        refusal = (
-            _refusal(op, decision, reason)
-            or retry_budget_refusal(op, budget)
-            or breaker_allows(tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=True, stored=now.breaker)
-        )
-        if refusal is not None:
-            _record_refusal(op, ctx, decision=decision, refusal=refusal)
-            return op, refusal
-        if decision == "APPROVAL":
-            asked = _approval_asked(op, ctx, policy=policy)
-            if asked is not None:
-                return op, asked
-        _next_attempt(op, ctx, reason=reason)
-        return op, None
-
     op = decided(
         fenced(
             worker=worker,
             operation_id=op_id,
             fencing_token=fencing_token,
             attempted="operation.retry",
-            write=write,
+            write=_retry_write,
             ending=NEW_WORK,
         )
     )
     metrics.RETRY_BY_EFFECT_CLASS.labels(worker.tenant.slug, op.effect_class).inc()
+    return op
+
+
+def _retry_write(ctx: Fenced, *, asked_by: str = "") -> tuple[Operation, DomainError | None]:
+    """The retry of ``ctx.operation`` on its locked run, whoever asks (its worker through the
+    fence, an admin from the console: ``asked_by`` is then their reason): the decision, its
+    refusal recorded (RETRY_REFUSED), the approval asked or used, or the next attempt."""
+    op = ctx.operation
+    if op is None:
+        raise NotFound("operation not found")
+    now = policy_now(tenant=ctx.run.tenant, seen=ctx.tenant)
+    policy = now.document
+    budget = retry_budget_of(policy)
+    decision, reason = operation_retry_decision(op, budget=budget)
+    refusal = (
+        _refusal(op, decision, reason)
+        or retry_budget_refusal(op, budget)
+        or breaker_allows(tenant=ctx.run.tenant, op=op, policy=policy, attempt_is_retry=True, stored=now.breaker)
+    )
+    if refusal is not None:
+        _record_refusal(op, ctx, decision=decision, refusal=refusal)
+        return op, refusal
+    if decision == "APPROVAL":
+        asked = _approval_asked(op, ctx, policy=policy)
+        if asked is not None:
+            return op, asked
+    _next_attempt(op, ctx, reason=f"{reason}; asked by a person: {asked_by}" if asked_by else reason)
+    return op, None
+
+
+RETRY_ACTION = "operation.retry"
+
+
+def operation_retry_by_admin(*, user: Any, operation_id: object, reason: object) -> Operation:
+    """An admin's retry of an operation from the console: the same decision, refusals,
+    approval and new attempt as a worker's retry (:func:`_retry_write`), under the run's lock,
+    with the admin as the actor and their reason in the transition, and an AdminAction of
+    the tenant. There is no worker here: the new attempt waits PLANNED under the same
+    idempotency key for the lease holder (or the next owner) to replay its intent. A
+    NON_RETRYABLE operation asks an approver first (ApprovalRequired, 202): once approved,
+    the next retry uses it, the admin's or the worker's (bound to the token then current).
+    403 without the admin role on the operation's tenant; 404 for an unknown operation."""
+    why = decision_reason(reason)
+    op_id = parse_id(operation_id, "operation")
+    tenant = Tenant.objects.filter(operations__pk=op_id).first()
+    if tenant is None:
+        raise NotFound("operation not found")
+    actor = user_actor(acting_name(user=user, name="", tenant_id=tenant.pk, perm=ADMINISTER))
+    with transaction.atomic():
+        locked = lock(tenant=tenant, operation_id=op_id)
+        now = timezone.now()
+        run = locked.run
+        ctx = Fenced(
+            run=run,
+            batch=ChainBatch(now),
+            now=now,
+            actor=actor,
+            fencing_token=run.lease.fencing_token,
+            operation=locked.operation,
+            tenant=locked.tenant,
+        )
+        refusal = conflicted(run) or NEW_WORK.before(ctx)
+        op = locked.operation
+        if refusal is None:
+            op, refusal = _retry_write(ctx, asked_by=why)
+            if refusal is None or isinstance(refusal, ApprovalRequired):
+                admin_action_record(
+                    tenant=tenant,
+                    actor=actor,
+                    action=RETRY_ACTION,
+                    subject=str(op_id),
+                    reason=why,
+                    fields={"run_id": str(run.pk), "attempt": op.attempt, "approval": refusal is not None},
+                    now=now,
+                )
+        ctx.batch.commit()
+    if refusal is not None:
+        raise refusal
+    if op is None:
+        raise NotFound("operation not found")
+    metrics.RETRY_BY_EFFECT_CLASS.labels(tenant.slug, op.effect_class).inc()
     return op
 
 
