@@ -70,8 +70,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/postgres"
-KINDS = ("acquire", "credential", "capability", "intend", "authorize", "dispatch", "outcome", "release")
-MODES = ("plain", "authority", "http")
+KINDS = ("acquire", "credential", "capability", "intend", "authorize", "dispatch", "start", "outcome", "release")
+# plain and authority: an effect as four calls (intend, authorize, dispatch, outcome); effects:
+# as the clients make it, two (operation_start, the one call of POST /runs/{id}/effects, and
+# the outcome), plain policy; http: the Python client against gunicorn, the one call too.
+MODES = ("plain", "authority", "effects", "http")
 MODE_SETS = {"all": MODES, "both": ("plain", "authority"), **{mode: (mode,) for mode in MODES}}
 TENANT_SLUG = "bench"
 LEASE_TTL_S = 600
@@ -362,15 +365,19 @@ class SqlMeter:
             self.statements += 1
 
 
-def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_run=None, authority=False) -> None:
+def fenced_cycles(
+    worker, index, key_prefix, ops_per_lease, call, stop, created_run=None, authority=False, one_call=False
+) -> None:
     """The fenced cycle, until ``stop()``: a fresh run and its lease, ``ops_per_lease``
     operations intend -> authorize -> dispatch -> outcome(CONFIRMED), release. ``call(kind,
-    fn, **kwargs)`` makes each counted service call; ``stop`` is checked before each.
+    fn, **kwargs)`` makes each counted service call; ``stop`` is checked before each. With
+    ``one_call``, intend, authorize and dispatch are one call (``operation_start``).
     With ``authority``, each run also takes a credential lease and a capability scoped to
     its operations' resources, and each operation carries a provider and a cost."""
     from ledger.services.authority.capabilities import capability_request
     from ledger.services.authority.credential_leases import credential_lease_issue
     from ledger.services.core.intent import Intent
+    from ledger.services.fence.effects import operation_start
     from ledger.services.fence.leases import lease_acquire, lease_release
     from ledger.services.fence.operations import operation_authorize, operation_dispatch, operation_intend
     from ledger.services.fence.outcomes import operation_report_outcome
@@ -423,6 +430,19 @@ def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_
             )
             if stop():
                 return
+            if one_call:
+                started = call(
+                    "start", operation_start, worker=worker, run_id=run.pk, fencing_token=token, intent=intent
+                )
+                if not started.created or not started.dispatched:
+                    raise RuntimeError(f"idempotency key {intent.idempotency_key}: {started.phase}, not dispatched")
+                if stop():
+                    return
+                call(
+                    "outcome", operation_report_outcome, worker=worker, operation_id=started.operation.pk,
+                    fencing_token=token, **outcome_extra,
+                )  # fmt: skip
+                continue
             op, created = call(
                 "intend", operation_intend, worker=worker, run_id=run.pk, fencing_token=token, intent=intent
             )
@@ -443,7 +463,7 @@ def fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_
 
 def worker_main(
     index, database_url, worker_pk, ops_per_lease, seconds, key_prefix, counters, ready, go, start_at, results, profile,
-    authority=False,
+    authority=False, one_call=False,
 ):  # fmt: skip
     """One benchmark process. Reports ("ready", i), then ("result", i, {...}) or ("error", i, text)."""
     try:
@@ -473,7 +493,7 @@ def worker_main(
                 exc.bench_call = fn.__name__  # named in the error report
                 raise
             latencies[kind].append(perf() - started)
-            count += 1
+            count += 3 if kind == "start" else 1  # the one call makes three transitions
             counters[index] = count
             return value
 
@@ -487,7 +507,7 @@ def worker_main(
                 nonlocal runs
                 runs += 1
 
-            fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_run, authority)
+            fenced_cycles(worker, index, key_prefix, ops_per_lease, call, stop, created_run, authority, one_call)
 
         cpu_before = resource.getrusage(resource.RUSAGE_SELF)
         if profile and index == 0:
@@ -516,7 +536,15 @@ def worker_main(
 
         with connection.execute_wrapper(meter):
             fenced_cycles(
-                worker, index, f"{key_prefix}-census", ops_per_lease, census_call, lambda: census_done, None, authority
+                worker,
+                index,
+                f"{key_prefix}-census",
+                ops_per_lease,
+                census_call,
+                lambda: census_done,
+                None,
+                authority,
+                one_call,
             )
         connection.close()
         results.put(
@@ -630,7 +658,14 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
 
 
 def run_fenced(
-    server: Server, database: str, worker_pks: list[int], args, *, authority: bool = False, profile=None
+    server: Server,
+    database: str,
+    worker_pks: list[int],
+    args,
+    *,
+    authority: bool = False,
+    one_call: bool = False,
+    profile=None,
 ) -> dict:
     ctx = mp.get_context("spawn")
     n = args.workers
@@ -658,12 +693,14 @@ def run_fenced(
                 results,
                 profile,
                 authority,
+                one_call,
             ),
             name=f"bench-worker-{i}",
         )
         for i in range(n)
     ]
-    tag = "[authority]" if authority else "[plain]"
+    mode = "authority" if authority else "effects" if one_call else "plain"
+    tag = f"[{mode}]"
     say(f"{tag} starting {n} worker processes")
     for proc in procs:
         proc.start()
@@ -744,7 +781,7 @@ def run_fenced(
     if before and after:
         commits, wal = after[0] - before[0], after[1] - before[1]
     return {
-        "mode": "authority" if authority else "plain",
+        "mode": mode,
         "total": total,
         # Statements per counted call, from the census cycles, weighted by the timed calls.
         "statements": sum(k["statements"] * k["count"] for k in by_kind.values() if k["count"]),
@@ -1155,7 +1192,9 @@ def measure(server: Server, args, modes: list[str], pgbench: str | None) -> tupl
                 ops_per_lease=args.ops_per_lease,
             )  # fmt: skip
             profile = args.profile and (f"{args.profile}.{mode}" if len(modes) > 1 else args.profile)
-            fenced = run_fenced(server, BENCH_DB, worker_pks, args, authority=authority, profile=profile)
+            fenced = run_fenced(
+                server, BENCH_DB, worker_pks, args, authority=authority, one_call=mode == "effects", profile=profile
+            )
             fenced["profile"] = profile
         say(f"[{mode}] done: {fenced['total']:,} transitions in {fenced['elapsed']:.1f} s = {fenced['tps']:,.1f}/s")
         fenced_phases.append(fenced)
@@ -1210,10 +1249,16 @@ def report_peer(by_mode: dict[str, dict], peer: dict | None) -> None:
         f"DBOS {peer['workers']} processes, workflows of 4 no-op steps: {peer['steps_per_s']:,.1f} durable steps/s"
         + (f", client CPU {cpu:.2f} ms per step" if cpu is not None else "")
     )
-    for mode, label in (("plain", "in process"), ("http", "http")):
+    if "plain" in by_mode:
+        effects = effects_per_s(by_mode["plain"])
+        say(f"fenced effects/s (in process, four calls): {effects:,.1f}, {effects / peer['steps_per_s']:.2f} of DBOS")
+    # The in-process line is the effects phase (the one call the clients make) when it ran.
+    in_process = "effects" if "effects" in by_mode else "plain"
+    for mode, label in ((in_process, "in process"), ("http", "http")):
         if mode in by_mode:
             effects = effects_per_s(by_mode[mode])
-            say(f"fenced effects/s ({label}): {effects:,.1f} (intent -> authorize -> dispatch -> outcome)")
+            calls = "start (intend, authorize, dispatch) -> outcome" if mode != "plain" else "four calls"
+            say(f"fenced effects/s ({label}): {effects:,.1f} ({calls})")
             say(f"effects ratio to DBOS ({label}): {effects / peer['steps_per_s']:.2f}")
         else:
             say(f"effects ratio to DBOS ({label}): n/a (the {mode} phase did not run)")
@@ -1246,11 +1291,18 @@ def main(argv: list[str] | None = None) -> int:
         "--mode",
         choices=tuple(MODE_SETS),
         default="all",
-        help="fenced phases to run: plain, authority, http (the client over HTTP against gunicorn), "
+        help="fenced phases to run: plain, authority, effects (the one call that starts an effect, in process), "
+        "http (the client over HTTP against gunicorn), "
         "both (plain and authority) or all, back to back (default %(default)s)",
     )
     parser.add_argument(
         "--http-workers", type=int, default=4, help="gunicorn worker processes in the http phase (default 4)"
+    )
+    parser.add_argument(
+        "--http-server",
+        choices=("gthread", "production", "sync", "uvicorn"),
+        default="gthread",
+        help="the server of the http phase (tests/bench/http_phase.SERVERS; default gthread, one thread a worker)",
     )
     parser.add_argument(
         "--authority", dest="mode", action="store_const", const="authority", help="same as --mode authority"

@@ -1,6 +1,7 @@
 """Benchmark: the HTTP stack's own cost per request, the floor under every API call.
 
     python tests/bench/http_floor.py [--clients 4] [--workers 4] [--seconds 8] [--rounds 2]
+                                     [--servers gthread,production,sync,uvicorn]
 
 A benchmark, not a test: pytest never collects this file. gunicorn serves the project as the
 HTTP phase of ``make bench`` runs it (``tests/bench/http_phase.py``: gthread workers, kept
@@ -12,7 +13,10 @@ request's log line and latency sample, the JSON response. The HTTP phase of ``ma
 measures the same after its timed loop ("its floor"); this runs it alone, for longer.
 
 Prints, per round: requests/s and gunicorn CPU per request (utime + stime of the master and
-its workers, from /proc).
+its workers, from /proc). With several ``--servers`` (the options of
+``tests/bench/http_phase.SERVERS``), each server is started in turn and the rounds alternate
+between them (round 1 of each, then round 2 of each), so a machine that gets busier halfway
+weighs on all of them alike; the last lines compare each to the first.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.bench.fenced_transitions import DEFAULT_URL  # noqa: E402 - the path above first
-from tests.bench.http_phase import FLOOR_PATH, Gunicorn, floor_round  # noqa: E402
+from tests.bench.http_phase import FLOOR_PATH, SERVERS, Gunicorn, floor_round  # noqa: E402
 
 
 def main() -> int:
@@ -40,19 +44,43 @@ def main() -> int:
         default=os.environ.get("DATABASE_URL") or DEFAULT_URL,
         help="the database the server is configured with; /healthz never reads it (default $DATABASE_URL)",
     )
+    parser.add_argument(
+        "--servers",
+        default="gthread",
+        help=f"comma-separated server options, measured alternately: {', '.join(SERVERS)} (default gthread)",
+    )
     args = parser.parse_args()
     if min(args.clients, args.workers, args.rounds) < 1 or args.seconds <= 0:
         parser.error("--clients, --workers, --rounds and --seconds must be positive")
-    server = Gunicorn(args.database_url, args.workers)
-    try:
-        server.wait_ready()
-        print(f"gunicorn with {args.workers} gthread workers at {server.url}; {args.clients} keep-alive clients")
-        floor_round(server, args.clients, 1.0)  # warm: every worker has imported and answered
-        for index in range(args.rounds):
-            rate, cpu_us = floor_round(server, args.clients, args.seconds)
-            print(f"round {index + 1}: GET {FLOOR_PATH} {rate:,.0f}/s, gunicorn CPU {cpu_us:,.0f} us per request")
-    finally:
-        server.stop()
+    names = [name.strip() for name in args.servers.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SERVERS]
+    if unknown or not names:
+        parser.error(f"--servers: unknown {', '.join(unknown) or '(none given)'}; the options: {', '.join(SERVERS)}")
+    measured: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for index in range(args.rounds):
+        for name in names:
+            server = Gunicorn(args.database_url, args.workers, name)
+            try:
+                server.wait_ready()
+                floor_round(server, args.clients, 1.0)  # warm: every worker has imported and answered
+                rate, cpu_us = floor_round(server, args.clients, args.seconds)
+            finally:
+                server.stop()
+            measured[name].append((rate, cpu_us))
+            print(
+                f"round {index + 1}, {name:10} ({args.workers} workers, {args.clients} keep-alive clients): "
+                f"GET {FLOOR_PATH} {rate:,.0f}/s, server CPU {cpu_us:,.0f} us per request",
+                flush=True,
+            )
+    first = names[0]
+    base_cpu = min(cpu for _, cpu in measured[first])
+    for name in names:
+        best_rate = max(rate for rate, _ in measured[name])
+        best_cpu = min(cpu for _, cpu in measured[name])
+        print(
+            f"{name:10} best of {args.rounds}: {best_rate:,.0f}/s, {best_cpu:,.0f} us per request"
+            + (f" ({best_cpu / base_cpu:.2f} x {first}'s CPU)" if name != first else "")
+        )
     return 0
 
 

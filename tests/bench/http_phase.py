@@ -152,10 +152,23 @@ def children_of(pid: int) -> list[int]:
         return []
 
 
-class Gunicorn:
-    """gunicorn serving the project against the benchmark database, on a free port."""
+# The production server options measured side by side (http_floor.py --servers, make bench
+# --http-server): gunicorn's gthread worker with one thread (the HTTP phase's default: each
+# client keeps its connection to one thread), the production configuration
+# (console/gunicorn_conf.py: console.serving.ThreadWorker, 16 threads), gunicorn's sync worker
+# (no kept connections: a TCP connection per request), and uvicorn serving console.asgi (the
+# views stay sync: Django runs each in a thread of its own, as the ORM's transactions need).
+SERVERS = ("gthread", "production", "sync", "uvicorn")
 
-    def __init__(self, database_url: str, workers: int) -> None:
+
+class Gunicorn:
+    """gunicorn (or, as ``server="uvicorn"``, uvicorn) serving the project against the
+    benchmark database, on a free port."""
+
+    def __init__(self, database_url: str, workers: int, server: str = "gthread") -> None:
+        if server not in SERVERS:
+            raise ValueError(f"server must be one of {', '.join(SERVERS)}")
+        self.server = server
         self.port = free_port()
         self.workers = workers
         self.url = f"http://127.0.0.1:{self.port}"
@@ -177,14 +190,30 @@ class Gunicorn:
             # gthread keeps a client's connection open between its requests (the sync worker
             # closes it after each one, and every request paid a new TCP connection).
             "--worker-class",
-            "gthread",
+            {"gthread": "gthread", "production": "console.serving.ThreadWorker", "sync": "sync"}.get(server, ""),
             "--threads",
-            "1",
+            "16" if server == "production" else "1",
             "--keep-alive",
             "75",
             "--log-level",
             "warning",
         ]
+        if server == "uvicorn":
+            command = [
+                str(Path(sys.executable).with_name("uvicorn")),
+                "console.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(workers),
+                "--timeout-keep-alive",
+                "75",
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ]
         # Its log lines (one JSON line per request) go to a file, as to a log collector: a pipe
         # nobody reads would fill and block every worker.
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
@@ -263,11 +292,11 @@ def run_http(
 ) -> dict:
     """The HTTP phase; ``stats``/``backends``/``cpu`` are the plain phase's meters."""
     n = len(tokens)
-    server = Gunicorn(database_url, args.http_workers)
+    server = Gunicorn(database_url, args.http_workers, getattr(args, "http_server", "gthread"))
     try:
         server.wait_ready()
         say(
-            f"[http] gunicorn with {args.http_workers} gthread workers (one thread each) at {server.url}; starting {n} client processes"
+            f"[http] {server.server} server with {args.http_workers} workers at {server.url}; starting {n} client processes"
         )
         ctx = mp.get_context("spawn")
         counters = ctx.Array("q", n, lock=False)
