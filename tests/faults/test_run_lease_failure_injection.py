@@ -56,7 +56,7 @@ def test_stale_worker_is_fenced_after_takeover(api_for, acme):
     # 5. B replays the same intent (same key and parameters: same operation) and performs it.
     replay = b.intend(run_id, 2, "deploy:repo-a:91c2", effect_class="IDEMPOTENT")
     assert replay.status == 200 and replay.body["operation_id"] == op_id
-    assert b.dispatch(op_id, 2).body == {"phase": "DISPATCHED"}
+    assert b.dispatch(op_id, 2).body == {"phase": "DISPATCHED", "reservation_id": None, "levers": None}
     assert b.outcome(op_id, 2, "CONFIRMED", provider_request_id="deploy-7781").body == {"phase": "CONFIRMED"}
 
     # 6. A resumes and attempts the same side effect with token 1.

@@ -101,7 +101,7 @@ def leased(api_for, acme, logs):
     run_id = client.leased_run()
     op_id = client.intend(run_id, 1, "send-report-1").body["operation_id"]
     assert client.authorize(op_id, 1).status == 200
-    assert client.dispatch(op_id, 1).body == {"phase": "DISPATCHED"}
+    assert client.dispatch(op_id, 1).body == {"phase": "DISPATCHED", "reservation_id": None, "levers": None}
     return Leased(client, run_id, op_id)
 
 
