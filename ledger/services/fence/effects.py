@@ -3,10 +3,13 @@ person (``POST /runs/{run_id}/effects``; docs/api.md "Start an effect").
 
 ``operation_start`` composes the three services of ``operations.py``; each still takes the
 fence, makes its own checks and records its own transition, so every refusal keeps its code.
-The three run in ONE database transaction (each in a savepoint of it, as ``fenced`` opens
-one): the run stays locked from the intent to the dispatch, so nothing moves the operation
-between the steps and a replay's phase, read under that lock, is the one it acts on. What a
-refusal leaves is what the separate calls would have left, committed with the steps before it:
+The three run in ONE database transaction: the run stays locked from the intent to the
+dispatch, so nothing moves the operation between the steps and a replay's phase, read under
+that lock, is the one it acts on. The steps take no savepoint each (``one_transaction``: a
+savepoint per step cost a MultiXact per row and twice the backend CPU); when a step's write
+raises, that transaction rolls back whole and the call starts again with a savepoint per step.
+What a refusal leaves is what the separate calls would have left, committed with the steps
+before it:
 
 * refused at the intent (STALE_TOKEN, RUN_CANCELLED, IDEMPOTENCY_MISMATCH, ...): as
   ``POST /runs/{run_id}/operations`` leaves it (a stale token's record in the chain);
@@ -33,6 +36,7 @@ from django.db import transaction
 from ledger.errors import ApprovalRequired, DomainError
 from ledger.models import Operation, Worker
 from ledger.services.authority.breaker import Levers
+from ledger.services.core.fencing import one_transaction
 from ledger.services.core.intent import Intent
 from ledger.services.fence.operations import operation_authorize, operation_dispatch_terms, operation_intend
 from ledger.states import Phase
@@ -72,19 +76,33 @@ def operation_start(
     transaction; a refusal is raised once the steps before it (and its own record) have
     committed. ``credential_lease_id`` is authorize's; ``reads``, the record versions the
     caller reads (None: any)."""
+    arguments = {
+        "worker": worker,
+        "run_id": run_id,
+        "fencing_token": fencing_token,
+        "intent": intent,
+        "credential_lease_id": credential_lease_id,
+        "reads": reads,
+    }
     refusal: DomainError | None = None
+    # First the steps in one transaction without a savepoint each (fencing.one_transaction).
     with transaction.atomic():
         try:
-            started = _start(
-                worker=worker,
-                run_id=run_id,
-                fencing_token=fencing_token,
-                intent=intent,
-                credential_lease_id=credential_lease_id,
-                reads=reads,
-            )
-        except DomainError as refused:  # each step's own savepoint has kept or undone its writes
+            with one_transaction():
+                started = _start(**arguments)
+        except DomainError as refused:  # raised after the step's own record: what it recorded stays
             refusal = refused
+        lost = transaction.get_rollback()
+    if lost:
+        # A step's write raised (a held effect, a flow limit without room, an unknown credential
+        # lease...): that transaction rolled back whole. Again, each step in a savepoint of its
+        # own, so the steps before the refusal and the refusal's record are kept.
+        refusal = None
+        with transaction.atomic():
+            try:
+                started = _start(**arguments)
+            except DomainError as refused:  # each step's own savepoint has kept or undone its writes
+                refusal = refused
     if refusal is not None:
         raise refusal
     return started
