@@ -27,7 +27,11 @@ def test_an_approval_in_the_console_lets_the_workers_next_call_proceed(
 
     allowed = worker.post(f"/operations/{op_id}/authorize", {"fencing_token": approval.fencing_token})
     assert allowed.body == {"decision": "ALLOW", "phase": "AUTHORIZED"}
-    assert worker.dispatch(op_id, approval.fencing_token).body == {"phase": "DISPATCHED", "reservation_id": None, "levers": None}
+    assert worker.dispatch(op_id, approval.fencing_token).body == {
+        "phase": "DISPATCHED",
+        "reservation_id": None,
+        "levers": None,
+    }
     assert worker.get(f"/approvals/{approval.pk}").body["status"] == "USED"
 
 
