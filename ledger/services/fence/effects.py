@@ -27,6 +27,7 @@ record it cannot read: the call stops after the intent and answers it, as the se
 calls let a worker refuse the intent's answer before it authorizes anything.
 """
 
+import functools
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -76,20 +77,21 @@ def operation_start(
     transaction; a refusal is raised once the steps before it (and its own record) have
     committed. ``credential_lease_id`` is authorize's; ``reads``, the record versions the
     caller reads (None: any)."""
-    arguments = {
-        "worker": worker,
-        "run_id": run_id,
-        "fencing_token": fencing_token,
-        "intent": intent,
-        "credential_lease_id": credential_lease_id,
-        "reads": reads,
-    }
+    start = functools.partial(
+        _start,
+        worker=worker,
+        run_id=run_id,
+        fencing_token=fencing_token,
+        intent=intent,
+        credential_lease_id=credential_lease_id,
+        reads=reads,
+    )
     refusal: DomainError | None = None
     # First the steps in one transaction without a savepoint each (fencing.one_transaction).
     with transaction.atomic():
         try:
             with one_transaction():
-                started = _start(**arguments)
+                started = start()
         except DomainError as refused:  # raised after the step's own record: what it recorded stays
             refusal = refused
         lost = transaction.get_rollback()
@@ -100,7 +102,7 @@ def operation_start(
         refusal = None
         with transaction.atomic():
             try:
-                started = _start(**arguments)
+                started = start()
             except DomainError as refused:  # each step's own savepoint has kept or undone its writes
                 refusal = refused
     if refusal is not None:
