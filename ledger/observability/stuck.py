@@ -27,7 +27,7 @@ from ledger.states import RunStatus
 
 DEFAULT_STUCK_AFTER_S: int = STARTER_POLICY["stuck_after_s"]
 # /metrics counts each tenant's stuck runs up to this many (a bounded walk, like the dashboard's).
-STUCK_METRIC_CAP = 10_000
+STUCK_METRIC_CAP = 1_000  # the dashboard's cap too: a scrape reads at most 1,001 runs a tenant
 
 
 def stuck_limits(tenant_ids: list[int]) -> dict[int, int]:
