@@ -1156,6 +1156,10 @@ def measure(args, info: dict, database: str) -> int:
         ("approvals ?status=decided&sort=newest", "/approvals/?status=decided&sort=newest", {}),
         ("workers", "/workers/", {}),
         ("credentials (leases)", "/credentials/", {}),
+        # A tenant's page: its policy, roles, runbooks, flow limits and the breaker levers' report.
+        ("tenant page", f"/tenants/{TENANTS[1]}/", {}),
+        ("tenants", "/tenants/", {}),
+        ("settings (my routes)", "/settings/", {}),
         ("cases, next page", "next:cases", {}),
         ("approvals (approval queue)", "/approvals/", {}),
         ("approvals, next page", "next:approvals", {}),
