@@ -22,7 +22,9 @@ for the ages (a gauge named ``..._seconds`` or ``..._age_...``) the oldest.
 """
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import REGISTRY
@@ -132,3 +134,29 @@ def scrape(*, per_tenant: bool = True) -> bytes:
     for collector in _collectors.values():
         registry.register(collector)
     return generate_latest(registry if per_tenant else _TenantTotals(registry))
+
+
+# Counts made in a transaction that may be rolled back whole and run again (the one effect
+# call's first pass, ``ledger.services.core.fencing.one_transaction``): held until the caller
+# knows the pass stands, so a refusal met in both passes is counted once.
+_HELD: ContextVar[list[Callable[[], None]] | None] = ContextVar("held_counts", default=None)
+
+
+def count(inc: Callable[[], None]) -> None:
+    """``inc()`` now, or once the pass holding counts (:func:`counts_held`) is known to stand."""
+    held = _HELD.get()
+    if held is None:
+        inc()
+    else:
+        held.append(inc)
+
+
+@contextmanager
+def counts_held() -> Iterator[list[Callable[[], None]]]:
+    """The counts made inside, held: the caller makes them (each ``inc()``) when the pass stands."""
+    held: list[Callable[[], None]] = []
+    token = _HELD.set(held)
+    try:
+        yield held
+    finally:
+        _HELD.reset(token)

@@ -176,7 +176,7 @@ def _token(op: Operation, tenant: Tenant, limit: FlowLimit) -> bool:
 
 
 def _throttled(tenant: Tenant, limit: FlowLimit, which: str, retry_after_s: int, detail: str) -> Throttled:
-    metrics.FLOW_THROTTLED.labels(tenant.slug, limit.kind, which).inc()
+    metrics.count(metrics.FLOW_THROTTLED.labels(tenant.slug, limit.kind, which).inc)
     return Throttled(detail, retry_after_s=retry_after_s, key=limit.key, limit=which)
 
 

@@ -36,6 +36,7 @@ from django.db import transaction
 
 from ledger.errors import ApprovalRequired, DomainError
 from ledger.models import Operation, Worker
+from ledger.observability import metrics
 from ledger.services.authority.breaker import Levers
 from ledger.services.core.fencing import one_transaction
 from ledger.services.core.intent import Intent
@@ -90,12 +91,15 @@ def operation_start(
     # First the steps in one transaction without a savepoint each (fencing.one_transaction).
     with transaction.atomic():
         try:
-            with one_transaction():
+            with one_transaction(), metrics.counts_held() as counts:
                 started = start()
         except DomainError as refused:  # raised after the step's own record: what it recorded stays
             refusal = refused
         lost = transaction.get_rollback()
-    if lost:
+    if not lost:  # the pass stands: its counts (a refusal met in a lost pass is counted in the next)
+        for inc in counts:
+            inc()
+    else:
         # A step's write raised (a held effect, a flow limit without room, an unknown credential
         # lease...): that transaction rolled back whole. Again, each step in a savepoint of its
         # own, so the steps before the refusal and the refusal's record are kept.

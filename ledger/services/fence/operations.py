@@ -131,7 +131,7 @@ def _planned_fields(op: Operation, ctx: Fenced) -> dict[str, Any]:
 def _replay(existing: Operation, run: Run, intent: Intent, *, tenant: str) -> Operation:
     wanted = {"run_id": run.pk, **{k: getattr(intent, k) for k in INTENT_PARAMETERS if k != "run_id"}}
     differing = [k for k in INTENT_PARAMETERS if getattr(existing, k) != wanted[k]]
-    metrics.DUPLICATE_REJECTIONS.labels(tenant, "mismatch" if differing else "replay").inc()
+    metrics.count(metrics.DUPLICATE_REJECTIONS.labels(tenant, "mismatch" if differing else "replay").inc)
     if differing:
         raise IdempotencyMismatch(
             "idempotency_key is already used by an operation with a different " + ", ".join(differing),

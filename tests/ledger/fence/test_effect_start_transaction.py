@@ -8,13 +8,14 @@ the separate calls would have left."""
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from prometheus_client import REGISTRY
 
-from ledger.errors import EffectsHeld, NotFound
+from ledger.errors import EffectsHeld, NotFound, Throttled
 from ledger.models import Event, Operation
 from ledger.services.core.intent import Intent
 from ledger.services.fence.effects import operation_start
 from ledger.services.upgrades.restore import effects_hold
-from tests.factories import leased_run, make_worker
+from tests.factories import leased_run, make_worker, set_policy
 
 
 def intent(key: str) -> Intent:
@@ -71,3 +72,23 @@ def test_an_unknown_credential_lease_keeps_the_intent_and_records_it_once(acme):
         )
     assert Operation.objects.get(idempotency_key="mail:4").phase == "PLANNED"
     assert Event.objects.filter(run=run, type="OPERATION_PLANNED").count() == 1
+
+
+def throttled_count(tenant: str) -> float:
+    return (
+        REGISTRY.get_sample_value("fenceline_flow_throttled_total", {"tenant": tenant, "kind": "tool", "limit": "rate"})
+        or 0.0
+    )
+
+
+def test_a_refusal_met_in_the_pass_that_is_run_again_is_counted_once(acme):
+    """THROTTLED is raised inside dispatch's write: the first pass is rolled back and the call
+    runs again; the refusal is met in both passes and counted once."""
+    set_policy(acme.tenant, rate_limits={"tool:email": {"per_s": 0.001, "burst": 1}})
+    run, token = leased_run(acme.worker)
+    operation_start(worker=acme.worker, run_id=run.pk, fencing_token=token, intent=intent("mail:5"))
+    before = throttled_count("acme")
+    with pytest.raises(Throttled):
+        operation_start(worker=acme.worker, run_id=run.pk, fencing_token=token, intent=intent("mail:6"))
+    assert throttled_count("acme") == before + 1
+    assert Operation.objects.get(idempotency_key="mail:6").phase == "AUTHORIZED"  # left to dispatch later
